@@ -1,0 +1,19 @@
+"""cqg-ray: interpretable semantic text embeddings (CQG-MBQA) at cluster scale on Ray.
+
+    from cqg_ray import InterpretableEmbedder
+    model = InterpretableEmbedder.load("runs/demo/model")
+    bits = model.encode(["a text", "another"], binary=True)
+    model.explain("text a", "text b")
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["InterpretableEmbedder", "__version__"]
+
+
+def __getattr__(name):  # lazy: importing the package must not import torch
+    if name == "InterpretableEmbedder":
+        from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+        return InterpretableEmbedder
+    raise AttributeError(name)

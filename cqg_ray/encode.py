@@ -1,0 +1,175 @@
+"""Encoding (`cqg-ray encode`): the frozen sentence encoder `Enc` over the whole corpus with Ray Data.
+
+Work is cut into *units* (a slice of rows of one corpus shard, ``units_rows`` at most). A Ray Data
+actor pool (one encoder per actor, a GPU per actor when the cluster has GPUs) takes units; each actor
+reads its slice, encodes it in one sentence-transformers call (texts sorted by length inside, so little
+padding), L2-normalises, and writes ``<run>/encode/emb-<shard>-<start>.parquet`` atomically
+(columns doc_id, embedding: fixed-size list of float32 or float16). A rerun skips units whose file
+exists, so a killed encode resumes where it stopped and every row is written exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from cqg_ray.config import EncodeConfig
+from cqg_ray.rundir import ArtifactError, RunDir, StageContext
+
+log = logging.getLogger("cqg_ray")
+
+UNIT_ROWS = 10_000
+
+
+def unit_name(shard_path: str, start: int) -> str:
+    stem = os.path.basename(shard_path).rsplit(".", 1)[0]
+    return f"emb-{stem}-{start:09d}.parquet"
+
+
+def plan_units(shards: list[tuple[str, int]], unit_rows: int = UNIT_ROWS) -> list[dict]:
+    """Cut shards (path, rows) into units of at most unit_rows rows (pure)."""
+    units = []
+    for path, n in shards:
+        for start in range(0, n, unit_rows):
+            units.append({"shard": path, "start": start, "stop": min(n, start + unit_rows), "name": unit_name(path, start)})
+    return units
+
+
+def embeddings_table(doc_ids: list[str] | pa.Array, emb: np.ndarray, dtype: str = "float32") -> pa.Table:
+    emb = np.ascontiguousarray(emb, dtype=np.float16 if dtype == "float16" else np.float32)
+    values = pa.array(emb.reshape(-1))
+    return pa.table({"doc_id": pa.array(doc_ids, pa.string()), "embedding": pa.FixedSizeListArray.from_arrays(values, emb.shape[1])})
+
+
+def normalize(x: np.ndarray) -> np.ndarray:
+    n = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(n, 1e-12)
+
+
+class EncodeUnits:
+    """Ray Data actor: one encoder per actor; encodes whole units and writes their files."""
+
+    def __init__(self, cfg_json: str, run_uri: str, stage: str):
+        import torch
+
+        self.cfg = EncodeConfig.model_validate_json(cfg_json)
+        if not torch.cuda.is_available():
+            torch.set_num_threads(self.cfg.torch_threads)
+        from cqg_ray.encoder import load_encoder
+
+        self.model = load_encoder(self.cfg.model, device="cuda" if torch.cuda.is_available() else "cpu")
+        if self.cfg.max_seq_length:
+            self.model.max_seq_length = self.cfg.max_seq_length
+        self.run = RunDir(run_uri)
+        self.stage = stage
+
+    def __call__(self, batch: dict) -> dict:
+        out = {"name": [], "rows": [], "seconds": []}
+        for shard, start, stop, name in zip(batch["shard"], batch["start"], batch["stop"], batch["name"]):
+            t0 = time.time()
+            table = pq.read_table(shard, columns=["doc_id", "text"], filesystem=self.run.fs).slice(int(start), int(stop) - int(start))
+            texts = table.column("text").to_pylist()
+            emb = self.model.encode(texts, batch_size=self.cfg.batch_size, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+            self.run.write_table(f"{self.stage}/{name}", embeddings_table(table.column("doc_id"), emb, self.cfg.dtype))
+            out["name"].append(name)
+            out["rows"].append(len(texts))
+            out["seconds"].append(time.time() - t0)
+        return {k: np.array(v) for k, v in out.items()}
+
+
+def actor_plan(cfg: EncodeConfig, cluster_resources: dict) -> tuple[int, float]:
+    """(number of actors, GPUs per actor) from the config and the cluster (pure)."""
+    gpus = float(cluster_resources.get("GPU", 0))
+    per = cfg.num_gpus_per_actor if cfg.num_gpus_per_actor is not None else (1.0 if gpus >= 1 else 0.0)
+    if cfg.num_actors is not None:
+        return cfg.num_actors, per
+    if per > 0:
+        return max(1, int(gpus // per)), per
+    cpus = float(cluster_resources.get("CPU", 1))
+    return max(1, int(cpus // cfg.torch_threads)), 0.0
+
+
+def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int = UNIT_ROWS, progress: bool = True) -> None:
+    import ray
+    from tqdm import tqdm
+
+    from cqg_ray.corpus import corpus_shards
+
+    run = ctx.run
+    shards = [(p, pq.ParquetFile(p, filesystem=run.fs).metadata.num_rows) for p in corpus_shards(run)]
+    units = plan_units(shards, unit_rows)
+    have = set(run.ls(ctx.stage, suffix=".parquet"))
+    todo = [u for u in units if u["name"] not in have]
+    # files from an older plan (other unit size or corpus) are not ours: remove them
+    for stray in have - {u["name"] for u in units}:
+        run.rm(ctx.stage, stray)
+    n_actors, gpus = actor_plan(cfg, ray.cluster_resources())
+    n_actors = max(1, min(n_actors, len(todo)))
+    log.info("encode: %d units (%d done before), %d rows, model %s, %d actor(s) x %s GPU", len(units), len(units) - len(todo),
+             sum(n for _, n in shards), cfg.model, n_actors, gpus)
+    t0 = time.time()
+    rows_done = 0
+    if todo:
+        ds = ray.data.from_items(todo, override_num_blocks=len(todo))
+        ds = ds.map_batches(
+            EncodeUnits,
+            fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "run_uri": run.root_uri, "stage": ctx.stage},
+            compute=ray.data.ActorPoolStrategy(size=n_actors),
+            batch_size=1,
+            num_gpus=gpus or None,
+            num_cpus=0 if gpus else cfg.torch_threads,
+        )
+        with tqdm(total=sum(u["stop"] - u["start"] for u in todo), unit="text", desc="encode", disable=not progress) as bar:
+            for row in ds.iter_rows():
+                bar.update(int(row["rows"]))
+                rows_done += int(row["rows"])
+    wall = time.time() - t0
+    files = run.ls(ctx.stage, suffix=".parquet")
+    total = sum(pq.ParquetFile(run.path(ctx.stage, f), filesystem=run.fs).metadata.num_rows for f in files)
+    dim = pq.ParquetFile(run.path(ctx.stage, files[0]), filesystem=run.fs).schema_arrow.field("embedding").type.list_size
+    ctx.counts.update({"documents": total, "dim": dim, "units": len(units), "units_resumed": len(units) - len(todo),
+                       "encoded_now": rows_done, "texts_per_s": round(rows_done / wall, 1) if rows_done else None})
+    ctx.extra["model"] = cfg.model
+
+
+# --------------------------------------------------------------------------------------------- readers
+
+
+def embedding_files(run: RunDir) -> list[str]:
+    run.require("encode")
+    return [run.path("encode", n) for n in run.ls("encode", suffix=".parquet")]
+
+
+def _to_numpy(col: pa.ChunkedArray) -> np.ndarray:
+    arr = col.combine_chunks()
+    d = arr.type.list_size
+    return arr.flatten().to_numpy(zero_copy_only=False).reshape(-1, d)
+
+
+def load_embeddings(run: RunDir, doc_ids: list[str] | np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(doc_ids, embeddings float32) sorted by doc_id; only the given ids when ``doc_ids`` is set (streamed per file)."""
+    files = embedding_files(run)
+    wanted = None if doc_ids is None else pa.array(np.asarray(doc_ids, dtype=object), pa.string())
+    parts = []
+    for f in files:
+        t = pq.read_table(f, filesystem=run.fs)
+        if wanted is not None:
+            t = t.filter(pc.is_in(t.column("doc_id"), value_set=wanted))
+        parts.append(t)
+    table = pa.concat_tables(parts).sort_by("doc_id")
+    if wanted is not None and table.num_rows != len(set(np.asarray(doc_ids).tolist())):
+        raise ArtifactError(f"embeddings missing for {len(set(np.asarray(doc_ids).tolist())) - table.num_rows} requested documents in {run.uri('encode')}")
+    ids = table.column("doc_id").to_numpy(zero_copy_only=False)
+    return ids, _to_numpy(table.column("embedding")).astype(np.float32, copy=False)
+
+
+def load_doc_ids(run: RunDir) -> np.ndarray:
+    files = embedding_files(run)
+    ids = np.concatenate([pq.read_table(f, columns=["doc_id"], filesystem=run.fs).column("doc_id").to_numpy(zero_copy_only=False) for f in files])
+    return np.sort(ids)

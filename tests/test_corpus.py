@@ -1,0 +1,173 @@
+"""Corpus ingestion: the pure parsers (no Ray) and the Ray `prepare` stage on real files."""
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cqg_ray.config import CorpusConfig
+from cqg_ray.corpus import (CorpusError, clean_text, dedup_table, detect_format, list_files, parse_file, prepare,
+                            rows_table, sample_key, text_hash, load_corpus)
+from cqg_ray.rundir import RunDir, run_stage
+
+
+def cfg(**kw):
+    return CorpusConfig(paths=["x"], **kw)
+
+
+def test_clean_text():
+    assert clean_text("  a b  ") == "a b"
+    assert clean_text("   ") is None
+    assert clean_text(None) is None
+    assert clean_text(5) is None
+    assert clean_text("abcdef", max_chars=3) == "abc"
+    assert clean_text("ab", min_chars=3) is None
+    assert clean_text("a\x00b") == "ab"
+
+
+def test_detect_format():
+    assert detect_format("a/b.jsonl.gz") == "jsonl"
+    assert detect_format("b.TSV") == "tsv"
+    assert detect_format("b.parquet") == "parquet"
+    with pytest.raises(CorpusError, match="cannot tell the format"):
+        detect_format("b.xml")
+
+
+def test_jsonl_empty_lines_broken_json_and_line_numbers():
+    data = b'{"text": "one"}\n\n{"text": "   "}\n{broken\n{"text": "two"}\n[1, 2]\n'
+    res = parse_file(data, "jsonl", "f.jsonl", cfg())
+    assert res.texts == ["one", "two"]
+    assert res.lines == [1, 5]
+    assert res.dropped == {"empty": 2, "bad_json": 2}
+    assert res.errors[0].startswith("f.jsonl:4: invalid JSON")
+    assert res.errors[1] == "f.jsonl:6: expected a JSON object, got list"
+
+
+def test_invalid_utf8_replace_and_reject():
+    data = b'{"text": "caf\xe9"}\n{"text": "ok"}\n'
+    rep = parse_file(data, "jsonl", "f", cfg(invalid_utf8="replace"))
+    assert rep.texts == ["caf\ufffd", "ok"]
+    assert rep.dropped == {"utf8_replaced": 1}
+    rej = parse_file(data, "jsonl", "f", cfg(invalid_utf8="reject"))
+    assert rej.texts == ["ok"]
+    assert rej.dropped == {"invalid_utf8": 1}
+    assert rej.errors[0].startswith("f:1: invalid UTF-8")
+
+
+def test_missing_column_is_a_clear_error():
+    with pytest.raises(CorpusError, match="no line has the text field 'body'"):
+        parse_file(b'{"text": "a"}\n', "jsonl", "f", cfg(text_column="body"))
+    with pytest.raises(CorpusError, match=r"no column 'body' \(columns: text, x\)"):
+        parse_file(b"text,x\na,1\n", "csv", "f", cfg(text_column="body"))
+
+
+def test_csv_tsv_txt_parquet():
+    assert parse_file(b'text,id\n"a, quoted",7\nb,8\n', "csv", "f", cfg(id_column="id")).ids == ["7", "8"]
+    assert parse_file(b'text,id\n"a, quoted",7\n', "csv", "f", cfg()).texts == ["a, quoted"]
+    assert parse_file(b"id\ttext\n1\thello\n2\tworld\n", "tsv", "f", cfg()).texts == ["hello", "world"]
+    assert parse_file(b"l1\n\nl3\r\n", "txt", "f", cfg()).texts == ["l1", "l3"]
+    import io
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"body": ["x", None, "y"]}), buf)
+    res = parse_file(buf.getvalue(), "parquet", "f", cfg(text_column="body"))
+    assert res.texts == ["x", "y"]
+    assert res.dropped == {"empty": 1}
+
+
+def test_max_chars():
+    assert parse_file(b'{"text": "abcdefgh"}\n', "jsonl", "f", cfg(max_chars=4)).texts == ["abcd"]
+
+
+def test_medi2_strips_instructions():
+    line = {"query": ["Represent the query", "q"], "pos": [["Represent the doc", "positive text"]],
+            "neg": [["Represent the doc", "negative one"], ["Represent the doc", "negative two"]]}
+    res = parse_file((json.dumps(line) + "\n").encode(), "medi2", "f", cfg())
+    assert res.texts == ["positive text", "negative one", "negative two"]
+
+
+def test_medi2_skips_task_files(tmp_path):
+    (tmp_path / "task1234_x.jsonl").write_text("{}\n")
+    (tmp_path / "msmarco.jsonl").write_text("{}\n")
+    files = list_files([str(tmp_path)], "medi2")
+    assert [f.rsplit("/", 1)[1] for f, _ in files] == ["msmarco.jsonl"]
+
+
+def test_ids_and_dedup():
+    res = parse_file(b'{"text": "a"}\n{"text": "b"}\n{"text": "a"}\n', "jsonl", "f", cfg())
+    t = rows_table(res, "f", dedup=True)
+    assert t.column("doc_id").to_pylist() == [text_hash("a"), text_hash("b"), text_hash("a")]
+    d, n = dedup_table(t)
+    assert n == 1
+    assert sorted(d.column("text").to_pylist()) == ["a", "b"]
+    assert d.filter(pa.compute.equal(d["text"], "a")).column("line").to_pylist() == [1]  # first occurrence kept
+    nd = rows_table(res, "f", dedup=False)
+    assert len(set(nd.column("doc_id").to_pylist())) == 3
+
+
+def test_sample_key_deterministic():
+    assert sample_key("abc", 0) == sample_key("abc", 0)
+    assert sample_key("abc", 0) != sample_key("abc", 1)
+    assert 0 <= sample_key("abc", 0) < 1
+
+
+def test_list_files_errors(tmp_path):
+    with pytest.raises(CorpusError, match="not found"):
+        list_files([str(tmp_path / "nope.jsonl")], "auto")
+    with pytest.raises(CorpusError, match="empty"):
+        list_files([], "auto")
+    (tmp_path / "a.jsonl").write_text("")
+    (tmp_path / "b.txt").write_text("")
+    assert [f for _, f in list_files([str(tmp_path / "*.jsonl")], "auto")] == ["jsonl"]
+    assert [f for _, f in list_files([str(tmp_path)], "auto")] == ["jsonl", "txt"]
+
+
+# ------------------------------------------------------------------------------------------- Ray stage
+
+
+def _prepare(run, c, force=False):
+    return run_stage(run, "prepare", c.config_hash(), lambda ctx: prepare(c, ctx), force=force)
+
+
+def test_prepare_bad_input(ray_local, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_bytes(b'{"text": "alpha"}\n\n{"text": "alpha"}\n{oops\n{"text": "caf\xe9"}\n')
+    with gzip.open(src / "b.txt.gz", "wt") as f:
+        f.write("beta\n  \ngamma\n")
+    run = RunDir(str(tmp_path / "run"))
+    c = CorpusConfig(paths=[str(src)])
+    m = _prepare(run, c)
+    assert m["counts"]["documents"] == 4
+    assert m["counts"]["duplicates"] == 1
+    assert m["counts"]["dropped_bad_json"] == 1
+    assert m["counts"]["dropped_empty"] == 2
+    assert m["counts"]["replaced_invalid_utf8"] == 1
+    stats = run.read_json("prepare/stats.json")
+    assert stats["errors"] == [f"{src}/a.jsonl:4: invalid JSON (Expecting property name enclosed in double quotes at column 2)"]
+    t = load_corpus(run)
+    assert sorted(t.column("text").to_pylist()) == ["alpha", "beta", "caf\ufffd", "gamma"]
+    assert t.column("doc_id").to_pylist() == sorted(t.column("doc_id").to_pylist())
+
+
+def test_prepare_missing_column_error(ray_local, tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"body": "x"}\n')
+    run = RunDir(str(tmp_path / "run"))
+    with pytest.raises(CorpusError, match="no line has the text field 'text'"):
+        _prepare(run, CorpusConfig(paths=[str(tmp_path / "a.jsonl")]))
+    assert run.state("prepare").state == "missing"
+
+
+def test_prepare_sample_is_deterministic_and_rerun_identical(ray_local, tmp_path, corpus_file):
+    c = CorpusConfig(paths=[str(corpus_file)], limit=100, rows_per_shard=40)
+    r1, r2 = RunDir(str(tmp_path / "r1")), RunDir(str(tmp_path / "r2"))
+    m1 = _prepare(r1, c)
+    _prepare(r2, c)
+    assert m1["counts"]["documents"] == 100
+    assert m1["counts"]["read_rows"] == 400
+    assert load_corpus(r1).equals(load_corpus(r2))
+    assert len(r1.ls("prepare", suffix=".parquet")) == 3
+    again = _prepare(r1, c)  # done: skipped, same manifest
+    assert again == m1
