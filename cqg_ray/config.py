@@ -71,6 +71,7 @@ class EncodeConfig(Section):
     num_gpus_per_actor: float | None = Field(None, ge=0, description="None = 1 if the cluster has GPUs, else 0")
     max_seq_length: int | None = Field(None, ge=8)
     torch_threads: int = Field(1, ge=1, description="torch threads per CPU actor")
+    unit_rows: int = Field(10_000, ge=1, description="rows per work unit (the resume granularity)")
 
 
 class ClusterConfig(Section):
@@ -287,6 +288,8 @@ def _format_errors(err: ValidationError, source: str) -> str:
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
             lines.append(f"  {loc}: unknown key")
+        elif not e["loc"]:  # a cross-section check: the message says it all
+            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"  {loc}: {e['msg']} (got {e.get('input')!r})")
     return "\n".join(lines)

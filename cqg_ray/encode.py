@@ -70,7 +70,10 @@ class EncodeUnits:
         self.stage = stage
 
     def __call__(self, batch: dict) -> dict:
-        out = {"name": [], "rows": [], "seconds": []}
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        out = {"name": [], "rows": [], "seconds": [], "node": []}
         for shard, start, stop, name in zip(batch["shard"], batch["start"], batch["stop"], batch["name"]):
             t0 = time.time()
             table = pq.read_table(shard, columns=["doc_id", "text"], filesystem=self.run.fs).slice(int(start), int(stop) - int(start))
@@ -80,6 +83,7 @@ class EncodeUnits:
             out["name"].append(name)
             out["rows"].append(len(texts))
             out["seconds"].append(time.time() - t0)
+            out["node"].append(node)
         return {k: np.array(v) for k, v in out.items()}
 
 
@@ -95,7 +99,7 @@ def actor_plan(cfg: EncodeConfig, cluster_resources: dict) -> tuple[int, float]:
     return max(1, int(cpus // cfg.torch_threads)), 0.0
 
 
-def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int = UNIT_ROWS, progress: bool = True) -> None:
+def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, progress: bool = True) -> None:
     import ray
     from tqdm import tqdm
 
@@ -103,7 +107,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int = UNIT_ROWS, pro
 
     run = ctx.run
     shards = [(p, pq.ParquetFile(p, filesystem=run.fs).metadata.num_rows) for p in corpus_shards(run)]
-    units = plan_units(shards, unit_rows)
+    units = plan_units(shards, unit_rows or cfg.unit_rows)
     have = set(run.ls(ctx.stage, suffix=".parquet"))
     todo = [u for u in units if u["name"] not in have]
     # files from an older plan (other unit size or corpus) are not ours: remove them
@@ -115,6 +119,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int = UNIT_ROWS, pro
              sum(n for _, n in shards), cfg.model, n_actors, gpus)
     t0 = time.time()
     rows_done = 0
+    nodes: set[str] = set()
     if todo:
         ds = ray.data.from_items(todo, override_num_blocks=len(todo))
         ds = ds.map_batches(
@@ -129,12 +134,13 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int = UNIT_ROWS, pro
             for row in ds.iter_rows():
                 bar.update(int(row["rows"]))
                 rows_done += int(row["rows"])
+                nodes.add(str(row["node"]))
     wall = time.time() - t0
     files = run.ls(ctx.stage, suffix=".parquet")
     total = sum(pq.ParquetFile(run.path(ctx.stage, f), filesystem=run.fs).metadata.num_rows for f in files)
     dim = pq.ParquetFile(run.path(ctx.stage, files[0]), filesystem=run.fs).schema_arrow.field("embedding").type.list_size
     ctx.counts.update({"documents": total, "dim": dim, "units": len(units), "units_resumed": len(units) - len(todo),
-                       "encoded_now": rows_done, "texts_per_s": round(rows_done / wall, 1) if rows_done else None})
+                       "encoded_now": rows_done, "nodes_used": len(nodes), "texts_per_s": round(rows_done / wall, 1) if rows_done else None})
     ctx.extra["model"] = cfg.model
 
 

@@ -1,0 +1,60 @@
+"""Encoding: unit planning (pure), the Ray Data stage with the real bundled encoder, resume, then clustering."""
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from cqg_ray.cluster import Clusters, cluster
+from cqg_ray.config import ClusterConfig, CorpusConfig, EncodeConfig
+from cqg_ray.corpus import load_corpus, prepare
+from cqg_ray.encode import actor_plan, encode, load_embeddings, plan_units
+from cqg_ray.rundir import RunDir, run_stage
+
+
+def test_plan_units():
+    units = plan_units([("/c/part-a.parquet", 25), ("/c/part-b.parquet", 10)], unit_rows=10)
+    assert [(u["start"], u["stop"]) for u in units] == [(0, 10), (10, 20), (20, 25), (0, 10)]
+    assert units[1]["name"] == "emb-part-a-000000010.parquet"
+    assert len({u["name"] for u in units}) == 4
+
+
+def test_actor_plan():
+    assert actor_plan(EncodeConfig(), {"CPU": 2}) == (2, 0.0)
+    assert actor_plan(EncodeConfig(), {"CPU": 16, "GPU": 4}) == (4, 1.0)
+    assert actor_plan(EncodeConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == (3, 0.5)
+
+
+def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file):
+    run = RunDir(str(tmp_path / "run"))
+    c = CorpusConfig(paths=[str(corpus_file)], limit=240, rows_per_shard=100)
+    run_stage(run, "prepare", c.config_hash(), lambda ctx: prepare(c, ctx))
+    e = EncodeConfig(batch_size=32)
+    m = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, unit_rows=50, progress=False))
+    assert m["counts"]["documents"] == 240
+    assert m["counts"]["dim"] == 384
+    ids, x = load_embeddings(run)
+    assert ids.tolist() == load_corpus(run, ["doc_id"]).column("doc_id").to_pylist()
+    assert np.allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-5)
+
+    # resume: lose one unit file and the manifest (as a kill would), rerun: only that unit is encoded again
+    files = run.ls("encode", suffix=".parquet")
+    run.rm("encode", files[1])
+    run.invalidate("encode")
+    m2 = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, unit_rows=50, progress=False))
+    assert m2["counts"]["encoded_now"] == 50
+    assert m2["counts"]["units_resumed"] == len(files) - 1
+    ids2, x2 = load_embeddings(run)
+    assert ids2.tolist() == ids.tolist()
+    assert np.allclose(x, x2, atol=1e-5)
+
+    # a subset by id
+    sub_ids, sub = load_embeddings(run, ids[[5, 1]])
+    assert sub_ids.tolist() == sorted(ids[[5, 1]].tolist())
+
+    cc = ClusterConfig(k=6, n_neighbors=5)
+    m3 = run_stage(run, "cluster", cc.config_hash(), lambda ctx: cluster(cc, ctx))
+    assert m3["counts"]["clusters"] + m3["counts"]["empty_removed"] == 6
+    cl = Clusters.load(run)
+    assert cl.doc_ids.tolist() == ids.tolist()
+    assert cl.neighbors.shape == (cl.k, 5)
+    assert int(cl.sizes.sum()) == 240
+    assert np.bincount(cl.labels).tolist() == cl.sizes.tolist()
