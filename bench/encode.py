@@ -1,0 +1,69 @@
+"""Ray Data encoding (our `encode` stage) vs plain single-process sentence-transformers, same texts, one run.
+
+    python bench/encode.py [--n 20000] [--model bundled:all-MiniLM-L6-v2]
+
+The single-process baseline is `SentenceTransformer.encode` over all texts with torch's default
+threads. The Ray side is the encode stage end to end (actor start-up and Parquet writes included;
+`ray.init` and corpus preparation excluded) on a local Ray with every CPU. Last line:
+`encode_ray_vs_single: X` (Ray texts/s divided by single-process texts/s).
+"""
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "corpus", "sentences.jsonl.gz")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=20_000)
+    ap.add_argument("--model", default="bundled:all-MiniLM-L6-v2")
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--corpus", default=DATA)
+    a = ap.parse_args()
+
+    import ray
+
+    from cqg_ray.config import CorpusConfig, EncodeConfig
+    from cqg_ray.corpus import load_corpus, prepare
+    from cqg_ray.encode import encode
+    from cqg_ray.encoder import load_encoder
+    from cqg_ray.rundir import RunDir, run_stage
+
+    ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    tmp = tempfile.mkdtemp(prefix="bench-encode-")
+    run = RunDir(os.path.join(tmp, "run"))
+    c = CorpusConfig(paths=[a.corpus], limit=a.n, rows_per_shard=max(1, a.n // 4))
+    run_stage(run, "prepare", c.config_hash(), lambda ctx: prepare(c, ctx))
+    texts = load_corpus(run, ["text"]).column("text").to_pylist()
+
+    model = load_encoder(a.model)
+    model.encode(texts[:256], batch_size=a.batch_size)  # warm-up
+    t0 = time.perf_counter()
+    model.encode(texts, batch_size=a.batch_size)
+    t_single = time.perf_counter() - t0
+    del model
+
+    e = EncodeConfig(model=a.model, batch_size=a.batch_size, unit_rows=max(500, a.n // 8))
+    t0 = time.perf_counter()
+    m = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, progress=False))
+    t_ray = time.perf_counter() - t0
+    n = len(texts)
+    print(f"texts: {n}  cpus: {int(ray.cluster_resources().get('CPU', 0))}  model: {a.model}")
+    print(f"single process sentence-transformers: {t_single:7.2f} s  {n / t_single:8.1f} texts/s")
+    print(f"Ray Data encode stage ({m['counts']['units']} units):  {t_ray:7.2f} s  {n / t_ray:8.1f} texts/s")
+    print(f"encode_ray_vs_single: {t_single / t_ray:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Scoring and selection (paper section 3.1, post-processing). Pure numpy (+ faiss for the dedup).
+
+- ``quality``: Equation 1, yes-rate on positive probes minus yes-rate on negative (hard + easy) probes.
+- ``top_t``: per source cluster, the t questions of highest quality (ties: earlier generated first).
+- ``dedup``: walk the top-t questions from best to worst quality and drop one whose embedding has cosine
+  > theta with a question already kept. Done with one faiss range search over all candidates and a
+  greedy pass over their neighbour lists, which gives exactly the sequential result at O(m * neighbours)
+  after the search, not a Python O(m^2) loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def quality(pos_yes: np.ndarray, pos_n: np.ndarray, neg_yes: np.ndarray, neg_n: np.ndarray) -> np.ndarray:
+    """Equation 1: #yes(pos)/p_p - #yes(neg)/(p_h + p_e), with the numbers of probes actually answered.
+
+    A question with no answered positive (or negative) probe gets NaN: it cannot be judged and is never selected.
+    """
+    pos_n = np.asarray(pos_n, dtype=np.float64)
+    neg_n = np.asarray(neg_n, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = np.asarray(pos_yes) / pos_n - np.asarray(neg_yes) / neg_n
+    q[(pos_n == 0) | (neg_n == 0)] = np.nan
+    return q
+
+
+def top_t(clusters: np.ndarray, q: np.ndarray, t: int) -> np.ndarray:
+    """Indices of the t best questions of each cluster (NaN quality never selected), sorted by index."""
+    clusters = np.asarray(clusters)
+    q = np.asarray(q, dtype=np.float64)
+    idx = np.arange(len(q))
+    valid = ~np.isnan(q)
+    # sort by cluster, then quality descending, then index ascending
+    order = np.lexsort((idx[valid], -q[valid], clusters[valid]))
+    sel_idx = idx[valid][order]
+    sel_cl = clusters[valid][order]
+    rank = np.arange(len(sel_cl)) - np.searchsorted(sel_cl, sel_cl, side="left")
+    return np.sort(sel_idx[rank < t])
+
+
+def priority_order(q: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """Candidates from best to worst quality (ties: lower index first)."""
+    candidates = np.asarray(candidates)
+    return candidates[np.lexsort((candidates, -np.asarray(q)[candidates]))]
+
+
+def dedup(emb: np.ndarray, order: np.ndarray, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy dedup in ``order``: keep a question unless its cosine with a kept one is > theta.
+
+    ``emb``: (m, d) embeddings of all questions (rows need not be normalised). Returns
+    (kept indices in ``order`` order, duplicate_of: for each question the kept question that removed it, -1 otherwise).
+    """
+    import faiss
+
+    order = np.asarray(order, dtype=np.int64)
+    duplicate_of = np.full(len(emb), -1, dtype=np.int64)
+    if len(order) == 0:
+        return order, duplicate_of
+    x = np.ascontiguousarray(emb[order], dtype=np.float32)
+    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    lims, sims, ids = index.range_search(x, float(theta))  # pairs with inner product > theta
+    kept = np.zeros(len(order), dtype=bool)
+    for pos in range(len(order)):
+        nb = ids[lims[pos]: lims[pos + 1]]
+        nbs = sims[lims[pos]: lims[pos + 1]]
+        earlier = nb[(nb < pos) & (nbs > theta)]
+        earlier = earlier[kept[earlier]]
+        if len(earlier):
+            duplicate_of[order[pos]] = order[earlier.min()]
+        else:
+            kept[pos] = True
+    return order[kept], duplicate_of
+
+
+def dedup_reference(emb: np.ndarray, order: np.ndarray, theta: float) -> np.ndarray:
+    """The plain sequential O(m^2) definition, for tests."""
+    x = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    kept: list[int] = []
+    for i in order:
+        if all(float(x[i] @ x[j]) <= theta for j in kept):
+            kept.append(int(i))
+    return np.array(kept, dtype=np.int64)
