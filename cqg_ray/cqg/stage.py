@@ -1,0 +1,247 @@
+"""The CQG stage (`cqg-ray cqg`): sample, generate, probe, score, select, dedup, report.
+
+Reads prepare/ (texts), cluster/ (assignments, neighbours); writes under questions/:
+
+    samples.parquet        cluster, role (positive|hard|easy|article), doc_id          the generation prompts' texts
+    generations.parquet    cluster, ok, raw text, parsed questions, dropped counts, tokens
+    probes.parquet         cluster, doc_id, role, candidate ids, answers               one A.3 prompt per probe text
+    candidates.parquet     every parsed question with its probe counts, quality (Eq. 1), top_t / kept flags
+    questions.parquet      the selected questions (question_id 0..m-1, best quality first)
+    report.md, quality_hist.png, stats.json
+
+Every LLM call goes through ``cqg_ray.llm.runner.run_requests`` (ledger stages ``<method>-generate`` and
+``<method>-probe``), so a killed stage re-run repeats no finished call.
+
+Probing: for each cluster, p_p positive, p_h hard-negative and p_e easy-negative probe texts are drawn once
+and shared by the cluster's questions; one A.3 prompt asks all of the cluster's questions about one probe
+text. Each question is still judged on p_p / p_h / p_e random probes (Equation 1) while the number of
+prompts drops from (p_p + p_h + p_e) per question to (p_p + p_h + p_e) per cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from cqg_ray.config import PipelineConfig, check_corpus_size
+from cqg_ray.cqg.sampling import ClusterIndex, Sample, generation_samples, probe_samples, qaemb_articles
+from cqg_ray.cqg.select import dedup, priority_order, quality, top_t
+from cqg_ray.rundir import RunDir, StageContext
+
+log = logging.getLogger("cqg_ray")
+
+ROLES = ("positive", "hard", "easy")
+
+
+def fetch_texts(run: RunDir, doc_ids: list[str] | np.ndarray) -> dict[str, str]:
+    """Texts of the given documents, streamed shard by shard (never the whole corpus in memory)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from cqg_ray.corpus import corpus_shards
+
+    wanted = pa.array(sorted(set(np.asarray(doc_ids, dtype=object).tolist())), pa.string())
+    out: dict[str, str] = {}
+    for shard in corpus_shards(run):
+        t = pq.read_table(shard, columns=["doc_id", "text"], filesystem=run.fs)
+        t = t.filter(pc.is_in(t.column("doc_id"), value_set=wanted))
+        out.update(zip(t.column("doc_id").to_pylist(), t.column("text").to_pylist()))
+    return out
+
+
+def _samples_rows(samples: list[Sample], doc_ids: np.ndarray, kind: str) -> dict[str, list]:
+    rows: dict[str, list] = {"cluster": [], "role": [], "doc_id": []}
+    for s in samples:
+        for role, arr in zip(ROLES, (s.positives, s.hard, s.easy)):
+            for i in arr:
+                rows["cluster"].append(s.cluster)
+                rows["role"].append(role if kind == "cqg" else "article")
+                rows["doc_id"].append(str(doc_ids[i]))
+    return rows
+
+
+def generation_requests(cfg: PipelineConfig, samples: list[Sample], texts: dict[str, str], doc_ids: np.ndarray):
+    from cqg_ray.llm.base import Request
+    from cqg_ray.llm.prompts import clip_text, cqg_messages, qaemb_messages
+
+    c = cfg.cqg
+    reqs = []
+    for s in samples:
+        clip = lambda idx: [clip_text(texts[str(doc_ids[i])], c.max_text_chars) for i in idx]  # noqa: E731
+        if c.method == "cqg":
+            neg = np.concatenate([s.hard, s.easy])
+            neg = np.random.default_rng([c.seed, 3, s.cluster]).permutation(neg)  # hard and easy mixed, as one list
+            if len(s.positives) == 0 or len(neg) == 0:
+                continue
+            msgs = cqg_messages(clip(s.positives), clip(neg), c.questions_per_prompt)
+        else:
+            if len(s.positives) == 0:
+                continue
+            msgs = qaemb_messages(clip(s.positives), n_questions=c.questions_per_prompt)
+        reqs.append(Request(msgs, max_tokens=cfg.llm.max_tokens_generate, meta={"cluster": int(s.cluster)}))
+    return reqs
+
+
+def probe_requests(cfg: PipelineConfig, probes: list[Sample], cand: dict[int, list[int]], cand_text: list[str],
+                   texts: dict[str, str], doc_ids: np.ndarray):
+    from cqg_ray.llm.base import Request
+    from cqg_ray.llm.prompts import answer_messages, chunk_questions, clip_text
+
+    reqs = []
+    for s in probes:
+        qids = cand.get(s.cluster, [])
+        if not qids:
+            continue
+        for role, arr in zip(ROLES, (s.positives, s.hard, s.easy)):
+            for i in arr:
+                text = clip_text(texts[str(doc_ids[i])], cfg.cqg.max_text_chars)
+                for chunk in chunk_questions(qids, cfg.label.questions_per_prompt):
+                    msgs = answer_messages(text, [cand_text[q] for q in chunk])
+                    reqs.append(Request(msgs, max_tokens=cfg.llm.max_tokens_answer, n_answers=len(chunk),
+                                        meta={"cluster": int(s.cluster), "doc_id": str(doc_ids[i]), "role": role, "question_ids": list(chunk)}))
+    return reqs
+
+
+def probe_counts(results, n_cand: int) -> dict[str, np.ndarray]:
+    """Per candidate: yes and answered counts for positive, hard and easy probes (pure)."""
+    out = {f"{r}_{k}": np.zeros(n_cand, np.int64) for r in ROLES for k in ("yes", "n")}
+    for r in results:
+        if not r.ok or r.answers is None:
+            continue
+        role = r.meta["role"]
+        for q, a in zip(r.meta["question_ids"], r.answers):
+            out[f"{role}_n"][q] += 1
+            out[f"{role}_yes"][q] += int(a)
+    return out
+
+
+def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True) -> None:
+    """The whole stage. ``backend``: an LLM backend to use instead of building one from cfg.llm (tests)."""
+    from cqg_ray.cluster import Clusters
+    from cqg_ray.llm.parse import parse_questions
+    from cqg_ray.llm.runner import run_requests, stage_stats
+
+    c = cfg.cqg
+    run = ctx.run
+    cl = Clusters.load(run)
+    check_corpus_size(cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"k": cl.k})}), len(cl.doc_ids))
+    index = ClusterIndex.build(cl.labels, cl.k)
+    clusters = list(range(cl.k))[: c.max_clusters] if c.max_clusters else list(range(cl.k))
+    t0 = time.time()
+
+    # 1. sampling
+    if c.method == "cqg":
+        gen = generation_samples(index, cl.neighbors, clusters, c.n_p, c.n_h, c.n_e, c.hard_neighbors, c.seed)
+    else:
+        gen = [Sample(k, qaemb_articles(index, k, c.qaemb_articles, c.seed), np.zeros(0, np.int64), np.zeros(0, np.int64)) for k in clusters]
+    probes = probe_samples(index, cl.neighbors, gen, c.p_p, c.p_h, c.p_e, c.hard_neighbors, c.seed)
+    need = set()
+    for s in gen + probes:
+        need.update(cl.doc_ids[np.concatenate([s.positives, s.hard, s.easy])].tolist())
+    texts = fetch_texts(run, sorted(need))
+    run.write_table(f"{ctx.stage}/samples.parquet", pa.table(_samples_rows(gen, cl.doc_ids, c.method)))
+
+    # 2. generation
+    greqs = generation_requests(cfg, gen, texts, cl.doc_ids)
+    log.info("cqg: %d clusters, %d generation prompts (%s)", len(clusters), len(greqs), c.method)
+    gres = run_requests(greqs, cfg.llm, run, f"{c.method}-generate", progress=progress, backend=backend)
+    cand_text: list[str] = []
+    cand_cluster: list[int] = []
+    cand_rank: list[int] = []
+    cand_key: list[str] = []
+    cand: dict[int, list[int]] = {}
+    dropped = {"empty": 0, "not_yes_no": 0, "duplicate": 0}
+    grows: dict[str, list] = {"cluster": [], "ok": [], "text": [], "questions": [], "dropped": [], "prompt_tokens": [], "completion_tokens": [], "key": []}
+    for r in gres:
+        k = int(r.meta["cluster"])
+        qs = parse_questions(r.text) if r.ok else []
+        d = getattr(qs, "dropped", {})
+        for key, v in d.items():
+            dropped[key] = dropped.get(key, 0) + v
+        for j, q in enumerate(qs):
+            cand.setdefault(k, []).append(len(cand_text))
+            cand_text.append(q)
+            cand_cluster.append(k)
+            cand_rank.append(j)
+            cand_key.append(r.key)
+        for col, v in (("cluster", k), ("ok", r.ok), ("text", r.text), ("questions", list(qs)), ("dropped", json.dumps(d)),
+                       ("prompt_tokens", r.prompt_tokens), ("completion_tokens", r.completion_tokens), ("key", r.key)):
+            grows[col].append(v)
+    run.write_table(f"{ctx.stage}/generations.parquet", pa.table(grows, schema=pa.schema([
+        ("cluster", pa.int32()), ("ok", pa.bool_()), ("text", pa.string()), ("questions", pa.list_(pa.string())), ("dropped", pa.string()),
+        ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()), ("key", pa.string())])))
+    n_cand = len(cand_text)
+    if n_cand == 0:
+        raise RuntimeError("cqg: the LLM produced no usable question (see questions/generations.parquet and the llm ledger)")
+
+    # 3. probing (Equation 1)
+    preqs = probe_requests(cfg, probes, cand, cand_text, texts, cl.doc_ids)
+    log.info("cqg: %d candidate questions, %d probe prompts", n_cand, len(preqs))
+    pres = run_requests(preqs, cfg.llm, run, f"{c.method}-probe", progress=progress, backend=backend)
+    counts = probe_counts(pres, n_cand)
+    prow: dict[str, list] = {"cluster": [], "doc_id": [], "role": [], "question_ids": [], "answers": [], "ok": []}
+    for r in pres:
+        prow["cluster"].append(r.meta["cluster"])
+        prow["doc_id"].append(r.meta["doc_id"])
+        prow["role"].append(r.meta["role"])
+        prow["question_ids"].append(r.meta["question_ids"])
+        prow["answers"].append(r.answers)
+        prow["ok"].append(r.ok)
+    run.write_table(f"{ctx.stage}/probes.parquet", pa.table(prow, schema=pa.schema([
+        ("cluster", pa.int32()), ("doc_id", pa.string()), ("role", pa.string()), ("question_ids", pa.list_(pa.int64())),
+        ("answers", pa.list_(pa.bool_())), ("ok", pa.bool_())])))
+    neg_yes = counts["hard_yes"] + counts["easy_yes"]
+    neg_n = counts["hard_n"] + counts["easy_n"]
+    q = quality(counts["positive_yes"], counts["positive_n"], neg_yes, neg_n)
+
+    # 4. selection: top t per cluster, then global dedup at theta (best quality first)
+    cl_arr = np.array(cand_cluster)
+    chosen = top_t(cl_arr, q, c.t)
+    order = priority_order(q, chosen)
+    from cqg_ray.encoder import load_encoder
+
+    enc = load_encoder(cfg.encode.model)
+    emb = np.asarray(enc.encode(cand_text, batch_size=128, normalize_embeddings=True, show_progress_bar=False), dtype=np.float32)
+    kept, dup_of = dedup(emb, order, c.theta_value)
+
+    rate = lambda y, n: np.where(n > 0, y / np.maximum(n, 1), np.nan)  # noqa: E731
+    is_top = np.zeros(n_cand, bool)
+    is_top[chosen] = True
+    is_kept = np.zeros(n_cand, bool)
+    is_kept[kept] = True
+    candidates = pa.table({
+        "candidate_id": np.arange(n_cand), "cluster": cl_arr.astype(np.int32), "rank_in_generation": np.array(cand_rank, np.int32),
+        "text": cand_text, "quality": q, "positive_yes_rate": rate(counts["positive_yes"], counts["positive_n"]),
+        "hard_yes_rate": rate(counts["hard_yes"], counts["hard_n"]), "easy_yes_rate": rate(counts["easy_yes"], counts["easy_n"]),
+        "negative_yes_rate": rate(neg_yes, neg_n), **{k: v for k, v in counts.items()},
+        "top_t": is_top, "kept": is_kept, "duplicate_of": dup_of, "generation_key": cand_key,
+    })
+    run.write_table(f"{ctx.stage}/candidates.parquet", candidates)
+    sel = candidates.take(pa.array(kept)).drop_columns(["top_t", "kept", "duplicate_of"])
+    sel = sel.add_column(0, "question_id", pa.array(np.arange(len(kept)), pa.int32()))
+    sel = sel.append_column("method", pa.array([c.method] * len(kept), pa.string()))
+    run.write_table(f"{ctx.stage}/questions.parquet", sel)
+
+    gstats, pstats = stage_stats(run, f"{c.method}-generate"), stage_stats(run, f"{c.method}-probe")
+    ctx.counts.update({
+        "clusters": len(clusters), "generation_prompts": len(greqs), "generation_failed": int(sum(not r.ok for r in gres)),
+        "generated": n_cand + sum(dropped.values()), "parsed": n_cand, **{f"dropped_{k}": v for k, v in dropped.items()},
+        "probe_prompts": len(preqs), "probe_failed": int(sum(not r.ok for r in pres)),
+        "probed": int(np.sum(~np.isnan(q))), "selected_top_t": int(len(chosen)), "deduped": int(len(chosen) - len(kept)), "questions": int(len(kept)),
+        "mean_quality_selected": round(float(np.nanmean(q[kept])), 4) if len(kept) else None,
+    })
+    ctx.extra["llm"] = {"generate": gstats.get("totals", gstats), "probe": pstats.get("totals", pstats)}
+    ctx.extra["wall_s"] = round(time.time() - t0, 1)
+    run.write_json(f"{ctx.stage}/stats.json", {"counts": ctx.counts, "llm": ctx.extra["llm"]})
+    from cqg_ray.cqg.report import write_report
+
+    write_report(run, ctx.stage, cfg, candidates, texts, cl.doc_ids, gen, ctx.counts, ctx.extra["llm"])
+
+
+def load_questions(run: RunDir) -> pa.Table:
+    run.require("questions")
+    return run.read_table("questions/questions.parquet").sort_by("question_id")

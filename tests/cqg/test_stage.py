@@ -1,0 +1,160 @@
+"""The CQG stage end to end: orchestration with the scripted backend, then the real embedded LLM with a kill and a resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from cqg_ray.config import config_from_dict, stage_hash
+from cqg_ray.rundir import RunDir, run_stage
+
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "CQG_RAY_PROGRESS": "0"}
+
+
+def small_config(run_dir, corpus_file, backend="fake", **cqg):
+    return config_from_dict({
+        "run_dir": str(run_dir),
+        "ray": {"num_cpus": 2},
+        "corpus": {"paths": [str(corpus_file)], "limit": 300},
+        "cluster": {"k": 8},
+        "llm": {"backend": backend, "flush_every": 1, "max_tokens_generate": 200, "llamacpp": {"n_ctx": 2048}},
+        "cqg": {"n_p": 3, "n_h": 4, "n_e": 3, "p_p": 2, "p_h": 1, "p_e": 1, "t": 2, "max_text_chars": 160, **cqg},
+    })
+
+
+@pytest.fixture(scope="module")
+def clustered_run(tmp_path_factory, corpus_file, ray_local):
+    """prepare -> encode -> cluster on 300 real texts (shared by the tests of this module)."""
+    from cqg_ray.pipeline import run_one
+
+    d = tmp_path_factory.mktemp("cqg") / "run"
+    cfg = small_config(d, corpus_file)
+    for stage in ("prepare", "encode", "cluster"):
+        run_one(cfg, stage)
+    return d
+
+
+TOPICS = ["apples", "rivers", "taxes", "music", "football", "weather", "elections", "cooking", "movies", "science", "war",
+          "children", "money", "travel", "health", "law"]
+
+
+def scripted(req):
+    """Three distinct questions per generation prompt (topics chosen by the prompt), default answers otherwise."""
+    from cqg_ray.llm.fake import default_reply
+
+    if req.n_answers is not None:
+        return default_reply(req)
+    import hashlib
+
+    h = int(hashlib.sha256(req.messages[0]["content"].encode()).hexdigest(), 16)
+    picks = [TOPICS[(h >> (4 * i)) % len(TOPICS)] for i in range(3)]
+    return "Here are the questions:\n" + "\n".join(f"{i}. Does the text talk about {w} in detail number {i}?" for i, w in enumerate(picks, 1))
+
+
+def test_cqg_with_scripted_llm(clustered_run, corpus_file):
+    from cqg_ray.cqg.stage import load_questions, run_cqg
+    from cqg_ray.llm.fake import FakeBackend
+
+    cfg = small_config(clustered_run, corpus_file, max_clusters=5)
+    run = RunDir(str(clustered_run))
+    fake = FakeBackend(cfg.llm, reply=scripted)
+    m = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False), force=True)
+    c = m["counts"]
+    assert c["clusters"] == 5
+    assert c["generation_prompts"] == 5
+    assert c["parsed"] + c["dropped_duplicate"] == 15  # the scripted LLM writes 3 questions per prompt
+    assert c["probe_prompts"] == 5 * (2 + 1 + 1)  # one prompt per probe text, all of a cluster's questions in it
+    assert c["questions"] == c["selected_top_t"] - c["deduped"]
+    assert c["selected_top_t"] <= 5 * 2
+    q = load_questions(run)
+    assert q.column("question_id").to_pylist() == list(range(q.num_rows))
+    qual = q.column("quality").to_numpy()
+    assert np.all(qual[:-1] >= qual[1:])  # best first
+    cand = run.read_table("questions/candidates.parquet")
+    # Equation 1 recomputed from the stored counts
+    row = cand.to_pylist()[0]
+    assert row["quality"] == pytest.approx(row["positive_yes"] / row["positive_n"] - (row["hard_yes"] + row["easy_yes"]) / (row["hard_n"] + row["easy_n"]))
+    samples = run.read_table("questions/samples.parquet")
+    assert samples.num_rows == 5 * (3 + 4 + 3)
+    for f in ("report.md", "quality_hist.png", "generations.parquet", "probes.parquet", "stats.json"):
+        assert run.exists("questions", f)
+    # a rerun takes every answer from the ledger: no LLM call at all
+    fake2 = FakeBackend(cfg.llm, reply=scripted)
+    run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake2, progress=False), force=True)
+    assert fake2.calls == []
+    assert load_questions(run).equals(q)
+
+
+def test_cqg_prompt_texts_are_the_samples(clustered_run, corpus_file):
+    from cqg_ray.cqg.stage import fetch_texts
+
+    run = RunDir(str(clustered_run))
+    s = run.read_table("questions/samples.parquet").to_pylist()
+    gens = run.read_table("questions/generations.parquet")
+    texts = fetch_texts(run, [r["doc_id"] for r in s])
+    assert len(texts) == len({r["doc_id"] for r in s})
+
+
+def test_qaemb_method(clustered_run, corpus_file):
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.fake import FakeBackend
+
+    cfg = small_config(clustered_run, corpus_file, max_clusters=2, method="qaemb", qaemb_articles=4)
+    run = RunDir(str(clustered_run / ".." / "qaemb"))
+    for stage in ("prepare", "encode", "cluster"):  # reuse the clustered run's folders
+        import shutil
+
+        shutil.copytree(clustered_run / stage, clustered_run / ".." / "qaemb" / stage, dirs_exist_ok=True)
+    fake = FakeBackend(cfg.llm)
+    m = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))
+    assert "Reference Articles" in fake.calls[0].messages[0]["content"]
+    assert m["counts"]["generation_prompts"] == 2
+    assert run.read_table("questions/questions.parquet").column("method").to_pylist()[0] == "qaemb"
+    assert cfg.cqg.theta_value == 0.925
+
+
+@pytest.mark.slow
+def test_cqg_real_llm_killed_and_resumed(clustered_run, corpus_file, tmp_path):
+    """The bundled Qwen 0.5B through llama.cpp: kill the stage in the middle of generation, run it again."""
+    import shutil
+
+    import yaml
+
+    d = tmp_path / "run"
+    for stage in ("prepare", "encode", "cluster"):
+        shutil.copytree(clustered_run / stage, d / stage)
+    cfg = small_config(d, corpus_file, backend="llamacpp", max_clusters=4)
+    cfgf = tmp_path / "c.yaml"
+    cfgf.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    cmd = [sys.executable, "-m", "cqg_ray.cli", "cqg", "-c", str(cfgf)]
+    p = subprocess.Popen(cmd, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ledger = d / "llm" / "ledger" / "cqg-generate"
+    deadline = time.time() + 600
+    while time.time() < deadline and len(list(ledger.glob("*.parquet"))) < 2:
+        time.sleep(0.5)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    time.sleep(2)
+    done_before = len(list(ledger.glob("*.parquet")))
+    assert done_before >= 2
+    assert not (d / "questions" / "_manifest.json").exists()
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stats = json.loads((ledger / "_stats.json").read_text())
+    last = stats["runs"][-1]
+    assert last["requests"] == 4
+    assert last["from_ledger"] >= 2  # the finished generations were not asked again
+    assert last["sent"] == 4 - last["from_ledger"]
+    m = json.loads((d / "questions" / "_manifest.json").read_text())
+    assert m["counts"]["parsed"] > 0
+    assert m["counts"]["questions"] > 0
+    run = RunDir(str(d))
+    q = run.read_table("questions/questions.parquet").to_pylist()
+    for row in q:
+        assert row["text"].endswith("?")
+        assert -1.0 <= row["quality"] <= 1.0
