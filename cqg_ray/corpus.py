@@ -316,6 +316,11 @@ def _parse_one(row: dict, cfg_json: str, parts_uri: str) -> dict:
     return {"uri": uri, "rows": table.num_rows, "dropped": json.dumps(dict(res.dropped)), "errors": json.dumps(res.errors)}
 
 
+def _keep_sampled(batch: pa.Table, seed: int, cut: float) -> pa.Table:
+    keys = np.array([sample_key(d, seed) for d in batch.column("doc_id").to_pylist()])
+    return batch.filter(pa.array(keys <= cut))
+
+
 def _dedup_bucket(batch: pa.Table) -> pa.Table:
     table, _ = dedup_table(batch)
     return table
@@ -371,7 +376,7 @@ def prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
         keys = np.array([sample_key(d, cfg.sample_seed) for d in ids])
         cut = np.partition(keys, cfg.limit - 1)[cfg.limit - 1]
         seed = cfg.sample_seed
-        ds = ds.filter(lambda r: sample_key(r["doc_id"], seed) <= cut)
+        ds = ds.map_batches(_keep_sampled, fn_kwargs={"seed": seed, "cut": cut}, batch_format="pyarrow")
     # Shards sorted by doc_id: the corpus does not depend on how the reading was split.
     ds = ds.sort("doc_id")
     for name in run.ls(ctx.stage, suffix=".parquet"):

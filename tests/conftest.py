@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from cqg_ray.config import config_from_dict
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -41,3 +43,32 @@ def ray_local():
         ctx.enable_progress_bars = False
         ctx.print_on_execution_start = False
     yield ray
+
+
+def small_config(run_dir, corpus_file, backend="fake", extra=None, **cqg):
+    """A tiny but complete pipeline config on the 400-text fixture (cqg keys as keyword arguments)."""
+    base = {
+        "run_dir": str(run_dir),
+        "ray": {"num_cpus": 2},
+        "corpus": {"paths": [str(corpus_file)], "limit": 300},
+        "cluster": {"k": 8},
+        "llm": {"backend": backend, "flush_every": 1, "max_tokens_generate": 200, "llamacpp": {"n_ctx": 2048}},
+        "cqg": {"n_p": 3, "n_h": 4, "n_e": 3, "p_p": 2, "p_h": 1, "p_e": 1, "t": 2, "max_text_chars": 160, **cqg},
+        "label": {"n_cluster": 6, "n_neighbor": 4, "n_random": 2, "max_text_chars": 160},
+        "train": {"epochs": 30, "batch_size": 32, "lr": 0.003, "cpus_per_worker": 0.5, "checkpoint_every": 10},
+    }
+    for section, values in (extra or {}).items():
+        base[section] = {**base.get(section, {}), **values} if isinstance(values, dict) else values
+    return config_from_dict(base)
+
+
+@pytest.fixture(scope="session")
+def clustered_run(tmp_path_factory, corpus_file, ray_local):
+    """prepare -> encode -> cluster on 300 real texts (shared by the tests of this module)."""
+    from cqg_ray.pipeline import run_one
+
+    d = tmp_path_factory.mktemp("cqg") / "run"
+    cfg = small_config(d, corpus_file)
+    for stage in ("prepare", "encode", "cluster"):
+        run_one(cfg, stage)
+    return d

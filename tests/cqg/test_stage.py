@@ -10,33 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from cqg_ray.config import config_from_dict, stage_hash
+from cqg_ray.config import stage_hash
 from cqg_ray.rundir import RunDir, run_stage
 
+from tests.conftest import small_config
+
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "CQG_RAY_PROGRESS": "0"}
-
-
-def small_config(run_dir, corpus_file, backend="fake", **cqg):
-    return config_from_dict({
-        "run_dir": str(run_dir),
-        "ray": {"num_cpus": 2},
-        "corpus": {"paths": [str(corpus_file)], "limit": 300},
-        "cluster": {"k": 8},
-        "llm": {"backend": backend, "flush_every": 1, "max_tokens_generate": 200, "llamacpp": {"n_ctx": 2048}},
-        "cqg": {"n_p": 3, "n_h": 4, "n_e": 3, "p_p": 2, "p_h": 1, "p_e": 1, "t": 2, "max_text_chars": 160, **cqg},
-    })
-
-
-@pytest.fixture(scope="module")
-def clustered_run(tmp_path_factory, corpus_file, ray_local):
-    """prepare -> encode -> cluster on 300 real texts (shared by the tests of this module)."""
-    from cqg_ray.pipeline import run_one
-
-    d = tmp_path_factory.mktemp("cqg") / "run"
-    cfg = small_config(d, corpus_file)
-    for stage in ("prepare", "encode", "cluster"):
-        run_one(cfg, stage)
-    return d
 
 
 TOPICS = ["apples", "rivers", "taxes", "music", "football", "weather", "elections", "cooking", "movies", "science", "war",

@@ -1,0 +1,114 @@
+"""The labelling stage (`cqg-ray label`): LLM answers that train the MBQA heads (Appendix C).
+
+Reads questions/ (the selected questions and their source clusters), cluster/ and prepare/; plans which
+texts each question is asked about (``cqg_ray.mbqa.plan``: own cluster / nearest clusters / random, packed
+20 questions to a prompt about one text) and sends the A.3 prompts through the LLM layer (ledger stage
+``labels``: a killed run repeats no finished call). Writes under labels/:
+
+    labels.parquet           doc_id, question_id, answer (bool), p_yes (float, null without logprobs), source
+    question_stats.parquet   question_id, planned, answered, yes, yes_rate
+    failures.parquet         the prompts that stayed unreadable after llm.max_attempts: doc_id, question_ids, raw text, error
+    stats.json
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from cqg_ray.config import PipelineConfig
+from cqg_ray.rundir import StageContext
+
+log = logging.getLogger("cqg_ray")
+
+SOURCES = np.array(["cluster", "neighbor", "random"])
+
+
+def label_requests(cfg: PipelineConfig, plan, questions: list[str], doc_ids: np.ndarray, texts: dict[str, str]):
+    """One A.3 request per planned prompt (pure: plan + texts in, requests out)."""
+    from cqg_ray.llm.base import Request
+    from cqg_ray.llm.prompts import answer_messages, clip_text
+
+    reqs = []
+    for i, d in enumerate(plan.prompt_doc):
+        qids = plan.prompt_questions[plan.prompt_offsets[i]: plan.prompt_offsets[i + 1]].tolist()
+        doc_id = str(doc_ids[d])
+        msgs = answer_messages(clip_text(texts[doc_id], cfg.label.max_text_chars), [questions[q] for q in qids])
+        reqs.append(Request(msgs, max_tokens=max(cfg.llm.max_tokens_answer, 8 * len(qids)), n_answers=len(qids),
+                            meta={"doc_id": doc_id, "question_ids": qids}))
+    return reqs
+
+
+def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True) -> None:
+    from cqg_ray.cluster import Clusters
+    from cqg_ray.cqg.stage import fetch_texts, load_questions
+    from cqg_ray.llm.runner import run_requests, stage_stats
+    from cqg_ray.mbqa.plan import make_plan
+
+    run = ctx.run
+    t0 = time.time()
+    qt = load_questions(run)
+    questions = qt.column("text").to_pylist()
+    q_clusters = qt.column("cluster").to_numpy()
+    cl = Clusters.load(run)
+    plan = make_plan(cl.labels, cl.neighbors, q_clusters, cfg.label)
+    n_pairs = len(plan.pair_question)
+    texts = fetch_texts(run, cl.doc_ids[np.unique(plan.prompt_doc)])
+    reqs = label_requests(cfg, plan, questions, cl.doc_ids, texts)
+    log.info("label: %d questions, %d texts, %d (text, question) pairs in %d prompts (%.1f questions per prompt)",
+             len(questions), len(np.unique(plan.pair_doc)), n_pairs, len(reqs), n_pairs / max(1, len(reqs)))
+    results = run_requests(reqs, cfg.llm, run, "labels", progress=progress, backend=backend)
+
+    # source of each (doc, question) pair, for the labels table
+    src_key = plan.pair_doc.astype(np.int64) * (len(questions) + 1) + plan.pair_question
+    src_order = np.argsort(src_key)
+    rows = {"doc_id": [], "question_id": [], "answer": [], "p_yes": [], "source": []}
+    fails = {"doc_id": [], "question_ids": [], "text": [], "error": []}
+    for r, d in zip(results, plan.prompt_doc):
+        if not r.ok or r.answers is None:
+            fails["doc_id"].append(r.meta["doc_id"])
+            fails["question_ids"].append(r.meta["question_ids"])
+            fails["text"].append(r.text)
+            fails["error"].append(r.error or "")
+            continue
+        qids = np.asarray(r.meta["question_ids"], dtype=np.int64)
+        keys = int(d) * (len(questions) + 1) + qids
+        pos = src_order[np.searchsorted(src_key, keys, sorter=src_order)]
+        for j, q in enumerate(qids.tolist()):
+            rows["doc_id"].append(r.meta["doc_id"])
+            rows["question_id"].append(q)
+            rows["answer"].append(bool(r.answers[j]))
+            rows["p_yes"].append(None if r.p_yes is None else r.p_yes[j])
+            rows["source"].append(str(SOURCES[plan.pair_source[pos[j]]]))
+    labels = pa.table({"doc_id": pa.array(rows["doc_id"], pa.string()), "question_id": pa.array(rows["question_id"], pa.int32()),
+                       "answer": pa.array(rows["answer"], pa.bool_()), "p_yes": pa.array(rows["p_yes"], pa.float32()),
+                       "source": pa.array(rows["source"], pa.string())})
+    run.write_table(f"{ctx.stage}/labels.parquet", labels)
+    run.write_table(f"{ctx.stage}/failures.parquet", pa.table({
+        "doc_id": pa.array(fails["doc_id"], pa.string()), "question_ids": pa.array(fails["question_ids"], pa.list_(pa.int32())),
+        "text": pa.array(fails["text"], pa.string()), "error": pa.array(fails["error"], pa.string())}))
+
+    m = len(questions)
+    qid = labels.column("question_id").to_numpy()
+    ans = labels.column("answer").to_numpy(zero_copy_only=False).astype(np.int64)
+    planned = np.bincount(plan.pair_question, minlength=m)
+    answered = np.bincount(qid, minlength=m)
+    yes = np.bincount(qid, weights=ans, minlength=m).astype(np.int64)
+    run.write_table(f"{ctx.stage}/question_stats.parquet", pa.table({
+        "question_id": np.arange(m, dtype=np.int32), "planned": planned, "answered": answered, "yes": yes,
+        "yes_rate": np.where(answered > 0, yes / np.maximum(answered, 1), np.nan)}))
+    llm = stage_stats(run, "labels")
+    ctx.counts.update({"questions": m, "texts": int(len(np.unique(plan.pair_doc))), "pairs_planned": int(n_pairs), "prompts": len(reqs),
+                       "pairs_labelled": int(labels.num_rows), "prompts_failed": len(fails["doc_id"]),
+                       "yes_rate": round(float(ans.mean()), 4) if len(ans) else None})
+    ctx.extra["llm"] = llm.get("totals", llm)
+    ctx.extra["wall_s"] = round(time.time() - t0, 1)
+    run.write_json(f"{ctx.stage}/stats.json", {"counts": ctx.counts, "llm": ctx.extra["llm"]})
+
+
+def load_labels(run) -> pa.Table:
+    run.require("labels")
+    return run.read_table("labels/labels.parquet")

