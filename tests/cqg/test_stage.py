@@ -111,10 +111,12 @@ def test_cqg_real_llm_killed_and_resumed(clustered_run, corpus_file, tmp_path):
     cfgf = tmp_path / "c.yaml"
     cfgf.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     cmd = [sys.executable, "-m", "cqg_ray.cli", "cqg", "-c", str(cfgf)]
-    p = subprocess.Popen(cmd, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = open(tmp_path / "first.log", "wb")
+    p = subprocess.Popen(cmd, env=ENV, start_new_session=True, stdout=log, stderr=log)
     ledger = d / "llm" / "ledger" / "cqg-generate"
-    deadline = time.time() + 600
+    deadline = time.time() + 900
     while time.time() < deadline and len(list(ledger.glob("*.parquet"))) < 2:
+        assert p.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
         time.sleep(0.5)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()

@@ -1,0 +1,66 @@
+"""The training stage (`cqg-ray train`): labels + stored embeddings -> a self-contained model folder.
+
+Reads labels/ (LLM answers), encode/ (the frozen embeddings of the labelled texts; never re-encoded),
+questions/ (texts and provenance); trains the stacked heads with Ray Train (``cqg_ray.mbqa.train``), holds
+out ``train.holdout`` of the labelled documents for the paper's Table 6 report, and writes ``<run>/model/``
+(config.json, questions.json, heads.safetensors, eval_report.json), loadable with
+``InterpretableEmbedder.load``. Ray Train checkpoints live in ``<run>/model/_train/``: a killed run resumes
+from the last one when the stage runs again with the same config.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+
+from cqg_ray.config import PipelineConfig, stage_hash
+from cqg_ray.rundir import StageContext
+
+log = logging.getLogger("cqg_ray")
+
+
+def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
+    from cqg_ray.cqg.stage import load_questions
+    from cqg_ray.encode import load_embeddings
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+    from cqg_ray.mbqa.label import load_labels
+    from cqg_ray.mbqa.report import format_report
+    from cqg_ray.mbqa.train import LabelPairs, train_and_evaluate
+
+    run = ctx.run
+    t0 = time.time()
+    labels = load_labels(run)
+    qt = load_questions(run)
+    m = qt.num_rows
+    if labels.num_rows == 0:
+        raise RuntimeError("train: no labelled pairs (see labels/failures.parquet)")
+    doc_ids = labels.column("doc_id").to_numpy(zero_copy_only=False)
+    ids, emb = load_embeddings(run, np.unique(doc_ids))
+    pairs = LabelPairs(np.searchsorted(ids, doc_ids), labels.column("question_id").to_numpy(),
+                       labels.column("answer").to_numpy(zero_copy_only=False).astype(np.int8), m)
+    storage = run.uri(ctx.stage, "_train")
+    if run.local:
+        os.makedirs(storage, exist_ok=True)
+    name = f"mbqa-{stage_hash(cfg, 'model')}"
+    log.info("train: %d questions, %d labelled pairs over %d texts (d=%d), %d worker(s), %d epochs", m, len(pairs), len(ids), emb.shape[1],
+             cfg.train.num_workers, cfg.train.epochs)
+    result, report = train_and_evaluate(emb, pairs, cfg.train, storage_path=storage, name=name)
+    questions = [{"id": str(r["question_id"]), "text": r["text"], "cluster": int(r["cluster"]),
+                  "quality": None if r["quality"] is None or r["quality"] != r["quality"] else float(r["quality"]),
+                  "method": r.get("method", "cqg")} for r in qt.to_pylist()]
+    model = InterpretableEmbedder(cfg.encode.model, questions, result.heads, tau=cfg.train.tau, eval_report=report, device="cpu")
+    model.save(run.uri(ctx.stage))
+    print(format_report(report))
+    ctx.counts.update({"questions": m, "pairs": len(pairs), "texts": int(len(ids)), "epochs": result.epochs,
+                       "pos_weight": round(float(result.pos_weight), 4),
+                       "heldout_accuracy": report.get("accuracy") if isinstance(report, dict) else None})
+    ctx.extra["final_metrics"] = result.metrics
+    ctx.extra["wall_s"] = round(time.time() - t0, 1)
+
+
+def model_path(run) -> str:
+    run.require("model")
+    return run.uri("model")
