@@ -1,0 +1,233 @@
+"""cluster/ and jobs/ configs, checked offline: the YAMLs parse, the KubeRay manifests are ray.io/v1 with a CPU head and
+GPU workers running our image and entrypoint, the launcher YAML passes the checks `ray up` makes before it talks to
+the cloud (Ray's own schema and prepare/validate functions), `ray start` flags exist, and the Dockerfile installs the
+vllm extra with Ray and vLLM pinned as pyproject.toml pins them."""
+
+import copy
+import json
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "cluster"
+DOCKERFILE = CLUSTER / "Dockerfile"
+
+
+def load_all(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def pinned(requirements: list[str], name: str) -> str:
+    """The ==version pinned for a package in a requirement list."""
+    for r in requirements:
+        m = re.match(rf"^{re.escape(name)}(\[[^\]]*\])?==([\w.]+)$", r.replace(" ", ""))
+        if m:
+            return m.group(2)
+    raise AssertionError(f"{name} is not pinned in {requirements}")
+
+
+RAY_VERSION = pinned(pyproject()["project"]["dependencies"], "ray")
+VLLM_VERSION = pinned(pyproject()["project"]["optional-dependencies"]["vllm"], "vllm")
+
+
+def dockerfile_args() -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=\"?([^\"\n]*)\"?$", DOCKERFILE.read_text(), re.M))
+
+
+def image_name() -> str:
+    """The tag the Dockerfile's build comment produces; every manifest must run it."""
+    m = re.search(r"docker build -f cluster/Dockerfile -t (\S+) \.", DOCKERFILE.read_text())
+    assert m, "the Dockerfile documents its build command"
+    return m.group(1)
+
+
+def containers(pod_template: dict) -> list[dict]:
+    return pod_template["spec"]["containers"]
+
+
+def ray_start_flags() -> set[str]:
+    from ray.scripts.scripts import start
+
+    return {o.lstrip("-") for p in start.params for o in p.opts if o.startswith("--")}
+
+
+def check_cluster_spec(spec: dict, image: str) -> None:
+    """A RayCluster spec: CPU-only head, a GPU worker group with min/max replicas, our image everywhere."""
+    assert spec["rayVersion"] == RAY_VERSION
+    head = spec["headGroupSpec"]
+    flags = ray_start_flags()
+    for group in [head, *spec["workerGroupSpecs"]]:
+        assert set(group["rayStartParams"]) <= flags, set(group["rayStartParams"]) - flags
+        for c in containers(group["template"]):
+            assert c["image"] == image
+    head_res = containers(head["template"])[0]["resources"]
+    assert "nvidia.com/gpu" not in head_res["limits"] and "nvidia.com/gpu" not in head_res["requests"]
+    assert head["rayStartParams"]["num-cpus"] == "0"
+    gpu = [g for g in spec["workerGroupSpecs"] if any("nvidia.com/gpu" in c["resources"]["limits"] for c in containers(g["template"]))]
+    assert gpu, "no worker group asks for nvidia.com/gpu"
+    for g in gpu:
+        assert 0 <= g["minReplicas"] <= g["replicas"] <= g["maxReplicas"]
+        assert g["maxReplicas"] >= 1
+        res = containers(g["template"])[0]["resources"]
+        assert int(res["limits"]["nvidia.com/gpu"]) >= 1 and res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"]
+        assert any(t.get("key") == "nvidia.com/gpu" for t in g["template"]["spec"].get("tolerations", []))
+    names = [g["groupName"] for g in spec["workerGroupSpecs"]]
+    assert len(names) == len(set(names))
+
+
+def entrypoint_paths(cmd: str) -> tuple[str, str]:
+    """(script, --config value) of a `python jobs/pipeline.py --config ...` command line."""
+    words = shlex.split(cmd)
+    assert words[0] == "python"
+    return words[1], words[words.index("--config") + 1]
+
+
+# ------------------------------------------------------------------------------------------------ KubeRay
+
+
+def test_raycluster_manifest():
+    docs = load_all(CLUSTER / "kuberay" / "raycluster.yaml")
+    rc = next(d for d in docs if d["kind"] == "RayCluster")
+    assert rc["apiVersion"] == "ray.io/v1"
+    check_cluster_spec(rc["spec"], image_name())
+    assert rc["spec"]["enableInTreeAutoscaling"] is True
+    sa = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
+    for group in [rc["spec"]["headGroupSpec"], *rc["spec"]["workerGroupSpecs"]]:
+        assert group["template"]["spec"]["serviceAccountName"] in sa
+
+
+def test_rayjob_manifest_runs_the_pipeline_entrypoint():
+    (rj,) = load_all(CLUSTER / "kuberay" / "rayjob.yaml")
+    assert rj["apiVersion"] == "ray.io/v1" and rj["kind"] == "RayJob"
+    spec = rj["spec"]
+    script, config = entrypoint_paths(spec["entrypoint"])
+    assert script == "jobs/pipeline.py" and config == "configs/paper.yaml"
+    assert (ROOT / script).is_file() and (ROOT / config).is_file()
+    check_cluster_spec(spec["rayClusterSpec"], image_name())
+    assert spec["shutdownAfterJobFinishes"] is True
+    # the runtime env is valid for Ray and its working dir is where the image keeps the repository
+    from ray.runtime_env import RuntimeEnv
+
+    env = yaml.safe_load(spec["runtimeEnvYAML"])
+    assert env["working_dir"] == "/home/ray/cqg-ray"
+    RuntimeEnv(**{**env, "working_dir": str(ROOT)})  # Ray checks that the path exists: here the checkout the image copies
+    assert re.search(r"^WORKDIR /home/ray/cqg-ray$", DOCKERFILE.read_text(), re.M)
+    # every --set in the entrypoint is a valid override of configs/paper.yaml
+    from cqg_ray.config import load_config
+
+    words = shlex.split(spec["entrypoint"])
+    sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+    cfg = load_config(ROOT / config, sets)
+    assert cfg.run_dir.startswith("s3://") and cfg.llm.vllm.replicas == max(g["maxReplicas"] for g in spec["rayClusterSpec"]["workerGroupSpecs"] if g["groupName"] == "gpu")
+
+
+# ------------------------------------------------------------------------------------------------ cluster launcher
+
+
+def test_launcher_yaml_passes_ray_up_offline_checks():
+    import jsonschema
+    import ray
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    cfg = yaml.safe_load((CLUSTER / "aws-gpu.yaml").read_text())
+    for key in ("cluster_name", "provider", "available_node_types", "head_node_type", "max_workers", "docker"):
+        assert key in cfg
+    schema_path = Path(ray.autoscaler.__file__).parent / "ray-schema.json"
+    assert schema_path.exists(), "ray no longer ships ray-schema.json"
+    jsonschema.validate(cfg, json.loads(schema_path.read_text()))  # the raw file, as written
+    prepared = prepare_config(copy.deepcopy(cfg))  # what `ray up` does before it contacts AWS: merge defaults, ...
+    validate_config(prepared)  # ... then validate (schema, head type, min_workers vs max_workers)
+    assert prepared["setup_commands"] == []  # our empty list replaced the launcher's default `pip install ray-nightly`
+    types = cfg["available_node_types"]
+    assert cfg["head_node_type"] in types and "GPU" not in types[cfg["head_node_type"]]["resources"]
+    gpu_types = [t for t in types.values() if t["resources"].get("GPU", 0) >= 1]
+    assert gpu_types and all(t["max_workers"] >= 1 for t in gpu_types)
+    assert cfg["docker"]["image"] == image_name()
+    flags = ray_start_flags()
+    for cmd in cfg["head_start_ray_commands"] + cfg["worker_start_ray_commands"]:
+        if "ray start" in cmd:
+            used = {w.split("=")[0].lstrip("-") for w in shlex.split(cmd.split("ray start", 1)[1]) if w.startswith("--")}
+            assert used <= flags, used - flags
+    for local in cfg["file_mounts"].values():
+        assert (ROOT / local).exists()
+
+
+# ------------------------------------------------------------------------------------------------ image
+
+
+def test_dockerfile_installs_the_vllm_extra_with_pinned_ray_and_vllm():
+    text = DOCKERFILE.read_text()
+    args = dockerfile_args()
+    assert args["RAY_VERSION"] == RAY_VERSION and args["VLLM_VERSION"] == VLLM_VERSION
+    base = args["BASE_IMAGE"]
+    assert base.startswith(f"rayproject/ray:{RAY_VERSION}-") and base.endswith("-gpu")
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
+    install = re.search(r"pip install -c /tmp/pins.txt (.+?)\\\n", text).group(1)
+    assert '".[vllm' in install
+    assert f'"ray[default,data,train,serve]==${{RAY_VERSION}}"' in install and '"vllm==${VLLM_VERSION}"' in install
+    assert "printf 'ray==%s\\nvllm==%s\\n'" in text  # the constraints file pins both (no extras in constraints)
+    # every COPY source exists in the repository, and the build context leaves the venv out
+    for line in re.findall(r"^COPY (?:--\S+ )*(.+)$", text, re.M):
+        *sources, _dest = line.split()
+        for s in sources:
+            assert (ROOT / s).exists(), s
+    ignored = (CLUSTER / "Dockerfile.dockerignore").read_text().split()
+    assert ".venv/" in ignored and ".git/" in ignored
+
+
+def test_image_matches_everywhere():
+    image = image_name()
+    for f in ("kuberay/raycluster.yaml", "kuberay/rayjob.yaml", "aws-gpu.yaml"):
+        found = set(re.findall(r"image:\s*(\S+)", (CLUSTER / f).read_text()))
+        assert found == {image}, (f, found)
+
+
+# ------------------------------------------------------------------------------------------------ jobs
+
+
+def test_runtime_env_is_valid_and_keeps_the_venv_out():
+    from ray.runtime_env import RuntimeEnv
+
+    env = yaml.safe_load((ROOT / "jobs" / "runtime_env.yaml").read_text())
+    RuntimeEnv(**env)
+    assert env["working_dir"] == "."
+    for path in (".venv/", ".git/", "runs/"):
+        assert path in env["excludes"]
+    assert all(isinstance(v, str) for v in env["env_vars"].values())
+
+
+@pytest.mark.parametrize("path", ["configs/paper.yaml", "configs/demo.yaml"])
+def test_configs_load(path):
+    from cqg_ray.config import load_config
+
+    load_config(ROOT / path)
+
+
+def test_paper_config_is_the_papers_setting():
+    from cqg_ray.config import load_config
+
+    cfg = load_config(ROOT / "configs" / "paper.yaml")
+    assert cfg.corpus.format == "medi2" and cfg.encode.model == "WhereIsAI/UAE-Large-V1"
+    assert cfg.cluster.k == 5000 and cfg.llm.backend == "vllm" and cfg.train.use_gpu
+    c, lab = cfg.cqg, cfg.label
+    assert (c.n_p, c.n_h, c.n_e, c.p_p, c.p_h, c.p_e, c.t, c.theta_value, c.questions_per_prompt) == (6, 18, 18, 5, 3, 2, 4, 0.8, 10)
+    assert (lab.n_cluster, lab.n_neighbor, lab.n_random, lab.neighbor_clusters, lab.questions_per_prompt) == (500, 300, 200, 5, 20)
+    assert (cfg.train.lr, cfg.train.tau, cfg.train.hidden, cfg.train.holdout) == (1e-4, 0.5, 8, 0.1)
+    assert cfg.run_dir.startswith("s3://")
+    assert "instruct" in cfg.llm.vllm.model.lower()
+
+
+def test_entrypoint_scripts_named_in_docs_exist():
+    """Every `python jobs/...` or `cluster/...` path that the cluster files and runtime env mention exists."""
+    for f in [*CLUSTER.rglob("*.yaml"), DOCKERFILE, ROOT / "jobs" / "runtime_env.yaml"]:
+        for p in re.findall(r"\b((?:jobs|cluster|configs)/[\w./-]+\.(?:py|yaml))\b", f.read_text()):
+            assert (ROOT / p).exists(), f"{f.name} names {p}"

@@ -1,0 +1,306 @@
+"""jobs/pipeline.py as users run it: `ray job submit` against a real Ray head started with `ray start --head`.
+
+The head runs in its own temp dir and process group (`ray start --block`, started by this module and stopped by its
+pid): `ray stop --force` would also kill every other Ray session on the machine.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINE = ROOT / "jobs" / "pipeline.py"
+VENV_BIN = Path(sys.executable).parent
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "CQG_RAY_PROGRESS": "0", "TOKENIZERS_PARALLELISM": "false",
+       "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
+ENV.pop("RAY_ADDRESS", None)
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def ray_cli(*args, timeout=120, check=True):
+    r = subprocess.run([str(VENV_BIN / "ray"), *args], env=ENV, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"ray {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
+
+
+class Head:
+    """A real single-node Ray head on 127.0.0.1 with the dashboard (the Jobs API) on a free port."""
+
+    def __init__(self):
+        self.temp_dir = tempfile.mkdtemp(prefix="rjt_", dir="/tmp")  # short: Ray's unix socket paths have a length limit
+        gcs, dash, client, agent_http, agent_grpc, rt_agent, metrics, nm, om = free_ports(9)
+        self.dashboard = f"http://127.0.0.1:{dash}"
+        self.log = open(Path(self.temp_dir) / "ray_start.log", "w")
+        cmd = [str(VENV_BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
+               "--num-cpus", "2", "--num-gpus", "0", "--include-dashboard=true", "--dashboard-host", "127.0.0.1",
+               "--dashboard-port", str(dash), "--ray-client-server-port", str(client), "--dashboard-agent-listen-port", str(agent_http),
+               "--dashboard-agent-grpc-port", str(agent_grpc), "--runtime-env-agent-port", str(rt_agent),
+               "--metrics-export-port", str(metrics), "--node-manager-port", str(nm), "--object-manager-port", str(om),
+               "--temp-dir", self.temp_dir, "--disable-usage-stats"]
+        self.proc = subprocess.Popen(cmd, env=ENV, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray start exited with {self.proc.returncode}: {self.start_log()}")
+            r = ray_cli("job", "list", "--address", self.dashboard, timeout=60, check=False)
+            if r.returncode == 0:
+                return
+            time.sleep(2)
+        self.stop()
+        raise RuntimeError(f"the Ray head did not answer on {self.dashboard} within 180 s: {self.start_log()}")
+
+    def start_log(self) -> str:
+        return (Path(self.temp_dir) / "ray_start.log").read_text()[-3000:]
+
+    def submit(self, runtime_env: dict, *entrypoint: str) -> str:
+        sid = f"cqg-test-{uuid.uuid4().hex[:8]}"
+        ray_cli("job", "submit", "--address", self.dashboard, "--submission-id", sid, "--working-dir", str(ROOT),
+                "--runtime-env-json", json.dumps(runtime_env), "--no-wait", "--", *entrypoint, timeout=300)
+        return sid
+
+    def wait(self, sid: str, timeout: float) -> str:
+        deadline = time.time() + timeout
+        status = "?"
+        while time.time() < deadline:
+            r = ray_cli("job", "status", "--address", self.dashboard, sid, timeout=60, check=False)
+            status = next((s for s in TERMINAL if f"'{sid}' {s.lower()}" in r.stdout.lower() or f"status: {s}" in r.stdout), status)
+            if status in TERMINAL:
+                return status
+            time.sleep(3)
+        ray_cli("job", "stop", "--address", self.dashboard, sid, timeout=120, check=False)
+        return f"TIMEOUT (last: {status})"
+
+    def logs(self, sid: str) -> str:
+        return ray_cli("job", "logs", "--address", self.dashboard, sid, timeout=120, check=False).stdout
+
+    def crashes(self) -> str:
+        """Fatal errors of this head's Ray workers (a crashed actor's cause is only in its own log)."""
+        out = []
+        for f in sorted(Path(self.temp_dir).glob("session_*/logs/worker-*.err")):
+            text = f.read_text(errors="replace")
+            if "Fatal Python error" in text or "SIGSEGV" in text or "SIGILL" in text:
+                out.append(f"{f.name}:\n{text[-2000:]}")
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        """Stop this head only: SIGTERM to the `ray start --block` process group (its Ray processes share its fate),
+        then SIGKILL to anything still running from this head's temp dir."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        time.sleep(2)
+        for pid in _pids_using(self.temp_dir):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.log.close()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _pids_using(temp_dir: str) -> list[int]:
+    """Processes whose command line names this head's temp dir (its raylet, GCS, dashboard, workers)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if temp_dir.encode() in (d / "cmdline").read_bytes():
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return out
+
+
+@pytest.fixture(scope="module")
+def head():
+    h = Head()
+    try:
+        yield h
+    finally:
+        h.stop()
+        assert not _pids_using(h.temp_dir), "Ray processes of the test head survived its stop"
+
+
+def runtime_env() -> dict:
+    """jobs/runtime_env.yaml (its excludes keep .venv and runs/ out of the upload) with test env vars."""
+    env = yaml.safe_load((ROOT / "jobs" / "runtime_env.yaml").read_text())
+    env.pop("working_dir", None)  # --working-dir on the command line
+    env["env_vars"] = {**env.get("env_vars", {}), "HF_HUB_OFFLINE": "1", "CQG_RAY_PROGRESS": "0", "RAY_AUTH_MODE": "disabled"}
+    return env
+
+
+def tiny_config(path: Path, run_dir: Path, corpus: Path, **sections) -> Path:
+    cfg = {
+        "run_dir": str(run_dir),
+        "corpus": {"paths": [str(corpus)], "limit": 200, "rows_per_shard": 100},
+        "encode": {"num_actors": 1, "batch_size": 32, "unit_rows": 50},
+        "cluster": {"k": 8},
+    }
+    for k, v in sections.items():
+        cfg[k] = {**cfg.get(k, {}), **v}
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def manifest(run_dir: Path, stage: str) -> dict:
+    return json.loads((run_dir / stage / "_manifest.json").read_text())
+
+
+# ------------------------------------------------------------------------------------------------ quick (no Ray)
+
+
+def test_help_names_the_options():
+    r = subprocess.run([sys.executable, str(PIPELINE), "--help"], env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    for word in ("--config", "--set", "--until", "--address", "ray job submit", "resume"):
+        assert word in r.stdout
+
+
+def test_bad_config_exits_2_with_the_key_named(tmp_path):
+    cfgf = tmp_path / "bad.yaml"
+    cfgf.write_text("cluster:\n  kk: 3\n")
+    r = subprocess.run([sys.executable, str(PIPELINE), "--config", str(cfgf)], env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "cluster.kk: unknown key" in r.stderr
+    r = subprocess.run([sys.executable, str(PIPELINE), "--config", str(tmp_path / "missing.yaml")], env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "config file not found" in r.stderr
+    r = subprocess.run([sys.executable, str(PIPELINE), "--config", str(cfgf), "--until", "nothing"], env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_address_choice(monkeypatch):
+    sys.path.insert(0, str(ROOT / "jobs"))
+    try:
+        import pipeline as job
+    finally:
+        sys.path.pop(0)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert job.ray_address(None, None) is None  # local Ray
+    assert job.ray_address(None, "auto") == "auto"
+    assert job.ray_address("ray://h:10001", "auto") == "ray://h:10001"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # what `ray job submit` sets for the entrypoint
+    assert job.ray_address(None, None) == "10.0.0.1:6379"
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    assert job.ray_address(None, None) == "auto"
+
+
+# ------------------------------------------------------------------------------------------------ real head
+
+
+@pytest.mark.slow
+def test_submit_pipeline_until_cluster(head, tmp_path, corpus_file):
+    run_dir = tmp_path / "run"
+    cfgf = tiny_config(tmp_path / "tiny.yaml", run_dir, corpus_file)
+    sid = head.submit(runtime_env(), "python", "jobs/pipeline.py", "--config", str(cfgf), "--until", "cluster")
+    status = head.wait(sid, timeout=900)
+    logs = head.logs(sid)
+    assert status == "SUCCEEDED", logs[-5000:]
+    # the job joined this head (not a Ray of its own) and ran the venv's python
+    line = next(l for l in logs.splitlines() if l.startswith("Ray: "))
+    assert "1 node(s), 2 CPUs" in line and "local" not in line.split("(")[0]
+    assert f"python {VENV_BIN / 'python'}" in line or str(VENV_BIN) in line
+    assert "pipeline finished" in logs
+    for stage in ("prepare", "encode", "cluster"):
+        assert re_line(logs, stage, "done")
+    # the artifacts
+    assert manifest(run_dir, "prepare")["counts"]["documents"] == 200
+    assert manifest(run_dir, "encode")["counts"]["documents"] == 200
+    cl = manifest(run_dir, "cluster")
+    assert cl["counts"]["clusters"] + cl["counts"]["empty_removed"] == 8 and cl["counts"]["documents"] == 200
+    assert not (run_dir / "questions").exists()  # --until cluster
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["cluster"]["k"] == 8 and saved["corpus"]["limit"] == 200
+    from cqg_ray.cluster import Clusters
+    from cqg_ray.rundir import RunDir
+
+    c = Clusters.load(RunDir(str(run_dir)))
+    assert c.k == cl["counts"]["clusters"] and len(c.labels) == 200 and set(c.labels.tolist()) == set(range(c.k))
+
+    # resubmitting resumes: every stage is skipped
+    sid2 = head.submit(runtime_env(), "python", "jobs/pipeline.py", "--config", str(cfgf), "--until", "cluster")
+    assert head.wait(sid2, timeout=600) == "SUCCEEDED"
+    logs2 = head.logs(sid2)
+    for stage in ("prepare", "encode", "cluster"):
+        assert f"{stage}: done (skipped; manifest matches)" in logs2
+    assert manifest(run_dir, "cluster")["seconds"] == cl["seconds"]
+
+
+@pytest.mark.slow
+def test_submit_failing_stage_fails_the_job_with_a_clear_message(head, tmp_path, corpus_file):
+    run_dir = tmp_path / "run"
+    cfgf = tiny_config(tmp_path / "tiny.yaml", run_dir, corpus_file, encode={"model": str(tmp_path / "no-such-encoder")})
+    sid = head.submit(runtime_env(), "python", "jobs/pipeline.py", "--config", str(cfgf), "--until", "encode")
+    status = head.wait(sid, timeout=600)
+    logs = head.logs(sid)
+    assert status == "FAILED", logs[-5000:]
+    assert "error: the pipeline failed in stage encode" in logs
+    assert (run_dir / "prepare" / "_manifest.json").exists() and not (run_dir / "encode" / "_manifest.json").exists()
+
+
+def re_line(logs: str, stage: str, state: str) -> bool:
+    """The status table printed at the end has a row `<stage> <state> ...`."""
+    return any(l.split()[:2] == [stage, state] for l in logs.splitlines() if l.strip())
+
+
+@pytest.mark.slow
+def test_submit_full_pipeline_with_the_embedded_llm(head, tmp_path, corpus_file, shared_data):
+    """Every stage through `ray job submit`: the bundled Qwen2.5-Coder-0.5B (llama.cpp) generates, probes and labels,
+    Ray Train fits the heads, the evaluation runs on 150 STS-B test pairs."""
+    run_dir = tmp_path / "run"
+    cfgf = tiny_config(
+        tmp_path / "full.yaml", run_dir, corpus_file,
+        cluster={"k": 6},
+        llm={"backend": "llamacpp", "flush_every": 1, "max_tokens_generate": 160, "llamacpp": {"n_ctx": 2048, "model": "bundled:qwen2.5-coder-0.5b"}},
+        cqg={"n_p": 3, "n_h": 3, "n_e": 2, "questions_per_prompt": 5, "p_p": 2, "p_h": 1, "p_e": 1, "t": 2, "max_clusters": 3, "max_text_chars": 160},
+        label={"n_cluster": 4, "n_neighbor": 2, "n_random": 2, "max_text_chars": 160},
+        train={"epochs": 20, "batch_size": 32, "lr": 0.003, "cpus_per_worker": 0.5, "checkpoint_every": 10},
+        evaluate={"tasks": ["sts"], "sts": [str(shared_data / "sts" / "STSBenchmark.test.tsv")], "max_pairs": 150,
+                  "baselines": ["dense"], "tau_sweep": [0.5], "m_sweep": [1]},
+    )
+    sid = head.submit(runtime_env(), "python", "jobs/pipeline.py", "--config", str(cfgf))
+    status = head.wait(sid, timeout=2400)
+    logs = head.logs(sid)
+    assert status == "SUCCEEDED", logs[-6000:] + "\n" + head.crashes()
+    for stage in ("prepare", "encode", "cluster", "questions", "labels", "model", "evaluation"):
+        assert (run_dir / stage / "_manifest.json").exists(), stage
+        assert re_line(logs, stage, "done"), stage
+    q = manifest(run_dir, "questions")["counts"]
+    assert q["generation_prompts"] == 3 and q["questions"] >= 1
+    lab = manifest(run_dir, "labels")["counts"]
+    assert lab["pairs_planned"] == q["questions"] * 8 and lab["pairs_labelled"] > 0
+    assert (run_dir / "model" / "heads.safetensors").exists()
+    ev = json.loads((run_dir / "evaluation" / "results.json").read_text())
+    assert "sts" in ev["scores"]
+

@@ -1,0 +1,245 @@
+"""Capacity planner: hand-computed small cases, the packing estimate against the real make_plan, the paper's setting."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from cqg_ray.cli import main
+from cqg_ray.config import LabelConfig, config_from_dict, load_config
+from cqg_ray.llm.prompts import answer_prompt, cqg_prompt
+from cqg_ray.plan import (THROUGHPUTS, Workload, label_packing_estimate, parse_count, plan, simulate_label_packing)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def small_cfg(**label):
+    return config_from_dict({
+        "cluster": {"k": 10},
+        "cqg": {"n_p": 2, "n_h": 3, "n_e": 3, "questions_per_prompt": 10, "p_p": 2, "p_h": 1, "p_e": 1, "t": 2},
+        "label": {"n_cluster": 6, "n_neighbor": 4, "n_random": 2, "questions_per_prompt": 20, **label},
+    })
+
+
+def stage(p, name):
+    return next(r for r in p["stages"] if r["stage"] == name)
+
+
+@pytest.mark.parametrize("text,value", [("6.8M", 6_800_000), ("10k", 10_000), ("5,000", 5_000), ("5000", 5_000), ("1e6", 1_000_000),
+                                        ("2.5B", 2_500_000_000), ("9_614", 9_614), ("0.5k", 500), (" 7m ", 7_000_000), (42, 42)])
+def test_parse_count(text, value):
+    assert parse_count(text) == value
+
+
+@pytest.mark.parametrize("text", ["6.8", "abc", "-5", "1.2345k", "10x", ""])
+def test_parse_count_rejects(text):
+    with pytest.raises(ValueError):
+        parse_count(text)
+
+
+def test_small_plan_by_hand():
+    # k=10 clusters, 10 questions per generation prompt, probes 2+1+1, t=2, survival 0.5; labels 6+4+2 per question
+    p = plan(small_cfg(), docs=1000, dedup_survival=0.5)
+    c = p["counts"]
+    assert stage(p, "cqg-generate")["llm_requests"] == 10
+    assert c["candidates"] == 100
+    assert stage(p, "cqg-probe")["llm_requests"] == 10 * 4  # one prompt per probe text: 10 questions fit one prompt of 20
+    assert c["probe_pairs"] == 400 and stage(p, "cqg-probe")["completion_tokens"] == 400 * 4
+    assert c["selected_top_t"] == 20 and c["questions"] == 10
+    assert c["label_pairs"] == 10 * 12 and c["label_prompts_full_packing"] == 6  # ceil(120 / 20)
+    assert c["holdout_pairs"] == 12
+    assert stage(p, "label")["completion_tokens"] == 120 * 4
+    assert stage(p, "encode")["texts_encoded"] == 1000 and stage(p, "embed")["texts_encoded"] == 1000
+    assert stage(p, "cqg-dedup")["texts_encoded"] == 100
+    assert c["train_pairs_total"] == round(120 * 0.9 * 50)
+    t = p["totals"]
+    assert t["llm_requests"] == 10 + 40 + stage(p, "label")["llm_requests"]
+    assert t["texts_encoded"] == 1000 + 100 + 1000
+
+
+def test_probe_prompts_split_at_20_questions():
+    # 30 questions per cluster are asked in chunks of 20: 2 prompts per probe text
+    p = plan(small_cfg(), docs=1000, questions_per_cluster=30, dedup_survival=0.5)
+    assert stage(p, "cqg-probe")["llm_requests"] == 10 * 4 * 2
+    assert p["counts"]["probe_pairs"] == 10 * 4 * 30
+
+
+def test_token_model_by_hand():
+    w = Workload()
+    p = plan(small_cfg(), docs=1000, dedup_survival=0.5, workload=w)
+    # generation: 20 chat tokens + template chars / 4 + 8 texts x 128 tokens (128 < 1000 chars / 4)
+    template = len(cqg_prompt([""] * 2, [""] * 6, 10))
+    assert stage(p, "cqg-generate")["prompt_tokens"] == round(10 * (20 + template / 4 + 8 * 128))
+    assert stage(p, "cqg-generate")["completion_tokens"] == 100 * (15 + 3)
+    # every extra question in an A.3 prompt costs "\n2. " (4 chars = 1 token) + 15 question tokens
+    assert len(answer_prompt("", ["", ""])) - len(answer_prompt("", [""])) == 4
+    base = 20 + (len(answer_prompt("", [""])) - 4) / 4 + 128  # a prompt without its questions
+    probe = stage(p, "cqg-probe")
+    assert probe["prompt_tokens"] == round(40 * (base + 10 * 16))
+    lab = stage(p, "label")
+    assert lab["prompt_tokens"] == round(lab["llm_requests"] * base + 120 * 16)
+    # texts are clipped at max_text_chars: 1000 chars / 4 = 250 tokens at most
+    long = plan(small_cfg(), docs=1000, dedup_survival=0.5, workload=Workload(prompt_tokens_per_text=10_000))
+    assert stage(long, "cqg-generate")["prompt_tokens"] == round(10 * (20 + template / 4 + 8 * 250))
+
+
+def test_hours_by_hand():
+    tp = THROUGHPUTS["gpu"]
+    p = plan(small_cfg(), docs=1000, dedup_survival=0.5, gpus=4)
+    gen = stage(p, "cqg-generate")
+    want = (gen["prompt_tokens"] / tp.llm_prompt_tokens_per_s + gen["completion_tokens"] / tp.llm_completion_tokens_per_s) / 3600
+    assert gen["device_hours"] == pytest.approx(want, rel=1e-9)
+    assert gen["wall_hours"] == pytest.approx(want / 4)
+    assert stage(p, "encode")["device_hours"] == pytest.approx(1000 / 1500 / 3600)
+    train = stage(p, "train")  # one train worker in the config: no speed-up from 4 GPUs
+    assert train["wall_hours"] == train["device_hours"] == pytest.approx(120 * 0.9 * 50 / 1e6 / 3600)
+
+
+def test_packing_own_cluster_only_matches_make_plan():
+    # no neighbour or random texts, every selected question survives: each of a cluster's 6 front texts is asked
+    # by all 25 questions of its cluster -> ceil(25 / 20) = 2 prompts per text, 10 clusters x 6 texts
+    lab = LabelConfig(n_cluster=6, n_neighbor=0, n_random=0)
+    est = label_packing_estimate(1000, 10, 250, 25, lab)
+    assert est["prompts"] == 10 * 6 * 2 and est["texts"] == 60
+    sim = simulate_label_packing(1000, 10, 250, 25, lab)
+    assert sim == {"texts": 60, "prompts": 120, "pairs": 250 * 6}
+
+
+def test_packing_random_only_matches_make_plan():
+    # 40 questions x 10 random texts = 400 pairs walk a pool of 400 / 20 = 20 texts: 20 prompts of 20 questions
+    lab = LabelConfig(n_cluster=0, n_neighbor=0, n_random=10)
+    est = label_packing_estimate(1000, 10, 40, 4, lab)
+    assert est["prompts"] == 20 and est["texts"] == 20 and est["random_pool"] == 20
+    sim = simulate_label_packing(1000, 10, 40, 4, lab)
+    assert sim == {"texts": 20, "prompts": 20, "pairs": 400}
+
+
+def test_packing_estimate_close_to_make_plan():
+    # the paper's 500/300/200 with 20 questions per prompt, survival 0.48, on a balanced synthetic clustering
+    lab = LabelConfig()
+    n, k, per_cluster = 150_000, 150, 4
+    m = round(k * per_cluster * 0.4807)
+    est = label_packing_estimate(n, k, m, per_cluster, lab)
+    sim = simulate_label_packing(n, k, m, per_cluster, lab)
+    assert sim["pairs"] == m * 1000
+    assert est["prompts"] == pytest.approx(sim["prompts"], rel=0.03)
+    assert est["texts"] == pytest.approx(sim["texts"], rel=0.03)
+
+
+def test_paper_setting_matches_appendix_c_d():
+    cfg = load_config(ROOT / "configs" / "paper.yaml")
+    p = plan(cfg, docs=parse_count("6.8M"), prices=(0.075, 0.3))  # GPT-4o-mini batch prices (Appendix D)
+    c = p["counts"]
+    assert c["clusters"] == 5000 and c["candidates"] == 50_000
+    assert stage(p, "cqg-generate")["llm_requests"] == 5000  # one A.1 prompt per cluster, 6 + 18 + 18 texts
+    assert stage(p, "cqg-probe")["llm_requests"] == 5000 * 10  # 5 + 3 + 2 probe texts per cluster
+    assert c["selected_top_t"] == 20_000 and c["questions"] == 9_614  # Appendix E: 9,614 after dedup
+    assert c["label_pairs"] == 9_614_000  # ~10M pairs (Appendix C/D)
+    assert c["label_prompts_full_packing"] == 480_700  # 20 questions per prompt -> ~500k prompts
+    assert c["holdout_pairs"] == 961_400  # the paper's held-out support: 958,734 pairs (Table 9)
+    assert abs(c["holdout_pairs"] - 958_734) / 958_734 < 0.01
+    # the paper's $31 for the labelling with GPT-4o-mini: our token model (assumptions) lands close to it
+    assert 25 <= c["label_usd_full_packing"] <= 37
+    # our packing asks ~4 questions per prompt (a text is shared by the questions of one cluster and its neighbours)
+    assert 2.0e6 < c["label_prompts"] < 3.0e6
+    assert stage(p, "encode")["texts_encoded"] == 6_800_000 and stage(p, "embed")["texts_encoded"] == 6_800_000
+    assert p["inputs"]["dim"] == 1024
+    # 10,000 questions exactly (survival 0.5): 10M pairs and 500k prompts at full packing
+    p10 = plan(cfg, docs=6_800_000, dedup_survival=0.5)
+    assert p10["counts"]["questions"] == 10_000
+    assert p10["counts"]["label_pairs"] == 10_000_000 and p10["counts"]["label_prompts_full_packing"] == 500_000
+
+
+def test_qaemb_uses_its_own_prompt_and_survival():
+    cfg = config_from_dict({"cqg": {"method": "qaemb"}})
+    p = plan(cfg, docs=6_800_000)
+    assert p["counts"]["questions"] == 10_654  # Appendix E: QAEmb-MBQA has 10,654 questions
+
+
+def test_limits_and_errors():
+    cfg = config_from_dict({"corpus": {"limit": 3000}, "cluster": {"k": 30}, "cqg": {"max_clusters": 12}})
+    p = plan(cfg)  # docs from corpus.limit
+    assert p["counts"]["docs"] == 3000 and stage(p, "cqg-generate")["llm_requests"] == 12
+    with pytest.raises(ValueError, match="corpus size"):
+        plan(config_from_dict({}))
+    with pytest.raises(ValueError, match="clusters"):
+        plan(config_from_dict({}), docs=100)
+    with pytest.raises(ValueError, match="dedup_survival"):
+        plan(config_from_dict({}), docs=10_000, dedup_survival=0)
+
+
+def test_cli_json_and_table(capsys):
+    assert main(["plan", "--docs", "6.8M", "--clusters", "5000", "--json", "--gpus", "8"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["counts"]["docs"] == 6_800_000 and p["counts"]["questions"] == 9_614 and p["inputs"]["gpus"] == 8
+    assert main(["plan", "--docs", "6.8M", "-k", "5k", "--preset", "cpu", "--llm-tokens-per-s", "1000"]) == 0
+    out = capsys.readouterr().out
+    for word in ("cqg-generate", "cqg-probe", "label", "encode", "embed", "total", "m = 9,614", "9,614,000", "480,700"):
+        assert word in out
+    assert "1,000 prompt tok/s + 1,000 output tok/s" in out
+
+
+def test_cli_bad_count_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--docs", "lots"])
+    assert e.value.code == 2
+    assert "cannot read 'lots' as a count" in capsys.readouterr().err
+
+
+def test_demo_config_plan():
+    # the embedded demo: 3,000 texts, 30 clusters, questions for 12 of them, 25/15/10 texts per question
+    p = plan(load_config(ROOT / "configs" / "demo.yaml"), throughput=THROUGHPUTS["cpu"])
+    c = p["counts"]
+    assert c["docs"] == 3000 and c["clusters_generated"] == 12 and c["selected_top_t"] == 48
+    assert c["questions"] == round(48 * 9_614 / 20_000) and c["label_pairs"] == c["questions"] * 50
+    assert math.isclose(p["throughput"]["llm_completion_tokens_per_s"], 27)
+
+
+def fake_run(tmp_path, ledgers: dict, encode_tps=None, train_pps=None):
+    from cqg_ray.rundir import RunDir
+
+    run = RunDir(str(tmp_path / "run"))
+    if encode_tps is not None:
+        run.write_manifest("encode", "h", [], {"documents": 10, "texts_per_s": encode_tps}, 1.0)
+    for stage, (p, c, wall) in ledgers.items():
+        run.write_json(f"llm/ledger/{stage}/_stats.json", {"totals": {"prompt_tokens": p, "completion_tokens": c, "wall_s": wall}, "runs": []})
+    if train_pps is not None:
+        run.write_manifest("model", "h", [], {"pairs": 10}, 1.0, {"final_metrics": {"pairs_per_s": train_pps}})
+    return run.root_uri
+
+
+def test_calibrate_solves_prompt_and_output_rates(tmp_path):
+    from cqg_ray.plan import calibrate
+
+    # prompt 100 tok/s, output 10 tok/s: generation 1000/100 + 500/10 = 60 s, labels 2000/100 + 100/10 = 30 s
+    root = fake_run(tmp_path, {"cqg-generate": (1000, 500, 60.0), "labels": (2000, 100, 30.0)}, encode_tps=500.0, train_pps=1234.0)
+    tp = calibrate(root, THROUGHPUTS["gpu"])
+    assert tp.llm_prompt_tokens_per_s == pytest.approx(100) and tp.llm_completion_tokens_per_s == pytest.approx(10)
+    assert tp.encoder_texts_per_s == 500 and tp.train_pairs_per_s == 1234
+    assert "MEASURED" in tp.source
+
+
+def test_calibrate_with_one_llm_stage_uses_one_rate(tmp_path, capsys):
+    from cqg_ray.plan import calibrate
+
+    root = fake_run(tmp_path, {"labels": (2000, 100, 30.0)})
+    tp = calibrate(root, THROUGHPUTS["cpu"])
+    assert tp.llm_prompt_tokens_per_s == tp.llm_completion_tokens_per_s == pytest.approx(2100 / 30)
+    assert tp.encoder_texts_per_s == THROUGHPUTS["cpu"].encoder_texts_per_s  # not measured: the preset's
+    assert main(["plan", "--docs", "10k", "-k", "100", "--calibrate", root, "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["throughput"]["llm_prompt_tokens_per_s"] == pytest.approx(70)
+    assert main(["plan", "--docs", "10k", "-k", "100", "--calibrate", str(tmp_path / "nothing")]) == 2
+    assert "no run directory" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_paper_packing_estimate_matches_make_plan_at_full_scale():
+    # 6.8M texts, 5,000 clusters, 9,614 questions: the real planner on a balanced synthetic clustering (~1 minute)
+    lab = LabelConfig()
+    est = label_packing_estimate(6_800_000, 5000, 9_614, 4, lab)
+    sim = simulate_label_packing(6_800_000, 5000, 9_614, 4, lab)
+    assert sim["pairs"] == 9_614_000
+    assert est["prompts"] == pytest.approx(sim["prompts"], rel=0.01)
+    assert est["texts"] == pytest.approx(sim["texts"], rel=0.01)
