@@ -303,4 +303,14 @@ def test_submit_full_pipeline_with_the_embedded_llm(head, tmp_path, corpus_file,
     assert (run_dir / "model" / "heads.safetensors").exists()
     ev = json.loads((run_dir / "evaluation" / "results.json").read_text())
     assert "sts" in ev["scores"]
+    # the model the LLM-labelled data trained loads through the public API and embeds
+    from cqg_ray import InterpretableEmbedder
+
+    model = InterpretableEmbedder.load(str(run_dir / "model"))
+    assert model.m == q["questions"]
+    bits = model.encode(["A man is playing a guitar.", "Stocks fell sharply on Monday."], progress=False)
+    assert bits.shape == (2, model.m) and set(bits.ravel().tolist()) <= {0, 1}
+    ex = model.explain("A man is playing a guitar.", "A man plays the guitar.")
+    assert ex.cognitive_load == len(ex.shared_yes)
+    assert (run_dir / "model" / "eval_report.json").exists()
 
