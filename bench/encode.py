@@ -54,7 +54,8 @@ def main():
     t_single = time.perf_counter() - t0
     del model
 
-    e = EncodeConfig(model=a.model, batch_size=a.batch_size, unit_rows=max(500, a.n // 8))
+    # many small units: the last round of a few big ones would leave actors idle (unit_rows is only the resume grain)
+    e = EncodeConfig(model=a.model, batch_size=a.batch_size, unit_rows=max(200, a.n // 48))
     t0 = time.perf_counter()
     m = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, progress=False))
     t_ray = time.perf_counter() - t0

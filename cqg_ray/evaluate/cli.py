@@ -1,0 +1,79 @@
+"""`cqg-ray evaluate MODEL [--tasks ...]`: evaluate a model folder side by side with the baselines.
+
+    cqg-ray evaluate runs/demo/model                                   # standard sets under ../shared/data
+    cqg-ray evaluate runs/demo/model --tasks sts --sts my_pairs.tsv --max-pairs 500
+    cqg-ray evaluate runs/cqg/model --compare QAEmb-MBQA=runs/qaemb/model --out reports/side-by-side
+
+Settings come from ``--config`` (its ``evaluate`` section) and ``--set evaluate.key=value``, then the flags.
+Writes results.json, report.md and the sweep plots to ``--out`` (default MODEL/evaluation) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cqg_ray.config import ConfigError, EvaluateConfig, load_config
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("evaluate", help="evaluate a model: STS, retrieval, clustering, cognitive load, tau/m sweeps",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="model folder (local path or URI)")
+    p.add_argument("--tasks", nargs="+", choices=["sts", "retrieval", "clustering"], help="default: all three")
+    p.add_argument("--sts", nargs="+", metavar="TSV", help="STS files (sentence1, sentence2, score)")
+    p.add_argument("--retrieval", nargs="+", metavar="DIR", help="BEIR folders (corpus.jsonl, queries.jsonl, qrels/test.tsv)")
+    p.add_argument("--clustering", nargs="+", metavar="JSONL", help="clustering JSONL(.gz) files {text, label}")
+    p.add_argument("--clustering-field", default="text", help="text field to cluster (20 Newsgroups: text or subject)")
+    p.add_argument("--data-root", help="folder with the standard sets (layout of ../shared/data) used when no paths are given")
+    p.add_argument("--max-pairs", type=int, help="STS pairs per file (random, seeded)")
+    p.add_argument("--max-docs", type=int, help="retrieval corpus size (keeps the relevant documents) and clustering texts")
+    p.add_argument("--max-queries", type=int, help="retrieval queries per set")
+    p.add_argument("--baselines", nargs="*", choices=["dense", "bag_of_tokens", "bm25"], help="default: all three")
+    p.add_argument("--tau-sweep", nargs="+", type=float, metavar="TAU")
+    p.add_argument("--m-sweep", nargs="+", type=int, metavar="M")
+    p.add_argument("--name", help="row name of MODEL (default: the model's own name)")
+    p.add_argument("--compare", nargs="+", default=[], metavar="NAME=PATH", help="more models side by side, e.g. QAEmb-MBQA=runs/qaemb/model")
+    p.add_argument("--out", help="report folder (default: MODEL/evaluation)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--config", "-c", help="YAML config whose evaluate section is the starting point")
+    p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. evaluate.max_pairs=500")
+    p.set_defaults(func=cmd_evaluate)
+
+
+def config_from_args(args) -> EvaluateConfig:
+    cfg = load_config(args.config, args.set).evaluate
+    updates = {
+        "tasks": args.tasks, "sts": args.sts, "retrieval": args.retrieval, "clustering": args.clustering,
+        "max_pairs": args.max_pairs, "max_docs": args.max_docs, "baselines": args.baselines,
+        "tau_sweep": args.tau_sweep, "m_sweep": args.m_sweep,
+    }
+    data = {**cfg.model_dump(), **{k: v for k, v in updates.items() if v is not None}}
+    try:
+        return EvaluateConfig.model_validate(data)
+    except ValueError as e:
+        raise ConfigError(f"invalid evaluate options: {e}") from None
+
+
+def cmd_evaluate(args) -> int:
+    from cqg_ray.evaluate.data import DataError  # noqa: PLC0415
+    from cqg_ray.evaluate.models import load_model, model_name  # noqa: PLC0415
+    from cqg_ray.evaluate.report import evaluate_model  # noqa: PLC0415
+
+    cfg = config_from_args(args)
+    primary = load_model(args.model)
+    models = {args.name or model_name(primary): primary}
+    for item in args.compare:
+        if "=" not in item:
+            raise ConfigError(f"--compare {item!r} must look like NAME=PATH")
+        name, path = item.split("=", 1)
+        models[name] = load_model(path)
+    out = args.out or args.model.rstrip("/") + "/evaluation"
+    try:
+        evaluate_model(models, cfg, out, data_root=args.data_root, max_queries=args.max_queries,
+                       clustering_field=args.clustering_field, seed=args.seed, print_table=True)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"\nreport: {out}/report.md")
+    return 0

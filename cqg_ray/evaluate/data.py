@@ -1,0 +1,345 @@
+"""Evaluation data loaders for the three layouts of ``../shared/data`` (and any path or URI in the same layout).
+
+    load_sts("…/sts/STSBenchmark.test.tsv", max_pairs=200)           -> StsData
+    load_beir("…/retrieval/scifact", max_queries=50, max_docs=1000)  -> RetrievalData
+    load_clustering("…/clustering/twentynewsgroups.jsonl.gz", field="subject", max_docs=500) -> ClusteringData
+
+Layouts
+- STS: a TSV with a header naming ``sentence1``, ``sentence2``, ``score`` (other columns ignored); a file whose
+  first row already parses as a score in the third column is read as headerless ``sentence1, sentence2, score``.
+  Fields are split on tabs only (quotes are text, as in the official STS files).
+- Retrieval (BEIR): a folder with ``corpus.jsonl`` {_id, title, text}, ``queries.test.jsonl`` or ``queries.jsonl``
+  {_id, text}, ``qrels/test.tsv`` (header ``query-id corpus-id score``). A document's text is ``title + " " + text``
+  (stripped), as MTEB feeds BEIR corpora to encoders.
+- Clustering: JSONL, optionally gzip-compressed, one object per line with a text field (``text`` by default;
+  20 Newsgroups also has ``subject``, what MTEB's TwentyNewsgroupsClustering clusters) and ``label``.
+
+Subsets are random (seeded) but keep the file order, because the files are sorted (20 Newsgroups by group,
+STS by source): the first N rows would be a biased slice. A retrieval subset keeps every relevant document
+of the chosen queries and fills the rest with seeded random distractors; ``full_corpus`` records whether the
+corpus was cut.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from cqg_ray.rundir import resolve
+
+
+class DataError(ValueError):
+    """Evaluation data that cannot be read: missing file, wrong columns, broken line (with its location)."""
+
+
+# ----------------------------------------------------------------------------------------- reading files
+
+
+def read_bytes(uri: str) -> bytes:
+    """Bytes of a local path or any pyarrow/fsspec URI; gzip content (by its magic bytes) is decompressed."""
+    fs, path = resolve(uri)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        raise DataError(f"file not found: {uri}")
+    if info.type != pafs.FileType.File:
+        raise DataError(f"not a file: {uri}")
+    with fs.open_input_stream(path, compression=None) as f:
+        data = f.read()
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise DataError(f"{uri}: broken gzip file: {e}") from None
+    return data
+
+
+def _exists(uri: str) -> bool:
+    fs, path = resolve(uri)
+    return fs.get_file_info(path).type == pafs.FileType.File
+
+
+def _join(folder: str, *parts: str) -> str:
+    return "/".join([folder.rstrip("/"), *parts])
+
+
+def read_text_lines(uri: str) -> list[str]:
+    try:
+        text = read_bytes(uri).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{uri} is not UTF-8: {e}") from None
+    return text.splitlines()
+
+
+def read_jsonl(uri: str) -> list[dict[str, Any]]:
+    rows = []
+    for i, line in enumerate(read_text_lines(uri), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{uri}:{i}: broken JSON line: {e}") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{uri}:{i}: expected a JSON object, got {type(obj).__name__}")
+        rows.append(obj)
+    return rows
+
+
+def sample_indices(n: int, k: int | None, seed: int) -> np.ndarray:
+    """Sorted indices of a seeded random sample of k out of n (all of them when k is None or >= n)."""
+    if k is None or k >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
+
+
+_ALIASES = {"STSBenchmark": "STS-B", "scifact": "SciFact", "twentynewsgroups": "TNG"}
+
+
+def dataset_name(uri: str) -> str:
+    """Short column name for a dataset file or folder: STS12.test.tsv -> STS12, STSBenchmark.test.tsv -> STS-B."""
+    base = os.path.basename(uri.rstrip("/"))
+    for suffix in (".gz", ".jsonl", ".json", ".tsv", ".csv", ".test"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+    return _ALIASES.get(base, base)
+
+
+# ----------------------------------------------------------------------------------------- STS
+
+
+@dataclass
+class StsData:
+    """Sentence pairs with gold similarity scores (any scale; only ranks matter for Spearman)."""
+
+    name: str
+    path: str
+    sentence1: list[str]
+    sentence2: list[str]
+    scores: np.ndarray  # (n,) float64
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def unique_texts(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """(texts, i1, i2): each distinct sentence once, and where each pair's sentences are in ``texts``."""
+        index: dict[str, int] = {}
+        for s in [*self.sentence1, *self.sentence2]:
+            index.setdefault(s, len(index))
+        i1 = np.array([index[s] for s in self.sentence1], dtype=np.int64)
+        i2 = np.array([index[s] for s in self.sentence2], dtype=np.int64)
+        return list(index), i1, i2
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def load_sts(uri: str, max_pairs: int | None = None, seed: int = 0, name: str | None = None) -> StsData:
+    """Read an STS TSV (header ``sentence1 sentence2 score ...``, or headerless first three columns)."""
+    lines = [ln for ln in read_text_lines(uri) if ln.strip()]
+    if not lines:
+        raise DataError(f"{uri}: empty STS file")
+    head = lines[0].split("\t")
+    if len(head) >= 3 and _is_number(head[2]):
+        cols, body, first = (0, 1, 2), lines, 1
+    else:
+        missing = [c for c in ("sentence1", "sentence2", "score") if c not in head]
+        if missing:
+            raise DataError(f"{uri}: STS header must name sentence1, sentence2, score; missing {missing} in {head}")
+        cols, body, first = (head.index("sentence1"), head.index("sentence2"), head.index("score")), lines[1:], 2
+    s1, s2, scores = [], [], []
+    for i, line in enumerate(body, start=first):
+        fields = line.split("\t")
+        if len(fields) <= max(cols):
+            raise DataError(f"{uri}:{i}: expected at least {max(cols) + 1} tab-separated fields, got {len(fields)}")
+        try:
+            score = float(fields[cols[2]])
+        except ValueError:
+            raise DataError(f"{uri}:{i}: score {fields[cols[2]]!r} is not a number") from None
+        s1.append(fields[cols[0]])
+        s2.append(fields[cols[1]])
+        scores.append(score)
+    if not scores:
+        raise DataError(f"{uri}: no sentence pairs")
+    keep = sample_indices(len(scores), max_pairs, seed)
+    return StsData(
+        name=name or dataset_name(uri),
+        path=uri,
+        sentence1=[s1[i] for i in keep],
+        sentence2=[s2[i] for i in keep],
+        scores=np.asarray(scores, dtype=np.float64)[keep],
+    )
+
+
+# ----------------------------------------------------------------------------------------- retrieval (BEIR)
+
+
+@dataclass
+class RetrievalData:
+    """A BEIR-style retrieval set: corpus, queries, graded relevance judgements."""
+
+    name: str
+    path: str
+    doc_ids: list[str]
+    docs: list[str]
+    query_ids: list[str]
+    queries: list[str]
+    qrels: dict[str, dict[str, int]]  # query id -> {doc id: relevance}
+    full_corpus: bool = True
+
+
+def doc_text(row: dict[str, Any]) -> str:
+    """MTEB's text for a BEIR document: title and text joined by a space."""
+    return f"{row.get('title') or ''} {row.get('text') or ''}".strip()
+
+
+def read_qrels(uri: str) -> dict[str, dict[str, int]]:
+    lines = [ln for ln in read_text_lines(uri) if ln.strip()]
+    qrels: dict[str, dict[str, int]] = {}
+    for i, line in enumerate(lines, start=1):
+        fields = line.split("\t")
+        if i == 1 and not _is_number(fields[-1]):
+            continue  # header
+        if len(fields) < 3:
+            raise DataError(f"{uri}:{i}: expected query-id, corpus-id, score")
+        try:
+            rel = int(float(fields[2]))
+        except ValueError:
+            raise DataError(f"{uri}:{i}: relevance {fields[2]!r} is not a number") from None
+        qrels.setdefault(fields[0], {})[fields[1]] = rel
+    return qrels
+
+
+def load_beir(
+    folder: str,
+    split: str = "test",
+    max_queries: int | None = None,
+    max_docs: int | None = None,
+    seed: int = 0,
+    name: str | None = None,
+) -> RetrievalData:
+    """Read a BEIR folder. Only queries with judgements in ``qrels/<split>.tsv`` are kept (BEIR's protocol)."""
+    qrels_uri = _join(folder, "qrels", f"{split}.tsv")
+    if not _exists(qrels_uri):
+        raise DataError(f"{folder}: no qrels/{split}.tsv (BEIR layout: corpus.jsonl, queries.jsonl, qrels/{split}.tsv)")
+    qrels = read_qrels(qrels_uri)
+    queries_uri = next((u for u in (_join(folder, f"queries.{split}.jsonl"), _join(folder, "queries.jsonl")) if _exists(u)), None)
+    if queries_uri is None:
+        raise DataError(f"{folder}: no queries.{split}.jsonl or queries.jsonl")
+    corpus_uri = _join(folder, "corpus.jsonl")
+    if not _exists(corpus_uri):
+        raise DataError(f"{folder}: no corpus.jsonl")
+
+    query_text = {}
+    for row in read_jsonl(queries_uri):
+        if "_id" not in row or "text" not in row:
+            raise DataError(f"{queries_uri}: every query needs _id and text")
+        query_text[str(row["_id"])] = row["text"]
+    query_ids = [q for q in query_text if q in qrels]
+    if not query_ids:
+        raise DataError(f"{folder}: no query in {queries_uri} has judgements in {qrels_uri}")
+    query_ids = [query_ids[i] for i in sample_indices(len(query_ids), max_queries, seed)]
+
+    doc_ids, docs = [], []
+    for row in read_jsonl(corpus_uri):
+        if "_id" not in row:
+            raise DataError(f"{corpus_uri}: every document needs an _id")
+        doc_ids.append(str(row["_id"]))
+        docs.append(doc_text(row))
+
+    full = max_docs is None or max_docs >= len(doc_ids)
+    if not full:
+        relevant = {d for q in query_ids for d, r in qrels[q].items() if r > 0}
+        must = [i for i, d in enumerate(doc_ids) if d in relevant]
+        rest = np.array([i for i, d in enumerate(doc_ids) if d not in relevant], dtype=np.int64)
+        extra = rest[sample_indices(len(rest), max(max_docs - len(must), 0), seed + 1)]
+        keep = np.sort(np.concatenate([np.asarray(must, dtype=np.int64), extra]))
+        doc_ids = [doc_ids[i] for i in keep]
+        docs = [docs[i] for i in keep]
+    return RetrievalData(
+        name=name or dataset_name(folder),
+        path=folder,
+        doc_ids=doc_ids,
+        docs=docs,
+        query_ids=query_ids,
+        queries=[query_text[q] for q in query_ids],
+        qrels={q: qrels[q] for q in query_ids},
+        full_corpus=full,
+    )
+
+
+# ----------------------------------------------------------------------------------------- clustering
+
+
+@dataclass
+class ClusteringData:
+    """Texts with their true group labels."""
+
+    name: str
+    path: str
+    texts: list[str]
+    labels: list[str]
+    field: str = "text"
+
+    @property
+    def n_labels(self) -> int:
+        return len(set(self.labels))
+
+
+def load_clustering(
+    uri: str,
+    field: str = "text",
+    label_field: str = "label",
+    max_docs: int | None = None,
+    seed: int = 0,
+    name: str | None = None,
+) -> ClusteringData:
+    """Read a clustering JSONL(.gz): one {field: text, label_field: label} object per line."""
+    texts, labels = [], []
+    for i, row in enumerate(read_jsonl(uri), start=1):
+        if field not in row or label_field not in row:
+            raise DataError(f"{uri}: row {i} lacks {field!r} or {label_field!r} (keys: {sorted(row)})")
+        texts.append(str(row[field] or ""))
+        labels.append(str(row[label_field]))
+    if not texts:
+        raise DataError(f"{uri}: no rows")
+    keep = sample_indices(len(texts), max_docs, seed)
+    base = name or dataset_name(uri)
+    return ClusteringData(
+        name=base if field == "text" else f"{base}-{field}",
+        path=uri,
+        texts=[texts[i] for i in keep],
+        labels=[labels[i] for i in keep],
+        field=field,
+    )
+
+
+# ----------------------------------------------------------------------------------------- defaults
+
+
+def default_data_root() -> str | None:
+    """Where the standard evaluation sets live: $CQG_RAY_DATA, else ../shared/data or ./data if present."""
+    for root in (os.environ.get("CQG_RAY_DATA"), "../shared/data", "data"):
+        if root and os.path.isdir(root):
+            return root
+    return None
+
+
+def default_datasets(root: str) -> dict[str, list[str]]:
+    """The standard sets under a data root (the layout of ../shared/data) that exist there."""
+    cands = {
+        "sts": [f"{root}/sts/STS12.test.tsv", f"{root}/sts/STS13.test.tsv", f"{root}/sts/STSBenchmark.test.tsv"],
+        "retrieval": [f"{root}/retrieval/scifact"],
+        "clustering": [f"{root}/clustering/twentynewsgroups.jsonl.gz"],
+    }
+    return {task: [p for p in paths if os.path.exists(p)] for task, paths in cands.items()}

@@ -1,0 +1,60 @@
+"""What evaluation needs from a model, as two small protocols, so that any object with the right methods works.
+
+- ``Encoder``: ``encode(texts) -> (n, d)`` array (dense float, binary 0/1, or a scipy sparse matrix).
+  The baselines (dense encoder, Bag-of-Tokens) and anything else a user wants compared are Encoders.
+- ``InterpretableModel``: CQG-MBQA's ``InterpretableEmbedder`` (``cqg_ray.mbqa.embedder``):
+  ``encode(texts, binary=False)`` gives the probabilities sigma(C_i(e)) of the m questions (float32, (n, m));
+  ``tau`` is its threshold; ``questions`` its m questions; ``encoder`` its frozen sentence encoder.
+  Evaluation asks for the probabilities once per text set and thresholds them itself (paper Eq. 4:
+  y_i = 1[sigma(C_i(e)) > tau]), so the tau sweep never encodes twice.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    def encode(self, texts: list[str]) -> Any: ...
+
+
+@runtime_checkable
+class InterpretableModel(Protocol):
+    tau: float
+    questions: Any
+
+    def encode(self, texts: list[str], binary: bool = True, threshold: float | None = None) -> np.ndarray: ...
+
+
+def load_model(model_or_path: Any) -> Any:
+    """A model object as given, or ``InterpretableEmbedder.load(path)`` for a path (local or URI)."""
+    if isinstance(model_or_path, (str, os.PathLike)):
+        from cqg_ray.mbqa.embedder import InterpretableEmbedder  # noqa: PLC0415  (torch only when needed)
+
+        return InterpretableEmbedder.load(str(model_or_path))
+    return model_or_path
+
+
+def is_interpretable(model: Any) -> bool:
+    return hasattr(model, "tau") and hasattr(model, "questions") and hasattr(model, "encode")
+
+
+def probabilities(model: Any, texts: list[str]) -> np.ndarray:
+    """(n, m) float32 probabilities sigma(C_i(e)) of an interpretable model."""
+    p = np.asarray(model.encode(list(texts), binary=False), dtype=np.float32)
+    if p.ndim != 2 or p.shape[0] != len(texts):
+        raise ValueError(f"model.encode(binary=False) returned shape {p.shape} for {len(texts)} texts")
+    return p
+
+
+def binarize(probs: np.ndarray, tau: float) -> np.ndarray:
+    """Paper Eq. 4: y_i = 1[p_i > tau], as uint8 0/1."""
+    return (probs > tau).astype(np.uint8)
+
+
+def model_name(model: Any, default: str = "CQG-MBQA") -> str:
+    return str(getattr(model, "name", None) or default)

@@ -1,0 +1,157 @@
+"""Loaders on the real shared data (small slices) and on small files written here for the error cases."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from cqg_ray.evaluate.data import (
+    DataError,
+    dataset_name,
+    default_datasets,
+    load_beir,
+    load_clustering,
+    load_sts,
+    sample_indices,
+)
+
+
+def test_dataset_names():
+    assert dataset_name("/x/sts/STSBenchmark.test.tsv") == "STS-B"
+    assert dataset_name("/x/sts/STS12.test.tsv") == "STS12"
+    assert dataset_name("/x/sts/STSBenchmark.dev.tsv") == "STSBenchmark.dev"
+    assert dataset_name("/x/retrieval/scifact/") == "SciFact"
+    assert dataset_name("/x/clustering/twentynewsgroups.jsonl.gz") == "TNG"
+    assert dataset_name("/x/my_pairs.tsv") == "my_pairs"
+
+
+def test_sample_indices_sorted_seeded_and_all():
+    a = sample_indices(100, 10, seed=1)
+    assert list(a) == sorted(a) and len(set(a)) == 10
+    np.testing.assert_array_equal(a, sample_indices(100, 10, seed=1))
+    np.testing.assert_array_equal(sample_indices(5, None, 0), np.arange(5))
+    np.testing.assert_array_equal(sample_indices(5, 9, 0), np.arange(5))
+
+
+# ----------------------------------------------------------------------------------------- STS
+
+
+def test_load_sts_real_stsb(data_path):
+    path = data_path("sts/STSBenchmark.test.tsv")
+    full = load_sts(path)
+    assert full.name == "STS-B" and len(full) == 1379
+    assert full.sentence1[0] == "A girl is styling her hair."
+    assert full.sentence2[0] == "A girl is brushing her hair."
+    assert full.scores[0] == 2.5
+    assert full.scores.min() >= 0 and full.scores.max() <= 5
+
+    part = load_sts(path, max_pairs=200, seed=0)
+    assert len(part) == 200
+    pairs = set(zip(full.sentence1, full.sentence2, full.scores))
+    assert all(p in pairs for p in zip(part.sentence1, part.sentence2, part.scores))
+    again = load_sts(path, max_pairs=200, seed=0)
+    assert again.sentence1 == part.sentence1
+
+    texts, i1, i2 = part.unique_texts()
+    assert len(texts) == len(set(texts))
+    assert [texts[i] for i in i1] == part.sentence1 and [texts[i] for i in i2] == part.sentence2
+
+
+def test_load_sts_quotes_are_text(data_path):
+    sts12 = load_sts(data_path("sts/STS12.test.tsv"))
+    assert len(sts12) == 3108
+    assert any('"' in s for s in sts12.sentence1 + sts12.sentence2)
+
+
+def test_load_sts_headerless_and_errors(tmp_path):
+    p = tmp_path / "pairs.tsv"
+    p.write_text("a cat\ta dog\t3.5\nthe sun\tthe moon\t1\n")
+    d = load_sts(str(p))
+    assert d.sentence1 == ["a cat", "the sun"] and list(d.scores) == [3.5, 1.0]
+
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("sentence1\tsentence2\tscore\nx\ty\tnot-a-number\n")
+    with pytest.raises(DataError, match=r"bad.tsv:2: score 'not-a-number'"):
+        load_sts(str(bad))
+
+    nocol = tmp_path / "nocol.tsv"
+    nocol.write_text("left\tright\tgold\nx\ty\tz\n")
+    with pytest.raises(DataError, match="must name sentence1, sentence2, score"):
+        load_sts(str(nocol))
+
+    with pytest.raises(DataError, match="file not found"):
+        load_sts(str(tmp_path / "missing.tsv"))
+
+
+# ----------------------------------------------------------------------------------------- BEIR
+
+
+def test_load_beir_scifact_full(data_path):
+    d = load_beir(data_path("retrieval/scifact"))
+    assert d.name == "SciFact" and d.full_corpus
+    assert len(d.docs) == 5183 and len(d.doc_ids) == len(set(d.doc_ids))
+    assert len(d.query_ids) == 300
+    assert sum(len(v) for v in d.qrels.values()) == 339
+    assert all(q in d.qrels for q in d.query_ids)
+
+
+def test_load_beir_scifact_subset_keeps_relevant_documents(data_path):
+    d = load_beir(data_path("retrieval/scifact"), max_queries=50, max_docs=400, seed=0)
+    assert len(d.query_ids) == 50 and not d.full_corpus
+    assert len(d.docs) == 400
+    ids = set(d.doc_ids)
+    assert all(doc in ids for q in d.query_ids for doc, rel in d.qrels[q].items() if rel > 0)
+    assert set(d.qrels) == set(d.query_ids)
+
+
+def test_load_beir_layout_errors_and_title_join(tmp_path):
+    with pytest.raises(DataError, match="qrels/test.tsv"):
+        load_beir(str(tmp_path))
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq9\td2\t1\n")
+    with pytest.raises(DataError, match="queries"):
+        load_beir(str(tmp_path))
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "what?"}\n{"_id": "q2", "text": "unjudged"}\n')
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "T", "text": "body"}\n{"_id": "d2", "text": "only"}\n')
+    d = load_beir(str(tmp_path))
+    assert d.query_ids == ["q1"] and d.docs == ["T body", "only"] and d.qrels == {"q1": {"d1": 1}}
+
+
+# ----------------------------------------------------------------------------------------- clustering
+
+
+def test_load_clustering_20ng_text_and_subject(data_path):
+    path = data_path("clustering/twentynewsgroups.jsonl.gz")
+    d = load_clustering(path, max_docs=500, seed=0)
+    assert d.name == "TNG" and len(d.texts) == 500 and len(d.labels) == 500
+    assert d.n_labels == 20  # a random sample of 500 covers all 20 groups (first 500 lines would be one group)
+    s = load_clustering(path, field="subject", max_docs=500, seed=0)
+    assert s.name == "TNG-subject" and s.labels == d.labels
+    assert max(len(t) for t in s.texts) < max(len(t) for t in d.texts)
+
+
+def test_load_clustering_plain_and_gz_and_errors(tmp_path):
+    rows = [{"text": f"t{i}", "label": i % 2} for i in range(6)]
+    plain = tmp_path / "c.jsonl"
+    plain.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    gz = tmp_path / "c.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    a, b = load_clustering(str(plain)), load_clustering(str(gz))
+    assert a.texts == b.texts == [f"t{i}" for i in range(6)] and a.labels == ["0", "1"] * 3
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "a", "label": 1}\n{"text": \n')
+    with pytest.raises(DataError, match=r"broken.jsonl:2: broken JSON line"):
+        load_clustering(str(broken))
+    with pytest.raises(DataError, match="lacks 'subject'"):
+        load_clustering(str(plain), field="subject")
+
+
+def test_default_datasets_lists_existing_standard_sets(data_path):
+    root = data_path("sts").rsplit("/", 1)[0]
+    d = default_datasets(root)
+    assert [p.rsplit("/", 1)[1] for p in d["sts"]] == ["STS12.test.tsv", "STS13.test.tsv", "STSBenchmark.test.tsv"]
+    assert d["retrieval"][0].endswith("retrieval/scifact")
+    assert d["clustering"][0].endswith("twentynewsgroups.jsonl.gz")
+    assert default_datasets("/nonexistent") == {"sts": [], "retrieval": [], "clustering": []}
