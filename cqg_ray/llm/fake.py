@@ -1,0 +1,56 @@
+"""A scripted backend for fast orchestration tests (never for real runs).
+
+Default replies are deterministic: an answer request gets "i. yes|no" lines chosen by a hash of the prompt
+and the line number; any other request gets a numbered list of three yes/no questions. Pass ``reply`` to
+script anything else (a function of the request returning text or a ``Completion``). Every request sent is
+appended to ``calls``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Callable, Sequence
+
+from cqg_ray.config import LLMConfig
+from cqg_ray.llm.base import Backend, Completion, Request
+
+
+def default_reply(req: Request) -> str:
+    prompt = "\n".join(m["content"] for m in req.messages)
+    if req.n_answers is not None:
+        lines = []
+        for i in range(1, req.n_answers + 1):
+            bit = hashlib.sha256(f"{prompt}\x00{i}".encode()).digest()[0] & 1
+            lines.append(f"{i}. {'yes' if bit else 'no'}")
+        return "\n".join(lines) + "\n"
+    tag = hashlib.sha256(prompt.encode()).hexdigest()[:6]
+    return "\n".join(f"{i}. Does the text mention topic {tag}-{i}?" for i in range(1, 4)) + "\n"
+
+
+class FakeBackend(Backend):
+    name = "fake"
+
+    def __init__(self, llm: LLMConfig | None = None, reply: Callable[[Request], "str | Completion"] | None = None, delay_s: float = 0.0, batch_size: int = 8):
+        super().__init__(llm or LLMConfig(backend="fake"))
+        self.reply = reply or default_reply
+        self.delay_s = delay_s
+        self.batch_size = batch_size
+        self.calls: list[Request] = []
+
+    def complete(self, requests: Sequence[Request]) -> list[Completion]:
+        out = []
+        for req in requests:
+            self.calls.append(req)
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            r = self.reply(req)
+            if isinstance(r, Completion):
+                out.append(r)
+                continue
+            prompt_chars = sum(len(m["content"]) for m in req.messages)
+            p_yes = None
+            if self.llm.logprobs and req.n_answers is not None:
+                p_yes = [1.0 if line.rstrip().endswith("yes") else 0.0 for line in r.splitlines()[: req.n_answers]]
+            out.append(Completion(r, prompt_tokens=prompt_chars // 4 + 1, completion_tokens=len(r) // 4 + 1, p_yes=p_yes))
+        return out

@@ -1,0 +1,188 @@
+"""Any OpenAI-compatible chat endpoint (vLLM serve, llama.cpp server, Ray Serve LLM, ...) over httpx.
+
+    llm = LLMConfig(backend="openai", openai=OpenAIConfig(base_url="http://127.0.0.1:8000/v1", model="local"))
+    with OpenAIBackend(llm) as b:
+        outs = b.complete(requests)
+
+- No key unless ``OpenAIConfig.api_key_env`` names an environment variable (then it must be set).
+- At most ``max_concurrency`` requests in flight (a thread pool sharing one connection pool).
+- Every HTTP call has ``timeout_s``; 429, 5xx and connection errors (refused, reset, timed out) are retried
+  ``max_retries`` times with exponential backoff (``backoff_s * 2**k``, at most 60 s, at least a numeric
+  ``Retry-After``); after that the backend raises ``BackendError`` (the runner has flushed what finished).
+  Any other 4xx raises ``OpenAIError`` at once with the server's message: a bad model name or an oversized
+  prompt is not fixed by asking again.
+- A 200 whose body is not a chat completion comes back as a ``Completion`` with ``error`` set (the runner
+  retries it like an unreadable answer).
+- Constrained answers: ``send_grammar`` adds a llama.cpp GBNF ``grammar``; ``send_structured_outputs`` adds
+  vLLM's ``structured_outputs: {regex: ...}``; ``extra_body`` is merged into every request body.
+- With ``LLMConfig.logprobs``, answer requests ask for ``logprobs`` + ``top_logprobs=5`` and P(yes) per line
+  is read from them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, Callable, Iterator, Sequence
+
+import httpx
+
+from cqg_ray.config import LLMConfig
+from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, answer_regex
+from cqg_ray.llm.parse import p_yes_from_tokens
+
+MAX_BACKOFF_S = 60.0
+TOP_LOGPROBS = 5
+
+
+class OpenAIError(BackendError):
+    """The endpoint refused a request with a 4xx other than 429 (not retried)."""
+
+
+def chat_body(llm: LLMConfig, req: Request, temperature: float) -> dict[str, Any]:
+    """The JSON body of one /chat/completions call (pure; unit-tested)."""
+    cfg = llm.openai
+    body: dict[str, Any] = {
+        "model": cfg.model,
+        "messages": req.messages,
+        "max_tokens": req.max_tokens,
+        "temperature": temperature,
+    }
+    if req.seed is not None:
+        body["seed"] = req.seed
+    if llm.logprobs and req.n_answers is not None:
+        body["logprobs"] = True
+        body["top_logprobs"] = TOP_LOGPROBS
+    if llm.constrained and req.n_answers is not None:
+        if cfg.send_grammar:
+            body["grammar"] = answer_gbnf(req.n_answers)
+        if cfg.send_structured_outputs:
+            body["structured_outputs"] = {"regex": answer_regex(req.n_answers)}
+    body.update(cfg.extra_body)
+    return body
+
+
+def tokens_from_openai_logprobs(logprobs: dict[str, Any] | None) -> list[tuple[str, float, dict[str, float]]]:
+    """OpenAI chat ``logprobs`` ({"content": [{token, logprob, top_logprobs: [...]}, ...]}) -> p_yes_from_tokens input."""
+    out = []
+    for item in (logprobs or {}).get("content") or []:
+        alts = {a["token"]: float(a["logprob"]) for a in item.get("top_logprobs") or [] if a.get("logprob") is not None}
+        out.append((item.get("token", ""), float(item.get("logprob", float("-inf"))), alts))
+    return out
+
+
+def completion_from_json(data: Any, req: Request, want_p_yes: bool) -> Completion:
+    """A ``Completion`` from a chat completion response body; ``error`` set when it is not one."""
+    try:
+        choice = data["choices"][0]
+        text = choice["message"].get("content") or ""
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return Completion("", error=f"malformed chat completion: {str(data)[:300]}")
+    usage = data.get("usage") or {}
+    p_yes = None
+    if want_p_yes and req.n_answers is not None and choice.get("logprobs"):
+        tokens = tokens_from_openai_logprobs(choice["logprobs"])
+        if tokens:
+            p_yes = p_yes_from_tokens(tokens, req.n_answers)
+    return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), p_yes)
+
+
+def backoff_delay(attempt: int, base_s: float, retry_after: str | None = None) -> float:
+    """Seconds to wait before retry number ``attempt`` (0-based): base * 2**attempt, capped, >= Retry-After."""
+    delay = min(base_s * (2**attempt), MAX_BACKOFF_S)
+    if retry_after:
+        try:
+            delay = max(delay, min(float(retry_after), MAX_BACKOFF_S))
+        except ValueError:
+            pass  # an HTTP date: keep our own backoff
+    return delay
+
+
+class OpenAIBackend(Backend):
+    name = "openai"
+
+    def __init__(self, llm: LLMConfig, sleep: Callable[[float], None] = time.sleep, transport: httpx.BaseTransport | None = None):
+        super().__init__(llm)
+        cfg = llm.openai
+        headers = {}
+        if cfg.api_key_env:
+            key = os.environ.get(cfg.api_key_env)
+            if not key:
+                raise BackendError(f"openai.api_key_env={cfg.api_key_env!r} but that environment variable is not set")
+            headers["Authorization"] = f"Bearer {key}"
+        self.url = cfg.base_url.rstrip("/") + "/chat/completions"
+        self.client = httpx.Client(
+            timeout=httpx.Timeout(cfg.timeout_s),
+            limits=httpx.Limits(max_connections=cfg.max_concurrency, max_keepalive_connections=cfg.max_concurrency),
+            headers=headers,
+            transport=transport,
+        )
+        self.pool = ThreadPoolExecutor(cfg.max_concurrency, thread_name_prefix="cqg-openai")
+        self.sleep = sleep
+        self.http_calls = 0  # every POST made, retries included
+        self.http_retries = 0
+
+    def complete_one(self, req: Request) -> Completion:
+        cfg = self.llm.openai
+        body = chat_body(self.llm, req, self.temperature(req))
+        last = ""
+        for attempt in range(cfg.max_retries + 1):
+            retry_after = None
+            self.http_calls += 1
+            try:
+                r = self.client.post(self.url, json=body)
+            except httpx.TransportError as e:  # refused, reset, timed out, protocol error
+                last = f"{type(e).__name__}: {e}"
+            else:
+                if r.status_code == 200:
+                    try:
+                        data = r.json()
+                    except ValueError:
+                        return Completion("", error=f"response is not JSON: {r.text[:300]}")
+                    return completion_from_json(data, req, self.llm.logprobs)
+                if r.status_code == 429 or r.status_code >= 500:
+                    last = f"HTTP {r.status_code}: {r.text[:300]}"
+                    retry_after = r.headers.get("retry-after")
+                else:
+                    raise OpenAIError(f"{self.url} refused the request with HTTP {r.status_code} (not retried): {r.text[:1000]}")
+            if attempt == cfg.max_retries:
+                break
+            self.http_retries += 1
+            self.sleep(backoff_delay(attempt, cfg.backoff_s, retry_after))
+        raise BackendError(f"{self.url}: no answer after {cfg.max_retries + 1} tries; last error: {last}")
+
+    def complete(self, requests: Sequence[Request]) -> list[Completion]:
+        out: list[Completion | None] = [None] * len(requests)
+        for i, c in self.stream(requests):
+            out[i] = c
+        return out  # type: ignore[return-value]
+
+    def stream(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
+        """Results as they finish, with at most ``2 * max_concurrency`` requests queued at a time."""
+        window = 2 * self.llm.openai.max_concurrency
+        todo = iter(range(len(requests)))
+        futures: dict[Future, int] = {}
+
+        def fill() -> None:
+            while len(futures) < window:
+                i = next(todo, None)
+                if i is None:
+                    return
+                futures[self.pool.submit(self.complete_one, requests[i])] = i
+
+        try:
+            fill()
+            while futures:
+                finished, _ = wait(list(futures), return_when=FIRST_COMPLETED)
+                for f in finished:
+                    i = futures.pop(f)
+                    yield i, f.result()
+                fill()
+        finally:
+            for f in futures:
+                f.cancel()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.client.close()

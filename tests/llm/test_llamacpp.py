@@ -1,0 +1,118 @@
+"""The embedded llama.cpp backend with the real bundled Qwen2.5-Coder-0.5B: format and parsing, not accuracy."""
+
+import re
+
+import pytest
+
+from cqg_ray.config import LLMConfig, LlamaCppConfig
+from cqg_ray.llm.base import Request, answer_regex, make_backend
+from cqg_ray.llm.bundled import MODELS, BundledModelError, part_paths
+from cqg_ray.llm.parse import parse_answers, parse_questions
+from cqg_ray.llm.prompts import answer_messages, cqg_messages
+from cqg_ray.llm.runner import run_requests
+from cqg_ray.rundir import RunDir
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("llama_cpp")
+
+TEXTS = [
+    "The Eiffel Tower in Paris was completed in 1889 and is made of wrought iron.",
+    "Add two cups of flour and a pinch of salt, then knead the dough for ten minutes.",
+]
+QUESTIONS = [
+    "Is the text about a building?",
+    "Does the text mention a year?",
+    "Is the text a recipe?",
+    "Does the text mention food?",
+    "Is the text about sports?",
+]
+
+
+def qwen_config(**kw) -> LLMConfig:
+    try:
+        part_paths(MODELS["qwen2.5-coder-0.5b"])
+    except BundledModelError as e:
+        pytest.skip(str(e))
+    return LLMConfig(backend="llamacpp", llamacpp=LlamaCppConfig(model="bundled:qwen2.5-coder-0.5b", n_ctx=2048), **kw)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    from cqg_ray.llm.llamacpp import LlamaCppBackend
+
+    b = LlamaCppBackend(qwen_config(logprobs=True))
+    yield b
+    b.close()
+
+
+def test_constrained_answers_have_the_exact_format_and_p_yes(qwen):
+    reqs = [Request(answer_messages(t, QUESTIONS), max_tokens=60, n_answers=5) for t in TEXTS]
+    outs = qwen.complete(reqs)
+    for o in outs:
+        assert o.error is None
+        assert re.fullmatch(answer_regex(5), o.text), o.text
+        answers = parse_answers(o.text, 5)
+        assert o.prompt_tokens > 100
+        assert o.completion_tokens >= 15  # "1", ".", " yes", "\n" ... per line, give or take merges
+        assert o.p_yes is not None and len(o.p_yes) == 5
+        assert all(p is not None and 0.0 <= p <= 1.0 for p in o.p_yes)
+        # greedy decoding under the grammar picks the likelier of yes/no, so P(yes) agrees with the answer
+        # (P(yes) also counts "Yes"/" YES"..., which the grammar forbids: a near-tie may go either way)
+        clear = [(p > 0.5, a) for p, a in zip(o.p_yes, answers) if abs(p - 0.5) > 0.02]
+        assert all(x == a for x, a in clear)
+
+
+def test_question_generation_gives_a_numbered_list(qwen):
+    msgs = cqg_messages(
+        ["Whales use echolocation to hunt.", "Dolphins use clicks to find fish."],
+        ["Sharks smell blood from far away.", "Eagles see prey from high above.", "Deer eat leaves and grass."],
+        n_questions=2,
+    )
+    out = qwen.complete([Request(msgs, max_tokens=60)])[0]
+    qs = parse_questions(out.text)
+    assert len(qs) >= 1, out.text
+    assert all(q.endswith("?") for q in qs)
+
+
+def test_prompt_longer_than_the_context_is_a_row_error():
+    from cqg_ray.llm.llamacpp import LlamaCppBackend
+
+    llm = qwen_config()
+    llm.llamacpp.n_ctx = 256
+    b = LlamaCppBackend(llm)
+    try:
+        out = b.complete([Request(answer_messages("word " * 400, QUESTIONS), max_tokens=60, n_answers=5)])[0]
+    finally:
+        b.close()
+    assert out.text == ""
+    assert out.error.startswith("llama.cpp: ")
+
+
+def test_runner_with_the_embedded_model_resumes(qwen, tmp_path):
+    run = RunDir(str(tmp_path))
+    llm = qwen.llm
+    reqs = [Request(answer_messages(t, QUESTIONS[:3]), max_tokens=40, n_answers=3, meta={"t": i}) for i, t in enumerate(TEXTS)]
+    first = run_requests(reqs, llm, run, "labels", backend=qwen, progress=False)
+    assert all(r.ok and len(r.answers) == 3 and len(r.p_yes) == 3 for r in first)
+    second = run_requests(reqs, llm, run, "labels", backend=qwen, progress=False)
+    assert all(r.cached for r in second)
+    assert [r.answers for r in second] == [r.answers for r in first]
+
+
+def test_actor_pool_in_ray(ray_local):
+    try:
+        part_paths(MODELS["smollm2-135m"])
+    except BundledModelError as e:
+        pytest.skip(str(e))
+    from cqg_ray.llm.llamacpp import LlamaCppActorPool
+
+    llm = LLMConfig(backend="llamacpp", llamacpp=LlamaCppConfig(model="bundled:smollm2-135m", n_ctx=1024, n_threads=1, num_actors=1))
+    pool = make_backend(llm)
+    assert isinstance(pool, LlamaCppActorPool)
+    try:
+        reqs = [Request(answer_messages(t, QUESTIONS[:2]), max_tokens=20, n_answers=2) for t in TEXTS * 3]
+        got = dict(pool.stream(reqs))
+    finally:
+        pool.close()
+    assert sorted(got) == list(range(6))
+    assert all(re.fullmatch(answer_regex(2), c.text) for c in got.values())

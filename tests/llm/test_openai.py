@@ -1,0 +1,209 @@
+"""OpenAI-compatible backend: request bodies, response parsing, and a misbehaving local server."""
+
+import math
+import socket
+
+import pytest
+
+from cqg_ray.config import LLMConfig, OpenAIConfig
+from cqg_ray.llm.base import BackendError, Request, answer_gbnf
+from cqg_ray.llm.ledger import Ledger
+from cqg_ray.llm.openai import OpenAIBackend, OpenAIError, backoff_delay, chat_body, completion_from_json
+from cqg_ray.llm.parse import parse_answers
+from cqg_ray.llm.prompts import answer_messages
+from cqg_ray.llm.runner import run_requests
+from cqg_ray.rundir import RunDir
+
+from .fake_openai_server import FakeOpenAIServer, reply_for
+
+
+def llm_for(base_url: str, **kw) -> LLMConfig:
+    top = {k: kw.pop(k) for k in list(kw) if k in ("logprobs", "constrained", "max_attempts", "flush_every")}
+    cfg = {"base_url": base_url, "model": "local", "timeout_s": 5.0, "max_retries": 3, "backoff_s": 0.01, **kw}
+    return LLMConfig(backend="openai", openai=OpenAIConfig(**cfg), **top)
+
+
+def areq(text="Apple is a technology company.", n=3, **meta):
+    return Request(answer_messages(text, [f"Is it about topic {i}?" for i in range(n)]), max_tokens=40, n_answers=n, meta=meta)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+def test_chat_body_plain():
+    llm = llm_for("http://x/v1")
+    body = chat_body(llm, areq(), 0.0)
+    assert body == {"model": "local", "messages": areq().messages, "max_tokens": 40, "temperature": 0.0}
+
+
+def test_chat_body_constraints_logprobs_seed_extra():
+    llm = llm_for("http://x/v1", send_grammar=True, send_structured_outputs=True, extra_body={"repeat_penalty": 1.0}, logprobs=True)
+    r = areq(n=2)
+    r.seed = 7
+    body = chat_body(llm, r, 0.7)
+    assert body["grammar"] == answer_gbnf(2)
+    assert body["structured_outputs"] == {"regex": "1\\. (yes|no)\\n2\\. (yes|no)\\n"}
+    assert body["repeat_penalty"] == 1.0
+    assert (body["logprobs"], body["top_logprobs"], body["seed"], body["temperature"]) == (True, 5, 7, 0.7)
+    gen = chat_body(llm, Request([{"role": "user", "content": "hi"}], 10), 0.0)
+    assert "grammar" not in gen and "structured_outputs" not in gen and "logprobs" not in gen
+    unconstrained = chat_body(llm_for("http://x/v1", send_grammar=True, constrained=False), r, 0.0)
+    assert "grammar" not in unconstrained
+
+
+def test_completion_from_json_reads_usage_and_logprobs():
+    data = {
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": "1. yes\n"},
+                "logprobs": {
+                    "content": [
+                        {"token": "1", "logprob": 0.0, "top_logprobs": []},
+                        {"token": ".", "logprob": 0.0, "top_logprobs": []},
+                        {"token": " yes", "logprob": math.log(0.75), "top_logprobs": [{"token": " yes", "logprob": math.log(0.75)}, {"token": " no", "logprob": math.log(0.25)}]},
+                        {"token": "\n", "logprob": 0.0, "top_logprobs": []},
+                    ]
+                },
+            }
+        ],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 4},
+    }
+    c = completion_from_json(data, areq(n=1), want_p_yes=True)
+    assert (c.text, c.prompt_tokens, c.completion_tokens, c.error) == ("1. yes\n", 11, 4, None)
+    assert c.p_yes == [pytest.approx(0.75)]
+    assert completion_from_json(data, areq(n=1), want_p_yes=False).p_yes is None
+
+
+def test_completion_from_json_malformed_is_a_row_error():
+    c = completion_from_json({"oops": 1}, areq(), want_p_yes=False)
+    assert c.error.startswith("malformed chat completion")
+    assert completion_from_json({"choices": [{"message": {"content": None}}]}, areq(), False).text == ""
+
+
+def test_backoff_delay():
+    assert [backoff_delay(k, 1.0) for k in range(4)] == [1.0, 2.0, 4.0, 8.0]
+    assert backoff_delay(10, 1.0) == 60.0
+    assert backoff_delay(0, 1.0, "5") == 5.0
+    assert backoff_delay(3, 1.0, "2") == 8.0
+    assert backoff_delay(0, 1.0, "Wed, 21 Oct 2026 07:28:00 GMT") == 1.0
+
+
+# ----------------------------------------------------------------------------- against a local server
+
+
+def test_ok_answers_parse():
+    with FakeOpenAIServer() as srv, OpenAIBackend(llm_for(srv.base_url)) as b:
+        outs = b.complete([areq("t1"), areq("t2")])
+    assert [o.text for o in outs] == [reply_for(areq("t1").messages[0]["content"]), reply_for(areq("t2").messages[0]["content"])]
+    assert all(len(parse_answers(o.text, 3)) == 3 for o in outs)
+    assert outs[0].prompt_tokens > 0 and outs[0].completion_tokens > 0
+    assert srv.requests[0]["model"] == "local"
+    assert "authorization" not in {k.lower() for k in srv.headers[0]}
+
+
+def test_500_and_429_are_retried_with_backoff():
+    sleeps = []
+    with FakeOpenAIServer(script=["500", "503", "429"], retry_after="0.5") as srv:
+        with OpenAIBackend(llm_for(srv.base_url, backoff_s=0.01), sleep=sleeps.append) as b:
+            out = b.complete([areq()])[0]
+            assert (b.http_calls, b.http_retries) == (4, 3)
+    assert out.error is None and len(parse_answers(out.text, 3)) == 3
+    assert sleeps == [0.01, 0.02, 0.5]  # the 429's Retry-After wins over the backoff
+    assert len(srv.requests) == 4
+
+
+def test_hanging_server_times_out_and_is_retried():
+    with FakeOpenAIServer(script=["hang:3"]) as srv:
+        with OpenAIBackend(llm_for(srv.base_url, timeout_s=0.3)) as b:
+            out = b.complete([areq()])[0]
+            assert b.http_retries == 1
+    assert out.error is None and len(parse_answers(out.text, 3)) == 3
+
+
+def test_dropped_connection_is_retried():
+    with FakeOpenAIServer(script=["close"]) as srv, OpenAIBackend(llm_for(srv.base_url)) as b:
+        out = b.complete([areq()])[0]
+        assert b.http_retries == 1
+    assert out.error is None
+
+
+def test_other_4xx_is_a_clear_error_and_not_retried():
+    with FakeOpenAIServer(script=["400"]) as srv, OpenAIBackend(llm_for(srv.base_url)) as b:
+        with pytest.raises(OpenAIError, match=r"HTTP 400 \(not retried\).*scripted 400"):
+            b.complete([areq()])
+        assert len(srv.requests) == 1
+
+
+def test_garbage_200_is_a_row_error():
+    with FakeOpenAIServer(script=["garbage"]) as srv, OpenAIBackend(llm_for(srv.base_url)) as b:
+        out = b.complete([areq()])[0]
+    assert out.error.startswith("malformed chat completion")
+
+
+def test_unreachable_endpoint_gives_up_after_retries():
+    sleeps = []
+    llm = llm_for(f"http://127.0.0.1:{free_port()}/v1", max_retries=2, backoff_s=0.5)
+    with OpenAIBackend(llm, sleep=sleeps.append) as b:
+        with pytest.raises(BackendError, match="no answer after 3 tries; last error: ConnectError"):
+            b.complete([areq()])
+    assert sleeps == [0.5, 1.0]
+
+
+def test_api_key_from_environment(monkeypatch):
+    monkeypatch.delenv("CQG_TEST_KEY", raising=False)
+    with pytest.raises(BackendError, match="CQG_TEST_KEY"):
+        OpenAIBackend(llm_for("http://127.0.0.1:9/v1", api_key_env="CQG_TEST_KEY"))
+    monkeypatch.setenv("CQG_TEST_KEY", "sekret")
+    with FakeOpenAIServer() as srv, OpenAIBackend(llm_for(srv.base_url, api_key_env="CQG_TEST_KEY")) as b:
+        b.complete([areq()])
+    assert {k.lower(): v for k, v in srv.headers[0].items()}["authorization"] == "Bearer sekret"
+
+
+def test_concurrency_is_bounded():
+    with FakeOpenAIServer(delay_s=0.1) as srv, OpenAIBackend(llm_for(srv.base_url, max_concurrency=3)) as b:
+        outs = b.complete([areq(f"text {i}") for i in range(12)])
+    assert all(o.error is None for o in outs)
+    assert 2 <= srv.max_inflight <= 3
+
+
+def test_runner_over_a_flaky_server_loses_nothing_and_repeats_nothing(tmp_path):
+    run = RunDir(str(tmp_path))
+    reqs = [areq(f"text {i}", doc=i) for i in range(20)]
+    script = ["500", "ok", "429", "ok", "close", "garbage", "ok", "503"] * 3
+    with FakeOpenAIServer(script=script) as srv:
+        # 15 scripted failures in all: 16 tries per request always get through, whatever the interleaving
+        llm = llm_for(srv.base_url, max_concurrency=4, flush_every=5, max_retries=15, backoff_s=0.0001)
+        res = run_requests(reqs, llm, run, "labels", progress=False)
+        assert all(r.ok for r in res)
+        assert [r.meta["doc"] for r in res] == list(range(20))
+        for r, q in zip(res, reqs):
+            assert r.text == reply_for(q.messages[0]["content"])
+        answered = [b["messages"][0]["content"] for b in srv.requests]
+        assert len(set(answered)) == 20
+        n_before = len(srv.requests)
+        res2 = run_requests(reqs, llm, run, "labels", progress=False)
+        assert len(srv.requests) == n_before  # nothing sent again
+        assert all(r.cached for r in res2)
+    assert len(Ledger(run, "labels").load()) == 20
+
+
+def test_server_going_down_midway_keeps_finished_results(tmp_path):
+    run = RunDir(str(tmp_path))
+    reqs = [areq(f"text {i}", doc=i) for i in range(10)]
+    with FakeOpenAIServer(script=["ok"] * 4 + ["500"] * 100) as srv:
+        llm = llm_for(srv.base_url, max_concurrency=1, max_retries=1, flush_every=100)
+        with pytest.raises(BackendError, match="no answer after 2 tries"):
+            run_requests(reqs, llm, run, "labels", progress=False)
+    assert len(Ledger(run, "labels").load()) == 4
+    with FakeOpenAIServer() as srv2:
+        llm2 = llm_for(srv2.base_url, max_concurrency=1, max_retries=1, flush_every=100)
+        res = run_requests(reqs, llm2, run, "labels", progress=False)
+        assert len(srv2.requests) == 6
+    assert all(r.ok for r in res)
+    assert sum(r.cached for r in res) == 4

@@ -1,0 +1,127 @@
+"""The vLLM path's plain-Python parts (no vllm needed): processor config, sampling params, rows in and out."""
+
+import json
+import math
+import re
+
+import pytest
+
+from cqg_ray.config import LLMConfig, VLLMConfig
+from cqg_ray.llm.base import BackendError, Request
+from cqg_ray.llm.prompts import answer_messages
+from cqg_ray.llm.vllm import (
+    completion_from_row,
+    postprocess,
+    preprocess,
+    processor_config_kwargs,
+    request_rows,
+    sampling_params,
+    tokens_from_vllm_logprobs,
+)
+
+
+def test_processor_config_kwargs_gpu():
+    cfg = VLLMConfig(model="Qwen/Qwen2.5-7B-Instruct", tensor_parallel_size=2, replicas=4, batch_size=32, engine_kwargs={"max_num_seqs": 128})
+    kw = processor_config_kwargs(cfg)
+    assert kw == {
+        "model_source": "Qwen/Qwen2.5-7B-Instruct",
+        "concurrency": 4,
+        "batch_size": 32,
+        "should_continue_on_error": True,
+        "engine_kwargs": {
+            "tensor_parallel_size": 2,
+            "pipeline_parallel_size": 1,
+            "max_model_len": 8192,
+            "enable_prefix_caching": True,
+            "gpu_memory_utilization": 0.9,
+            "max_num_seqs": 128,
+        },
+    }
+
+
+def test_processor_config_kwargs_cpu():
+    kw = processor_config_kwargs(VLLMConfig(model="/models/qwen-0.5b", device="cpu", max_model_len=2048))
+    assert kw["placement_group_config"] == {"bundles": [{"CPU": 1}]}
+    assert kw["log_engine_metrics"] is False
+    assert "gpu_memory_utilization" not in kw["engine_kwargs"]
+
+
+def test_processor_config_is_accepted_by_ray_data_llm():
+    from ray.data.llm import vLLMEngineProcessorConfig
+
+    config = vLLMEngineProcessorConfig(**processor_config_kwargs(VLLMConfig(tensor_parallel_size=2, replicas=3)))
+    assert config.should_continue_on_error is True
+    assert config.concurrency == 3
+    assert config.engine_kwargs["enable_prefix_caching"] is True
+    assert config.engine_kwargs["tensor_parallel_size"] == 2
+
+
+def test_sampling_params_constrained_answers():
+    llm = LLMConfig(backend="vllm", logprobs=True)
+    req = Request(answer_messages("t", ["Is a?", "Is b?"]), max_tokens=30, n_answers=2)
+    p = sampling_params(llm, req, 0.0)
+    assert p == {"temperature": 0.0, "max_tokens": 30, "structured_outputs": {"regex": "1\\. (yes|no)\\n2\\. (yes|no)\\n"}, "logprobs": 5}
+    assert re.fullmatch(p["structured_outputs"]["regex"], "1. no\n2. yes\n")
+    req.seed = 3
+    assert sampling_params(LLMConfig(backend="vllm", constrained=False), req, 0.7) == {"temperature": 0.7, "max_tokens": 30, "seed": 3}
+
+
+def test_sampling_params_generation_is_unconstrained():
+    p = sampling_params(LLMConfig(backend="vllm"), Request([{"role": "user", "content": "x"}], 400), 0.0)
+    assert p == {"temperature": 0.0, "max_tokens": 400}
+
+
+def test_rows_round_trip_through_preprocess():
+    llm = LLMConfig(backend="vllm")
+    reqs = [Request(answer_messages("t", ["Is a?"]), 20, 1), Request([{"role": "user", "content": "hi"}], 10)]
+    rows = request_rows(llm, reqs, lambda r: 0.0)
+    assert [r["idx"] for r in rows] == [0, 1]
+    pre = preprocess(rows[0])
+    assert pre["messages"] == reqs[0].messages
+    assert pre["sampling_params"]["structured_outputs"] == {"regex": "1\\. (yes|no)\\n"}
+    assert json.loads(rows[1]["sampling_json"]) == {"temperature": 0.0, "max_tokens": 10}
+
+
+def test_postprocess_and_completion_from_row():
+    row = {"idx": 4, "generated_text": "1. yes\n", "num_input_tokens": 120, "num_generated_tokens": 5, "n_answers": 1, "generated_tokens": [], "logprobs": None}
+    out = postprocess(row)
+    assert out == {"idx": 4, "text": "1. yes\n", "prompt_tokens": 120, "completion_tokens": 5, "p_yes_json": "null"}
+    idx, c = completion_from_row({**out, "__inference_error__": ""})
+    assert (idx, c.text, c.prompt_tokens, c.completion_tokens, c.p_yes, c.error) == (4, "1. yes\n", 120, 5, None, None)
+
+
+def test_error_row_becomes_a_row_error():
+    idx, c = completion_from_row({"idx": 2, "__inference_error__": "ValueError: prompt too long", "prompt": "..."})
+    assert idx == 2
+    assert c.error == "vLLM: ValueError: prompt too long"
+    with pytest.raises(BackendError, match="without its idx"):
+        completion_from_row({"__inference_error__": "x"})
+
+
+def test_vllm_logprobs_to_p_yes():
+    # token ids: 16 = "1", 13 = ".", 9693 = " yes", 902 = " no", 198 = "\n"
+    gen = [16, 13, 9693, 198]
+    lps = [
+        {16: {"logprob": 0.0, "rank": 1, "decoded_token": "1"}},
+        {13: {"logprob": 0.0, "rank": 1, "decoded_token": "."}},
+        {9693: {"logprob": math.log(0.9), "rank": 1, "decoded_token": " yes"}, 902: {"logprob": math.log(0.1), "rank": 2, "decoded_token": " no"}},
+        {"198": {"logprob": 0.0, "rank": 1, "decoded_token": "\n"}},  # keys may come back as strings
+    ]
+    tokens = tokens_from_vllm_logprobs(gen, lps)
+    assert [t for t, _, _ in tokens] == ["1", ".", " yes", "\n"]
+    out = postprocess({"idx": 0, "generated_text": "1. yes\n", "num_input_tokens": 1, "num_generated_tokens": 4, "n_answers": 1, "generated_tokens": gen, "logprobs": lps})
+    assert json.loads(out["p_yes_json"]) == [pytest.approx(0.9)]
+
+
+def test_rows_are_grouped_by_sampling_shape():
+    from cqg_ray.llm.vllm import sampling_groups
+
+    llm = LLMConfig(backend="vllm", logprobs=True)
+    reqs = [
+        Request(answer_messages("a", ["Is a?"]), 20, 1),
+        Request([{"role": "user", "content": "generate"}], 100),
+        Request(answer_messages("b", ["Is b?", "Is c?"]), 20, 2),
+    ]
+    groups = sampling_groups(request_rows(llm, reqs, lambda r: 0.0))
+    assert [[row["idx"] for row in g] for g in groups] == [[0, 2], [1]]
+    assert len(sampling_groups(request_rows(llm, [reqs[0], reqs[2]], lambda r: 0.0))) == 1

