@@ -107,7 +107,7 @@ def test_cqg_real_llm_killed_and_resumed(clustered_run, corpus_file, tmp_path):
     d = tmp_path / "run"
     for stage in ("prepare", "encode", "cluster"):
         shutil.copytree(clustered_run / stage, d / stage)
-    cfg = small_config(d, corpus_file, backend="llamacpp", max_clusters=4)
+    cfg = small_config(d, corpus_file, backend="llamacpp", max_clusters=8)
     cfgf = tmp_path / "c.yaml"
     cfgf.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     cmd = [sys.executable, "-m", "cqg_ray.cli", "cqg", "-c", str(cfgf)]
@@ -115,22 +115,22 @@ def test_cqg_real_llm_killed_and_resumed(clustered_run, corpus_file, tmp_path):
     p = subprocess.Popen(cmd, env=ENV, start_new_session=True, stdout=log, stderr=log)
     ledger = d / "llm" / "ledger" / "cqg-generate"
     deadline = time.time() + 900
-    while time.time() < deadline and len(list(ledger.glob("*.parquet"))) < 2:
+    while time.time() < deadline and len(list(ledger.glob("*.parquet"))) < 1:
         assert p.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
         time.sleep(0.5)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     time.sleep(2)
     done_before = len(list(ledger.glob("*.parquet")))
-    assert done_before >= 2
+    assert 1 <= done_before < 8  # killed in the middle of generation
     assert not (d / "questions" / "_manifest.json").exists()
     r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:]
     stats = json.loads((ledger / "_stats.json").read_text())
     last = stats["runs"][-1]
-    assert last["requests"] == 4
-    assert last["from_ledger"] >= 2  # the finished generations were not asked again
-    assert last["sent"] == 4 - last["from_ledger"]
+    assert last["requests"] == 8
+    assert last["from_ledger"] >= done_before  # the finished generations were not asked again
+    assert last["sent"] == 8 - last["from_ledger"]
     m = json.loads((d / "questions" / "_manifest.json").read_text())
     assert m["counts"]["parsed"] > 0
     assert m["counts"]["questions"] > 0
