@@ -30,6 +30,9 @@ def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
         ray.init(num_cpus=cfg.num_cpus, **kwargs)
     import ray.data
 
+    if quiet:  # Ray Data's per-dataset progress log lines; our own bars and logs say what is happening
+        for name in ("ray.data", "ray.data._internal", "ray.train", "ray.serve"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = os.environ.get("CQG_RAY_PROGRESS", "1") != "0"
     ctx.print_on_execution_start = False
