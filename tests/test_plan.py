@@ -188,11 +188,11 @@ def test_cli_bad_count_is_a_clear_error(capsys):
 
 
 def test_demo_config_plan():
-    # the embedded demo: 3,000 texts, 30 clusters, questions for 12 of them, 25/15/10 texts per question
+    # the embedded demo: 3,000 texts, 30 clusters, questions for 8 of them, 10/6/4 texts per question
     p = plan(load_config(ROOT / "configs" / "demo.yaml"), throughput=THROUGHPUTS["cpu"])
     c = p["counts"]
-    assert c["docs"] == 3000 and c["clusters_generated"] == 12 and c["selected_top_t"] == 48
-    assert c["questions"] == round(48 * 9_614 / 20_000) and c["label_pairs"] == c["questions"] * 50
+    assert c["docs"] == 3000 and c["clusters_generated"] == 8 and c["selected_top_t"] == 32
+    assert c["questions"] == round(32 * 9_614 / 20_000) and c["label_pairs"] == c["questions"] * 20
     assert math.isclose(p["throughput"]["llm_completion_tokens_per_s"], 27)
 
 
