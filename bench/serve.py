@@ -1,0 +1,134 @@
+"""Ray Serve dynamic batching: throughput with `@serve.batch` vs with batching off (max_batch_size=1), same load.
+
+    python bench/serve.py [--clients 64] [--requests 1500] [--texts-per-request 1] [--batch 32] [--model MODEL]
+
+One replica of the app (`cqg_ray.serve.app`) on 127.0.0.1 (same max_ongoing_requests in both runs), driven over HTTP by `--clients` concurrent httpx
+clients sending `--requests` POST /embed requests (real sentences from ../shared/data, each request
+`--texts-per-request` texts). The two configurations run the same requests, in turns (off, on, off, on ...
+`--rounds` times); each keeps its best round. Model: a folder, default a toy model built on the spot (bundled
+MiniLM encoder, 32 hand-set heads; the encoder dominates the cost).
+Last line: `serve_batching_speedup: X` (requests/s batched divided by requests/s unbatched; target >= 3).
+"""
+
+import argparse
+import asyncio
+import gzip
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "corpus", "sentences.jsonl.gz")
+
+
+def read_texts(path: str, n: int) -> list[str]:
+    texts = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            t = json.loads(line).get("text", "").strip()
+            if 20 <= len(t) <= 300:
+                texts.append(t)
+            if len(texts) == n:
+                break
+    return texts
+
+
+async def drive(url: str, bodies: list[dict], clients: int) -> dict:
+    import httpx
+
+    latencies, errors = [], 0
+    todo = iter(bodies)
+
+    async def worker(c):
+        nonlocal errors
+        for body in todo:
+            t0 = time.perf_counter()
+            r = await c.post("/embed", json=body)
+            latencies.append(time.perf_counter() - t0)
+            errors += r.status_code != 200
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as c:
+        before = (await c.get("/healthz")).json()
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(c) for _ in range(clients)))
+        wall = time.perf_counter() - t0
+        after = (await c.get("/healthz")).json()
+    lat = np.array(latencies) * 1000
+    texts = after["texts_seen"] - before["texts_seen"]
+    return {"rps": len(bodies) / wall, "texts_per_s": texts / wall, "p50": float(np.percentile(lat, 50)),
+            "p95": float(np.percentile(lat, 95)), "errors": errors, "mean_batch": texts / max(1, after["batches"] - before["batches"]),
+            "seconds": wall}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=1500)
+    ap.add_argument("--texts-per-request", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=32, help="max_batch_size of the batched configuration")
+    ap.add_argument("--wait", type=float, default=0.01, help="batch_wait_timeout_s of the batched configuration")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--ongoing", type=int, default=None, help="max_ongoing_requests of both (default max(clients, 4*batch); 0: defaults)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (and CPUs) of the replica")
+    ap.add_argument("--gpus", type=float, default=0, help="GPUs of the replica (the encoder then runs on the GPU)")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--corpus", default=DATA)
+    a = ap.parse_args()
+
+    import ray
+    from ray import serve
+
+    from cqg_ray.config import ServeConfig
+    from cqg_ray.serve.app import build_app
+    from cqg_ray.serve.toy_model import build_toy_model
+
+    model_path = a.model or build_toy_model(os.path.join(tempfile.mkdtemp(prefix="bench-serve-"), "model"))
+    texts = read_texts(a.corpus, a.requests * a.texts_per_request)
+    k = a.texts_per_request
+    bodies = [{"texts": texts[i * k : (i + 1) * k]} for i in range(a.requests)]
+
+    ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"enable_access_log": False})
+    url = f"http://127.0.0.1:{port}"
+    # by default the two deployments differ in batching only; --ongoing 0 gives each its config default
+    # (4 x max_batch_size, at least 16: with batching off the proxy then queues most requests itself)
+    same = {"max_ongoing_requests": a.ongoing or max(a.clients, 4 * a.batch)} if a.ongoing != 0 else {}
+    same.update(torch_threads=a.threads, num_cpus_per_replica=a.threads, num_gpus_per_replica=a.gpus)
+    configs = {"off (max_batch_size=1)": ServeConfig(max_batch_size=1, batch_wait_timeout_s=0.0, **same),
+               f"on  (max_batch_size={a.batch})": ServeConfig(max_batch_size=a.batch, batch_wait_timeout_s=a.wait, **same)}
+    best: dict[str, dict] = {}
+    for r in range(a.rounds):
+        for name, cfg in configs.items():
+            serve.run(build_app(model_path, cfg), name="bench", route_prefix="/")
+            asyncio.run(drive(url, bodies[: min(200, len(bodies))], a.clients))  # warm-up
+            res = asyncio.run(drive(url, bodies, a.clients))
+            print(f"round {r + 1} {name}: {res['rps']:.1f} req/s  p50 {res['p50']:.0f} ms  mean batch {res['mean_batch']:.1f}", flush=True)
+            if name not in best or res["rps"] > best[name]["rps"]:
+                best[name] = res
+    serve.shutdown()
+
+    load = os.getloadavg()
+    print(f"\n{a.requests} requests x {k} text(s), {a.clients} concurrent clients, 1 replica ({a.threads} CPU, {a.threads} torch thread(s), {a.gpus:g} GPU), "
+          f"{int(ray.cluster_resources().get('CPU', 0))} CPUs, load average (1/15 min) {load[0]:.1f}/{load[2]:.1f}")
+    print(f"{'batching':28} {'req/s':>8} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'mean batch':>11} {'errors':>7}")
+    for name, res in best.items():
+        print(f"{name:28} {res['rps']:8.1f} {res['texts_per_s']:9.1f} {res['p50']:8.0f} {res['p95']:8.0f} {res['mean_batch']:11.1f} {res['errors']:7d}")
+    off, on = best[list(configs)[0]], best[list(configs)[1]]
+    print(f"serve_batching_speedup: {on['rps'] / off['rps']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,377 @@
+"""Batch embedding (`cqg-ray embed MODEL CORPUS OUT`): a trained model M = (Enc, {C_1..C_m}) over any corpus.
+
+Two resumable Ray Data passes write everything under OUT:
+
+    OUT/_corpus/part-<file>.parquet     1. snapshot: each input file parsed by the ingestion's readers
+                                           (`cqg_ray.corpus.parse_file`) into doc_id, text, source, line; one
+                                           task and one atomic file per input file, the parse tally in its metadata
+    OUT/emb-part-<file>-<start>.parquet 2. embedding: units of at most `unit_rows` rows of one snapshot part; an
+                                           actor pool (the model loaded once per actor, a GPU per actor when the
+                                           cluster has GPUs) embeds a unit and writes its file atomically
+    OUT/_settings.json                  what the files depend on (model fingerprint, output, tau, inputs)
+    OUT/_manifest.json                  written last: counts, timings, format
+
+Output columns: doc_id (string) and embedding, either the m answers y_i = 1[sigma(C_i(Enc(t))) > tau] packed
+with `np.packbits` (fixed_size_list<uint8>[ceil(m/8)], `--output bits`) or the probabilities sigma(C_i(Enc(t)))
+(fixed_size_list<float16>[m], `--output probs`). The Parquet schema metadata (key `cqg_ray.embed`) repeats m,
+the output kind and tau, so a file describes itself (`read_embeddings`).
+
+Why a snapshot instead of `cqg-ray prepare`: prepare deduplicates, samples and re-shards the corpus (a training
+set), but batch embedding must give every input row exactly once, in its own file's order. The snapshot keeps
+every row that the readers accept (empty texts are dropped and counted, as in prepare), gives each row a fixed
+place (file, row), so work units are plain row slices, and it is what `cqg-ray search` shows texts from.
+Document ids: the `--id-column` when given, else sha1(file:line:text) (stable, unique per row).
+
+A killed run resumes: finished snapshot parts and unit files are skipped, half-written files never count (they are
+written to a temporary name and renamed). A rerun with another model, output, tau or other input files refuses to
+mix results (use a new OUT or `--force`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cqg_ray.config import CorpusConfig, EmbedConfig, RayConfig
+from cqg_ray.encode import plan_units
+from cqg_ray.rundir import ArtifactError, RunDir, resolve, versions
+
+log = logging.getLogger("cqg_ray")
+
+META_KEY = b"cqg_ray.embed"
+FORMAT = "cqg-ray-embeddings"
+CORPUS_DIR = "_corpus"
+SETTINGS = "_settings.json"
+MANIFEST = "_manifest.json"
+
+
+# ----------------------------------------------------------------------------------------- pure core
+
+
+def embeddings_table(doc_ids, emb: np.ndarray, output: str, m: int, tau: float) -> pa.Table:
+    """doc_id + embedding (packed uint8 bits or float16 probabilities) with the self-describing metadata."""
+    if output == "bits":
+        emb = np.ascontiguousarray(emb, dtype=np.uint8)
+        if emb.shape[1] != (m + 7) // 8:
+            raise ValueError(f"packed bits must have ceil(m/8)={(m + 7) // 8} bytes per row, got {emb.shape[1]}")
+    elif output == "probs":
+        emb = np.ascontiguousarray(emb, dtype=np.float16)
+        if emb.shape[1] != m:
+            raise ValueError(f"probabilities must have m={m} columns, got {emb.shape[1]}")
+    else:
+        raise ValueError(f"output must be 'bits' or 'probs', got {output!r}")
+    values = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])
+    meta = {META_KEY: json.dumps({"format": FORMAT, "m": m, "output": output, "tau": tau}).encode()}
+    return pa.table({"doc_id": pa.array(doc_ids, pa.string()), "embedding": values}).replace_schema_metadata(meta)
+
+
+def table_meta(schema: pa.Schema) -> dict:
+    raw = (schema.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise ArtifactError("not a cqg-ray embeddings file (no cqg_ray.embed metadata); make one with `cqg-ray embed`")
+    return json.loads(raw)
+
+
+def embedding_matrix(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """(n, width) numpy view of a fixed_size_list column."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    width = arr.type.list_size
+    return arr.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+
+
+def model_fingerprint(model_path: str) -> str:
+    """sha256 (16 hex digits) of the model folder's config, questions and heads: what the embeddings depend on."""
+    run = RunDir(model_path)
+    h = hashlib.sha256()
+    for name in ("config.json", "questions.json", "heads.safetensors"):
+        h.update(run.read_bytes(name))
+    return h.hexdigest()[:16]
+
+
+def actor_plan(cfg: EmbedConfig, cluster_resources: dict) -> tuple[int, float]:
+    """(number of actors, GPUs per actor) from the config and the cluster (pure)."""
+    gpus = float(cluster_resources.get("GPU", 0))
+    per = cfg.num_gpus_per_actor if cfg.num_gpus_per_actor is not None else (1.0 if gpus >= 1 else 0.0)
+    if cfg.num_actors is not None:
+        return cfg.num_actors, per
+    if per > 0:
+        return max(1, int(gpus // per)), per
+    return max(1, int(float(cluster_resources.get("CPU", 1)) // cfg.torch_threads)), 0.0
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:06d}.parquet"
+
+
+# ----------------------------------------------------------------------------------------- readers
+
+
+def embedding_files(out: str) -> list[str]:
+    """Paths (inside the run's filesystem) of the unit files of a finished `cqg-ray embed` output folder."""
+    run = RunDir(out)
+    if not run.exists(MANIFEST):
+        what = "unfinished" if run.exists(SETTINGS) else "not a cqg-ray embed output"
+        raise ArtifactError(f"{out}: {what} (no {MANIFEST}); run `cqg-ray embed MODEL CORPUS {out}` (again) first")
+    return [run.path(n) for n in run.ls(suffix=".parquet") if n.startswith("emb-")]
+
+
+def read_embeddings(out: str) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(doc_ids, embeddings, meta) of a whole output folder, in file order: packed uint8 or float16."""
+    run = RunDir(out)
+    files = embedding_files(out)
+    tables = [pq.read_table(f, filesystem=run.fs) for f in files]
+    meta = run.read_json(MANIFEST)
+    if not tables:
+        width = (meta["m"] + 7) // 8 if meta["output"] == "bits" else meta["m"]
+        return np.array([], dtype=object), np.zeros((0, width), np.uint8 if meta["output"] == "bits" else np.float16), meta
+    table = pa.concat_tables(tables)
+    return table.column("doc_id").to_numpy(zero_copy_only=False), embedding_matrix(table.column("embedding")), meta
+
+
+# ----------------------------------------------------------------------------------------- Ray layer
+
+
+def _snapshot_file(row: dict, cfg_json: str, out_uri: str) -> dict:
+    """Ray Data map: parse one input file with the ingestion's readers, write its rows as one snapshot part."""
+    from cqg_ray.corpus import parse_file, read_bytes, rows_table
+
+    cfg = CorpusConfig.model_validate_json(cfg_json)
+    res = parse_file(read_bytes(row["uri"]), row["format"], row["uri"], cfg)
+    table = rows_table(res, row["name"], dedup=False).drop_columns(["text_hash"])
+    tally = {"dropped": dict(res.dropped), "errors": res.errors}
+    table = table.replace_schema_metadata({b"cqg_ray.parse": json.dumps(tally).encode()})
+    RunDir(out_uri).write_table(f"{CORPUS_DIR}/{row['part']}", table)
+    return {"part": row["part"], "rows": table.num_rows}
+
+
+class EmbedUnits:
+    """Ray Data actor: the model loaded once; embeds whole units and writes their files."""
+
+    def __init__(self, model_path: str, out_uri: str, output: str, tau: float | None, batch_size: int, threads: int):
+        import torch
+
+        if not torch.cuda.is_available():
+            torch.set_num_threads(threads)
+        from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+        self.model = InterpretableEmbedder.load(model_path)
+        self.tau = self.model.tau if tau is None else tau
+        self.run = RunDir(out_uri)
+        self.output, self.batch_size = output, batch_size
+
+    def __call__(self, batch: dict) -> dict:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        out = {"name": [], "rows": [], "seconds": [], "node": []}
+        for shard, start, stop, name in zip(batch["shard"], batch["start"], batch["stop"], batch["name"]):
+            t0 = time.time()
+            table = pq.read_table(shard, columns=["doc_id", "text"], filesystem=self.run.fs).slice(int(start), int(stop) - int(start))
+            texts = table.column("text").to_pylist()
+            if self.output == "bits":
+                emb = self.model.encode(texts, packed=True, threshold=self.tau, batch_size=self.batch_size, progress=False)
+            else:
+                emb = self.model.encode(texts, binary=False, batch_size=self.batch_size, progress=False)
+            self.run.write_table(str(name), embeddings_table(table.column("doc_id"), emb, self.output, self.model.m, self.tau))
+            out["name"].append(name)
+            out["rows"].append(len(texts))
+            out["seconds"].append(time.time() - t0)
+            out["node"].append(node)
+        return {k: np.array(v) for k, v in out.items()}
+
+
+def _clear(run: RunDir) -> None:
+    for name in run.ls(suffix=".parquet"):
+        if name.startswith("emb-"):
+            run.rm(name)
+    for name in (CORPUS_DIR, SETTINGS, MANIFEST):
+        run.rm(name)
+
+
+def _remove_partial(run: RunDir, folder: str = "") -> None:
+    """Temporary files of writes that a kill interrupted."""
+    for name in run.ls(folder):
+        if ".tmp-" in name:
+            run.rm(folder, name)
+
+
+def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig | None = None,
+          corpus: CorpusConfig | None = None, force: bool = False, progress: bool = True) -> dict:
+    """Embed every row of the corpus files with the model; returns the manifest (also written to OUT/_manifest.json).
+
+    `corpus` chooses the readers' options (format, text/id columns, ...); its paths, dedup, limit are ignored.
+    Needs Ray (started locally if nobody did). OUT and the model must be reachable from every node.
+    """
+    import ray
+    from tqdm import tqdm
+
+    from cqg_ray.corpus import CorpusError, list_files, unwrap_error
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+    cfg = cfg or EmbedConfig()
+    corpus = (corpus or CorpusConfig()).model_copy(update={"paths": list(corpus_paths), "dedup": False, "limit": None})
+    if not ray.is_initialized():
+        from cqg_ray.pipeline import init_ray
+
+        init_ray(RayConfig())
+    t_start = time.time()
+    head = InterpretableEmbedder.load(model_path, load_encoder=False, device="cpu")  # checks the folder; heads only
+    tau = head.tau if cfg.tau is None else cfg.tau
+    files = list_files(corpus.paths, corpus.format)
+    run = RunDir(out)
+    sizes = [_file_size(u) for u, _ in files]
+    settings = {
+        "format": FORMAT, "model_fingerprint": model_fingerprint(model_path), "m": head.m, "output": cfg.output, "tau": tau,
+        "unit_rows": cfg.unit_rows, "readers": corpus.model_dump(mode="json", exclude={"paths", "dedup", "limit", "sample_seed", "rows_per_shard"}),
+        "files": [{"uri": u, "format": f, "size": size} for (u, f), size in zip(files, sizes)],
+    }
+    if force:
+        _clear(run)
+    if run.exists(SETTINGS):
+        before = run.read_json(SETTINGS)
+        if before != settings:
+            changed = sorted(k for k in settings if before.get(k) != settings[k])
+            raise ArtifactError(f"{out} holds embeddings made with other settings ({', '.join(changed)} differ): "
+                                "use another OUT folder or --force to start again")
+    run.makedirs(CORPUS_DIR)
+    run.write_json(SETTINGS, settings)
+    _remove_partial(run)
+    _remove_partial(run, CORPUS_DIR)
+
+    # 1. snapshot of the input rows, one part per input file
+    names = _relative_names([u for u, _ in files])
+    items = [{"uri": u, "format": f, "name": n, "part": part_name(i)} for i, ((u, f), n) in enumerate(zip(files, names))]
+    have = set(run.ls(CORPUS_DIR, suffix=".parquet"))
+    todo = [it for it in items if it["part"] not in have]
+    if todo:
+        try:
+            ray.data.from_items(todo, override_num_blocks=len(todo)).map(
+                _snapshot_file, fn_kwargs={"cfg_json": corpus.model_dump_json(), "out_uri": run.root_uri}).take_all()
+        except Exception as e:  # a CorpusError inside a Ray task arrives wrapped; give the user the plain message
+            raise unwrap_error(e, CorpusError) from None
+    parts = [(run.path(CORPUS_DIR, it["part"]), pq.ParquetFile(run.path(CORPUS_DIR, it["part"]), filesystem=run.fs)) for it in items]
+    shards = [(p, f.metadata.num_rows) for p, f in parts]
+    dropped: dict[str, int] = {}
+    for _, f in parts:
+        tally = json.loads((f.schema_arrow.metadata or {}).get(b"cqg_ray.parse", b"{}"))
+        for k, v in tally.get("dropped", {}).items():
+            dropped[k] = dropped.get(k, 0) + int(v)
+
+    # 2. embedding units
+    units = plan_units(shards, cfg.unit_rows)
+    have = set(run.ls(suffix=".parquet"))
+    todo_units = [u for u in units if u["name"] not in have]
+    for stray in {n for n in have if n.startswith("emb-")} - {u["name"] for u in units}:
+        run.rm(stray)
+    n_actors, gpus = actor_plan(cfg, ray.cluster_resources())
+    n_actors = max(1, min(n_actors, len(todo_units)))
+    log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, tau=%s, %d actor(s) x %s GPU",
+             sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, tau, n_actors, gpus)
+    t0 = time.time()
+    rows_now, nodes = 0, set()
+    if todo_units:
+        ds = ray.data.from_items(todo_units, override_num_blocks=len(todo_units)).map_batches(
+            EmbedUnits,
+            fn_constructor_kwargs={"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output, "tau": tau,
+                                   "batch_size": cfg.batch_size, "threads": cfg.torch_threads},
+            compute=ray.data.ActorPoolStrategy(size=n_actors),
+            batch_size=1,
+            num_gpus=gpus or None,
+            num_cpus=0 if gpus else cfg.torch_threads,
+        )
+        with tqdm(total=sum(u["stop"] - u["start"] for u in todo_units), unit="text", desc="embed", disable=not progress) as bar:
+            for row in ds.iter_rows():
+                bar.update(int(row["rows"]))
+                rows_now += int(row["rows"])
+                nodes.add(str(row["node"]))
+    wall = time.time() - t0
+
+    # every input row exactly once: the unit files cover the snapshot's rows one for one
+    written = {u["name"]: pq.ParquetFile(run.path(u["name"]), filesystem=run.fs).metadata.num_rows for u in units}
+    bad = [n for u in units if written[(n := u["name"])] != u["stop"] - u["start"]]
+    if bad:
+        raise ArtifactError(f"{out}: unit files with the wrong number of rows: {bad[:5]}; rerun with --force")
+    rows = sum(written.values())
+    manifest = {
+        **{k: settings[k] for k in ("format", "m", "output", "tau", "model_fingerprint")},
+        "model": model_path,
+        "corpus": list(corpus_paths),
+        "bytes_per_text": (head.m + 7) // 8 if cfg.output == "bits" else 2 * head.m,
+        "columns": {"doc_id": "string", "embedding": f"fixed_size_list<uint8>[{(head.m + 7) // 8}] packbits"
+                    if cfg.output == "bits" else f"fixed_size_list<float16>[{head.m}]"},
+        "counts": {"files": len(files), "rows": rows, "units": len(units), "units_resumed": len(units) - len(todo_units),
+                   "embedded_now": rows_now, "nodes_used": len(nodes), "actors": n_actors if todo_units else 0,
+                   **{f"dropped_{k}": v for k, v in dropped.items() if k != "utf8_replaced"},
+                   **({"replaced_invalid_utf8": dropped["utf8_replaced"]} if "utf8_replaced" in dropped else {})},
+        "texts_per_s": round(rows_now / wall, 1) if rows_now and wall > 0 else None,
+        "seconds": round(time.time() - t_start, 3),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": versions(),
+    }
+    run.write_json(MANIFEST, manifest)
+    return manifest
+
+
+def _file_size(uri: str) -> int | None:
+    fs, path = resolve(uri)
+    return fs.get_file_info(path).size
+
+
+def _relative_names(uris: list[str]) -> list[str]:
+    """File names relative to the inputs' common folder (used in the document ids, so ids survive a move)."""
+    if len(uris) == 1:
+        return [os.path.basename(uris[0])]
+    common = os.path.commonpath([u.split("://", 1)[-1] for u in uris])
+    return [os.path.relpath(u.split("://", 1)[-1], common) for u in uris]
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `cqg-ray embed` (also used by jobs/embed.py)."""
+    p.add_argument("model", help="model folder (local path or URI) written by `cqg-ray train`")
+    p.add_argument("corpus", nargs="+", help="corpus files, folders or globs (jsonl, parquet, csv, tsv, txt, optionally .gz)")
+    p.add_argument("out", help="output folder (local path or URI, reachable from every node)")
+    p.add_argument("--output", choices=["bits", "probs"], default="bits", help="packed answers (m/8 bytes a text) or float16 probabilities")
+    p.add_argument("--tau", type=float, default=None, help="threshold tau for the bits (default: the model's)")
+    p.add_argument("--format", default="auto", choices=["auto", "jsonl", "parquet", "csv", "tsv", "txt", "medi2"])
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--id-column", default=None, help="column with document ids (default: a hash of file, line and text)")
+    p.add_argument("--batch-size", type=int, default=256, help="texts per encoder call")
+    p.add_argument("--unit-rows", type=int, default=10_000, help="rows per work unit (the resume granularity)")
+    p.add_argument("--actors", type=int, default=None, help="actors (default: one per GPU, else one per CPU)")
+    p.add_argument("--gpus-per-actor", type=float, default=None, help="default: 1 when the cluster has GPUs, else 0")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per CPU actor")
+    p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray")
+    p.add_argument("--force", action="store_true", help="throw away OUT's previous results and start again")
+
+
+def run_from_args(args) -> dict:
+    from cqg_ray.pipeline import init_ray
+
+    cfg = EmbedConfig(output=args.output, tau=args.tau, batch_size=args.batch_size, num_actors=args.actors,
+                      num_gpus_per_actor=args.gpus_per_actor, unit_rows=args.unit_rows, torch_threads=args.threads)
+    corpus = CorpusConfig(format=args.format, text_column=args.text_column, id_column=args.id_column)
+    init_ray(RayConfig(address=args.address, num_cpus=args.num_cpus))
+    m = embed(args.model, args.corpus, args.out, cfg, corpus, force=args.force,
+              progress=os.environ.get("CQG_RAY_PROGRESS", "1") != "0")
+    print(json.dumps({k: m[k] for k in ("format", "m", "output", "tau", "bytes_per_text", "counts", "texts_per_s", "seconds")}, indent=2))
+    return m
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("embed", help="embed a corpus with a trained model (Ray Data; Parquet of packed bits or probabilities)",
+                       description="Embed every row of a corpus with a trained model into Parquet files under OUT "
+                                   "(doc_id, embedding). Resumable: run the same command again after a kill.")
+    add_arguments(p)
+    p.set_defaults(func=lambda args: 0 if run_from_args(args) else 1)

@@ -1,0 +1,252 @@
+"""Search on binary embeddings: rank packed answer vectors against a query by the model's own similarity.
+
+For 0/1 answer vectors x, y (the m yes/no answers, packed 8 to a byte with `np.packbits`):
+
+    cos(x, y) = |x AND y| / sqrt(|x| |y|)        (0 when either has no yes)
+
+|x AND y| is the cognitive load of the pair (the questions both answer yes). Popcounts do all of it: the packed
+bytes are viewed as uint64 words (zero-padded), `np.bitwise_count` counts bits, so scoring n documents costs
+n * ceil(m/64) AND+popcount operations. Search is exact and streams over chunks (or files), keeping a running
+top-k; ties are broken by corpus order, so results are deterministic.
+
+    index = BinaryIndex.load("runs/demo/embeddings")              # the OUT folder of `cqg-ray embed`
+    hits = search(model, index, "a query text", k=10)             # Hit(doc_id, score, shared=[question indices], ...)
+    cqg-ray search MODEL EMBEDDINGS "a query text" -k 10          # prints hits with their shared yes questions
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from cqg_ray.rundir import ArtifactError, RunDir
+
+# ----------------------------------------------------------------------------------------- pure core
+
+
+def to_words(packed: np.ndarray) -> np.ndarray:
+    """(n, nbytes) uint8 -> (n, ceil(nbytes/8)) uint64, zero-padded (padding adds no bits)."""
+    packed = np.ascontiguousarray(np.atleast_2d(packed), dtype=np.uint8)
+    n, nb = packed.shape
+    pad = -nb % 8
+    if pad:
+        packed = np.concatenate([packed, np.zeros((n, pad), np.uint8)], axis=1)
+    return packed.view(np.uint64)
+
+
+def popcounts(words: np.ndarray) -> np.ndarray:
+    """Number of yes answers |x| per row of a uint64 word matrix."""
+    return np.bitwise_count(words).sum(axis=1, dtype=np.int64)
+
+
+def cosine_scores(query_words: np.ndarray, words: np.ndarray, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(cosines float64, shared-yes counts int64) of one query (w,) against rows (n, w) of uint64 words."""
+    inter = np.bitwise_count(words & query_words).sum(axis=1, dtype=np.int64)
+    counts = popcounts(words) if counts is None else counts
+    denom = np.sqrt((counts * int(np.bitwise_count(query_words).sum())).astype(np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scores = np.where(denom > 0, inter / np.where(denom > 0, denom, 1.0), 0.0)
+    return scores, inter
+
+
+def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
+    """Row indices of the k best scores, best first, ties by row order (exact: every tie at the cut is considered)."""
+    n = len(scores)
+    if k <= 0 or n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if k < n:
+        cut = np.partition(scores, n - k)[n - k]  # the k-th largest score
+        cand = np.flatnonzero(scores >= cut)
+    else:
+        cand = np.arange(n)
+    order = np.lexsort((cand, -scores[cand]))[:k]
+    return cand[order]
+
+
+def shared_questions(query_packed: np.ndarray, doc_packed: np.ndarray, m: int) -> list[int]:
+    """Indices of the questions that both answer yes."""
+    both = np.unpackbits(np.asarray(query_packed, np.uint8) & np.asarray(doc_packed, np.uint8), count=m)
+    return np.flatnonzero(both).tolist()
+
+
+@dataclass
+class Hit:
+    rank: int
+    doc_id: str
+    score: float                      # cosine of the binary vectors
+    cognitive_load: int               # number of questions both answer yes
+    shared: list[int] = field(default_factory=list)           # their indices
+    questions: list[str] = field(default_factory=list)        # their texts (filled by `search`)
+    text: str | None = None
+
+
+def search_chunks(query_packed: np.ndarray, chunks: Iterable[tuple[np.ndarray, np.ndarray]], m: int, k: int = 10) -> list[Hit]:
+    """Exact top-k over a stream of (doc_ids, packed rows) chunks; memory: one chunk plus k candidates."""
+    q = to_words(query_packed)[0]
+    best_scores = np.zeros(0)
+    best_ids = np.zeros(0, dtype=object)
+    best_packed = np.zeros((0, len(np.atleast_1d(query_packed))), np.uint8)
+    best_inter = np.zeros(0, dtype=np.int64)
+    for ids, packed in chunks:
+        if len(ids) == 0:
+            continue
+        scores, inter = cosine_scores(q, to_words(packed))
+        keep = top_k_rows(scores, k)
+        # candidates so far come first, so on ties earlier chunks (earlier rows) win
+        best_scores = np.concatenate([best_scores, scores[keep]])
+        best_ids = np.concatenate([best_ids, np.asarray(ids, dtype=object)[keep]])
+        best_packed = np.concatenate([best_packed, np.asarray(packed, np.uint8)[keep]])
+        best_inter = np.concatenate([best_inter, inter[keep]])
+        sel = top_k_rows(best_scores, k)
+        best_scores, best_ids, best_packed, best_inter = best_scores[sel], best_ids[sel], best_packed[sel], best_inter[sel]
+    return [Hit(r + 1, str(d), float(s), int(c), shared_questions(query_packed, p, m))
+            for r, (d, s, c, p) in enumerate(zip(best_ids, best_scores, best_inter, best_packed))]
+
+
+# ----------------------------------------------------------------------------------------- index
+
+
+def _packed_from(matrix: np.ndarray, meta: dict, tau: float | None) -> np.ndarray:
+    """Packed bits of an embeddings matrix: as stored, or probabilities thresholded at tau (default: theirs)."""
+    if meta["output"] == "bits":
+        return np.asarray(matrix, np.uint8)
+    t = meta["tau"] if tau is None else tau
+    return np.packbits(np.asarray(matrix, np.float32) > t, axis=1)
+
+
+class BinaryIndex:
+    """Packed answer vectors of a corpus in memory (m/8 bytes a document), searched exactly by popcounts."""
+
+    def __init__(self, doc_ids: np.ndarray, packed: np.ndarray, m: int, tau: float | None = None, source: str | None = None):
+        packed = np.ascontiguousarray(packed, dtype=np.uint8)
+        if packed.ndim != 2 or packed.shape[1] != (m + 7) // 8:
+            raise ValueError(f"packed embeddings must be (n, ceil(m/8)={(m + 7) // 8}), got {packed.shape}")
+        if len(doc_ids) != len(packed):
+            raise ValueError(f"{len(doc_ids)} ids for {len(packed)} embeddings")
+        self.doc_ids = np.asarray(doc_ids, dtype=object)
+        self.packed, self.m, self.tau, self.source = packed, m, tau, source
+        self.words = to_words(packed)
+        self.counts = popcounts(self.words)
+
+    def __len__(self) -> int:
+        return len(self.doc_ids)
+
+    @classmethod
+    def load(cls, out: str, tau: float | None = None) -> "BinaryIndex":
+        """The output folder of `cqg-ray embed` (bits, or probabilities thresholded at `tau`, default theirs)."""
+        from cqg_ray.embed import read_embeddings
+
+        ids, matrix, meta = read_embeddings(out)
+        return cls(ids, _packed_from(matrix, meta, tau), meta["m"], meta["tau"] if tau is None else tau, out)
+
+    def search(self, query_packed: np.ndarray, k: int = 10, chunk_rows: int = 65_536) -> list[Hit]:
+        """Exact top-k by binary cosine, scored chunk_rows documents at a time."""
+        q = to_words(query_packed)[0]
+        if len(q) != self.words.shape[1]:
+            raise ValueError(f"query has {len(np.atleast_1d(query_packed))} bytes, the index {self.packed.shape[1]}")
+
+        def chunks():
+            for i in range(0, len(self), chunk_rows):
+                yield self.doc_ids[i : i + chunk_rows], self.packed[i : i + chunk_rows]
+
+        return search_chunks(query_packed, chunks(), self.m, k)
+
+
+def file_chunks(out: str, tau: float | None = None) -> tuple[dict, Iterator[tuple[np.ndarray, np.ndarray]]]:
+    """(meta, a stream of (doc_ids, packed) per unit file) of an embed output folder: search without loading it all."""
+    from cqg_ray.embed import MANIFEST, embedding_files, embedding_matrix
+
+    run = RunDir(out)
+    files = embedding_files(out)
+    meta = run.read_json(MANIFEST)
+
+    def gen():
+        for f in files:
+            t = pq.read_table(f, filesystem=run.fs)
+            yield t.column("doc_id").to_numpy(zero_copy_only=False), _packed_from(embedding_matrix(t.column("embedding")), meta, tau)
+
+    return meta, gen()
+
+
+def lookup_texts(out: str, doc_ids: list[str]) -> dict[str, str]:
+    """Texts of some documents from the embed output's corpus snapshot (empty when there is none)."""
+    from cqg_ray.embed import CORPUS_DIR
+
+    run = RunDir(out)
+    found: dict[str, str] = {}
+    if not doc_ids:
+        return found
+    for name in run.ls(CORPUS_DIR, suffix=".parquet"):
+        t = pq.read_table(run.path(CORPUS_DIR, name), columns=["doc_id", "text"], filesystem=run.fs)
+        t = t.filter(pc.is_in(t.column("doc_id"), value_set=pa.array(doc_ids, pa.string())))
+        found.update(zip(t.column("doc_id").to_pylist(), t.column("text").to_pylist()))
+    return found
+
+
+def search(model, index: BinaryIndex, query: str, k: int = 10) -> list[Hit]:
+    """Embed `query` with the model (at the index's tau) and return the top-k hits with their shared questions."""
+    if model.m != index.m:
+        raise ValueError(f"the model has m={model.m} questions but the embeddings have m={index.m}")
+    q = model.encode([query], packed=True, threshold=index.tau, progress=False)[0]
+    hits = index.search(q, k)
+    for h in hits:
+        h.questions = [model.questions[i] for i in h.shared]
+    return hits
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+
+def cmd_search(args) -> int:
+    from cqg_ray.embed import MANIFEST
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+    model = InterpretableEmbedder.load(args.model)
+    meta = RunDir(args.embeddings).read_json(MANIFEST) if RunDir(args.embeddings).exists(MANIFEST) else None
+    if meta is None:
+        raise ArtifactError(f"{args.embeddings}: no {MANIFEST}; make embeddings with `cqg-ray embed` first")
+    if meta["m"] != model.m:
+        raise ArtifactError(f"the model has m={model.m} questions but {args.embeddings} has m={meta['m']} (another model?)")
+    if args.tau is not None and meta["output"] == "bits" and args.tau != meta["tau"]:
+        raise ArtifactError(f"{args.embeddings} holds bits made at tau={meta['tau']}; --tau applies to probability embeddings only")
+    tau = args.tau if args.tau is not None else meta["tau"]
+    q = model.encode([args.query], packed=True, threshold=tau, progress=False)[0]
+    _, chunks = file_chunks(args.embeddings, tau)
+    hits = search_chunks(q, chunks, model.m, args.k)
+    texts = lookup_texts(args.embeddings, [h.doc_id for h in hits])
+    q_yes = np.flatnonzero(np.unpackbits(q, count=model.m)).tolist()
+    for h in hits:
+        h.questions = [model.questions[i] for i in h.shared]
+        h.text = texts.get(h.doc_id)
+    if args.json:
+        print(json.dumps({"query": args.query, "tau": tau, "query_yes": q_yes, "hits": [h.__dict__ for h in hits]}, indent=2))
+        return 0
+    print(f"query: {args.query!r}  ({len(q_yes)} of {model.m} questions answered yes at tau={tau})")
+    if not q_yes:
+        print("the query answers no question yes: every score is 0 (try a lower --tau)")
+    for h in hits:
+        text = "" if h.text is None else "  " + (h.text if len(h.text) <= 100 else h.text[:97] + "...")
+        print(f"{h.rank:>3}. {h.score:.4f}  {h.doc_id}{text}")
+        for i, qt in zip(h.shared, h.questions):
+            print(f"       yes both  [{i}] {qt}")
+    return 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("search", help="rank embedded documents against a query (binary cosine) with the shared yes questions",
+                       description="Exact top-k search over the output of `cqg-ray embed` by cosine on the binary answer "
+                                   "vectors; each hit lists the questions that it and the query both answer yes.")
+    p.add_argument("model", help="model folder")
+    p.add_argument("embeddings", help="output folder of `cqg-ray embed`")
+    p.add_argument("query", help="query text")
+    p.add_argument("-k", type=int, default=10, help="hits to show (default 10)")
+    p.add_argument("--tau", type=float, default=None, help="threshold (default: the embeddings' tau)")
+    p.add_argument("--json", action="store_true", help="JSON output")
+    p.set_defaults(func=cmd_search)
+

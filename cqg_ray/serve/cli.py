@@ -1,0 +1,87 @@
+"""`cqg-ray serve MODEL`: start Ray Serve on this machine (or join RAY_ADDRESS) and serve a model until Ctrl-C.
+
+Settings come from the `serve` section of --config (a pipeline YAML) and then the flags; the defaults bind
+127.0.0.1:8000 with one replica. For a long-lived cluster deployment use `serve deploy configs/serve.yaml`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from cqg_ray.config import RayConfig, ServeConfig, load_config
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `cqg-ray serve` (also used by jobs/serve.py)."""
+    p.add_argument("model", help="model folder (local path or URI reachable from the replicas)")
+    p.add_argument("--config", "-c", help="pipeline YAML whose `serve` section to use")
+    p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a serve value, e.g. max_batch_size=64")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--replicas", help="number of replicas, or 'auto' for autoscaling between min_replicas and max_replicas")
+    p.add_argument("--route-prefix", help="URL prefix of the app (default /)")
+    p.add_argument("--api-key-env", help="environment variable holding a bearer token that clients must send")
+    p.add_argument("--gpus-per-replica", type=float, help="GPUs per replica (default 0)")
+    p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a new local Ray)")
+    p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray")
+
+
+def serve_config(args) -> ServeConfig:
+    overrides = [f"serve.{s}" for s in args.set]
+    cfg = load_config(args.config, overrides).serve
+    flags = {"host": args.host, "port": args.port, "route_prefix": args.route_prefix, "api_key_env": args.api_key_env,
+             "num_gpus_per_replica": args.gpus_per_replica}
+    if args.replicas is not None:
+        flags["num_replicas"] = args.replicas if args.replicas == "auto" else int(args.replicas)
+    return ServeConfig.model_validate({**cfg.model_dump(), **{k: v for k, v in flags.items() if v is not None}})
+
+
+def start(model: str, cfg: ServeConfig, name: str = "cqg-mbqa") -> str:
+    """Start Serve's HTTP proxy on cfg.host:cfg.port and deploy the app; returns the base URL (Ray must be up)."""
+    from ray import serve
+
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+    from cqg_ray.serve.app import build_app
+
+    InterpretableEmbedder.load(model, load_encoder=False, device="cpu")  # a bad folder fails here, not in a replica
+    serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"enable_access_log": False})
+    serve.run(build_app(model, cfg), name=name, route_prefix=cfg.route_prefix, logging_config={"enable_access_log": False})
+    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
+    return f"http://{host}:{cfg.port}{cfg.route_prefix.rstrip('/')}"
+
+
+def cmd_serve(args) -> int:
+    from ray import serve
+
+    from cqg_ray.pipeline import init_ray
+
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+    cfg = serve_config(args)
+    if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
+        print(f"error: --api-key-env {cfg.api_key_env}: that environment variable is not set", file=sys.stderr)
+        return 2
+    InterpretableEmbedder.load(args.model, load_encoder=False, device="cpu")  # a bad folder fails before Ray starts
+    init_ray(RayConfig(address=args.address, num_cpus=args.num_cpus))
+    try:
+        url = start(args.model, cfg)
+        print(f"serving {args.model} at {url}/ui  (API: {url}/embed, {url}/explain, {url}/questions, {url}/v1/embeddings; "
+              f"Ctrl-C stops)", flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("stopping", flush=True)
+    finally:
+        serve.shutdown()
+    return 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model over HTTP with Ray Serve (embed, explain, questions, OpenAI embeddings, a page)",
+                       description="Serve a trained model: POST /embed, POST /explain, GET /questions, POST /v1/embeddings "
+                                   "(OpenAI schema), GET /healthz and the page GET /ui. Binds 127.0.0.1 unless --host says otherwise.")
+    add_arguments(p)
+    p.set_defaults(func=cmd_serve)

@@ -1,0 +1,169 @@
+"""Request and response schemas of the HTTP API (pydantic), including the OpenAI embeddings schema.
+
+Requests are strict: unknown fields, wrong types and impossible values are refused with 422 and a message that
+names the field (the OpenAI request ignores unknown fields, as OpenAI's own API does). Every error answer has
+one shape, OpenAI's: {"error": {"message": ..., "type": ..., "code": ..., "param": ...}}, so the `openai`
+client raises a readable `openai.BadRequestError` and the like.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, a message for people, an error type and code for programs."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+Tau = Field(None, gt=0, lt=1, description="threshold tau in (0, 1) for the yes/no answers (default: the model's)")
+
+
+# --------------------------------------------------------------------------------------------- native API
+
+
+class EmbedRequest(Strict):
+    """POST /embed: texts -> m yes/no answers (bits), probabilities, or packed bits."""
+
+    texts: list[str] = Field(..., min_length=1, description="the texts to embed")
+    output: Literal["bits", "probs"] = Field("bits", description="bits: 0/1 answers y_i = 1[p_i > tau]; probs: p_i = sigma(C_i(Enc(t)))")
+    tau: float | None = Tau
+    packed: bool = Field(False, description="bits only: each vector as base64 of np.packbits (ceil(m/8) bytes)")
+
+    @model_validator(mode="after")
+    def _packed_bits_only(self) -> "EmbedRequest":
+        if self.packed and self.output != "bits":
+            raise ValueError("packed applies to output 'bits' only")
+        return self
+
+
+class EmbedResponse(BaseModel):
+    model: str
+    m: int
+    tau: float
+    output: Literal["bits", "probs"]
+    packed: bool
+    embeddings: list[str] | list[list[int]] | list[list[float]]
+
+
+class ExplainRequest(Strict):
+    """POST /explain: why two texts are (dis)similar."""
+
+    text_a: str
+    text_b: str
+    tau: float | None = Tau
+
+
+class QuestionAnswer(BaseModel):
+    index: int = Field(description="dimension i")
+    id: str
+    text: str
+    p_a: float = Field(description="probability of yes for text A")
+    p_b: float
+    a: bool = Field(description="text A answers yes (p_a > tau)")
+    b: bool
+
+
+class ExplainResponse(BaseModel):
+    cosine: float = Field(description="cosine of the two binary vectors: |a AND b| / sqrt(|a| |b|)")
+    cognitive_load: int = Field(description="number of questions both texts answer yes")
+    tau: float
+    m: int
+    yes_a: int
+    yes_b: int
+    shared_yes: list[QuestionAnswer]
+    only_a: list[QuestionAnswer]
+    only_b: list[QuestionAnswer]
+
+
+class QuestionInfo(BaseModel):
+    index: int
+    id: str
+    text: str
+    yes_rate: float | None = Field(description="fraction of texts answering yes (see yes_rate_source)")
+
+
+class QuestionsResponse(BaseModel):
+    model: str
+    m: int
+    tau: float
+    yes_rate_source: Literal["model", "served"] = Field(
+        description="model: the yes_rate field of the model's questions.json; served: the texts this replica has embedded")
+    texts_seen: int
+    questions: list[QuestionInfo]
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+    model: str
+    m: int
+    tau: float
+    texts_seen: int = Field(description="texts this replica has embedded")
+    batches: int = Field(description="encoder calls this replica has made (texts_seen / batches = mean batch size)")
+
+
+# --------------------------------------------------------------------------------------------- OpenAI embeddings
+
+
+class EmbeddingsRequest(BaseModel):
+    """POST /v1/embeddings, OpenAI's schema. The embedding is the 0/1 answer vector as floats, so the cosine that
+    OpenAI tools compute on it is the model's own similarity. Token-array inputs are refused (send text)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    input: str | list[str]
+    model: str
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_token_arrays(cls, data):
+        if isinstance(data, dict):
+            x = data.get("input")
+            if isinstance(x, list) and x and all(isinstance(t, int) or (isinstance(t, list) and all(isinstance(u, int) for u in t)) for t in x):
+                raise ValueError("input as token ids is not supported: send the text (a string or a list of strings)")
+        return data
+
+
+class EmbeddingObject(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingObject]
+    model: str
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "cqg-ray"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

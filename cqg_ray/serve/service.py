@@ -1,0 +1,221 @@
+"""The serving logic, free of HTTP: limits and checks, dynamic batching, and the answers of every route.
+
+`EmbeddingService` holds one `InterpretableEmbedder`. Each text of each request becomes one item of a
+`@serve.batch` queue, so `max_batch_size` counts texts: concurrent requests share encoder calls, and a request with
+many texts is cut into batches. The encoder runs in a worker thread, so the replica keeps accepting (and
+rejecting) requests while a batch computes. Only probabilities p = sigma(C(Enc(t))) come out of a batch; each
+request applies its own tau and output format afterwards.
+
+`cqg_ray.serve.app` turns the class into the Serve deployment behind the FastAPI routes. `@serve.batch` keeps one
+queue per decorated method, bound to the event loop of its first call: one instance per process (a replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import os
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+from ray import serve
+
+from cqg_ray.config import ServeConfig
+from cqg_ray.mbqa.embedder import InterpretableEmbedder, binary_cosine
+from cqg_ray.serve.protocol import (
+    ApiError,
+    EmbeddingObject,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    EmbedRequest,
+    EmbedResponse,
+    ExplainRequest,
+    ExplainResponse,
+    Health,
+    ModelCard,
+    ModelList,
+    QuestionAnswer,
+    QuestionInfo,
+    QuestionsResponse,
+    Usage,
+)
+
+
+def parse_json(body: bytes, schema: type[BaseModel]) -> BaseModel:
+    """Bytes -> validated request, or an ApiError (400 for bytes that are not JSON, 422 for a wrong shape)."""
+    if not body.strip():
+        raise ApiError(400, "empty request body: send a JSON object", code="empty_body")
+    try:
+        obj = json.loads(body)
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"request body is not UTF-8 text ({e.reason} at byte {e.start})", code="invalid_json") from None
+    except json.JSONDecodeError as e:
+        raise ApiError(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "request body is not usable JSON: nested too deeply", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise ApiError(422, f"request body must be a JSON object, got a JSON {_json_type(obj)}", code="invalid_type")
+    try:
+        return schema.model_validate(obj)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        more = f" (and {e.error_count() - 1} more problem{'s' if e.error_count() > 2 else ''})" if e.error_count() > 1 else ""
+        msg = first["msg"].removeprefix("Value error, ")
+        raise ApiError(422, f"{where}: {msg}{more}", code="invalid_value", param=where if first["loc"] else None) from None
+
+
+def _json_type(obj) -> str:
+    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}.get(type(obj), type(obj).__name__)
+
+
+def check_bearer(header: str | None, token: str | None) -> None:
+    """401 unless `Authorization: Bearer <token>` matches (nothing to check when the server has no token)."""
+    if token is None:
+        return
+    if not header:
+        raise ApiError(401, "missing Authorization header: send 'Authorization: Bearer <token>'", type="authentication_error", code="missing_token")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise ApiError(401, "Authorization must be 'Bearer <token>'", type="authentication_error", code="bad_scheme")
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise ApiError(401, "invalid bearer token", type="authentication_error", code="invalid_token")
+
+
+def read_token(cfg: ServeConfig) -> str | None:
+    """The bearer token from the environment variable named by `api_key_env` (None = no authentication)."""
+    if cfg.api_key_env is None:
+        return None
+    token = os.environ.get(cfg.api_key_env, "").strip()
+    if not token:
+        raise RuntimeError(f"serve.api_key_env={cfg.api_key_env!r} but that environment variable is empty or unset "
+                           "in the replica: set it (runtime_env env_vars on a cluster) or drop api_key_env")
+    return token
+
+
+class EmbeddingService:
+    """One model behind the routes: checks, the batch queue (items = texts), the yes-rate counters, the answers."""
+
+    def __init__(self, model: InterpretableEmbedder, cfg: ServeConfig):
+        self.model, self.cfg = model, cfg
+        self.encode_batch.set_max_batch_size(cfg.max_batch_size)
+        self.encode_batch.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)
+        recs = model.question_records
+        self.model_yes_rates = [float(q["yes_rate"]) for q in recs] if all(isinstance(q.get("yes_rate"), (int, float)) for q in recs) else None
+        self.encoder_batch_size = cfg.encoder_batch_size or (64 if str(model.device).startswith("cuda") else 8)
+        self.yes_counts = np.zeros(model.m, dtype=np.int64)
+        self.texts_seen = 0
+        self.batches = 0
+
+    # ------------------------------------------------------------------ batching
+    def probabilities(self, texts: list[str]) -> np.ndarray:
+        """(n, m) float32 probabilities, counted into the served yes-rates (at the model's tau)."""
+        p = self.model.encode(texts, binary=False, batch_size=self.encoder_batch_size, progress=False)
+        self.yes_counts += (p > self.model.tau).sum(axis=0)
+        self.texts_seen += len(texts)
+        self.batches += 1
+        return p
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
+    async def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        p = await asyncio.to_thread(self.probabilities, texts)
+        return list(p)
+
+    async def probs(self, texts: list[str]) -> np.ndarray:
+        rows = await asyncio.gather(*(self.encode_batch(t) for t in texts))
+        return np.stack(rows)
+
+    # ------------------------------------------------------------------ checks
+    def check_texts(self, texts: list[str], field: str) -> None:
+        if not texts:
+            raise ApiError(422, f"{field} is empty: send at least one text", code="empty_input", param=field)
+        if len(texts) > self.cfg.max_texts_per_request:
+            raise ApiError(413, f"{field} has {len(texts)} texts; at most {self.cfg.max_texts_per_request} per request",
+                           code="too_many_texts", param=field)
+        for i, t in enumerate(texts):
+            name = f"{field}[{i}]" if len(texts) > 1 or field == "texts" else field
+            if not t.strip():
+                raise ApiError(422, f"{name} is empty or only whitespace", code="empty_text", param=name)
+            if len(t) > self.cfg.max_chars_per_text:
+                raise ApiError(413, f"{name} has {len(t)} characters; at most {self.cfg.max_chars_per_text}", code="text_too_long", param=name)
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ApiError(422, f"{name} is not valid Unicode (an unpaired surrogate at character {e.start})", code="invalid_text", param=name) from None
+
+    def tau(self, tau: float | None) -> float:
+        return self.model.tau if tau is None else tau
+
+    # ------------------------------------------------------------------ routes
+    def health(self) -> Health:
+        return Health(model=self.cfg.model_name, m=self.model.m, tau=self.model.tau, texts_seen=self.texts_seen, batches=self.batches)
+
+    async def embed(self, req: EmbedRequest) -> EmbedResponse:
+        self.check_texts(req.texts, "texts")
+        p = await self.probs(req.texts)
+        tau = self.tau(req.tau)
+        if req.output == "probs":
+            emb = [[round(float(v), 6) for v in row] for row in p]
+        elif req.packed:
+            emb = [base64.b64encode(row.tobytes()).decode() for row in np.packbits(p > tau, axis=1)]
+        else:
+            emb = (p > tau).astype(int).tolist()
+        return EmbedResponse(model=self.cfg.model_name, m=self.model.m, tau=tau, output=req.output, packed=req.packed, embeddings=emb)
+
+    async def explain(self, req: ExplainRequest) -> ExplainResponse:
+        self.check_texts([req.text_a], "text_a")
+        self.check_texts([req.text_b], "text_b")
+        p = await self.probs([req.text_a, req.text_b])
+        return self.explanation(p[0], p[1], self.tau(req.tau))
+
+    def explanation(self, p_a: np.ndarray, p_b: np.ndarray, tau: float) -> ExplainResponse:
+        """The questions both answer yes (cognitive load), the ones only one does, and the binary cosine."""
+        ya, yb = p_a > tau, p_b > tau
+        recs = self.model.question_records
+
+        def qa(i: int) -> QuestionAnswer:
+            return QuestionAnswer(index=int(i), id=str(recs[i].get("id", i)), text=recs[i]["text"], p_a=float(p_a[i]), p_b=float(p_b[i]),
+                                  a=bool(ya[i]), b=bool(yb[i]))
+
+        shared = [qa(i) for i in np.flatnonzero(ya & yb)]
+        return ExplainResponse(cosine=binary_cosine(ya, yb), cognitive_load=len(shared), tau=tau, m=self.model.m,
+                               yes_a=int(ya.sum()), yes_b=int(yb.sum()), shared_yes=shared,
+                               only_a=[qa(i) for i in np.flatnonzero(ya & ~yb)], only_b=[qa(i) for i in np.flatnonzero(~ya & yb)])
+
+    def questions(self) -> QuestionsResponse:
+        if self.model_yes_rates is not None:
+            rates, source = self.model_yes_rates, "model"
+        else:
+            rates = [float(c) / self.texts_seen if self.texts_seen else None for c in self.yes_counts]
+            source = "served"
+        qs = [QuestionInfo(index=i, id=str(q.get("id", i)), text=q["text"], yes_rate=r) for i, (q, r) in enumerate(zip(self.model.question_records, rates))]
+        return QuestionsResponse(model=self.cfg.model_name, m=self.model.m, tau=self.model.tau, yes_rate_source=source,
+                                 texts_seen=self.texts_seen, questions=qs)
+
+    def models(self) -> ModelList:
+        return ModelList(data=[ModelCard(id=self.cfg.model_name)])
+
+    def count_tokens(self, texts: list[str]) -> int:
+        enc = self.model.encoder
+        ids = enc.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=enc.max_seq_length)["input_ids"]
+        return int(sum(len(x) for x in ids))
+
+    async def openai_embeddings(self, req: EmbeddingsRequest) -> EmbeddingsResponse:
+        if req.model != self.cfg.model_name:
+            raise ApiError(404, f"model {req.model!r} does not exist here; this server serves {self.cfg.model_name!r}",
+                           code="model_not_found", param="model")
+        if req.dimensions is not None and req.dimensions != self.model.m:
+            raise ApiError(422, f"dimensions must be {self.model.m} (the number of questions) or left out, got {req.dimensions}",
+                           code="invalid_value", param="dimensions")
+        texts = [req.input] if isinstance(req.input, str) else req.input
+        self.check_texts(texts, "input")
+        p = await self.probs(texts)
+        vectors = (p > self.model.tau).astype(np.float32)
+        if req.encoding_format == "base64":
+            data = [EmbeddingObject(index=i, embedding=base64.b64encode(v.astype("<f4").tobytes()).decode()) for i, v in enumerate(vectors)]
+        else:
+            data = [EmbeddingObject(index=i, embedding=v.tolist()) for i, v in enumerate(vectors)]
+        tokens = self.count_tokens(texts)
+        return EmbeddingsResponse(data=data, model=self.cfg.model_name, usage=Usage(prompt_tokens=tokens, total_tokens=tokens))

@@ -1,0 +1,57 @@
+"""`cqg-ray serve` as a user runs it: a subprocess with its own Ray, answered over HTTP, stopped with Ctrl-C (SIGINT)."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.serve.conftest import free_port
+
+
+def test_serve_refuses_a_bad_model_folder(tmp_path):
+    from cqg_ray.cli import main
+
+    assert main(["serve", str(tmp_path / "missing")]) == 2
+
+
+def test_serve_refuses_a_missing_token_variable(toy_model, capsys):
+    from cqg_ray.cli import main
+
+    assert main(["serve", toy_model, "--api-key-env", "CQG_RAY_SURELY_UNSET_VARIABLE"]) == 2
+    assert "CQG_RAY_SURELY_UNSET_VARIABLE" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cqg_ray_serve_command(toy_model):
+    port = free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "cqg_ray.cli", "serve", toy_model, "--port", str(port), "--num-cpus", "1",
+                             "--set", "num_cpus_per_replica=0.5"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not any(line.startswith("serving ") for line in lines):
+            assert proc.poll() is None, "".join(lines)[-3000:]
+            time.sleep(0.5)
+        assert any(line.startswith(f"serving {toy_model} at {url}/ui") for line in lines), "".join(lines)[-3000:]
+        r = httpx.post(url + "/explain", json={"text_a": "a film with good actors", "text_b": "a movie I liked"}, timeout=60)
+        assert r.status_code == 200 and r.json()["m"] == 32
+        assert httpx.get(url + "/ui", timeout=30).status_code == 200
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        proc.wait(timeout=120)
+        reader.join(timeout=10)
+        assert proc.returncode == 0, "".join(lines)[-3000:]
+        assert "stopping\n" in lines
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

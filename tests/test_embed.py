@@ -1,0 +1,230 @@
+"""Batch embedding: the pure helpers, the Ray Data pass with a real model folder, resume, settings guard, search, CLI;
+and (slow) a 2-node cluster run killed midway and resumed, every input row exactly once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from cqg_ray.config import CorpusConfig, EmbedConfig
+from cqg_ray.embed import CORPUS_DIR, _relative_names, actor_plan, embed, model_fingerprint, read_embeddings
+from cqg_ray.rundir import ArtifactError, RunDir
+
+
+@pytest.fixture(scope="module")
+def toy_model(tmp_path_factory):
+    from cqg_ray.serve.toy_model import build_toy_model
+
+    return build_toy_model(str(tmp_path_factory.mktemp("toy") / "model"))
+
+
+@pytest.fixture(scope="module")
+def model(toy_model):
+    import torch
+
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+    torch.set_num_threads(1)
+    return InterpretableEmbedder.load(toy_model, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def mixed_corpus(tmp_path_factory, corpus_file):
+    """The 400-line JSONL fixture plus a CSV with a repeated text and a TXT with an empty line (folder input)."""
+    d = tmp_path_factory.mktemp("corpus")
+    (d / "a.jsonl").write_bytes(corpus_file.read_bytes())
+    (d / "b.csv").write_text("id,text\nr1,The doctor prescribed a new medicine.\nr2,The team won the final match.\n"
+                             "r3,The doctor prescribed a new medicine.\n")
+    (d / "c.txt").write_text("A recipe for bread with flour and water.\n\nThe river flooded the town.\n")
+    return d
+
+
+def test_actor_plan():
+    assert actor_plan(EmbedConfig(), {"CPU": 2}) == (2, 0.0)
+    assert actor_plan(EmbedConfig(torch_threads=2), {"CPU": 8}) == (4, 0.0)
+    assert actor_plan(EmbedConfig(), {"CPU": 16, "GPU": 4}) == (4, 1.0)
+    assert actor_plan(EmbedConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == (3, 0.5)
+
+
+def test_relative_names():
+    assert _relative_names(["/data/x/a.jsonl"]) == ["a.jsonl"]
+    assert _relative_names(["/data/x/a.jsonl", "/data/x/sub/b.csv"]) == ["a.jsonl", "sub/b.csv"]
+    assert _relative_names(["s3://bucket/c/a.txt", "s3://bucket/c/b.txt"]) == ["a.txt", "b.txt"]
+
+
+def test_model_fingerprint_follows_the_heads(toy_model, tmp_path):
+    from cqg_ray.serve.toy_model import build_toy_model
+
+    other = build_toy_model(str(tmp_path / "m2"), cut=0.2)
+    assert model_fingerprint(toy_model) == model_fingerprint(toy_model)
+    assert model_fingerprint(toy_model) != model_fingerprint(other)
+
+
+def snapshot_texts(out):
+    run = RunDir(out)
+    t = run.read_table(CORPUS_DIR)
+    return t.column("doc_id").to_pylist(), t.column("text").to_pylist()
+
+
+def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_corpus, tmp_path, capsys):
+    out = str(tmp_path / "emb")
+    cfg = EmbedConfig(unit_rows=60, batch_size=64)
+    m = embed(toy_model, [str(mixed_corpus)], out, cfg, CorpusConfig(id_column=None), progress=False)
+    # 400 + 3 (the CSV repeat is a row of its own) + 2 (the empty line is dropped) rows
+    assert m["counts"]["rows"] == 405 and m["counts"]["dropped_empty"] == 1 and m["counts"]["files"] == 3
+    assert m["counts"]["units"] == 7 + 1 + 1 and m["counts"]["units_resumed"] == 0 and m["counts"]["embedded_now"] == 405
+    assert (m["m"], m["output"], m["tau"], m["bytes_per_text"]) == (32, "bits", 0.5, 4)
+    assert json.loads(RunDir(out).read_bytes("_manifest.json")) == m
+
+    ids, packed, meta = read_embeddings(out)
+    snap_ids, texts = snapshot_texts(out)
+    assert ids.tolist() == snap_ids and len(set(snap_ids)) == 405  # every row once, in input order
+    assert packed.shape == (405, 4) and packed.dtype == np.uint8
+    p = model.encode(texts, binary=False, progress=False)
+    bits = np.unpackbits(packed, axis=1, count=32)
+    clear = np.abs(p - 0.5) > 1e-3
+    assert (bits == (p > 0.5))[clear].all()
+
+    # resume: lose a unit file and the manifest (as a kill leaves it), plus a half-written temp file
+    run = RunDir(out)
+    units = [n for n in run.ls(suffix=".parquet") if n.startswith("emb-")]
+    lost = pq.ParquetFile(run.path(units[2])).metadata.num_rows
+    run.rm(units[2])
+    run.rm("_manifest.json")
+    run.write_bytes("emb-part-000000-000000999.parquet.tmp-dead", b"partial")
+    with pytest.raises(ArtifactError, match="unfinished"):
+        read_embeddings(out)
+    m2 = embed(toy_model, [str(mixed_corpus)], out, cfg, progress=False)
+    assert m2["counts"]["embedded_now"] == lost == 60 and m2["counts"]["units_resumed"] == 8
+    ids2, packed2, _ = read_embeddings(out)
+    assert ids2.tolist() == ids.tolist() and np.array_equal(packed2, packed)
+    assert not [n for n in os.listdir(out) if ".tmp-" in n]
+
+    # other settings are refused, --force starts again
+    with pytest.raises(ArtifactError, match="output, tau differ|other settings"):
+        embed(toy_model, [str(mixed_corpus)], out, EmbedConfig(unit_rows=60, output="probs", tau=0.4), progress=False)
+    assert read_embeddings(out)[0].tolist() == ids.tolist()  # untouched
+
+    # search the output: the CLI and the in-memory index agree with a brute force over the unpacked bits
+    from cqg_ray.cli import main
+    from cqg_ray.mbqa.embedder import binary_cosine
+    from cqg_ray.search import BinaryIndex, search
+
+    query = "a new medicine from the doctor"
+    hits = search(model, BinaryIndex.load(out), query, k=5)
+    q = model.encode([query], progress=False)[0]
+    brute = sorted(range(405), key=lambda i: (-binary_cosine(q, bits[i]), i))[:5]
+    assert [h.doc_id for h in hits] == [ids[i] for i in brute]
+    assert hits[0].questions == [model.questions[i] for i in hits[0].shared] and hits[0].score > 0
+    assert main(["search", toy_model, out, query, "-k", "3", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [h["doc_id"] for h in printed["hits"]] == [ids[i] for i in brute[:3]]
+    assert printed["hits"][0]["text"] == texts[brute[0]]
+    assert main(["search", toy_model, out, query, "-k", "2"]) == 0
+    shown = capsys.readouterr().out
+    assert "yes both" in shown and texts[brute[0]][:40] in shown
+
+
+def test_embed_probs_with_id_column(ray_local, toy_model, model, tmp_path):
+    csv = tmp_path / "docs.csv"
+    csv.write_text("key,body\nk1,The doctor prescribed a new medicine.\nk2,The team won the final match.\nk3,A film about a dog.\n")
+    out = str(tmp_path / "probs")
+    m = embed(toy_model, [str(csv)], out, EmbedConfig(output="probs"), CorpusConfig(text_column="body", id_column="key"), progress=False)
+    assert m["counts"]["rows"] == 3 and m["bytes_per_text"] == 64
+    ids, probs, meta = read_embeddings(out)
+    assert ids.tolist() == ["k1", "k2", "k3"] and probs.dtype == np.float16 and meta["output"] == "probs"
+    want = model.encode(["The doctor prescribed a new medicine.", "The team won the final match.", "A film about a dog."], binary=False, progress=False)
+    assert np.allclose(probs.astype(np.float32), want, atol=1e-3)
+
+
+def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, capsys):
+    from cqg_ray.cli import main
+
+    out = str(tmp_path / "cli")
+    assert main(["embed", toy_model, str(corpus_file), out, "--unit-rows", "200", "--tau", "0.4"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["counts"]["rows"] == 400 and summary["tau"] == 0.4 and summary["counts"]["units"] == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"body": "no text field"}\n')
+    assert main(["embed", toy_model, str(bad), str(tmp_path / "bad-out")]) == 2
+    assert "no line has the text field 'text'" in capsys.readouterr().err
+    assert main(["embed", str(tmp_path / "nope"), str(corpus_file), str(tmp_path / "x")]) == 2
+    assert "not a cqg-ray model" in capsys.readouterr().err
+
+
+TWO_NODES = textwrap.dedent('''
+    import json, os, subprocess, sys
+    import ray
+    from ray.cluster_utils import Cluster
+    from cqg_ray.config import EmbedConfig
+    from cqg_ray.embed import embed
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    model, corpus, out, how = sys.argv[1:5]
+    if how == "library":  # the driver itself runs embed() on the cluster
+        ray.init(address=cluster.address, log_to_driver=False)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        assert len([n for n in ray.nodes() if n["Alive"]]) == 2
+        m = embed(model, [corpus], out, EmbedConfig(unit_rows=25, batch_size=32, num_actors=2), progress=False)
+        print("RESULT", json.dumps(m["counts"]), flush=True)
+        ray.shutdown()
+    else:  # the job entrypoint, joining the cluster through RAY_ADDRESS as `ray job submit` does
+        env = {**os.environ, "RAY_ADDRESS": cluster.address, "CQG_RAY_PROGRESS": "0"}
+        job = subprocess.run([sys.executable, "jobs/embed.py", model, corpus, out, "--unit-rows", "25", "--batch-size", "32",
+                              "--actors", "2"], env=env, capture_output=True, text=True, timeout=500)
+        print(job.stderr[-2000:], file=sys.stderr)
+        print("RESULT", json.dumps(json.loads(job.stdout[job.stdout.index("{"):])["counts"]), flush=True)
+    cluster.shutdown()
+''')
+
+
+@pytest.mark.slow
+def test_two_nodes_killed_and_resumed(toy_model, model, corpus_file, tmp_path):
+    """Run on a 2-node cluster, SIGKILL the whole run after a few units, then resume it through the job entrypoint
+    (jobs/embed.py joining a 2-node cluster by RAY_ADDRESS): it finishes the rest, and the output holds every input
+    row exactly once, equal to the model's own encode."""
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "two_nodes.py"
+    script.write_text(TWO_NODES)
+    out = tmp_path / "emb"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
+    args = [sys.executable, str(script), toy_model, str(corpus_file), str(out)]
+
+    first = subprocess.Popen([*args, "library"], env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    deadline = time.time() + 400
+    done = []
+    while time.time() < deadline and first.poll() is None:
+        done = [n for n in os.listdir(out) if n.startswith("emb-") and n.endswith(".parquet")] if out.exists() else []
+        if len(done) >= 3:
+            break
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)  # the driver and the Ray processes it started (one process group)
+    log = first.communicate()[0]
+    assert 3 <= len(done) < 16, log[-3000:]
+    assert not (out / "_manifest.json").exists()
+
+    second = subprocess.run([*args, "job"], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    line = [l for l in second.stdout.splitlines() if l.startswith("RESULT ")]
+    assert line, second.stdout[-3000:] + second.stderr[-3000:]
+    counts = json.loads(line[0][7:])
+    assert counts["rows"] == 400 and counts["units"] == 16
+    assert counts["units_resumed"] >= 3 and counts["embedded_now"] == 400 - 25 * counts["units_resumed"]
+    assert counts["nodes_used"] == 2
+
+    ids, packed, _ = read_embeddings(str(out))
+    snap_ids, texts = snapshot_texts(str(out))
+    assert len(ids) == 400 and len(set(ids.tolist())) == 400 and ids.tolist() == snap_ids
+    p = model.encode(texts, binary=False, progress=False)
+    bits = np.unpackbits(packed, axis=1, count=32)
+    clear = np.abs(p - 0.5) > 1e-3
+    assert (bits == (p > 0.5))[clear].all()

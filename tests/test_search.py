@@ -1,0 +1,103 @@
+"""Search on packed binary embeddings: popcount cosine and chunked top-k against a brute force on unpacked vectors."""
+
+import numpy as np
+import pytest
+
+from cqg_ray.embed import embeddings_table
+from cqg_ray.mbqa.embedder import binary_cosine
+from cqg_ray.search import BinaryIndex, cosine_scores, popcounts, search_chunks, shared_questions, to_words, top_k_rows
+
+
+def brute_force(query_bits, bits, k):
+    """Cosine of unpacked 0/1 vectors one pair at a time, sorted by (-score, row)."""
+    scores = [binary_cosine(query_bits, b) for b in bits]
+    order = sorted(range(len(bits)), key=lambda i: (-scores[i], i))[:k]
+    return [(i, scores[i]) for i in order]
+
+
+def random_bits(n, m, density, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.random((n, m)) < density).astype(np.uint8)
+
+
+def test_to_words_and_popcounts():
+    bits = random_bits(50, 77, 0.3, 0)
+    words = to_words(np.packbits(bits, axis=1))
+    assert words.dtype == np.uint64 and words.shape == (50, 2)
+    assert popcounts(words).tolist() == bits.sum(axis=1).tolist()
+
+
+@pytest.mark.parametrize("m", [8, 29, 64, 130])
+def test_cosine_scores_equal_brute_force(m):
+    bits = random_bits(300, m, 0.2, m)
+    bits[7] = 0  # a document with no yes
+    q = random_bits(1, m, 0.25, 99)[0]
+    scores, inter = cosine_scores(to_words(np.packbits(q))[0], to_words(np.packbits(bits, axis=1)))
+    assert scores.tolist() == [binary_cosine(q, b) for b in bits]
+    assert inter.tolist() == (bits & q).sum(axis=1).tolist()
+    assert scores[7] == 0.0
+    zero_q = np.zeros(m, np.uint8)
+    s0, _ = cosine_scores(to_words(np.packbits(zero_q))[0], to_words(np.packbits(bits, axis=1)))
+    assert s0.tolist() == [0.0] * 300
+
+
+def test_top_k_rows_ties_by_row_order():
+    scores = np.array([0.5, 0.9, 0.5, 0.1, 0.9, 0.5])
+    assert top_k_rows(scores, 3).tolist() == [1, 4, 0]
+    assert top_k_rows(scores, 4).tolist() == [1, 4, 0, 2]
+    assert top_k_rows(scores, 10).tolist() == [1, 4, 0, 2, 5, 3]
+    assert top_k_rows(scores, 0).tolist() == []
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 64, 10_000])
+def test_index_search_matches_brute_force_with_ties(chunk_rows):
+    m = 21
+    bits = random_bits(500, m, 0.15, 1)  # few bits: many exactly equal scores
+    q = random_bits(1, m, 0.3, 2)[0]
+    index = BinaryIndex(np.array([f"d{i}" for i in range(500)]), np.packbits(bits, axis=1), m)
+    for k in (1, 10, 37, 600):
+        hits = index.search(np.packbits(q), k=k, chunk_rows=chunk_rows)
+        expected = brute_force(q, bits, k)
+        assert [(h.doc_id, h.score) for h in hits] == [(f"d{i}", s) for i, s in expected]
+        assert [h.rank for h in hits] == list(range(1, len(expected) + 1))
+        for h in hits:
+            i = int(h.doc_id[1:])
+            assert h.shared == np.flatnonzero(bits[i] & q).tolist()
+            assert h.cognitive_load == len(h.shared)
+
+
+def test_search_chunks_streams_files_in_order():
+    m = 16
+    bits = random_bits(90, m, 0.3, 5)
+    q = random_bits(1, m, 0.3, 6)[0]
+    ids = np.array([f"x{i:03d}" for i in range(90)])
+    packed = np.packbits(bits, axis=1)
+    chunks = [(ids[i : i + 25], packed[i : i + 25]) for i in range(0, 90, 25)] + [(ids[:0], packed[:0])]
+    hits = search_chunks(np.packbits(q), chunks, m, k=15)
+    assert [(h.doc_id, h.score) for h in hits] == [(ids[i], s) for i, s in brute_force(q, bits, 15)]
+
+
+def test_shared_questions():
+    a = np.array([1, 1, 0, 1, 0, 0, 0, 0, 1], np.uint8)
+    b = np.array([1, 0, 0, 1, 1, 0, 0, 0, 1], np.uint8)
+    assert shared_questions(np.packbits(a), np.packbits(b), 9) == [0, 3, 8]
+
+
+def test_index_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="ceil"):
+        BinaryIndex(np.array(["a"]), np.zeros((1, 3), np.uint8), m=8)
+    with pytest.raises(ValueError, match="ids"):
+        BinaryIndex(np.array(["a", "b"]), np.zeros((1, 1), np.uint8), m=8)
+
+
+def test_embeddings_table_roundtrip_metadata():
+    from cqg_ray.embed import embedding_matrix, table_meta
+
+    bits = random_bits(4, 12, 0.5, 3)
+    t = embeddings_table(["a", "b", "c", "d"], np.packbits(bits, axis=1), "bits", 12, 0.4)
+    assert table_meta(t.schema) == {"format": "cqg-ray-embeddings", "m": 12, "output": "bits", "tau": 0.4}
+    assert np.array_equal(np.unpackbits(embedding_matrix(t.column("embedding")), axis=1, count=12), bits)
+    p = embeddings_table(["a"], np.array([[0.25] * 12]), "probs", 12, 0.5)
+    assert p.schema.field("embedding").type.value_type == "halffloat"
+    with pytest.raises(ValueError, match="bytes per row"):
+        embeddings_table(["a"], np.zeros((1, 3), np.uint8), "bits", 12, 0.5)
