@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cqg_ray.config import CorpusConfig, EmbedConfig, RayConfig
-from cqg_ray.encode import plan_units
+from cqg_ray.encode import plan_units, run_units
 from cqg_ray.rundir import ArtifactError, RunDir, resolve, versions
 
 log = logging.getLogger("cqg_ray")
@@ -211,7 +211,6 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     Needs Ray (started locally if nobody did). OUT and the model must be reachable from every node.
     """
     import ray
-    from tqdm import tqdm
 
     from cqg_ray.corpus import CorpusError, list_files, unwrap_error
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
@@ -276,22 +275,10 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, tau=%s, %d actor(s) x %s GPU",
              sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, tau, n_actors, gpus)
     t0 = time.time()
-    rows_now, nodes = 0, set()
-    if todo_units:
-        ds = ray.data.from_items(todo_units, override_num_blocks=len(todo_units)).map_batches(
-            EmbedUnits,
-            fn_constructor_kwargs={"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output, "tau": tau,
-                                   "batch_size": cfg.batch_size, "threads": cfg.torch_threads},
-            compute=ray.data.ActorPoolStrategy(size=n_actors),
-            batch_size=1,
-            num_gpus=gpus or None,
-            num_cpus=0 if gpus else cfg.torch_threads,
-        )
-        with tqdm(total=sum(u["stop"] - u["start"] for u in todo_units), unit="text", desc="embed", disable=not progress) as bar:
-            for row in ds.iter_rows():
-                bar.update(int(row["rows"]))
-                rows_now += int(row["rows"])
-                nodes.add(str(row["node"]))
+    rows_now, nodes = run_units(todo_units, EmbedUnits,
+                                {"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output, "tau": tau,
+                                 "batch_size": cfg.batch_size, "threads": cfg.torch_threads},
+                                n_actors, gpus, cfg.torch_threads, "embed", progress)
     wall = time.time() - t0
 
     # every input row exactly once: the unit files cover the snapshot's rows one for one

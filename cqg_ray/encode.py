@@ -99,9 +99,36 @@ def actor_plan(cfg: EncodeConfig, cluster_resources: dict) -> tuple[int, float]:
     return max(1, int(cpus // cfg.torch_threads)), 0.0
 
 
-def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, progress: bool = True) -> None:
+def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, n_actors: int, gpus: float, threads: int,
+              desc: str, progress: bool = True) -> tuple[int, set[str]]:
+    """Send work units to a Ray Data pool of ``actor_cls`` (one unit per call; each call returns rows and node per unit).
+
+    Shared by the encode stage and batch embedding. Returns (rows done, ids of the nodes that did them).
+    """
     import ray
     from tqdm import tqdm
+
+    rows_done, nodes = 0, set()
+    if not units:
+        return rows_done, nodes
+    ds = ray.data.from_items(units, override_num_blocks=len(units)).map_batches(
+        actor_cls,
+        fn_constructor_kwargs=constructor_kwargs,
+        compute=ray.data.ActorPoolStrategy(size=n_actors),
+        batch_size=1,
+        num_gpus=gpus or None,
+        num_cpus=0 if gpus else threads,
+    )
+    with tqdm(total=sum(u["stop"] - u["start"] for u in units), unit="text", desc=desc, disable=not progress) as bar:
+        for row in ds.iter_rows():
+            bar.update(int(row["rows"]))
+            rows_done += int(row["rows"])
+            nodes.add(str(row["node"]))
+    return rows_done, nodes
+
+
+def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, progress: bool = True) -> None:
+    import ray
 
     from cqg_ray.corpus import corpus_shards
 
@@ -118,23 +145,8 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     log.info("encode: %d units (%d done before), %d rows, model %s, %d actor(s) x %s GPU", len(units), len(units) - len(todo),
              sum(n for _, n in shards), cfg.model, n_actors, gpus)
     t0 = time.time()
-    rows_done = 0
-    nodes: set[str] = set()
-    if todo:
-        ds = ray.data.from_items(todo, override_num_blocks=len(todo))
-        ds = ds.map_batches(
-            EncodeUnits,
-            fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "run_uri": run.root_uri, "stage": ctx.stage},
-            compute=ray.data.ActorPoolStrategy(size=n_actors),
-            batch_size=1,
-            num_gpus=gpus or None,
-            num_cpus=0 if gpus else cfg.torch_threads,
-        )
-        with tqdm(total=sum(u["stop"] - u["start"] for u in todo), unit="text", desc="encode", disable=not progress) as bar:
-            for row in ds.iter_rows():
-                bar.update(int(row["rows"]))
-                rows_done += int(row["rows"])
-                nodes.add(str(row["node"]))
+    rows_done, nodes = run_units(todo, EncodeUnits, {"cfg_json": cfg.model_dump_json(), "run_uri": run.root_uri, "stage": ctx.stage},
+                                 n_actors, gpus, cfg.torch_threads, "encode", progress)
     wall = time.time() - t0
     files = run.ls(ctx.stage, suffix=".parquet")
     total = sum(pq.ParquetFile(run.path(ctx.stage, f), filesystem=run.fs).metadata.num_rows for f in files)
