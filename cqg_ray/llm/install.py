@@ -87,9 +87,21 @@ def llama_commands(constraints: str | None, cache_dir: str | None = None) -> tup
     return env, [build, install, extras], out
 
 
+def _bundled_models() -> dict:
+    """MODELS from the stdlib-only sibling `bundled.py`, loaded by file path: the package may not import yet
+    (no pydantic before set-up), and putting this folder on sys.path would shadow real packages such as `openai`."""
+    import importlib.util  # noqa: PLC0415
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bundled.py")
+    spec = importlib.util.spec_from_file_location("_cqg_ray_bundled", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up in sys.modules
+    spec.loader.exec_module(mod)
+    return mod.MODELS
+
+
 def model_commands(names: list[str], constraints: str | None) -> list[list[str]]:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bundled import MODELS  # noqa: PLC0415  (a stdlib-only sibling module; the package may not import yet)
+    MODELS = _bundled_models()
 
     cmds = []
     for name in names:

