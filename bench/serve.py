@@ -1,6 +1,7 @@
 """Ray Serve dynamic batching: throughput with `@serve.batch` vs with batching off (max_batch_size=1), same load.
 
     python bench/serve.py [--clients 64] [--requests 1500] [--texts-per-request 1] [--batch 32] [--model MODEL]
+                          [--via http|handle] [--gpus 1]
 
 One replica of the app (`cqg_ray.serve.app`) on 127.0.0.1 (same max_ongoing_requests in both runs), driven over HTTP by `--clients` concurrent httpx
 clients sending `--requests` POST /embed requests (real sentences from ../shared/data, each request
@@ -70,6 +71,35 @@ async def drive(url: str, bodies: list[dict], clients: int) -> dict:
             "seconds": wall}
 
 
+async def drive_handle(handle, bodies: list[dict], clients: int) -> dict:
+    """The same load through a DeploymentHandle (Serve's router and the replica's batch queue, no HTTP proxy)."""
+    from cqg_ray.serve.protocol import EmbedRequest
+
+    latencies, errors = [], 0
+    todo = iter(bodies)
+
+    async def worker():
+        nonlocal errors
+        for body in todo:
+            t0 = time.perf_counter()
+            try:
+                await handle.embed.remote(EmbedRequest(**body))
+            except Exception:  # noqa: BLE001  (counted, like a non-200 answer)
+                errors += 1
+            latencies.append(time.perf_counter() - t0)
+
+    before = await handle.health.remote()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    wall = time.perf_counter() - t0
+    after = await handle.health.remote()
+    lat = np.array(latencies) * 1000
+    texts = after.texts_seen - before.texts_seen
+    return {"rps": len(bodies) / wall, "texts_per_s": texts / wall, "p50": float(np.percentile(lat, 50)),
+            "p95": float(np.percentile(lat, 95)), "errors": errors, "mean_batch": texts / max(1, after.batches - before.batches),
+            "seconds": wall}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=64)
@@ -83,6 +113,9 @@ def main():
     ap.add_argument("--gpus", type=float, default=0, help="GPUs of the replica (the encoder then runs on the GPU)")
     ap.add_argument("--model", default=None)
     ap.add_argument("--corpus", default=DATA)
+    ap.add_argument("--via", choices=["http", "handle"], default="http",
+                    help="http: httpx clients through Serve's HTTP proxy (what users see); handle: the same load through a "
+                         "DeploymentHandle from the driver (the replica and its batch queue without the proxy's per-request cost)")
     a = ap.parse_args()
 
     import ray
@@ -112,16 +145,20 @@ def main():
     best: dict[str, dict] = {}
     for r in range(a.rounds):
         for name, cfg in configs.items():
-            serve.run(build_app(model_path, cfg), name="bench", route_prefix="/")
-            asyncio.run(drive(url, bodies[: min(200, len(bodies))], a.clients))  # warm-up
-            res = asyncio.run(drive(url, bodies, a.clients))
+            handle = serve.run(build_app(model_path, cfg), name="bench", route_prefix="/")
+            if a.via == "http":
+                asyncio.run(drive(url, bodies[: min(200, len(bodies))], a.clients))  # warm-up
+                res = asyncio.run(drive(url, bodies, a.clients))
+            else:
+                asyncio.run(drive_handle(handle, bodies[: min(200, len(bodies))], a.clients))
+                res = asyncio.run(drive_handle(handle, bodies, a.clients))
             print(f"round {r + 1} {name}: {res['rps']:.1f} req/s  p50 {res['p50']:.0f} ms  mean batch {res['mean_batch']:.1f}", flush=True)
             if name not in best or res["rps"] > best[name]["rps"]:
                 best[name] = res
     serve.shutdown()
 
     load = os.getloadavg()
-    print(f"\n{a.requests} requests x {k} text(s), {a.clients} concurrent clients, 1 replica ({a.threads} CPU, {a.threads} torch thread(s), {a.gpus:g} GPU), "
+    print(f"\nvia {a.via}: {a.requests} requests x {k} text(s), {a.clients} concurrent clients, 1 replica ({a.threads} CPU, {a.threads} torch thread(s), {a.gpus:g} GPU), "
           f"{int(ray.cluster_resources().get('CPU', 0))} CPUs, load average (1/15 min) {load[0]:.1f}/{load[2]:.1f}")
     print(f"{'batching':28} {'req/s':>8} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'mean batch':>11} {'errors':>7}")
     for name, res in best.items():

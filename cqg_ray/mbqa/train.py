@@ -14,7 +14,8 @@ labelled pairs only, pos_weight = #no / #yes (`masked_bce`); Adam with lr alpha 
 Ray shell: `TorchTrainer` with `num_workers` data-parallel workers (DDP). The driver splits the training texts over
 the workers (each worker's shard -- its texts' embeddings and their pairs -- goes once into the object store), and
 every worker runs the same number of steps per epoch. Every `checkpoint_every` epochs rank 0 writes a checkpoint
-(heads + Adam state in safetensors, epoch in JSON) and reports it with `ray.train.report`; a worker failure restarts
+(heads + Adam state in safetensors, epoch in JSON) and reports it with `ray.train.report` (the only reports:
+metrics go to the log every epoch); a worker failure restarts
 from it (`FailureConfig(max_failures)`), and calling `train_heads` again with the same storage_path and name after a
 kill resumes from it. One log line per epoch (loss, pairs/s).
 """
@@ -26,6 +27,7 @@ import logging
 import math
 import os
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -292,6 +294,8 @@ def _train_loop_per_worker(config: dict) -> None:
         if rank == 0:
             log.info("train: epoch %d/%d loss %.4f pairs %d %.0f pairs/s %.1fs", metrics["epoch"], cfg.epochs,
                      metrics["loss"], metrics["pairs"], metrics["pairs_per_s"], metrics["seconds"])
+            if config.get("progress_file"):
+                write_progress(config["progress_file"], metrics)
         if (epoch + 1) % cfg.checkpoint_every == 0 or epoch + 1 == cfg.epochs:
             with tempfile.TemporaryDirectory() as tmp:
                 if rank == 0:
@@ -299,11 +303,59 @@ def _train_loop_per_worker(config: dict) -> None:
                     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
                 else:
                     ray.train.report(metrics, checkpoint=None)
-        else:
-            ray.train.report(metrics)
+        # no report between checkpoints: each ray.train.report is a barrier with the controller (about 2 s on
+        # this Ray), which made small runs (milliseconds an epoch) spend nearly all their time reporting
 
     run_epochs(heads, opt, shard, config["n_steps"], cfg, config["pos_weight"], start_epoch, on_epoch_end,
                model=model, device=device, rank=rank, all_reduce=all_reduce)
+
+
+def write_progress(path: str, metrics: dict) -> None:
+    """Rank 0's last finished epoch, for the driver's progress bar (worker logs do not reach a quiet driver)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({k: metrics[k] for k in ("epoch", "loss") if k in metrics}, f)
+    os.replace(tmp, path)
+
+
+class EpochBar:
+    """A tqdm bar on the driver that follows `progress.json` while `trainer.fit()` blocks (local runs only)."""
+
+    def __init__(self, path: str | None, epochs: int, interval_s: float = 0.5):
+        self.path, self.epochs, self.interval_s = path, epochs, interval_s
+        self.enabled = bool(path) and os.environ.get("CQG_RAY_PROGRESS", "1") != "0"
+        self.stop = threading.Event()
+
+    def __enter__(self):
+        if self.enabled:
+            if os.path.exists(self.path):
+                os.remove(self.path)
+            self.thread = threading.Thread(target=self._follow, daemon=True)
+            self.thread.start()
+        return self
+
+    def _follow(self) -> None:
+        from tqdm.auto import tqdm  # noqa: PLC0415
+
+        with tqdm(total=self.epochs, desc="train", unit="epoch") as bar:
+            while True:
+                stopping = self.stop.wait(self.interval_s)
+                try:
+                    with open(self.path) as f:
+                        p = json.load(f)
+                    bar.n = min(int(p["epoch"]), self.epochs)
+                    bar.set_postfix(loss=f"{p['loss']:.4f}", refresh=False)
+                    bar.refresh()
+                except (OSError, ValueError, KeyError):
+                    pass  # not written yet, or being replaced
+                if stopping:
+                    return
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.stop.set()
+            self.thread.join()
+        return False
 
 
 @dataclass
@@ -366,6 +418,8 @@ def train_heads(
     config = {"cfg": cfg.model_dump(mode="json"), "shards": refs, "d": int(embeddings.shape[1]), "m": pairs.n_questions,
               "n_steps": n_steps, "pos_weight": pos_weight, "fail_once_at_epoch": fail_once_at_epoch,
               "failure_marker": os.path.join(run_dir or tempfile.gettempdir(), "_injected_failure")}
+    progress_file = os.path.join(run_dir, "progress.json") if run_dir else None
+    config["progress_file"] = progress_file
     trainer = TorchTrainer(
         _train_loop_per_worker,
         train_loop_config=config,
@@ -375,7 +429,8 @@ def train_heads(
                              failure_config=FailureConfig(max_failures=cfg.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)),
     )
-    result = trainer.fit()
+    with EpochBar(progress_file, cfg.epochs):
+        result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError(f"training run {name} in {storage_path} finished without a checkpoint")
     with result.checkpoint.as_directory() as folder:

@@ -1,15 +1,23 @@
-"""Shared fixtures for the evaluation tests: the real data slices and a stand-in interpretable model.
+"""Shared fixtures for the evaluation tests: the real data slices, a model trained in the tests, and a fast stand-in.
 
-``RandomProjectionModel`` stands in for ``InterpretableEmbedder`` until a trained model is available in the
-tests: its m "questions" are random directions in the real (bundled) MiniLM embedding space, and P(yes) is a
-sigmoid of the projection. It has the embedder's interface (encode(texts, binary, threshold), tau, questions,
-encoder), so the whole evaluation runs for real on real data; only the questions are meaningless.
+``trained_model`` runs the real pipeline stages (questions -> labels -> Ray Train) on the 300-text fixture run, with
+a lexical oracle in place of the LLM: it asks "Does the text contain the word X?" for words shared by a cluster's
+positives, and answers by looking. (The real embedded LLM trains a model in tests/test_jobs.py; here the labels
+must be cheap and deterministic.)
+
+``RandomProjectionModel`` is the fast stand-in for the many structural tests: its m "questions" are random
+directions in the real (bundled) MiniLM embedding space, and P(yes) is a sigmoid of the projection. It has the
+embedder's interface (encode(texts, binary, threshold), tau, questions, encoder).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+import re
+import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -88,3 +96,47 @@ def make_rp_model(minilm):
         return (EmbeddingRandomProjectionModel if takes_embeddings else RandomProjectionModel)(minilm, **kwargs)
 
     return make
+
+
+STOP = set("""about above after again against because being below between could doing during further having other
+their theirs there these those through under until where which while would should article articles positive negative
+text""".split())
+
+
+def lexical_oracle(req):
+    """A deterministic stand-in for the LLM. Generation: questions about words that most positives contain.
+    Answering (A.3): yes exactly when the text chunk contains the word."""
+    prompt = req.messages[-1]["content"]
+    if req.n_answers is not None:
+        text = prompt.split("Text Chunk:\n", 1)[1].split("\n\nQuestions:\n", 1)[0].lower()
+        qs = prompt.split("\n\nQuestions:\n", 1)[1].split("\n\nInstruction", 1)[0].splitlines()
+        words = [re.search(r'word "([a-z]+)"', q).group(1) for q in qs]
+        answers = ["yes" if re.search(r"\b" + w, text) else "no" for w in words]
+        return "".join(f"{i}. {a}\n" for i, a in enumerate(answers, 1))
+    pos = prompt.split("Positive Articles:\n", 1)[1].split("\n\nNegative Articles:", 1)[0].splitlines()
+    df = Counter(w for line in pos for w in set(re.findall(r"[a-z]{5,}", line.lower())) if w not in STOP)
+    words = [w for w, _ in sorted(df.items(), key=lambda kv: (-kv[1], kv[0]))[:5]]
+    return "\n".join(f'{i}. Does the text contain the word "{w}"?' for i, w in enumerate(words, 1)) + "\n"
+
+
+@pytest.fixture(scope="session")
+def trained_model(tmp_path_factory, clustered_run, corpus_file):
+    """The model folder: questions, labels and MBQA heads made by the real stages on the 300-text fixture run."""
+    from cqg_ray.config import stage_hash
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.mbqa.label import run_labels
+    from cqg_ray.mbqa.stage import run_train
+    from cqg_ray.rundir import RunDir, run_stage
+    from tests.conftest import small_config
+
+    d = tmp_path_factory.mktemp("trained") / "run"
+    for stage in ("prepare", "encode", "cluster"):
+        shutil.copytree(clustered_run / stage, d / stage)
+    cfg = small_config(d, corpus_file, t=3, extra={"train": {"epochs": 40, "holdout": 0.2}})
+    run = RunDir(str(d))
+    oracle = FakeBackend(cfg.llm, reply=lexical_oracle)
+    run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=oracle, progress=False))
+    run_stage(run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, backend=oracle, progress=False))
+    run_stage(run, "model", stage_hash(cfg, "model"), lambda ctx: run_train(cfg, ctx))
+    return d / "model"

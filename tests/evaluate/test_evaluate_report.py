@@ -5,6 +5,7 @@ switches ``test_evaluate_trained_model`` below to a model trained in the tests."
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -175,19 +176,16 @@ def test_evaluate_full_text_20ng_and_larger_scifact(make_rp_model, minilm, data_
     assert results["datasets"]["clustering"]["TNG"]["texts"] == 400
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# INTEGRATION TEST FOR THE LEAD: switch to a model trained in the tests.
-# It runs when CQG_RAY_TEST_MODEL points at a trained model folder (InterpretableEmbedder.load), and is skipped
-# otherwise. Replace the environment variable with the fixture that trains the small test model once it exists.
-# ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_evaluate_trained_model(data_path, tmp_path):
-    path = os.environ.get("CQG_RAY_TEST_MODEL")
-    if not path:
-        pytest.skip("set CQG_RAY_TEST_MODEL to a trained model folder (lead: switch to the trained-model fixture)")
+def test_evaluate_trained_model(trained_model, data_path, tmp_path):
+    """A model the real stages trained in the tests (lexical-oracle labels), on slices of STS-B, SciFact and TNG."""
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
+    path = str(trained_model)
     model = InterpretableEmbedder.load(path)
+    table = __import__("pyarrow.parquet").parquet.read_table(trained_model.parent / "questions" / "questions.parquet")
+    assert [q["text"] if isinstance(q, dict) else q for q in model.questions] == table.column("text").to_pylist()
+    assert all(re.fullmatch(r'Does the text contain the word "[a-z]+"\?', t) for t in table.column("text").to_pylist())
     cfg = EvaluateConfig(
         sts=[data_path("sts/STSBenchmark.test.tsv")],
         retrieval=[data_path("retrieval/scifact")],
