@@ -29,6 +29,7 @@ def main():
     ap.add_argument("--model", default="bundled:all-MiniLM-L6-v2")
     ap.add_argument("--batch-size", type=int, default=32, help="both sides (32: sentence-transformers' default and the stage's CPU default)")
     ap.add_argument("--corpus", default=DATA)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads per encoder actor (default: the config's, 1: one actor per CPU)")
     a = ap.parse_args()
 
     import ray
@@ -55,7 +56,8 @@ def main():
     del model
 
     # many small units: the last round of a few big ones would leave actors idle (unit_rows is only the resume grain)
-    e = EncodeConfig(model=a.model, batch_size=a.batch_size, unit_rows=max(200, a.n // 48))
+    e = EncodeConfig(model=a.model, batch_size=a.batch_size, unit_rows=max(200, a.n // 48),
+                     **({"torch_threads": a.threads} if a.threads else {}))
     t0 = time.perf_counter()
     m = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, progress=False))
     t_ray = time.perf_counter() - t0

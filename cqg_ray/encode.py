@@ -61,6 +61,8 @@ class EncodeUnits:
         self.cfg = EncodeConfig.model_validate_json(cfg_json)
         if not torch.cuda.is_available():
             torch.set_num_threads(self.cfg.torch_threads)
+            if self.cfg.torch_threads == 1:  # the tokenizer's thread pool would spread over every core of the node
+                os.environ["TOKENIZERS_PARALLELISM"] = "false"
         from cqg_ray.encoder import load_encoder
 
         self.model = load_encoder(self.cfg.model, device="cuda" if torch.cuda.is_available() else "cpu")
