@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cqg_ray.config import CorpusConfig, EmbedConfig, RayConfig
-from cqg_ray.encode import plan_units, run_units
+from cqg_ray.encode import UnitActor, limit_cpu_threads, plan_units, run_units
 from cqg_ray.rundir import ArtifactError, RunDir, resolve, versions
 
 log = logging.getLogger("cqg_ray")
@@ -152,14 +152,11 @@ def _snapshot_file(row: dict, cfg_json: str, out_uri: str) -> dict:
     return {"part": row["part"], "rows": table.num_rows}
 
 
-class EmbedUnits:
+class EmbedUnits(UnitActor):
     """Ray Data actor: the model loaded once; embeds whole units and writes their files."""
 
     def __init__(self, model_path: str, out_uri: str, output: str, tau: float | None, batch_size: int, threads: int):
-        import torch
-
-        if not torch.cuda.is_available():
-            torch.set_num_threads(threads)
+        limit_cpu_threads(threads)
         from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
         self.model = InterpretableEmbedder.load(model_path)
@@ -167,25 +164,12 @@ class EmbedUnits:
         self.run = RunDir(out_uri)
         self.output, self.batch_size = output, batch_size
 
-    def __call__(self, batch: dict) -> dict:
-        import ray
-
-        node = ray.get_runtime_context().get_node_id()
-        out = {"name": [], "rows": [], "seconds": [], "node": []}
-        for shard, start, stop, name in zip(batch["shard"], batch["start"], batch["stop"], batch["name"]):
-            t0 = time.time()
-            table = pq.read_table(shard, columns=["doc_id", "text"], filesystem=self.run.fs).slice(int(start), int(stop) - int(start))
-            texts = table.column("text").to_pylist()
-            if self.output == "bits":
-                emb = self.model.encode(texts, packed=True, threshold=self.tau, batch_size=self.batch_size, progress=False)
-            else:
-                emb = self.model.encode(texts, binary=False, batch_size=self.batch_size, progress=False)
-            self.run.write_table(str(name), embeddings_table(table.column("doc_id"), emb, self.output, self.model.m, self.tau))
-            out["name"].append(name)
-            out["rows"].append(len(texts))
-            out["seconds"].append(time.time() - t0)
-            out["node"].append(node)
-        return {k: np.array(v) for k, v in out.items()}
+    def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
+        if self.output == "bits":
+            emb = self.model.encode(texts, packed=True, threshold=self.tau, batch_size=self.batch_size, progress=False)
+        else:
+            emb = self.model.encode(texts, binary=False, batch_size=self.batch_size, progress=False)
+        self.run.write_table(name, embeddings_table(doc_ids, emb, self.output, self.model.m, self.tau))
 
 
 def _clear(run: RunDir) -> None:

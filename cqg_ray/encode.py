@@ -52,25 +52,26 @@ def normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(n, 1e-12)
 
 
-class EncodeUnits:
-    """Ray Data actor: one encoder per actor; encodes whole units and writes their files."""
+def limit_cpu_threads(threads: int) -> None:
+    """Keep a CPU actor to the CPUs Ray gave it: torch's intra-op threads, and with one thread the tokenizer's own
+    pool too (it would spread over every core of the node). Nothing on a GPU actor."""
+    import torch
 
-    def __init__(self, cfg_json: str, run_uri: str, stage: str):
-        import torch
+    if torch.cuda.is_available():
+        return
+    torch.set_num_threads(threads)
+    if threads == 1:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-        self.cfg = EncodeConfig.model_validate_json(cfg_json)
-        if not torch.cuda.is_available():
-            torch.set_num_threads(self.cfg.torch_threads)
-            if self.cfg.torch_threads == 1:  # the tokenizer's thread pool would spread over every core of the node
-                os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        from cqg_ray.encoder import load_encoder
 
-        self.model = load_encoder(self.cfg.model, device="cuda" if torch.cuda.is_available() else "cpu")
-        self.batch_size = self.cfg.batch_size or (128 if torch.cuda.is_available() else 32)
-        if self.cfg.max_seq_length:
-            self.model.max_seq_length = self.cfg.max_seq_length
-        self.run = RunDir(run_uri)
-        self.stage = stage
+class UnitActor:
+    """Base of the Ray Data actors `run_units` drives: reads each unit's rows from its shard, hands them to
+    `write_unit`, and reports rows, seconds and node per unit. Subclasses set `self.run` and define `write_unit`."""
+
+    run: RunDir
+
+    def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
+        raise NotImplementedError
 
     def __call__(self, batch: dict) -> dict:
         import ray
@@ -81,13 +82,34 @@ class EncodeUnits:
             t0 = time.time()
             table = pq.read_table(shard, columns=["doc_id", "text"], filesystem=self.run.fs).slice(int(start), int(stop) - int(start))
             texts = table.column("text").to_pylist()
-            emb = self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
-            self.run.write_table(f"{self.stage}/{name}", embeddings_table(table.column("doc_id"), emb, self.cfg.dtype))
+            self.write_unit(str(name), table.column("doc_id"), texts)
             out["name"].append(name)
             out["rows"].append(len(texts))
             out["seconds"].append(time.time() - t0)
             out["node"].append(node)
         return {k: np.array(v) for k, v in out.items()}
+
+
+class EncodeUnits(UnitActor):
+    """Ray Data actor: one encoder per actor; encodes whole units and writes their files."""
+
+    def __init__(self, cfg_json: str, run_uri: str, stage: str):
+        import torch
+
+        self.cfg = EncodeConfig.model_validate_json(cfg_json)
+        limit_cpu_threads(self.cfg.torch_threads)
+        from cqg_ray.encoder import load_encoder
+
+        self.model = load_encoder(self.cfg.model, device="cuda" if torch.cuda.is_available() else "cpu")
+        self.batch_size = self.cfg.batch_size or (128 if torch.cuda.is_available() else 32)
+        if self.cfg.max_seq_length:
+            self.model.max_seq_length = self.cfg.max_seq_length
+        self.run = RunDir(run_uri)
+        self.stage = stage
+
+    def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
+        emb = self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+        self.run.write_table(f"{self.stage}/{name}", embeddings_table(doc_ids, emb, self.cfg.dtype))
 
 
 def actor_plan(cfg: EncodeConfig, cluster_resources: dict) -> tuple[int, float]:
