@@ -26,25 +26,17 @@ from cqg_ray.cluster import assign, train_kmeans  # noqa: E402
 from cqg_ray.config import ClusterConfig  # noqa: E402
 
 
-def inertia(x, c):
-    import faiss
-
-    index = faiss.IndexFlatL2(c.shape[1])
-    index.add(np.ascontiguousarray(c, dtype=np.float32))
-    d, _ = index.search(x, 1)
-    return float(d.sum())
-
-
-def partition_inertia(x, c):
-    """Inertia of the partition the centroids induce, measured to each part's mean: spherical k-means keeps unit-norm
-    centroids, which adds (1 - |mean|)^2 per point to the plain inertia without changing the partition."""
-    labels, _ = assign(x, c, spherical=False)
+def inertias(x, c):
+    """(inertia, partition inertia) of centroids c, from one nearest-centroid search. Inertia: squared L2 distance
+    to the nearest centroid, summed. Partition inertia: the same measured to each part's mean, since spherical
+    k-means keeps unit-norm centroids, which adds (1 - |mean|)^2 per point without changing the partition."""
+    labels, score = assign(x, c, spherical=False)  # score = -squared L2 distance
     k = c.shape[0]
     sums = np.zeros((k, x.shape[1]), np.float64)
     np.add.at(sums, labels, x)
     counts = np.bincount(labels, minlength=k)
     means = (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
-    return float(((x - means[labels]) ** 2).sum())
+    return float(-score.sum()), float(((x - means[labels]) ** 2).sum())
 
 
 def main():
@@ -80,14 +72,13 @@ def main():
     km = KMeans(n_clusters=a.k, max_iter=a.niter, n_init=1, init=a.sklearn_init, random_state=0).fit(x)
     t_sk = time.perf_counter() - t0
 
-    i_f, i_a, i_s = inertia(x, c_faiss), inertia(x, c_all), inertia(x, km.cluster_centers_.astype(np.float32))
+    (i_f, p_f), (i_a, _), (i_s, p_s) = (inertias(x, c) for c in (c_faiss, c_all, km.cluster_centers_.astype(np.float32)))
     sample = min(a.n, a.k * a.max_points_per_centroid)
     print(f"data: n={a.n} d={a.d} k={a.k} niter={a.niter} ({a.n / a.k:.0f} points per centroid)")
     print(f"faiss, as the cluster stage ({sample} sampled, all assigned): {t_faiss:8.2f} s (train {t_train:.2f} s)  inertia {i_f:12.1f}")
     print(f"faiss trained on all {a.n} points, all assigned:   {t_all:8.2f} s   inertia {i_a:12.1f}")
     print(f"sklearn KMeans ({a.sklearn_init}) on all points:    {t_sk:8.2f} s   inertia {i_s:12.1f}")
     print(f"inertia ratio faiss/sklearn: {i_f / i_s:.4f} (sampled)  {i_a / i_s:.4f} (all points)")
-    p_f, p_s = partition_inertia(x, c_faiss), partition_inertia(x, km.cluster_centers_.astype(np.float32))
     print(f"partition inertia (to each cluster's mean) ratio faiss/sklearn: {p_f / p_s:.4f}")
     print(f"speedup without sampling: {t_sk / t_all:.2f}")
     print(f"cluster_faiss_speedup: {t_sk / t_faiss:.2f}")

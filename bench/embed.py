@@ -12,7 +12,6 @@ Last line: `embed_ray_vs_single: X` (Ray texts/s divided by single-process texts
 """
 
 import argparse
-import gzip
 import json
 import os
 import sys
@@ -24,19 +23,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "corpus", "sentences.jsonl.gz")
-
-
-def read_texts(path: str, n: int) -> list[str]:
-    texts = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            t = json.loads(line).get("text", "").strip()
-            if t:
-                texts.append(t)
-            if len(texts) == n:
-                break
-    return texts
+from _common import DATA, read_texts  # noqa: E402
 
 
 def main():

@@ -15,8 +15,6 @@ Last line: `serve_batching_speedup: X` (requests/s batched divided by requests/s
 
 import argparse
 import asyncio
-import gzip
-import json
 import os
 import socket
 import sys
@@ -30,19 +28,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "corpus", "sentences.jsonl.gz")
-
-
-def read_texts(path: str, n: int) -> list[str]:
-    texts = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            t = json.loads(line).get("text", "").strip()
-            if 20 <= len(t) <= 300:
-                texts.append(t)
-            if len(texts) == n:
-                break
-    return texts
+from _common import DATA, read_texts  # noqa: E402
 
 
 async def drive(url: str, bodies: list[dict], clients: int) -> dict:
@@ -149,7 +135,7 @@ def main():
     from cqg_ray.serve.toy_model import build_toy_model
 
     model_path = a.model or build_toy_model(os.path.join(tempfile.mkdtemp(prefix="bench-serve-"), "model"))
-    texts = read_texts(a.corpus, a.requests * a.texts_per_request)
+    texts = read_texts(a.corpus, a.requests * a.texts_per_request, min_chars=20, max_chars=300)
     k = a.texts_per_request
     bodies = [{"texts": texts[i * k : (i + 1) * k]} for i in range(a.requests)]
 
