@@ -62,6 +62,15 @@ def small_config(run_dir, corpus_file, backend="fake", extra=None, **cqg):
     return config_from_dict(base)
 
 
+def copy_clustered(clustered_run: Path, dest: Path) -> Path:
+    """dest gets the clustered run's prepare/encode/cluster folders (a fresh run that starts at the questions)."""
+    import shutil
+
+    for stage in ("prepare", "encode", "cluster"):
+        shutil.copytree(clustered_run / stage, dest / stage, dirs_exist_ok=True)
+    return dest
+
+
 @pytest.fixture(scope="session")
 def clustered_run(tmp_path_factory, corpus_file, ray_local):
     """prepare -> encode -> cluster on 300 real texts (shared by the tests of this module)."""

@@ -417,9 +417,8 @@ def train_heads(
              cfg.num_workers, n_steps, cfg.epochs)
     config = {"cfg": cfg.model_dump(mode="json"), "shards": refs, "d": int(embeddings.shape[1]), "m": pairs.n_questions,
               "n_steps": n_steps, "pos_weight": pos_weight, "fail_once_at_epoch": fail_once_at_epoch,
-              "failure_marker": os.path.join(run_dir or tempfile.gettempdir(), "_injected_failure")}
-    progress_file = os.path.join(run_dir, "progress.json") if run_dir else None
-    config["progress_file"] = progress_file
+              "failure_marker": os.path.join(run_dir or tempfile.gettempdir(), "_injected_failure"),
+              "progress_file": os.path.join(run_dir, "progress.json") if run_dir else None}
     trainer = TorchTrainer(
         _train_loop_per_worker,
         train_loop_config=config,
@@ -429,7 +428,7 @@ def train_heads(
                              failure_config=FailureConfig(max_failures=cfg.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)),
     )
-    with EpochBar(progress_file, cfg.epochs):
+    with EpochBar(config["progress_file"], cfg.epochs):
         result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError(f"training run {name} in {storage_path} finished without a checkpoint")

@@ -13,7 +13,7 @@ import pytest
 from cqg_ray.config import stage_hash
 from cqg_ray.rundir import RunDir, run_stage
 
-from tests.conftest import small_config
+from tests.conftest import copy_clustered, small_config
 
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "CQG_RAY_PROGRESS": "0"}
 
@@ -85,10 +85,7 @@ def test_qaemb_method(clustered_run, corpus_file):
 
     cfg = small_config(clustered_run, corpus_file, max_clusters=2, method="qaemb", qaemb_articles=4)
     run = RunDir(str(clustered_run / ".." / "qaemb"))
-    for stage in ("prepare", "encode", "cluster"):  # reuse the clustered run's folders
-        import shutil
-
-        shutil.copytree(clustered_run / stage, clustered_run / ".." / "qaemb" / stage, dirs_exist_ok=True)
+    copy_clustered(clustered_run, clustered_run / ".." / "qaemb")  # reuse the clustered run's folders
     fake = FakeBackend(cfg.llm)
     m = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))
     assert "Reference Articles" in fake.calls[0].messages[0]["content"]
@@ -100,13 +97,9 @@ def test_qaemb_method(clustered_run, corpus_file):
 @pytest.mark.slow
 def test_cqg_real_llm_killed_and_resumed(clustered_run, corpus_file, tmp_path):
     """The bundled Qwen 0.5B through llama.cpp: kill the stage in the middle of generation, run it again."""
-    import shutil
-
     import yaml
 
-    d = tmp_path / "run"
-    for stage in ("prepare", "encode", "cluster"):
-        shutil.copytree(clustered_run / stage, d / stage)
+    d = copy_clustered(clustered_run, tmp_path / "run")
     cfg = small_config(d, corpus_file, backend="llamacpp", max_clusters=8)
     cfgf = tmp_path / "c.yaml"
     cfgf.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))

@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 
 import re
-import shutil
 from collections import Counter
 
 import numpy as np
@@ -128,11 +127,9 @@ def trained_model(tmp_path_factory, clustered_run, corpus_file):
     from cqg_ray.mbqa.label import run_labels
     from cqg_ray.mbqa.stage import run_train
     from cqg_ray.rundir import RunDir, run_stage
-    from tests.conftest import small_config
+    from tests.conftest import copy_clustered, small_config
 
-    d = tmp_path_factory.mktemp("trained") / "run"
-    for stage in ("prepare", "encode", "cluster"):
-        shutil.copytree(clustered_run / stage, d / stage)
+    d = copy_clustered(clustered_run, tmp_path_factory.mktemp("trained") / "run")
     cfg = small_config(d, corpus_file, t=3, extra={"train": {"epochs": 40, "holdout": 0.2}})
     run = RunDir(str(d))
     oracle = FakeBackend(cfg.llm, reply=lexical_oracle)

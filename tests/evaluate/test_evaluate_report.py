@@ -43,17 +43,16 @@ def _check_results(results, model_name, m, tasks):
         assert set(scores["cognitive_load"]) == binary  # binary methods only
 
 
+def three_slices(data_path, **kwargs) -> EvaluateConfig:
+    """STS-B test, SciFact and 20 Newsgroups: 200 STS pairs and 300 documents unless kwargs say otherwise."""
+    return EvaluateConfig(**{"sts": [data_path("sts/STSBenchmark.test.tsv")], "retrieval": [data_path("retrieval/scifact")],
+                             "clustering": [data_path("clustering/twentynewsgroups.jsonl.gz")], "max_pairs": 200,
+                             "max_docs": 300, **kwargs})
+
+
 def test_evaluate_model_end_to_end_on_real_slices(make_rp_model, short_minilm, data_path, tmp_path):
     model = make_rp_model(m=64, name="RP-MBQA")
-    cfg = EvaluateConfig(
-        sts=[data_path("sts/STSBenchmark.test.tsv")],
-        retrieval=[data_path("retrieval/scifact")],
-        clustering=[data_path("clustering/twentynewsgroups.jsonl.gz")],
-        max_pairs=200,
-        max_docs=300,
-        tau_sweep=[0.3, 0.5, 0.7],
-        m_sweep=[8, 16, 32, 64],
-    )
+    cfg = three_slices(data_path, tau_sweep=[0.3, 0.5, 0.7], m_sweep=[8, 16, 32, 64])
     out = tmp_path / "evaluation"
     results = evaluate_model(model, cfg, str(out), max_queries=50, clustering_field="subject", print_table=False)
 
@@ -181,19 +180,13 @@ def test_evaluate_trained_model(trained_model, data_path, tmp_path):
     """A model the real stages trained in the tests (lexical-oracle labels), on slices of STS-B, SciFact and TNG."""
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
-    path = str(trained_model)
-    model = InterpretableEmbedder.load(path)
-    table = __import__("pyarrow.parquet").parquet.read_table(trained_model.parent / "questions" / "questions.parquet")
-    assert [q["text"] if isinstance(q, dict) else q for q in model.questions] == table.column("text").to_pylist()
-    assert all(re.fullmatch(r'Does the text contain the word "[a-z]+"\?', t) for t in table.column("text").to_pylist())
-    cfg = EvaluateConfig(
-        sts=[data_path("sts/STSBenchmark.test.tsv")],
-        retrieval=[data_path("retrieval/scifact")],
-        clustering=[data_path("clustering/twentynewsgroups.jsonl.gz")],
-        max_pairs=200,
-        max_docs=300,
-    )
-    results = evaluate_model(model, cfg, str(tmp_path), max_queries=50, print_table=False)
+    import pyarrow.parquet as pq
+
+    model = InterpretableEmbedder.load(str(trained_model))
+    texts = pq.read_table(trained_model.parent / "questions" / "questions.parquet").column("text").to_pylist()
+    assert model.questions == texts
+    assert all(re.fullmatch(r'Does the text contain the word "[a-z]+"\?', t) for t in texts)
+    results = evaluate_model(model, three_slices(data_path), str(tmp_path), max_queries=50, print_table=False)
     name = next(iter(results["methods"]))
     assert results["methods"][name]["kind"] == "interpretable"
     assert results["methods"][name]["dims"] == len(model.questions)

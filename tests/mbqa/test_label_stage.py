@@ -4,20 +4,16 @@ import numpy as np
 
 from cqg_ray.config import stage_hash
 from cqg_ray.rundir import RunDir, run_stage
-from tests.conftest import small_config
+from tests.conftest import copy_clustered, small_config
 
 
 def test_label_stage(clustered_run, corpus_file, tmp_path):
-    import shutil
-
     from cqg_ray.cqg.stage import run_cqg
     from cqg_ray.llm.fake import FakeBackend
     from cqg_ray.mbqa.label import load_labels, run_labels
     from tests.cqg.test_stage import scripted
 
-    d = tmp_path / "run"
-    for stage in ("prepare", "encode", "cluster"):
-        shutil.copytree(clustered_run / stage, d / stage)
+    d = copy_clustered(clustered_run, tmp_path / "run")
     cfg = small_config(d, corpus_file, max_clusters=4)
     run = RunDir(str(d))
     fake = FakeBackend(cfg.llm, reply=scripted)
