@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cqg_ray.config import CorpusConfig, EmbedConfig, RayConfig
-from cqg_ray.encode import UnitActor, limit_cpu_threads, plan_units, run_units
+from cqg_ray.encode import UnitActor, actor_plan, limit_cpu_threads, plan_units, run_units
 from cqg_ray.rundir import ArtifactError, RunDir, resolve, versions
 
 log = logging.getLogger("cqg_ray")
@@ -94,17 +94,6 @@ def model_fingerprint(model_path: str) -> str:
     for name in ("config.json", "questions.json", "heads.safetensors"):
         h.update(run.read_bytes(name))
     return h.hexdigest()[:16]
-
-
-def actor_plan(cfg: EmbedConfig, cluster_resources: dict) -> tuple[int, float]:
-    """(number of actors, GPUs per actor) from the config and the cluster (pure)."""
-    gpus = float(cluster_resources.get("GPU", 0))
-    per = cfg.num_gpus_per_actor if cfg.num_gpus_per_actor is not None else (1.0 if gpus >= 1 else 0.0)
-    if cfg.num_actors is not None:
-        return cfg.num_actors, per
-    if per > 0:
-        return max(1, int(gpus // per)), per
-    return max(1, int(float(cluster_resources.get("CPU", 1)) // cfg.torch_threads)), 0.0
 
 
 def part_name(index: int) -> str:

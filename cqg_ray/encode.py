@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from cqg_ray.config import EncodeConfig
+from cqg_ray.config import EmbedConfig, EncodeConfig
 from cqg_ray.rundir import ArtifactError, RunDir, StageContext
 
 log = logging.getLogger("cqg_ray")
@@ -112,8 +112,9 @@ class EncodeUnits(UnitActor):
         self.run.write_table(f"{self.stage}/{name}", embeddings_table(doc_ids, emb, self.cfg.dtype))
 
 
-def actor_plan(cfg: EncodeConfig, cluster_resources: dict) -> tuple[int, float]:
-    """(number of actors, GPUs per actor) from the config and the cluster (pure)."""
+def actor_plan(cfg: EncodeConfig | EmbedConfig, cluster_resources: dict) -> tuple[int, float]:
+    """(number of actors, GPUs per actor) from the config and the cluster (pure); the encode stage and batch
+    embedding both size their pools with it (num_actors, num_gpus_per_actor, torch_threads)."""
     gpus = float(cluster_resources.get("GPU", 0))
     per = cfg.num_gpus_per_actor if cfg.num_gpus_per_actor is not None else (1.0 if gpus >= 1 else 0.0)
     if cfg.num_actors is not None:
