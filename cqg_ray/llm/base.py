@@ -15,6 +15,8 @@ when it asks again after an unreadable answer).
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -61,6 +63,7 @@ class Completion:
     completion_tokens: int = 0
     p_yes: list[float | None] | None = None  # P(yes) per answer line, from logprobs, when asked for and available
     error: str | None = None
+    final: bool = False  # asking again cannot help (e.g. the server refused this prompt with a 4xx)
 
 
 def answer_gbnf(n: int) -> str:
@@ -81,11 +84,42 @@ def answer_regex(n: int) -> str:
     return "".join(f"{i}\\. (yes|no)\\n" for i in range(1, n + 1))
 
 
+IDENTITY_ENGINE_KWARGS = ("dtype", "quantization", "kv_cache_dtype", "tokenizer", "revision")
+
+
+def file_fingerprint(path: str, chunk: int = 1 << 20) -> str:
+    """Size + sha256 of a file's first and last MiB: tells two model files apart without reading gigabytes."""
+    h = hashlib.sha256()
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        h.update(f.read(chunk))
+        if size > chunk:
+            f.seek(max(chunk, size - chunk))
+            h.update(f.read(chunk))
+    return f"{size}:{h.hexdigest()[:32]}"
+
+
 def backend_identity(llm: LLMConfig) -> dict[str, Any]:
-    """``config.llm_identity`` plus the OpenAI ``extra_body`` (it can change replies, e.g. repeat_penalty)."""
+    """What decides the replies, for the ledger's request keys: ``config.llm_identity`` plus what is backend-specific.
+
+    Added only when it applies, so the keys of a plain config stay as they were: a GGUF given by path is keyed by
+    its content (``file_fingerprint``; a bundled model's name already pins its sha256), the OpenAI ``extra_body``
+    and whether a grammar / structured output is sent, and vLLM engine arguments that change the numbers.
+    """
     ident = llm_identity(llm)
-    if llm.backend == "openai" and llm.openai.extra_body:
-        ident["extra_body"] = llm.openai.extra_body
+    if llm.backend == "llamacpp" and not llm.llamacpp.model.startswith("bundled:"):
+        path = os.path.expanduser(llm.llamacpp.model)
+        if os.path.isfile(path):
+            ident["gguf"] = file_fingerprint(path)
+    if llm.backend == "openai":
+        if llm.openai.extra_body:
+            ident["extra_body"] = llm.openai.extra_body
+        if llm.constrained and (llm.openai.send_grammar or llm.openai.send_structured_outputs):
+            ident["sends"] = {"grammar": llm.openai.send_grammar, "structured_outputs": llm.openai.send_structured_outputs}
+    if llm.backend == "vllm":
+        engine = {k: llm.vllm.engine_kwargs[k] for k in IDENTITY_ENGINE_KWARGS if k in llm.vllm.engine_kwargs}
+        if engine:
+            ident["engine"] = engine
     return ident
 
 
@@ -118,6 +152,10 @@ class Backend:
         for start in range(0, len(requests), self.batch_size):
             for i, c in enumerate(self.complete(requests[start : start + self.batch_size])):
                 yield start + i, c
+
+    def counters(self) -> dict[str, int]:
+        """Backend-level accounting beyond requests and tokens (e.g. HTTP retries), running totals."""
+        return {}
 
     def close(self) -> None:
         pass

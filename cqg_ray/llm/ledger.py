@@ -1,18 +1,26 @@
 """The request ledger: every finished LLM call of a stage, in Parquet shards under the run directory.
 
     <run>/llm/ledger/<stage>/<time_ns>-<uid>.parquet    one shard per flush (key, text, ok, answers, tokens, ...)
+    <run>/llm/ledger/<stage>/_journal.jsonl             each finished row, appended the moment it finishes
     <run>/llm/ledger/<stage>/_stats.json                per-stage accounting (totals + one entry per run)
 
 A request's key is a hash of (backend and model identity, chat messages, max_tokens, n_answers, logprobs);
 its ``meta`` is not part of it. A shard is written atomically (temp file + rename on local disks, one PUT on
 object stores), so a killed process leaves whole shards only; the same key in two shards (a compaction
 killed midway) is harmless: the last one read wins.
+
+Between two shards, every finished row is also appended to the journal as one JSON line, written through to
+the operating system before the next request is judged; the journal is emptied once its rows are in a shard.
+So a process killed at any moment (SIGKILL included) loses only the requests in flight: ``load`` reads the
+shards and the journal (a torn last line is ignored). Object stores cannot append; there the journal is off and
+a kill loses at most the rows since the last shard (``llm.flush_every``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -21,6 +29,8 @@ import pyarrow as pa
 
 from cqg_ray.llm.base import Request
 from cqg_ray.rundir import RunDir
+
+log = logging.getLogger("cqg_ray")
 
 SCHEMA = pa.schema(
     [
@@ -37,6 +47,7 @@ SCHEMA = pa.schema(
     ]
 )
 STATS = "_stats.json"
+JOURNAL = "_journal.jsonl"
 
 
 def request_key(identity: dict[str, Any], req: Request, logprobs: bool = False) -> str:
@@ -59,23 +70,74 @@ class Ledger:
         self.run = run
         self.stage = stage
         self.folder = f"llm/ledger/{stage}"
+        self._journal: Any = None  # an open append stream while rows are journalled
+        self.journal_supported = True
 
     def shards(self) -> list[str]:
         return self.run.ls(self.folder, suffix=".parquet")
 
     def load(self) -> dict[str, dict[str, Any]]:
-        """key -> finished row (dict with the SCHEMA's fields); {} for a new stage."""
-        if not self.shards():
-            return {}
-        table = self.run.read_table(self.folder)
-        return {row["key"]: row for row in table.to_pylist()}
+        """key -> finished row (dict with the SCHEMA's fields): the shards, then the journal; {} for a new stage."""
+        rows: dict[str, dict[str, Any]] = {}
+        if self.shards():
+            rows = {row["key"]: row for row in self.run.read_table(self.folder).to_pylist()}
+        for row in self.journal_rows():
+            rows[row["key"]] = row
+        return rows
+
+    def journal_rows(self) -> list[dict[str, Any]]:
+        """The rows journalled since the last shard; a line torn by a kill (the last one) is skipped."""
+        if not self.run.exists(self.folder, JOURNAL):
+            return []
+        rows = []
+        for line in self.run.read_bytes(f"{self.folder}/{JOURNAL}").split(b"\n"):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # empty or torn
+            if isinstance(row, dict) and isinstance(row.get("key"), str):
+                rows.append(row)
+        return rows
+
+    def record(self, row: dict[str, Any]) -> None:
+        """Journal one finished row now (one line, flushed to the OS): a kill after this cannot lose it."""
+        if not self.journal_supported:
+            return
+        if self._journal is None:
+            self.run.makedirs(self.folder)
+            try:
+                self._journal = self.run.fs.open_append_stream(self.run.path(self.folder, JOURNAL), compression=None)
+            except (pa.ArrowNotImplementedError, NotImplementedError, OSError) as e:
+                self.journal_supported = False
+                log.info("ledger %s: no journal on this filesystem (%s); a kill loses at most the rows since the last shard", self.stage, e)
+                return
+        line = json.dumps({f.name: row.get(f.name) for f in SCHEMA}, ensure_ascii=False, separators=(",", ":"))
+        self._journal.write(line.encode("utf-8") + b"\n")
+        self._journal.flush()
+
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
 
     def append(self, rows: list[dict[str, Any]]) -> None:
-        """Write one shard with these finished rows (no-op for none)."""
-        if not rows:
-            return
-        table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in SCHEMA} for r in rows], schema=SCHEMA)
-        self.run.write_table(f"{self.folder}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet", table)
+        """Write one shard with these finished rows (no-op for none), then empty the journal.
+
+        Callers pass every row journalled since the last shard (and may pass more): the journal's rows are then
+        all in a shard. A kill between the two steps leaves them in both, which is harmless.
+        """
+        if rows:
+            table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in SCHEMA} for r in rows], schema=SCHEMA)
+            self.run.write_table(f"{self.folder}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet", table)
+        self.close()
+        self.run.rm(self.folder, JOURNAL)
+
+    def recover(self) -> int:
+        """Move rows a killed run left in the journal into a shard; returns how many there were."""
+        rows = self.journal_rows()
+        if rows or self.run.exists(self.folder, JOURNAL):
+            self.append(rows)
+        return len(rows)
 
     def compact(self, min_shards: int = 64) -> int:
         """Merge the shards into one when there are at least ``min_shards``; returns the shard count after."""

@@ -8,9 +8,12 @@
 - At most ``max_concurrency`` requests in flight (a thread pool sharing one connection pool).
 - Every HTTP call has ``timeout_s``; 429, 5xx and connection errors (refused, reset, timed out) are retried
   ``max_retries`` times with exponential backoff (``backoff_s * 2**k``, at most 60 s, at least a numeric
-  ``Retry-After``); after that the backend raises ``BackendError`` (the runner has flushed what finished).
-  Any other 4xx raises ``OpenAIError`` at once with the server's message: a bad model name or an oversized
-  prompt is not fixed by asking again.
+  ``Retry-After``); after that the backend raises ``BackendError`` (the runner has kept what finished).
+- 401, 403, 404 and 405 say the setup is wrong (key, model name, URL): ``OpenAIError`` at once, with the
+  server's message, and the stage stops. Any other 4xx (400, 413, 422: this one prompt is too long or
+  malformed) is this request's error: it comes back as a ``Completion`` with ``error`` set and ``final``, so
+  the runner records it as failed at once, with the server's message, and the stage goes on. ``FATAL_4XX_IN_A_ROW`` such errors
+  with no success between them mean the endpoint refuses everything: ``OpenAIError``.
 - A 200 whose body is not a chat completion comes back as a ``Completion`` with ``error`` set (the runner
   retries it like an unreadable answer).
 - Constrained answers: ``send_grammar`` adds a llama.cpp GBNF ``grammar``; ``send_structured_outputs`` adds
@@ -34,6 +37,8 @@ from cqg_ray.llm.parse import p_yes_from_tokens
 
 MAX_BACKOFF_S = 60.0
 TOP_LOGPROBS = 5
+SETUP_ERRORS = (401, 403, 404, 405)  # wrong key, model or URL: every request would fail the same way
+FATAL_4XX_IN_A_ROW = 32  # requests refused in a row (prompts about one long text come together)
 
 
 class OpenAIError(BackendError):
@@ -122,6 +127,11 @@ class OpenAIBackend(Backend):
         self.sleep = sleep
         self.http_calls = 0  # every POST made, retries included
         self.http_retries = 0
+        self.http_request_errors = 0  # 4xx answered for one request (recorded as that request's error)
+        self._4xx_in_a_row = 0
+
+    def counters(self) -> dict[str, int]:
+        return {"http_calls": self.http_calls, "http_retries": self.http_retries, "http_request_errors": self.http_request_errors}
 
     def complete_one(self, req: Request) -> Completion:
         cfg = self.llm.openai
@@ -136,6 +146,7 @@ class OpenAIBackend(Backend):
                 last = f"{type(e).__name__}: {e}"
             else:
                 if r.status_code == 200:
+                    self._4xx_in_a_row = 0
                     try:
                         data = r.json()
                     except ValueError:
@@ -144,8 +155,14 @@ class OpenAIBackend(Backend):
                 if r.status_code == 429 or r.status_code >= 500:
                     last = f"HTTP {r.status_code}: {r.text[:300]}"
                     retry_after = r.headers.get("retry-after")
+                elif r.status_code in SETUP_ERRORS:
+                    raise OpenAIError(f"{self.url} refused the request with HTTP {r.status_code} (check base_url, model and api_key_env): {r.text[:1000]}")
                 else:
-                    raise OpenAIError(f"{self.url} refused the request with HTTP {r.status_code} (not retried): {r.text[:1000]}")
+                    self.http_request_errors += 1
+                    self._4xx_in_a_row += 1
+                    if self._4xx_in_a_row >= FATAL_4XX_IN_A_ROW:
+                        raise OpenAIError(f"{self.url} refused {self._4xx_in_a_row} requests in a row; the last with HTTP {r.status_code}: {r.text[:1000]}")
+                    return Completion("", error=f"HTTP {r.status_code} (this request was refused): {r.text[:1000]}", final=True)
             if attempt == cfg.max_retries:
                 break
             self.http_retries += 1

@@ -6,7 +6,7 @@
 
 What it does, in order:
 1. keys every request (``ledger.request_key``) and loads the stage's ledger; keys already there are not
-   sent again (a failed key neither, unless ``retry_failed=True``); identical requests are sent once;
+   sent again (a failed key neither, unless ``retry_failed=True`` or ``llm.retry_failed``); identical requests are sent once;
 2. sorts the rest by prompt so prompts sharing a prefix (A.3: the same text chunk) run one after another
    (llama.cpp keeps the shared prefix in its KV cache; vLLM's prefix caching does the same across a batch);
 3. streams them through the backend; an answer request (``n_answers``) whose reply does not parse, or a
@@ -14,8 +14,9 @@ What it does, in order:
    first sample at temperature ``RETRY_TEMPERATURE`` (seed = attempt number), since at temperature 0 the
    same prompt gives the same reply; a request still unreadable after the last attempt is recorded as
    failed (``ok=False``) with its raw text;
-4. appends finished rows to the ledger every ``LLMConfig.flush_every`` results, and on any exception
-   before it propagates (a kill -9 loses at most the unflushed rows and the in-flight requests);
+4. journals each finished row the moment it finishes (``Ledger.record``) and writes a Parquet shard every
+   ``LLMConfig.flush_every`` results and on any exception before it propagates: a kill -9 loses only the
+   requests in flight (object stores have no journal: there it also loses the rows since the last shard);
 5. writes the stage's accounting to ``llm/ledger/<stage>/_stats.json`` (at every flush and at the end).
 """
 
@@ -116,8 +117,11 @@ def run_requests(
     identity = backend.identity if backend is not None else backend_identity(llm)
     keys = [request_key(identity, r, llm.logprobs) for r in requests]
     ledger = Ledger(run, stage)
+    recovered = ledger.recover()  # rows a killed run journalled but never put in a shard
+    if recovered:
+        log.info("llm %s: %d finished requests recovered from the journal of an interrupted run", stage, recovered)
     done = ledger.load()
-    if retry_failed:
+    if retry_failed or llm.retry_failed:
         done = {k: v for k, v in done.items() if v["ok"]}
     todo: dict[str, _Pending] = {}
     for k, r in zip(keys, requests):
@@ -162,6 +166,8 @@ def run_requests(
         buffer.clear()
         this_run["wall_s"] = round(time.time() - t0, 3)
         this_run["complete"] = final
+        if backend is not None:
+            this_run.update(backend.counters())  # e.g. HTTP calls and retries of the OpenAI backend
         if this_run["wall_s"] > 0:
             this_run["requests_per_s"] = round(this_run["sent"] / this_run["wall_s"], 3)
             this_run["completion_tokens_per_s"] = round(this_run["completion_tokens"] / this_run["wall_s"], 3)
@@ -199,8 +205,10 @@ def run_requests(
                 this_run["completion_tokens"] += c.completion_tokens
                 ok, answers, error = judge(p.request, c)
                 p.error = error
-                if ok or attempt == llm.max_attempts:
-                    buffer.append(_finish(p, ok, answers, c.p_yes if ok else None))
+                if ok or attempt == llm.max_attempts or c.final:
+                    row = _finish(p, ok, answers, c.p_yes if ok else None)
+                    ledger.record(row)  # journalled now: a kill from here on cannot lose it
+                    buffer.append(row)
                     this_run["finished"] += 1
                     this_run["failures"] += 0 if ok else 1
                     if not ok:
@@ -218,6 +226,7 @@ def run_requests(
     finally:
         if buffer or not this_run["complete"]:
             flush(final=False)  # keep what finished, even when the backend raised
+        ledger.close()
         if bar is not None:
             bar.close()
         if owns_backend and backend is not None:

@@ -9,7 +9,7 @@ from cqg_ray.llm.prompts import answer_messages
 from cqg_ray.llm.runner import run_requests
 from cqg_ray.rundir import RunDir
 
-FLUSH_EVERY = 4
+FLUSH_EVERY = 1000  # no shard before the end: what survives a kill survives through the journal
 CONCURRENCY = 2
 
 

