@@ -55,7 +55,7 @@ def small_config(run_dir, corpus_file, backend="fake", extra=None, **cqg):
         "llm": {"backend": backend, "flush_every": 1, "max_tokens_generate": 200, "llamacpp": {"n_ctx": 2048}},
         "cqg": {"n_p": 3, "n_h": 4, "n_e": 3, "p_p": 2, "p_h": 1, "p_e": 1, "t": 2, "max_text_chars": 160, **cqg},
         "label": {"n_cluster": 6, "n_neighbor": 4, "n_random": 2, "max_text_chars": 160},
-        "train": {"epochs": 30, "batch_size": 32, "lr": 0.003, "cpus_per_worker": 0.5, "checkpoint_every": 10},
+        "train": {"epochs": 30, "lr": 0.003, "cpus_per_worker": 0.5, "checkpoint_every": 10},
     }
     for section, values in (extra or {}).items():
         base[section] = {**base.get(section, {}), **values} if isinstance(values, dict) else values

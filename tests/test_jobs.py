@@ -285,7 +285,7 @@ def test_submit_full_pipeline_with_the_embedded_llm(head, tmp_path, corpus_file,
         llm={"backend": "llamacpp", "flush_every": 1, "max_tokens_generate": 160, "llamacpp": {"n_ctx": 2048, "model": "bundled:qwen2.5-coder-0.5b"}},
         cqg={"n_p": 3, "n_h": 3, "n_e": 2, "questions_per_prompt": 5, "p_p": 2, "p_h": 1, "p_e": 1, "t": 2, "max_clusters": 3, "max_text_chars": 160},
         label={"n_cluster": 4, "n_neighbor": 2, "n_random": 2, "max_text_chars": 160},
-        train={"epochs": 20, "batch_size": 32, "lr": 0.003, "cpus_per_worker": 0.5, "checkpoint_every": 10},
+        train={"epochs": 20, "lr": 0.003, "cpus_per_worker": 0.5, "checkpoint_every": 10},
         evaluate={"tasks": ["sts"], "sts": [str(shared_data / "sts" / "STSBenchmark.test.tsv")], "max_pairs": 150,
                   "baselines": ["dense"], "tau_sweep": [0.5], "m_sweep": [1]},
     )

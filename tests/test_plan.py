@@ -52,7 +52,7 @@ def test_small_plan_by_hand():
     assert stage(p, "label")["completion_tokens"] == 120 * 4
     assert stage(p, "encode")["texts_encoded"] == 1000 and stage(p, "embed")["texts_encoded"] == 1000
     assert stage(p, "cqg-dedup")["texts_encoded"] == 100
-    assert c["train_pairs_total"] == round(120 * 0.9 * 50)
+    assert c["train_pairs_total"] == round(120 * 0.9 * 100)  # 100 epochs, the default
     t = p["totals"]
     assert t["llm_requests"] == 10 + 40 + stage(p, "label")["llm_requests"]
     assert t["texts_encoded"] == 1000 + 100 + 1000
@@ -93,7 +93,7 @@ def test_hours_by_hand():
     assert gen["wall_hours"] == pytest.approx(want / 4)
     assert stage(p, "encode")["device_hours"] == pytest.approx(1000 / 1500 / 3600)
     train = stage(p, "train")  # one train worker in the config: no speed-up from 4 GPUs
-    assert train["wall_hours"] == train["device_hours"] == pytest.approx(120 * 0.9 * 50 / 1e6 / 3600)
+    assert train["wall_hours"] == train["device_hours"] == pytest.approx(120 * 0.9 * 100 / 1e6 / 3600)  # 100 epochs
 
 
 def test_packing_own_cluster_only_matches_make_plan():

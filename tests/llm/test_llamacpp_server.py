@@ -35,39 +35,50 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    try:
-        model = resolve_model("bundled:qwen2.5-coder-0.5b")
-    except BundledModelError as e:
-        pytest.skip(str(e))
-    port = free_port()
+def start_server(model, port: int, log_path) -> subprocess.Popen:
+    """``python -m llama_cpp.server`` on 127.0.0.1:port, returned once it answers /v1/models."""
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", "local", "--host", "127.0.0.1",
            "--port", str(port), "--n_ctx", "2048", "--n_threads", str(min(2, os.cpu_count() or 1))]  # fmt: skip
-    log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
-    log = open(log_path, "w")  # a file, not a pipe: the server logs a lot and would block on a full pipe
+    log = open(log_path, "a")  # a file, not a pipe: the server logs a lot and would block on a full pipe
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}/v1"
+    log.close()
     t0 = time.time()
     while True:
         if proc.poll() is not None:
-            pytest.fail(f"llama_cpp.server exited: {log_path.read_text()[-2000:]}")
+            pytest.fail(f"llama_cpp.server exited: {open(log_path).read()[-2000:]}")
         try:
-            if httpx.get(f"{base}/models", timeout=2).status_code == 200:
-                break
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                return proc
         except httpx.TransportError:
             pass
         if time.time() - t0 > 180:
             proc.kill()
-            pytest.fail(f"llama_cpp.server did not start in 180 s: {log_path.read_text()[-2000:]}")
-        time.sleep(0.5)
-    yield {"base_url": base, "proc": proc}
+            pytest.fail(f"llama_cpp.server did not start in 180 s: {open(log_path).read()[-2000:]}")
+        time.sleep(0.25)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
-    log.close()
+        proc.wait()
+
+
+def qwen():
+    try:
+        return resolve_model("bundled:qwen2.5-coder-0.5b")
+    except BundledModelError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    proc = start_server(qwen(), port, tmp_path_factory.mktemp("llama_server") / "server.log")
+    yield {"base_url": f"http://127.0.0.1:{port}/v1", "proc": proc}
+    stop_server(proc)
 
 
 def server_llm(base_url: str) -> LLMConfig:
@@ -98,3 +109,66 @@ def test_runner_through_the_server_then_without_it(server, tmp_path):
     second = run_requests(reqs, gone, run, "labels", progress=False)
     assert all(r.cached for r in second)
     assert [r.answers for r in second] == [r.answers for r in first]
+
+
+def test_runner_rides_out_a_real_server_that_hangs_and_then_dies(tmp_path):
+    """SIGSTOP the server (requests time out), SIGCONT it, then SIGKILL it and start it again on the same port:
+    the stage finishes, every request answered once in the ledger, nothing finished asked again."""
+    import signal
+    import threading
+
+    from cqg_ray.llm.ledger import Ledger
+
+    model, port, log_path = qwen(), free_port(), tmp_path / "server.log"
+    proc = start_server(model, port, log_path)
+    run = RunDir(str(tmp_path / "run"))
+    base = f"http://127.0.0.1:{port}/v1"
+    llm = LLMConfig(
+        backend="openai",
+        openai=OpenAIConfig(base_url=base, model="local", send_grammar=True, extra_body={"repeat_penalty": 1.0}, max_concurrency=1, timeout_s=4, max_retries=10, backoff_s=0.5),
+    )
+    texts = [f"{t} (note {i})" for i in range(4) for t in TEXTS]
+    reqs = [Request(answer_messages(t, QUESTIONS), max_tokens=40, n_answers=3, meta={"t": i}) for i, t in enumerate(texts)]
+    out: dict = {}
+    worker = threading.Thread(target=lambda: out.update(res=run_requests(reqs, llm, run, "labels", progress=False)), daemon=True)
+    ledger = Ledger(run, "labels")
+
+    def wait_rows(n: int, timeout: float = 180.0) -> int:
+        t0 = time.time()
+        while len(ledger.load()) < n:
+            assert worker.is_alive() or len(ledger.load()) >= n, "runner ended early"
+            assert time.time() - t0 < timeout, f"fewer than {n} rows after {timeout} s"
+            time.sleep(0.1)
+        return len(ledger.load())
+
+    try:
+        worker.start()
+        wait_rows(2)
+        proc.send_signal(signal.SIGSTOP)  # hangs: the connection is accepted, no reply comes
+        time.sleep(6)  # > timeout_s: the request in flight times out and is retried
+        proc.send_signal(signal.SIGCONT)
+        before_kill = wait_rows(4)
+        proc.kill()  # dies: connections are refused until it is back
+        proc.wait()
+        time.sleep(1.5)
+        proc = start_server(model, port, log_path)
+        worker.join(timeout=600)
+        assert not worker.is_alive()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+        stop_server(proc)
+    res = out["res"]
+    assert len(res) == 8 and before_kill < 8
+    for r in res:
+        assert r.ok and r.attempts == 1 and len(r.answers) == 3, r  # HTTP retries are not answer attempts
+    stats = ledger.read_stats()
+    run_stats = stats["runs"][-1]
+    assert run_stats["sent"] == 8 and run_stats["complete"]
+    assert run_stats["http_retries"] >= 2  # at least one timeout and one refused connection
+    assert run_stats["http_calls"] == 8 + run_stats["http_retries"]
+    assert len(ledger.load()) == 8
+    # with the server gone for good, a rerun is answered from the ledger
+    gone = llm.model_copy(update={"openai": llm.openai.model_copy(update={"max_retries": 0})})
+    again = run_requests(reqs, gone, run, "labels", progress=False)
+    assert all(r.cached for r in again) and [r.answers for r in again] == [r.answers for r in res]
