@@ -96,7 +96,8 @@ def time_heads(a, heads, dev, sync):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", type=int, default=10_000)
-    ap.add_argument("--d", type=int, default=384)
+    ap.add_argument("--encoder", default="bundled:all-MiniLM-L6-v2", help="encoder name or path (its dimension is d)")
+    ap.add_argument("--d", type=int, default=None, help="override d (default: the encoder's dimension, 384 for MiniLM)")
     ap.add_argument("--hidden", type=int, default=8)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=7)
@@ -111,7 +112,11 @@ def main():
 
     from cqg_ray.mbqa.heads import StackedHeads
 
+    from cqg_ray.encoder import load_encoder
+
     dev = torch.device(a.device)
+    encoder = load_encoder(a.encoder, device=a.device)
+    a.d = a.d or encoder.get_embedding_dimension()
     sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
     print(f"device {dev} | torch {torch.__version__} | threads {torch.get_num_threads()} | load average {os.getloadavg()[0]:.2f}")
     torch.manual_seed(0)
@@ -120,13 +125,11 @@ def main():
         t_loop, t_stacked, t_bf16 = time_heads(a, heads, dev, sync)
 
     if not a.skip_encode:
-        from cqg_ray.encoder import load_encoder
         from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
         texts = read_texts(a.texts)
-        encoder = load_encoder("bundled:all-MiniLM-L6-v2", device=a.device)
         questions = [{"id": f"q{i}", "text": f"question {i}"} for i in range(a.m)]
-        model = InterpretableEmbedder("bundled:all-MiniLM-L6-v2", questions, heads.cpu(), device=a.device, encoder=encoder)
+        model = InterpretableEmbedder(a.encoder, questions, heads.cpu(), device=a.device, encoder=encoder)
         bare = lambda t: encoder.encode(t, batch_size=a.encode_batch, normalize_embeddings=True, convert_to_numpy=True)  # noqa: E731
         full = lambda t: model.encode(t, batch_size=a.encode_batch, progress=False)  # noqa: E731
         bare(texts[:128])
@@ -145,7 +148,7 @@ def main():
             t_full.append(t)
         tb, tf = statistics.median(t_bare), statistics.median(t_full)
         print(f"\nencode: {len(texts)} real texts, encoder batch {a.encode_batch}, m={a.m} (median of 3, interleaved)")
-        print(f"  {'bare encoder (MiniLM)':<34}{len(texts) / tb:>10.0f} texts/s")
+        print(f"  {'bare encoder':<34}{len(texts) / tb:>10.0f} texts/s")
         print(f"  {'InterpretableEmbedder.encode':<34}{len(texts) / tf:>10.0f} texts/s  (output {bits.shape} {bits.dtype})")
         print(f"  encode_vs_bare_encoder: {tb / tf:.3f}")
     if not a.skip_heads:

@@ -287,10 +287,6 @@ def _train_loop_per_worker(config: dict) -> None:
         return t.cpu()
 
     def on_epoch_end(epoch: int, metrics: dict) -> None:
-        fail_at, marker = config.get("fail_once_at_epoch"), config.get("failure_marker")
-        if fail_at is not None and epoch + 1 == fail_at and rank == world - 1 and not os.path.exists(marker):
-            open(marker, "w").close()
-            raise RuntimeError(f"injected failure after epoch {epoch + 1} (fail_once_at_epoch)")
         if rank == 0:
             log.info("train: epoch %d/%d loss %.4f pairs %d %.0f pairs/s %.1fs", metrics["epoch"], cfg.epochs,
                      metrics["loss"], metrics["pairs"], metrics["pairs_per_s"], metrics["seconds"])
@@ -373,16 +369,13 @@ def train_heads(
     cfg: TrainConfig,
     storage_path: str,
     name: str,
-    *,
-    fail_once_at_epoch: int | None = None,
 ) -> TrainResult:
     """Train m stacked heads on the frozen embeddings of the labelled texts with Ray Train.
 
     embeddings: (n_docs, d) float (rows indexed by `labels.doc`); labels: `LabelPairs`, or a dense (n_docs, m)
     int8 matrix with -1 for unlabelled. Every labelled pair given is trained on (split the held-out documents off
-    first: `train_and_evaluate`). A run with the same storage_path and name resumes from its last checkpoint.
-    `fail_once_at_epoch`: resilience tests only -- the last worker raises once after that epoch (a marker file in
-    the run folder makes it once per run).
+    first: `train_and_evaluate`). A run with the same storage_path and name resumes from its last checkpoint; a
+    worker that dies is restarted from it (`cfg.max_failures` times).
     """
     import ray  # noqa: PLC0415
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig  # noqa: PLC0415
@@ -416,8 +409,7 @@ def train_heads(
              len(pairs), pairs.n_questions, len(np.unique(pairs.doc)), embeddings.shape[1], pos_weight,
              cfg.num_workers, n_steps, cfg.epochs)
     config = {"cfg": cfg.model_dump(mode="json"), "shards": refs, "d": int(embeddings.shape[1]), "m": pairs.n_questions,
-              "n_steps": n_steps, "pos_weight": pos_weight, "fail_once_at_epoch": fail_once_at_epoch,
-              "failure_marker": os.path.join(run_dir or tempfile.gettempdir(), "_injected_failure"),
+              "n_steps": n_steps, "pos_weight": pos_weight,
               "progress_file": os.path.join(run_dir, "progress.json") if run_dir else None}
     trainer = TorchTrainer(
         _train_loop_per_worker,
@@ -472,12 +464,16 @@ def train_and_evaluate(
     Returns (TrainResult, report) where report is the Table 6 report on the held-out pairs plus split counts.
     """
     pairs = labels if isinstance(labels, LabelPairs) else LabelPairs.from_dense(labels)
-    held = holdout_docs(pairs.doc, cfg.holdout, cfg.seed)
-    is_held = np.isin(pairs.doc, held)
-    result = train_heads(embeddings, pairs.select(~is_held), cfg, storage_path, name)
-    test = pairs.select(is_held)
+    train, test = split_holdout(pairs, cfg.holdout, cfg.seed)
+    result = train_heads(embeddings, train, cfg, storage_path, name)
     report = evaluate_heads(result.heads, embeddings, test, cfg.tau) if len(test) else {}
-    report["split"] = {"train_docs": int(len(np.unique(pairs.doc[~is_held]))), "heldout_docs": int(len(held)),
-                       "train_pairs": int((~is_held).sum()), "heldout_pairs": int(is_held.sum()),
+    report["split"] = {"train_docs": int(len(np.unique(train.doc))), "heldout_docs": int(len(np.unique(test.doc))),
+                       "train_pairs": len(train), "heldout_pairs": len(test),
                        "pos_weight": result.pos_weight, "epochs": result.epochs}
     return result, report
+
+
+def split_holdout(pairs: LabelPairs, fraction: float, seed: int = 0) -> tuple[LabelPairs, LabelPairs]:
+    """(training pairs, held-out pairs): every pair of a held-out document (`holdout_docs`) goes to the second."""
+    is_held = np.isin(pairs.doc, holdout_docs(pairs.doc, fraction, seed))
+    return pairs.select(~is_held), pairs.select(is_held)

@@ -58,6 +58,19 @@ def test_save_writes_the_documented_folder(saved):
     assert "torch" in cfg["versions"]
 
 
+def test_a_table6_report_is_also_saved_as_markdown(encoder, tmp_path):
+    from cqg_ray.mbqa.report import classification_report
+
+    model = make_model(encoder)
+    model.eval_report = classification_report(np.array([0, 0, 0, 1, 1]), np.array([0, 0, 1, 1, 0]))
+    model.save(str(tmp_path))
+    md = (tmp_path / "eval_report.md").read_text()
+    assert md.splitlines()[0] == "**Question answering on held-out documents**"
+    assert "| No | 0.67 | 0.67 | 0.67 | 3 |" in md and "| Yes | 0.50 | 0.50 | 0.50 | 2 |" in md
+    assert md.rstrip().endswith("| Accuracy | 0.60 | | | |")
+    assert InterpretableEmbedder.load(str(tmp_path), load_encoder=False).eval_report == json.loads((tmp_path / "eval_report.json").read_text())
+
+
 def test_load_round_trip_and_encode_outputs(saved, encoder):
     model = InterpretableEmbedder.load(str(saved), device="cpu")
     original = make_model(encoder)

@@ -46,3 +46,55 @@ def test_label_stage(clustered_run, corpus_file, tmp_path):
     fake2 = FakeBackend(cfg.llm, reply=scripted)
     run_stage(run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, backend=fake2, progress=False), force=True)
     assert fake2.calls == []
+
+
+def test_label_stage_with_p_yes_and_an_unreadable_text(clustered_run, corpus_file, tmp_path):
+    """logprobs on: p_yes in the labels table; one text the LLM never answers in format: its prompts go to
+    failures.parquet with the raw reply, after llm.max_attempts tries each, and the stats count them out."""
+    import pyarrow.compute as pc
+
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.mbqa.label import load_labels, run_labels
+    from tests.cqg.test_stage import scripted
+
+    d = copy_clustered(clustered_run, tmp_path / "run")
+    cfg = small_config(d, corpus_file, max_clusters=4, extra={"llm": {"logprobs": True, "max_attempts": 2}})
+    run = RunDir(str(d))
+    run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=FakeBackend(cfg.llm, reply=scripted), progress=False))
+    m_q = len(run.read_table("questions/questions.parquet"))
+    bad_doc: list[str] = []
+
+    def reply(req):
+        if req.meta.get("doc_id") is not None and not bad_doc:
+            bad_doc.append(req.meta["doc_id"])  # the first text asked about is the unreadable one
+        if req.meta.get("doc_id") == (bad_doc[0] if bad_doc else None):
+            return "I am not sure what you mean."
+        return scripted(req)
+
+    fake = FakeBackend(cfg.llm, reply=reply)
+    m = run_stage(run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, backend=fake, progress=False))
+    c = m["counts"]
+    bad_calls = [r for r in fake.calls if r.meta["doc_id"] == bad_doc[0]]
+    bad_prompts = {tuple(r.meta["question_ids"]) for r in bad_calls}
+    assert len(bad_calls) == 2 * len(bad_prompts)  # each asked max_attempts = 2 times
+    fails = run.read_table("labels/failures.parquet").to_pylist()
+    assert {tuple(f["question_ids"]) for f in fails} == bad_prompts and len(fails) == len(bad_prompts)
+    assert all(f["doc_id"] == bad_doc[0] and f["text"] == "I am not sure what you mean." and f["error"] for f in fails)
+    bad_pairs = sum(len(p) for p in bad_prompts)
+    assert c["prompts_failed"] == len(bad_prompts)
+    assert c["pairs_labelled"] == c["pairs_planned"] - bad_pairs == m_q * 12 - bad_pairs
+
+    labels = load_labels(run)
+    assert bad_doc[0] not in set(labels.column("doc_id").to_pylist())
+    answers, p_yes = labels.column("answer").to_pylist(), labels.column("p_yes").to_pylist()
+    assert p_yes == [1.0 if a else 0.0 for a in answers]  # the scripted LLM is certain; no nulls with logprobs on
+
+    stats = run.read_table("labels/question_stats.parquet").to_pylist()
+    for s in stats:
+        mine = labels.filter(pc.equal(labels["question_id"], s["question_id"]))
+        lost = sum(s["question_id"] in p for p in bad_prompts)
+        assert s["planned"] == 12 and s["answered"] == 12 - lost == mine.num_rows
+        assert s["yes"] == sum(mine.column("answer").to_pylist())
+        assert s["yes_rate"] == s["yes"] / s["answered"]
+    assert c["yes_rate"] == round(sum(answers) / len(answers), 4)

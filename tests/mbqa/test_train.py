@@ -8,6 +8,7 @@ from cqg_ray.config import TrainConfig
 from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.mbqa.plan import holdout_docs
 from cqg_ray.mbqa.train import (
+    split_holdout,
     LabelPairs,
     epoch_layout,
     evaluate_heads,
@@ -117,3 +118,20 @@ def test_predict_pairs_matches_dense_forward(problem):
     with torch.no_grad():
         dense_probs = torch.sigmoid(heads(torch.from_numpy(emb))).numpy()
     np.testing.assert_allclose(probs, dense_probs[pairs.doc, pairs.question], rtol=1e-5, atol=1e-6)
+
+
+def test_split_holdout_is_by_document_and_disjoint():
+    rng = np.random.default_rng(3)
+    pairs = LabelPairs(rng.integers(0, 200, 3000), rng.integers(0, 40, 3000), rng.integers(0, 2, 3000), 40)
+    pairs = pairs.select(np.unique(pairs.doc * 40 + pairs.question, return_index=True)[1])  # one answer per pair
+    train, test = split_holdout(pairs, 0.1, seed=5)
+    train_docs, test_docs = set(train.doc.tolist()), set(test.doc.tolist())
+    assert not train_docs & test_docs  # no held-out text is ever trained on
+    assert train_docs | test_docs == set(pairs.doc.tolist())
+    assert len(test_docs) == round(0.1 * len(set(pairs.doc.tolist())))
+    assert len(train) + len(test) == len(pairs)
+    assert set(test.doc.tolist()) == set(holdout_docs(pairs.doc, 0.1, 5).tolist())
+    # every pair keeps its answer on its side of the split
+    key = dict(zip((pairs.doc * 40 + pairs.question).tolist(), pairs.answer.tolist()))
+    for side in (train, test):
+        assert all(key[k] == a for k, a in zip((side.doc * 40 + side.question).tolist(), side.answer.tolist()))
