@@ -50,6 +50,11 @@ STATS = "_stats.json"
 JOURNAL = "_journal.jsonl"
 
 
+def schema_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row with exactly the SCHEMA's fields (what a shard and a journal line hold)."""
+    return {f.name: row.get(f.name) for f in SCHEMA}
+
+
 def request_key(identity: dict[str, Any], req: Request, logprobs: bool = False) -> str:
     """sha256 of what decides a reply: model identity (backend, model, temperature, constrained), prompt, limits."""
     payload = {
@@ -111,7 +116,7 @@ class Ledger:
                 self.journal_supported = False
                 log.info("ledger %s: no journal on this filesystem (%s); a kill loses at most the rows since the last shard", self.stage, e)
                 return
-        line = json.dumps({f.name: row.get(f.name) for f in SCHEMA}, ensure_ascii=False, separators=(",", ":"))
+        line = json.dumps(schema_row(row), ensure_ascii=False, separators=(",", ":"))
         self._journal.write(line.encode("utf-8") + b"\n")
         self._journal.flush()
 
@@ -127,7 +132,7 @@ class Ledger:
         all in a shard. A kill between the two steps leaves them in both, which is harmless.
         """
         if rows:
-            table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in SCHEMA} for r in rows], schema=SCHEMA)
+            table = pa.Table.from_pylist([schema_row(r) for r in rows], schema=SCHEMA)
             self.run.write_table(f"{self.folder}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet", table)
         self.close()
         self.run.rm(self.folder, JOURNAL)
@@ -135,8 +140,7 @@ class Ledger:
     def recover(self) -> int:
         """Move rows a killed run left in the journal into a shard; returns how many there were."""
         rows = self.journal_rows()
-        if rows or self.run.exists(self.folder, JOURNAL):
-            self.append(rows)
+        self.append(rows)  # with none, this only removes a journal holding nothing readable
         return len(rows)
 
     def compact(self, min_shards: int = 64) -> int:

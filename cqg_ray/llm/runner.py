@@ -166,8 +166,8 @@ def run_requests(
         buffer.clear()
         this_run["wall_s"] = round(time.time() - t0, 3)
         this_run["complete"] = final
-        if backend is not None:
-            this_run.update(backend.counters())  # e.g. HTTP calls and retries of the OpenAI backend
+        if backend is not None:  # e.g. HTTP calls and retries of the OpenAI backend, this run's share only
+            this_run.update({k: v - counters_before.get(k, 0) for k, v in backend.counters().items()})
         if this_run["wall_s"] > 0:
             this_run["requests_per_s"] = round(this_run["sent"] / this_run["wall_s"], 3)
             this_run["completion_tokens_per_s"] = round(this_run["completion_tokens"] / this_run["wall_s"], 3)
@@ -181,6 +181,7 @@ def run_requests(
         bar = tqdm(total=len(pending), desc=f"llm {stage}", unit="req")
     if owns_backend and pending:
         backend = make_backend(llm)
+    counters_before = backend.counters() if backend is not None else {}  # a backend given in may have served other runs
     try:
         for attempt in range(1, llm.max_attempts + 1):
             if not pending:

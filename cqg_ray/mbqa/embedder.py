@@ -79,9 +79,6 @@ def _auto_device(device: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-TABLE6_KEYS = ("no", "yes", "macro avg", "weighted avg", "accuracy")
-
-
 class InterpretableEmbedder:
     def __init__(self, encoder_name: str, questions: list[dict], heads: StackedHeads, tau: float = 0.5,
                  eval_report: dict | None = None, normalize: bool = True, device: str | None = None, encoder=None):
@@ -140,9 +137,9 @@ class InterpretableEmbedder:
         run.write_json("questions.json", self.question_records)
         if self.eval_report is not None:
             run.write_json("eval_report.json", self.eval_report)
-            if all(k in self.eval_report for k in TABLE6_KEYS):  # the paper's Table 6 form, for people
-                from cqg_ray.mbqa.report import format_report  # noqa: PLC0415
+            from cqg_ray.mbqa.report import format_report, is_table6  # noqa: PLC0415
 
+            if is_table6(self.eval_report):  # the paper's Table 6 form, for people
                 run.write_bytes("eval_report.md", (format_report(self.eval_report) + "\n").encode())
         run.write_json("config.json", {
             "format": FORMAT, "format_version": FORMAT_VERSION, "encoder": self.encoder_name, "dims": self.heads.d,

@@ -38,10 +38,18 @@ def classification_report(y_true: np.ndarray, y_pred: np.ndarray) -> dict:
     return report
 
 
+TABLE6_ROWS = (("no", "No"), ("yes", "Yes"), ("macro avg", "Macro Avg"), ("weighted avg", "Weighted Avg"))
+
+
+def is_table6(report: dict) -> bool:
+    """Whether `format_report` can render this report (every row and the accuracy are there)."""
+    return all(key in report for key, _ in TABLE6_ROWS) and "accuracy" in report
+
+
 def format_report(report: dict, title: str = "Question answering on held-out documents") -> str:
     """Markdown table in the layout of the paper's Table 6."""
     lines = [f"**{title}**", "", "| Class | Precision | Recall | F1-score | Support |", "|---|---:|---:|---:|---:|"]
-    for key, label in (("no", "No"), ("yes", "Yes"), ("macro avg", "Macro Avg"), ("weighted avg", "Weighted Avg")):
+    for key, label in TABLE6_ROWS:
         r = report[key]
         lines.append(f"| {label} | {r['precision']:.2f} | {r['recall']:.2f} | {r['f1-score']:.2f} | {r['support']:,} |")
     lines.append(f"| Accuracy | {report['accuracy']:.2f} | | | |")

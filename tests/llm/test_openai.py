@@ -242,3 +242,17 @@ def test_server_going_down_midway_keeps_finished_results(tmp_path):
         assert len(srv2.requests) == 6
     assert all(r.ok for r in res)
     assert sum(r.cached for r in res) == 4
+
+
+def test_http_counters_are_per_run_when_a_backend_serves_two_stages(tmp_path):
+    run = RunDir(str(tmp_path))
+    with FakeOpenAIServer(script=["ok", "ok", "ok", "500", "ok", "ok"]) as srv:
+        llm = llm_for(srv.base_url, max_concurrency=1)
+        with OpenAIBackend(llm, sleep=lambda s: None) as b:
+            run_requests([areq(f"first {i}") for i in range(3)], llm, run, "generate", progress=False, backend=b)
+            run_requests([areq(f"second {i}") for i in range(2)], llm, run, "probe", progress=False, backend=b)
+            assert b.counters() == {"http_calls": 6, "http_retries": 1, "http_request_errors": 0}
+    first = Ledger(run, "generate").read_stats()["runs"][-1]
+    second = Ledger(run, "probe").read_stats()["runs"][-1]
+    assert (first["http_calls"], first["http_retries"]) == (3, 0)
+    assert (second["http_calls"], second["http_retries"]) == (3, 1)  # not the backend's running totals
