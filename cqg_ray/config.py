@@ -95,6 +95,8 @@ class LlamaCppConfig(Section):
     n_batch: int = Field(512, ge=1)
     num_actors: int = Field(1, ge=1)
     cache_dir: str | None = Field(None, description="where bundled models are assembled (default ~/.cache/cqg-ray)")
+    batch_generate: int = Field(16, ge=1, description="greedy generation prompts decoded together (continuous batching); 1 = one at a time")
+    score_batch: int = Field(64, ge=1, le=256, description="single-pass prompts sharing one text evaluated in one batch (their shared prefix once)")
 
 
 class OpenAIConfig(Section):
@@ -136,7 +138,10 @@ class LLMConfig(Section):
     max_tokens_answer: int = Field(200, ge=8, description="max new tokens for a yes/no answer prompt")
     max_attempts: int = Field(3, ge=1, description="tries for an unparseable answer before it is recorded as failed")
     constrained: bool = Field(True, description="force the answer format (grammar / structured outputs) where supported")
-    logprobs: bool = Field(False, description="record P(yes) where the backend gives logprobs")
+    answer_mode: Literal["single", "packed"] = Field("single", description="how yes/no questions are answered (labelling and probing): "
+                                                     "single = one question per prompt, P(yes) from one position's logits, the text's prefix shared; "
+                                                     "packed = the paper's A.3 prompt, questions_per_prompt numbered questions, answers decoded")
+    logprobs: bool = Field(False, description="record P(yes) where the backend gives logprobs (packed mode; single-pass always has it)")
     flush_every: int = Field(32, ge=1, description="results per ledger shard (each result is journalled the moment it finishes)")
     retry_failed: bool = Field(False, description="on a rerun, ask again the requests the ledger holds as failed (after fixing a server, say)")
     llamacpp: LlamaCppConfig = Field(default_factory=LlamaCppConfig)
@@ -359,8 +364,8 @@ def stage_hash(cfg: PipelineConfig, stage: str) -> str:
         "prepare": [cfg.corpus],
         "encode": [cfg.encode.model, cfg.encode.dtype, cfg.encode.max_seq_length],
         "cluster": [cfg.cluster],
-        "questions": [cfg.cqg, llm_identity(cfg.llm), cfg.encode.model],
-        "labels": [cfg.label, llm_identity(cfg.llm)],
+        "questions": [cfg.cqg, llm_identity(cfg.llm), cfg.encode.model, cfg.llm.answer_mode],
+        "labels": [cfg.label, llm_identity(cfg.llm), cfg.llm.answer_mode],
         "model": [cfg.train],
         "evaluation": [cfg.evaluate],
     }

@@ -88,8 +88,8 @@ def generation_requests(cfg: PipelineConfig, samples: list[Sample], texts: dict[
 
 def probe_requests(cfg: PipelineConfig, probes: list[Sample], cand: dict[int, list[int]], cand_text: list[str],
                    texts: dict[str, str], doc_ids: np.ndarray):
-    from cqg_ray.llm.base import Request
-    from cqg_ray.llm.prompts import answer_messages, chunk_questions, clip_text
+    from cqg_ray.llm.answers import answer_requests
+    from cqg_ray.llm.prompts import clip_text
 
     reqs = []
     for s in probes:
@@ -99,10 +99,8 @@ def probe_requests(cfg: PipelineConfig, probes: list[Sample], cand: dict[int, li
         for role, arr in zip(ROLES, (s.positives, s.hard, s.easy)):
             for i in arr:
                 text = clip_text(texts[str(doc_ids[i])], cfg.cqg.max_text_chars)
-                for chunk in chunk_questions(qids, cfg.label.questions_per_prompt):
-                    msgs = answer_messages(text, [cand_text[q] for q in chunk])
-                    reqs.append(Request(msgs, max_tokens=cfg.llm.max_tokens_answer, n_answers=len(chunk),
-                                        meta={"cluster": int(s.cluster), "doc_id": str(doc_ids[i]), "role": role, "question_ids": list(chunk)}))
+                reqs.extend(answer_requests(text, qids, cand_text, cfg.llm.answer_mode, cfg.label.questions_per_prompt, cfg.llm.max_tokens_answer,
+                                            meta={"cluster": int(s.cluster), "doc_id": str(doc_ids[i]), "role": role}))
     return reqs
 
 

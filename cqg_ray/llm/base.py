@@ -7,8 +7,10 @@
 Callers normally go through ``cqg_ray.llm.runner.run_requests``, which adds the ledger (resume, no repeated
 calls), retries and accounting on top of a backend.
 
-A request with ``n_answers`` set asks for exactly that many "i. yes|no" lines; with ``LLMConfig.constrained``
-the backend forces that format (a llama.cpp GBNF grammar, a vLLM structured-outputs regex). Sampling is
+A request with ``n_answers`` set asks for exactly that many "i. yes|no" lines (the paper's packed A.3 mode); with
+``LLMConfig.constrained`` the backend forces that format (a llama.cpp GBNF grammar, a vLLM structured-outputs
+regex). A request with ``yes_no`` set is single-pass: no text is decoded; the backend reads P(yes) from the
+yes/no tokens' logits at the first answer position and returns it as ``p_yes=[p]``. Sampling is
 the config's (temperature 0 by default); a request may override temperature and seed (the runner does so
 when it asks again after an unreadable answer).
 """
@@ -35,7 +37,9 @@ class Request:
 
     messages: list[Message]
     max_tokens: int
-    n_answers: int | None = None  # the reply must be exactly n lines "i. yes|no"; the runner parses it
+    n_answers: int | None = None  # packed (A.3): the reply must be exactly n lines "i. yes|no"; the runner parses it
+    yes_no: bool = False  # single-pass: P(yes) is read from the logits of the first answer position, nothing decoded
+    answer_prefix: str = ""  # single-pass: the start of the reply, after which the answer token comes (e.g. "1.")
     meta: dict[str, Any] = field(default_factory=dict)
     temperature: float | None = None  # None = LLMConfig.temperature
     seed: int | None = None
@@ -52,6 +56,10 @@ class Request:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.n_answers is not None and self.n_answers < 1:
             raise ValueError(f"n_answers must be >= 1 or None, got {self.n_answers}")
+        if self.answer_prefix and not self.yes_no:
+            raise ValueError("answer_prefix applies to single-pass (yes_no) requests only")
+        if self.yes_no and self.n_answers is not None:
+            raise ValueError("a request is either single-pass (yes_no) or packed (n_answers), not both")
 
 
 @dataclass
@@ -61,9 +69,10 @@ class Completion:
     text: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    p_yes: list[float | None] | None = None  # P(yes) per answer line, from logprobs, when asked for and available
+    p_yes: list[float | None] | None = None  # P(yes) per answer line (packed, with logprobs) or [P(yes)] (single-pass)
     error: str | None = None
     final: bool = False  # asking again cannot help (e.g. the server refused this prompt with a 4xx)
+    cached_tokens: int = 0  # prompt tokens served from a shared prefix / prefix cache instead of computed
 
 
 def answer_gbnf(n: int) -> str:

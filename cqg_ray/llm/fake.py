@@ -1,7 +1,8 @@
 """A scripted backend for fast orchestration tests (never for real runs).
 
 Default replies are deterministic: an answer request gets "i. yes|no" lines chosen by a hash of the prompt
-and the line number; any other request gets a numbered list of three yes/no questions. Pass ``reply`` to
+and the line number; a single-pass request gets P(yes) from a hash of the prompt; any other request gets a
+numbered list of three yes/no questions. Pass ``reply`` to
 script anything else (a function of the request returning text or a ``Completion``). Every request sent is
 appended to ``calls``.
 """
@@ -16,8 +17,11 @@ from cqg_ray.config import LLMConfig
 from cqg_ray.llm.base import Backend, Completion, Request
 
 
-def default_reply(req: Request) -> str:
+def default_reply(req: Request) -> "str | Completion":
     prompt = "\n".join(m["content"] for m in req.messages)
+    if req.yes_no:
+        p = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "big") / 2**32
+        return Completion("yes" if p > 0.5 else "no", prompt_tokens=len(prompt) // 4 + 1, p_yes=[p])
     if req.n_answers is not None:
         lines = []
         for i in range(1, req.n_answers + 1):

@@ -64,6 +64,9 @@ def request_key(identity: dict[str, Any], req: Request, logprobs: bool = False) 
         "n_answers": req.n_answers,
         "logprobs": bool(logprobs and req.n_answers is not None),
     }
+    if req.yes_no:  # only where it applies, so packed and generation keys stay as they were
+        payload["yes_no"] = True
+        payload["answer_prefix"] = req.answer_prefix
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 

@@ -16,6 +16,11 @@
   ``use_extra_bufts=False``, which avoids that path whatever the build (same speed, per ENVIRONMENT.md).
 - Consecutive prompts sharing a prefix reuse llama.cpp's KV cache for that prefix (llama-cpp-python keeps
   the previous prompt's tokens), which is why the runner sorts requests by prompt.
+- Single-pass requests (``Request.yes_no``) never decode: ``BatchEngine.score`` (``cqg_ray.llm.batch``) evaluates
+  each group of prompts sharing a text once, with every question's suffix in the same batch, and reads P(yes)
+  from the logits after each suffix. Greedy generation requests (temperature 0, no grammar) are decoded
+  ``llamacpp.batch_generate`` at a time by ``BatchEngine.generate``; the rest (packed answers under a grammar,
+  retries at a higher temperature) go one at a time through ``create_chat_completion``.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from typing import Any, Iterator, Sequence
 
 from cqg_ray.config import LLMConfig
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf
+from cqg_ray.llm.batch import BatchEngine
 from cqg_ray.llm.bundled import resolve_model
 from cqg_ray.llm.parse import p_yes_from_tokens
 
 INSTALL_HINT = "python -m cqg_ray.llm.install   (builds llama-cpp-python[server]==0.3.36 for this CPU, cached)"
 YES_NO_WORDS = ("yes", " yes", "Yes", " Yes", "YES", " YES", "no", " no", "No", " No", "NO", " NO")
+SCORE_CHUNK = 256  # single-pass prompts per BatchEngine.score call (results reach the ledger per chunk)
 
 
 def available_cpus() -> int:
@@ -116,6 +123,84 @@ class LlamaCppBackend(Backend):
             )
         self._grammars: dict[int, Any] = {}
         self._yes_no_ids: dict[int, str] | None = None
+        self._engine: BatchEngine | None = None
+        self._formatter: Any = None
+
+    @property
+    def engine(self) -> BatchEngine:
+        """Batched scoring and generation contexts over this model (made on first use)."""
+        if self._engine is None:
+            cfg = self.llm.llamacpp
+            self._engine = BatchEngine(self.model, self.n_threads, score_seqs=cfg.score_batch, score_ctx=max(cfg.n_ctx, 2048),
+                                       gen_seqs=cfg.batch_generate, gen_ctx_per_seq=cfg.n_ctx)
+        return self._engine
+
+    def prompt_tokens(self, req: Request) -> list[int]:
+        """The chat-templated prompt's tokens, exactly as ``create_chat_completion`` builds them (the GGUF's template),
+        then a single-pass request's ``answer_prefix``."""
+        if self._formatter is None:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter  # noqa: PLC0415
+
+            m = self.model
+            template = m.metadata.get("tokenizer.chat_template")
+            if not template:
+                raise BackendError(f"{self.model_path} has no chat template; single-pass answering needs one")
+            eos, bos = m.token_eos(), m.token_bos()
+            self._formatter = Jinja2ChatFormatter(template=template, eos_token=m._model.token_get_text(eos) if eos != -1 else "",
+                                                  bos_token=m._model.token_get_text(bos) if bos != -1 else "", stop_token_ids=[eos])
+        res = self._formatter(messages=req.messages)
+        tokens = self.model.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True)
+        if req.answer_prefix:  # the start of the reply, after the template's assistant header
+            tokens += self.model.tokenize(req.answer_prefix.encode("utf-8"), add_bos=False, special=False)
+        return tokens
+
+    def yes_no_token_sets(self) -> tuple[list[int], list[int]]:
+        ids = self.yes_no_ids()
+        yes = [i for i, w in ids.items() if w.strip().lower() == "yes"]
+        no = [i for i, w in ids.items() if w.strip().lower() == "no"]
+        return yes, no
+
+    def score(self, requests: Sequence[Request], share_prefix: bool = True) -> list[Completion]:
+        """Single-pass answers: P(yes) at the first answer position of each prompt, prompts sharing a text batched."""
+        tokens = [self.prompt_tokens(r) for r in requests]
+        yes, no = self.yes_no_token_sets()
+        out: list[Completion | None] = [None] * len(requests)
+        fits = [i for i, t in enumerate(tokens) if len(t) <= self.engine.score_ctx]
+        for i in set(range(len(requests))) - set(fits):
+            out[i] = Completion("", len(tokens[i]), error=f"llama.cpp: the prompt has {len(tokens[i])} tokens, more than n_ctx={self.engine.score_ctx}", final=True)
+        scored = self.engine.score([tokens[i] for i in fits], yes, no, share_prefix=share_prefix)
+        for i, (p, cached) in zip(fits, scored):
+            out[i] = Completion("yes" if p > 0.5 else "no", len(tokens[i]), 0, [p], cached_tokens=cached)
+        return out  # type: ignore[return-value]
+
+    def generate_batched(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
+        """Greedy completions of several prompts decoded together, as each finishes."""
+        tokens = [self.prompt_tokens(r) for r in requests]
+        ok = [i for i, t in enumerate(tokens) if len(t) + requests[i].max_tokens <= self.engine.gen_ctx_per_seq]
+        for i in sorted(set(range(len(requests))) - set(ok)):
+            yield i, Completion("", len(tokens[i]), error=f"llama.cpp: {len(tokens[i])} prompt tokens + max_tokens={requests[i].max_tokens} exceed n_ctx={self.engine.gen_ctx_per_seq}", final=True)
+        for j, out in self.engine.generate([tokens[i] for i in ok], [requests[i].max_tokens for i in ok]):
+            i = ok[j]
+            text = self.model.detokenize(out).decode("utf-8", errors="ignore")
+            yield i, Completion(text, len(tokens[i]), len(out))
+
+    def batchable(self, req: Request) -> bool:
+        """Decoded in a batch: greedy, no grammar, no logprobs to record."""
+        return (not req.yes_no and self.llm.llamacpp.batch_generate > 1 and self.temperature(req) == 0
+                and not self.constrained(req) and not (self.llm.logprobs and req.n_answers is not None))
+
+    def stream(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
+        single = [i for i, r in enumerate(requests) if r.yes_no]
+        batched = [i for i, r in enumerate(requests) if self.batchable(r)]
+        rest = sorted(set(range(len(requests))) - set(single) - set(batched))
+        for s in range(0, len(single), SCORE_CHUNK):
+            idx = single[s : s + SCORE_CHUNK]
+            yield from zip(idx, self.score([requests[i] for i in idx]))
+        if batched:
+            for j, c in self.generate_batched([requests[i] for i in batched]):
+                yield batched[j], c
+        for i in rest:
+            yield i, self.complete_one(requests[i])
 
     def grammar(self, n: int):
         from llama_cpp import LlamaGrammar  # noqa: PLC0415
@@ -177,9 +262,15 @@ class LlamaCppBackend(Backend):
         return out
 
     def complete(self, requests: Sequence[Request]) -> list[Completion]:
-        return [self.complete_one(r) for r in requests]
+        out: list[Completion | None] = [None] * len(requests)
+        for i, c in self.stream(requests):
+            out[i] = c
+        return out  # type: ignore[return-value]
 
     def close(self) -> None:
+        if getattr(self, "_engine", None) is not None:
+            self._engine.close()
+            self._engine = None
         model = getattr(self, "model", None)
         if model is not None:
             model.close()
@@ -223,10 +314,33 @@ class LlamaCppActorPool(Backend):
             self.close()
             raise
 
+    def chunks(self, requests: Sequence[Request]) -> list[list[int]]:
+        """Consecutive runs of requests of one kind, cut to a size that keeps each actor's batching whole:
+        ``SCORE_CHUNK`` single-pass prompts (the questions about a text share its prefix), twice
+        ``batch_generate`` greedy generations, ``chunk_size`` of anything else."""
+        cfg = self.llm.llamacpp
+
+        def kind(r: Request) -> tuple[str, int]:
+            if r.yes_no:
+                return "score", SCORE_CHUNK
+            if cfg.batch_generate > 1 and r.n_answers is None and (r.temperature is None and self.llm.temperature == 0 or r.temperature == 0):
+                return "generate", 2 * cfg.batch_generate
+            return "one", self.chunk_size
+
+        out: list[list[int]] = []
+        last = None
+        for i, r in enumerate(requests):
+            k, size = kind(r)
+            if k != last or len(out[-1]) >= size:
+                out.append([])
+            out[-1].append(i)
+            last = k
+        return out
+
     def stream(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
         import ray  # noqa: PLC0415
 
-        chunks = [list(range(s, min(s + self.chunk_size, len(requests)))) for s in range(0, len(requests), self.chunk_size)]
+        chunks = self.chunks(requests)
         next_chunk = 0
         inflight: dict[Any, tuple[Any, list[int]]] = {}
 

@@ -19,7 +19,9 @@
 - Constrained answers: ``send_grammar`` adds a llama.cpp GBNF ``grammar``; ``send_structured_outputs`` adds
   vLLM's ``structured_outputs: {regex: ...}``; ``extra_body`` is merged into every request body.
 - With ``LLMConfig.logprobs``, answer requests ask for ``logprobs`` + ``top_logprobs=5`` and P(yes) per line
-  is read from them.
+  is read from them. A single-pass request (``yes_no``) asks for one token with ``top_logprobs=20`` and P(yes)
+  is read from that position (servers that return no logprobs make it an error); the server's prefix cache
+  (vLLM's, llama.cpp's) reuses the shared text, and ``usage.prompt_tokens_details.cached_tokens`` is counted.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ import httpx
 
 from cqg_ray.config import LLMConfig
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, answer_regex
-from cqg_ray.llm.parse import p_yes_from_tokens
+from cqg_ray.llm.parse import p_yes_from_tokens, p_yes_from_top
 
 MAX_BACKOFF_S = 60.0
 TOP_LOGPROBS = 5
+TOP_LOGPROBS_SINGLE = 20  # single-pass: the yes and no spellings must both be among the first token's alternatives
 SETUP_ERRORS = (401, 403, 404, 405)  # wrong key, model or URL: every request would fail the same way
 FATAL_4XX_IN_A_ROW = 32  # requests refused in a row (prompts about one long text come together)
 
@@ -56,6 +59,11 @@ def chat_body(llm: LLMConfig, req: Request, temperature: float) -> dict[str, Any
     }
     if req.seed is not None:
         body["seed"] = req.seed
+    if req.yes_no:  # single-pass: one token, P(yes) from its top logprobs
+        body.update({"max_tokens": 1, "logprobs": True, "top_logprobs": TOP_LOGPROBS_SINGLE})
+        if req.answer_prefix:  # the reply's start as a final assistant message, continued (vLLM's chat parameters)
+            body["messages"] = [*req.messages, {"role": "assistant", "content": req.answer_prefix}]
+            body.update({"continue_final_message": True, "add_generation_prompt": False})
     if llm.logprobs and req.n_answers is not None:
         body["logprobs"] = True
         body["top_logprobs"] = TOP_LOGPROBS
@@ -85,12 +93,19 @@ def completion_from_json(data: Any, req: Request, want_p_yes: bool) -> Completio
     except (KeyError, IndexError, TypeError, AttributeError):
         return Completion("", error=f"malformed chat completion: {str(data)[:300]}")
     usage = data.get("usage") or {}
+    cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+    if req.yes_no:
+        p = p_yes_from_top(tokens_from_openai_logprobs(choice.get("logprobs")))
+        if p is None:
+            return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                              error=f"single-pass answer without yes/no logprobs (does the server return top_logprobs?): {str(choice.get('logprobs'))[:300]}", cached_tokens=cached)
+        return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), [p], cached_tokens=cached)
     p_yes = None
     if want_p_yes and req.n_answers is not None and choice.get("logprobs"):
         tokens = tokens_from_openai_logprobs(choice["logprobs"])
         if tokens:
             p_yes = p_yes_from_tokens(tokens, req.n_answers)
-    return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), p_yes)
+    return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), p_yes, cached_tokens=cached)
 
 
 def backoff_delay(attempt: int, base_s: float, retry_after: str | None = None) -> float:

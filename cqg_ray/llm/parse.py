@@ -15,7 +15,7 @@ import bisect
 import math
 import re
 
-__all__ = ["ParseError", "QuestionList", "parse_questions", "parse_answers", "answer_offsets", "p_yes_from_tokens", "YES_NO_AUXILIARIES"]
+__all__ = ["ParseError", "QuestionList", "parse_questions", "parse_answers", "answer_offsets", "p_yes_from_tokens", "p_yes_from_top", "YES_NO_AUXILIARIES"]
 
 
 class ParseError(ValueError):
@@ -232,3 +232,16 @@ def p_yes_from_tokens(tokens: list[tuple[str, float, dict[str, float]]], n: int)
         pn = sum(math.exp(v) for tok, v in cand.items() if _side(tok) == "no")
         out.append(py / (py + pn) if py + pn > 0 else None)
     return out
+
+
+def p_yes_from_top(tokens: list[tuple[str, float, dict[str, float]]]) -> float | None:
+    """P(yes) of a single-pass answer from its first generated position: p(yes-like) / (p(yes-like) + p(no-like))
+    over the chosen token and its top alternatives ("Yes", " yes", "y" / "No", " no", "n"). None when the position
+    is missing or holds no yes/no token at all; a side absent from the top alternatives counts as 0."""
+    if not tokens:
+        return None
+    chosen, lp, alts = tokens[0]
+    cand = {**alts, chosen: lp}
+    py = sum(math.exp(v) for tok, v in cand.items() if _side(tok) == "yes")
+    pn = sum(math.exp(v) for tok, v in cand.items() if _side(tok) == "no")
+    return py / (py + pn) if py + pn > 0 else None

@@ -2,7 +2,8 @@
 
     cqg_messages(positives, negatives)          A.1  Contrastive Question Generation (n_p positives, n_h + n_e negatives)
     qaemb_messages(articles, examples)          A.2  QAEmb question generation (the baseline)
-    answer_messages(text_chunk, questions)      A.3  yes/no answering, up to 20 questions per prompt
+    answer_messages(text_chunk, questions)      A.3  yes/no answering, up to 20 questions per prompt (packed mode)
+    single_answer_messages(text_chunk, question)     A.3 with one question (single-pass mode: P(yes) from one position)
 
 Each returns ``[{"role": "user", "content": ...}]``; the chat template is the model's (llama.cpp reads it from
 the GGUF, vLLM and OpenAI-compatible servers from the tokenizer), so no system prompt is added here.
@@ -134,6 +135,40 @@ def answer_prompt(text_chunk: str, questions: list[str]) -> str:
         "1. yes/no\n"
         "2. yes/no"
     )
+
+
+SINGLE_ANSWER_PREFIX = "1."  # the start of the model's reply: the next token is its " yes" or " no"
+
+
+def single_answer_prompt(text_chunk: str, question: str) -> str:
+    """A.3 with one question, for single-pass answering: the reply starts with ``SINGLE_ANSWER_PREFIX`` ("1.") and
+    P(yes) is read from the next token's logits.
+
+    Where it differs from A.3, and why: one question instead of a list; the instruction ("answer each question with
+    either yes or no") comes before the text instead of after the questions, so everything up to "Questions:" is a
+    prefix shared by all questions about the text (computed once) and each question costs only its own line; the
+    answer-format lines ("1. yes/no") are replaced by the reply's own start "1.", after which the model's next token
+    is its answer. (Measured on the bundled models, this reads the answer better than a bare "Question: ..." with
+    the reply's first token: see the README, "Answer modes".)
+    """
+    if not isinstance(text_chunk, str):
+        raise TypeError(f"text_chunk is {type(text_chunk).__name__}, expected str")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("question must be a non-empty string")
+    return (
+        'Evaluate the following text chunk based on the yes/no questions provided. Answer each question with either "yes" or "no".\n'
+        "\n"
+        "Text Chunk:\n"
+        f"{text_chunk}\n"
+        "\n"
+        "Questions:\n"
+        f"1. {question}"
+    )
+
+
+def single_answer_messages(text_chunk: str, question: str) -> list[Message]:
+    """The user message of ``single_answer_prompt``; the request carries ``answer_prefix=SINGLE_ANSWER_PREFIX``."""
+    return _user(single_answer_prompt(text_chunk, question))
 
 
 def cqg_messages(positives: list[str], negatives: list[str], n_questions: int = 10) -> list[Message]:

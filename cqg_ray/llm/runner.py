@@ -7,9 +7,11 @@
 What it does, in order:
 1. keys every request (``ledger.request_key``) and loads the stage's ledger; keys already there are not
    sent again (a failed key neither, unless ``retry_failed=True`` or ``llm.retry_failed``); identical requests are sent once;
-2. sorts the rest by prompt so prompts sharing a prefix (A.3: the same text chunk) run one after another
-   (llama.cpp keeps the shared prefix in its KV cache; vLLM's prefix caching does the same across a batch);
-3. streams them through the backend; an answer request (``n_answers``) whose reply does not parse, or a
+2. sorts the rest by prompt so prompts sharing a prefix (the same text chunk) run one after another
+   (llama.cpp keeps the shared prefix in its KV cache, or evaluates it once for a batch of single-pass
+   questions; vLLM's prefix caching does the same across a batch);
+3. streams them through the backend; a single-pass request (``yes_no``) is answered ``p_yes > 0.5`` and is
+   not asked again unless the backend failed (the same prompt gives the same logits); a packed answer request (``n_answers``) whose reply does not parse, or a
    request the backend failed, is asked again, up to ``LLMConfig.max_attempts`` in all; attempts after the
    first sample at temperature ``RETRY_TEMPERATURE`` (seed = attempt number), since at temperature 0 the
    same prompt gives the same reply; a request still unreadable after the last attempt is recorded as
@@ -90,6 +92,10 @@ def judge(req: Request, c: Completion) -> tuple[bool, list[bool] | None, str | N
     """(accepted, answers, error) for one completion of one request."""
     if c.error:
         return False, None, c.error
+    if req.yes_no:
+        if not c.p_yes or len(c.p_yes) != 1 or c.p_yes[0] is None or not 0.0 <= c.p_yes[0] <= 1.0:
+            return False, None, f"single-pass answer without a P(yes): {c.p_yes!r}"
+        return True, [c.p_yes[0] > 0.5], None
     if req.n_answers is None:
         return True, None, None
     try:
@@ -144,6 +150,7 @@ def run_requests(
         "failures": 0,
         "retries": 0,
         "prompt_tokens": 0,
+        "cached_prompt_tokens": 0,
         "completion_tokens": 0,
         "wall_s": 0.0,
         "complete": False,
@@ -203,10 +210,11 @@ def run_requests(
                 p.text = c.text
                 this_run["sent"] += 1
                 this_run["prompt_tokens"] += c.prompt_tokens
+                this_run["cached_prompt_tokens"] += c.cached_tokens
                 this_run["completion_tokens"] += c.completion_tokens
                 ok, answers, error = judge(p.request, c)
                 p.error = error
-                if ok or attempt == llm.max_attempts or c.final:
+                if ok or attempt == llm.max_attempts or c.final or (p.request.yes_no and not c.error):  # same prompt, same logits
                     row = _finish(p, ok, answers, c.p_yes if ok else None)
                     ledger.record(row)  # journalled now: a kill from here on cannot lose it
                     buffer.append(row)

@@ -25,9 +25,10 @@ from typing import Any, Iterator, Sequence
 
 from cqg_ray.config import LLMConfig, VLLMConfig
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_regex
-from cqg_ray.llm.parse import p_yes_from_tokens
+from cqg_ray.llm.parse import p_yes_from_tokens, p_yes_from_top
 
 TOP_LOGPROBS = 5
+TOP_LOGPROBS_SINGLE = 20
 
 
 def processor_config_kwargs(cfg: VLLMConfig) -> dict[str, Any]:
@@ -59,6 +60,9 @@ def sampling_params(llm: LLMConfig, req: Request, temperature: float) -> dict[st
     params: dict[str, Any] = {"temperature": temperature, "max_tokens": req.max_tokens}
     if req.seed is not None:
         params["seed"] = req.seed
+    if req.yes_no:  # single-pass: one token; P(yes) from its top logprobs (prefix caching reuses the shared text)
+        params.update({"max_tokens": 1, "logprobs": TOP_LOGPROBS_SINGLE})
+        return params
     if llm.constrained and req.n_answers is not None:
         params["structured_outputs"] = {"regex": answer_regex(req.n_answers)}
     if llm.logprobs and req.n_answers is not None:
@@ -66,10 +70,18 @@ def sampling_params(llm: LLMConfig, req: Request, temperature: float) -> dict[st
     return params
 
 
+def chat_messages(req: Request) -> list[dict[str, str]]:
+    """The request's messages; a single-pass answer prefix becomes a final assistant message, which Ray's chat
+    template stage continues (no generation prompt is added after an assistant message)."""
+    if req.yes_no and req.answer_prefix:
+        return [*req.messages, {"role": "assistant", "content": req.answer_prefix}]
+    return req.messages
+
+
 def request_rows(llm: LLMConfig, requests: Sequence[Request], temperature_of) -> list[dict[str, Any]]:
     """Dataset rows: idx + messages and sampling params as JSON strings (one Arrow schema for every row)."""
     return [
-        {"idx": i, "messages_json": json.dumps(r.messages), "sampling_json": json.dumps(sampling_params(llm, r, temperature_of(r)))}
+        {"idx": i, "messages_json": json.dumps(chat_messages(r)), "sampling_json": json.dumps(sampling_params(llm, r, temperature_of(r)))}
         for i, r in enumerate(requests)
     ]
 
@@ -104,7 +116,10 @@ def postprocess(row: dict[str, Any]) -> dict[str, Any]:
     """Engine output row -> the few columns the runner needs (p_yes as JSON: None or a list)."""
     p_yes = None
     n = row.get("n_answers", -1)
-    if row.get("logprobs") is not None and n and n > 0:
+    if n == 0 and row.get("logprobs") is not None:  # 0 marks a single-pass request
+        p = p_yes_from_top(tokens_from_vllm_logprobs(list(row.get("generated_tokens") or []), list(row["logprobs"])))
+        p_yes = None if p is None else [p]
+    elif row.get("logprobs") is not None and n and n > 0:
         tokens = tokens_from_vllm_logprobs(list(row.get("generated_tokens") or []), list(row["logprobs"]))
         p_yes = p_yes_from_tokens(tokens, int(n))
     return {
@@ -113,6 +128,7 @@ def postprocess(row: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens": int(row.get("num_input_tokens") or 0),
         "completion_tokens": int(row.get("num_generated_tokens") or 0),
         "p_yes_json": json.dumps(p_yes),
+        "n_answers": int(n if n is not None else -1),
     }
 
 
@@ -125,6 +141,9 @@ def completion_from_row(row: dict[str, Any]) -> tuple[int, Completion]:
     if err:
         return idx, Completion("", error=f"vLLM: {err}")
     p_yes = json.loads(row.get("p_yes_json") or "null")
+    if row.get("n_answers") == 0 and not p_yes:
+        return idx, Completion(row.get("text") or "", int(row.get("prompt_tokens") or 0), int(row.get("completion_tokens") or 0),
+                               error="vLLM: single-pass answer without yes/no logprobs")
     return idx, Completion(row.get("text") or "", int(row.get("prompt_tokens") or 0), int(row.get("completion_tokens") or 0), p_yes)
 
 
@@ -154,7 +173,7 @@ class VLLMBackend(Backend):
 
         rows = request_rows(self.llm, requests, self.temperature)
         for row, r in zip(rows, requests):
-            row["n_answers"] = r.n_answers if r.n_answers is not None else -1
+            row["n_answers"] = 0 if r.yes_no else r.n_answers if r.n_answers is not None else -1
         config = vLLMEngineProcessorConfig(**processor_config_kwargs(self.llm.vllm))
         seen = set()
         for group in sampling_groups(rows):  # usually one: a stage sends one kind of request

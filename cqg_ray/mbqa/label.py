@@ -1,11 +1,12 @@
 """The labelling stage (`cqg-ray label`): LLM answers that train the MBQA heads (Appendix C).
 
 Reads questions/ (the selected questions and their source clusters), cluster/ and prepare/; plans which
-texts each question is asked about (``cqg_ray.mbqa.plan``: own cluster / nearest clusters / random, packed
-20 questions to a prompt about one text) and sends the A.3 prompts through the LLM layer (ledger stage
-``labels``: a killed run repeats no finished call). Writes under labels/:
+texts each question is asked about (``cqg_ray.mbqa.plan``: own cluster / nearest clusters / random, grouped
+by text) and asks them through the LLM layer (ledger stage ``labels``: a killed run repeats no finished call),
+in ``llm.answer_mode``: single-pass (one question per prompt, P(yes) from the logits, the text's prefix
+shared by its questions) or packed (the paper's A.3, 20 questions per prompt). Writes under labels/:
 
-    labels.parquet           doc_id, question_id, answer (bool), p_yes (float, null without logprobs), source
+    labels.parquet           doc_id, question_id, answer (bool), p_yes (float: always in single mode; null in packed mode without logprobs), source
     question_stats.parquet   question_id, planned, answered, yes, yes_rate
     failures.parquet         the prompts that stayed unreadable after llm.max_attempts: doc_id, question_ids, raw text, error
     stats.json
@@ -28,18 +29,22 @@ SOURCES = np.array(["cluster", "neighbor", "random"])
 
 
 def label_requests(cfg: PipelineConfig, plan, questions: list[str], doc_ids: np.ndarray, texts: dict[str, str]):
-    """One A.3 request per planned prompt (pure: plan + texts in, requests out)."""
-    from cqg_ray.llm.base import Request
-    from cqg_ray.llm.prompts import answer_messages, clip_text
+    """The requests of the plan (pure: plan + texts in, requests out) and, aligned, the text (row index) each asks about.
 
-    reqs = []
+    ``llm.answer_mode`` single: one single-pass request per planned pair; packed: one A.3 request per planned prompt.
+    """
+    from cqg_ray.llm.answers import answer_requests
+    from cqg_ray.llm.prompts import clip_text
+
+    reqs, req_doc = [], []
     for i, d in enumerate(plan.prompt_doc):
         qids = plan.prompt_questions[plan.prompt_offsets[i]: plan.prompt_offsets[i + 1]].tolist()
         doc_id = str(doc_ids[d])
-        msgs = answer_messages(clip_text(texts[doc_id], cfg.label.max_text_chars), [questions[q] for q in qids])
-        reqs.append(Request(msgs, max_tokens=max(cfg.llm.max_tokens_answer, 8 * len(qids)), n_answers=len(qids),
-                            meta={"doc_id": doc_id, "question_ids": qids}))
-    return reqs
+        new = answer_requests(clip_text(texts[doc_id], cfg.label.max_text_chars), qids, questions, cfg.llm.answer_mode,
+                              cfg.label.questions_per_prompt, cfg.llm.max_tokens_answer, meta={"doc_id": doc_id})
+        reqs.extend(new)
+        req_doc.extend([int(d)] * len(new))
+    return reqs, np.asarray(req_doc, dtype=np.int64)
 
 
 def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True) -> None:
@@ -57,9 +62,9 @@ def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: b
     plan = make_plan(cl.labels, cl.neighbors, q_clusters, cfg.label)
     n_pairs = len(plan.pair_question)
     texts = fetch_texts(run, cl.doc_ids[np.unique(plan.prompt_doc)])
-    reqs = label_requests(cfg, plan, questions, cl.doc_ids, texts)
-    log.info("label: %d questions, %d texts, %d (text, question) pairs in %d prompts (%.1f questions per prompt)",
-             len(questions), len(np.unique(plan.pair_doc)), n_pairs, len(reqs), n_pairs / max(1, len(reqs)))
+    reqs, req_doc = label_requests(cfg, plan, questions, cl.doc_ids, texts)
+    log.info("label: %d questions, %d texts, %d (text, question) pairs in %d prompts (%s answers, %.1f questions per prompt)",
+             len(questions), len(np.unique(plan.pair_doc)), n_pairs, len(reqs), cfg.llm.answer_mode, n_pairs / max(1, len(reqs)))
     results = run_requests(reqs, cfg.llm, run, "labels", progress=progress, backend=backend)
 
     # source of each (doc, question) pair, for the labels table
@@ -67,7 +72,7 @@ def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: b
     src_order = np.argsort(src_key)
     rows = {"doc_id": [], "question_id": [], "answer": [], "p_yes": [], "source": []}
     fails = {"doc_id": [], "question_ids": [], "text": [], "error": []}
-    for r, d in zip(results, plan.prompt_doc):
+    for r, d in zip(results, req_doc):
         if not r.ok or r.answers is None:
             fails["doc_id"].append(r.meta["doc_id"])
             fails["question_ids"].append(r.meta["question_ids"])

@@ -1,0 +1,256 @@
+"""Batched llama.cpp inference on one loaded model: single-pass yes/no scoring and batched greedy generation.
+
+    engine = BatchEngine(llama, n_threads=2)                 # llama: a loaded llama_cpp.Llama (weights shared)
+    engine.score([tokens, ...], yes_ids, no_ids)             # -> [(p_yes, cached_tokens), ...]
+    for i, tokens in engine.generate([prompt_tokens, ...], max_tokens=260): ...
+
+Scoring reads the answer from one position's logits, no decoding. A batch of prompts is evaluated as their prefix
+tree in one ``llama_decode`` call: every token of the tree once, tagged with the sequence ids of all prompts it is
+a prefix of (one KV cell serves them all, ``kv_unified``), and only each prompt's last position asks for logits.
+So the chat template and instruction are computed once per batch, a text once for all its questions, and each
+question's short suffix once: answering runs at llama.cpp's prompt speed on the tree's tokens.
+
+Generation decodes several prompts together (continuous batching): every step feeds one token per running
+sequence plus prompt chunks of newly admitted ones, so decoding is compute-bound over the batch instead of
+memory-bound one sequence at a time. Each sequence has its own KV stream (``kv_unified=False``), so attention
+stays per sequence. Greedy (temperature 0, no repeat penalty), as the sequential path samples.
+
+The grouping (``prefix_groups``, ``tree_entries``) and the yes/no arithmetic (``p_yes_from_logits``) are pure functions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def prefix_groups(token_lists: Sequence[Sequence[int]], max_seqs: int, max_tokens: int) -> list[tuple[int, int]]:
+    """Consecutive groups ``(start, end)`` of prompts evaluated in one batch as a prefix tree.
+
+    Prompt j of a group adds ``len - lcp(previous, j)`` tokens (its first, ``lcp(...)`` = 0), which is the tree's cost when
+    the prompts are in sorted order. A group holds at most ``max_seqs`` prompts and at most ``max_tokens`` tree tokens
+    (a single prompt longer than that forms a group of its own).
+    """
+    if max_seqs < 1 or max_tokens < 1:
+        raise ValueError("max_seqs and max_tokens must be >= 1")
+    groups: list[tuple[int, int]] = []
+    n, i = len(token_lists), 0
+    while i < n:
+        total, j = len(token_lists[i]), i + 1
+        while j < n and j - i < max_seqs:
+            add = len(token_lists[j]) - min(common_prefix(token_lists[j - 1], token_lists[j]), len(token_lists[j]) - 1)
+            if total + add > max_tokens:
+                break
+            total += add
+            j += 1
+        groups.append((i, j))
+        i = j
+    return groups
+
+
+def tree_entries(token_lists: Sequence[Sequence[int]]) -> tuple[list[tuple[int, int, list[int], bool]], list[int], list[int]]:
+    """The prefix tree of prompts (sorted, so that prompts sharing a prefix are neighbours) as batch entries.
+
+    Returns (entries, last, shared): ``entries`` are (token, position, prompts whose prefix it is, wants logits), each
+    token of the tree once; ``last[j]`` is the entry after which prompt j's answer is read; ``shared[j]`` is how many of
+    prompt j's tokens came from an earlier prompt. Every prompt keeps at least its last token as its own.
+    """
+    n = len(token_lists)
+    lcp = [0] + [min(common_prefix(token_lists[j - 1], token_lists[j]), len(token_lists[j]) - 1, len(token_lists[j - 1]) - 1) for j in range(1, n)]
+    entries: list[tuple[int, int, list[int], bool]] = []
+    last: list[int] = []
+    for j in range(n):
+        t = token_lists[j]
+        followers: list[int] = []  # prompts after j, with the running minimum of their lcp: node (j, pos) is theirs while that min > pos
+        run = len(t)
+        for i in range(j + 1, n):
+            run = min(run, lcp[i])
+            if run <= lcp[j]:
+                break
+            followers.append(run)
+        for pos in range(lcp[j], len(t)):
+            seqs = [j] + [j + 1 + k for k, m in enumerate(followers) if m > pos]
+            entries.append((int(t[pos]), pos, seqs, pos == len(t) - 1))
+        last.append(len(entries) - 1)
+    return entries, last, lcp
+
+
+def p_yes_from_logits(logits: np.ndarray, yes_ids: Sequence[int], no_ids: Sequence[int]) -> float:
+    """P(yes) = softmax over the two answers, each the total probability of its spellings ("yes", "Yes", ...)."""
+    x = np.asarray(logits, dtype=np.float64)
+    ly = _logsumexp(x[list(yes_ids)])
+    ln = _logsumexp(x[list(no_ids)])
+    return float(1.0 / (1.0 + math.exp(min(ln - ly, 700.0))))
+
+
+def _logsumexp(v: np.ndarray) -> float:
+    m = float(v.max())
+    return m + math.log(float(np.exp(v - m).sum()))
+
+
+@dataclass
+class _Slot:
+    """One running sequence of a generation batch."""
+
+    index: int  # into the prompts given to ``generate``
+    prompt: list[int]
+    max_tokens: int
+    fed: int = 0  # prompt tokens already in the KV cache
+    out: list[int] = field(default_factory=list)
+
+
+class BatchEngine:
+    """llama.cpp contexts over an already loaded ``llama_cpp.Llama`` model, for batched scoring and generation."""
+
+    def __init__(self, llama, n_threads: int, score_seqs: int = 64, score_ctx: int = 8192, gen_seqs: int = 16, gen_ctx_per_seq: int = 4096, n_ubatch: int = 512):
+        import llama_cpp as lc  # noqa: PLC0415
+
+        self.lc = lc
+        self.llama = llama
+        self.model = llama._model.model
+        self.vocab = lc.llama_model_get_vocab(self.model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+        self.n_threads = n_threads
+        self.score_seqs, self.score_ctx = score_seqs, score_ctx
+        self.gen_seqs, self.gen_ctx_per_seq = gen_seqs, gen_ctx_per_seq
+        self.n_ubatch = n_ubatch
+        self._score_ctx = None
+        self._gen_ctx = None
+
+    # ------------------------------------------------------------------ contexts and batches
+
+    def _context(self, n_ctx: int, n_seqs: int, unified: bool):
+        lc = self.lc
+        p = lc.llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = n_ctx
+        p.n_ubatch = min(self.n_ubatch, n_ctx)
+        p.n_seq_max = n_seqs
+        p.kv_unified = unified
+        p.n_threads = self.n_threads
+        p.n_threads_batch = self.n_threads
+        p.no_perf = True
+        ctx = lc.llama_init_from_model(self.model, p)
+        if not ctx:
+            raise RuntimeError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seqs})")
+        return ctx
+
+    def _decode(self, ctx, entries: list[tuple[int, int, Sequence[int], bool]]) -> None:
+        """One ``llama_decode`` of (token, position, sequence ids, wants logits) entries."""
+        lc = self.lc
+        n_seq = max(len(e[2]) for e in entries)
+        batch = lc.llama_batch_init(len(entries), 0, n_seq)
+        try:
+            for i, (tok, pos, seqs, logits) in enumerate(entries):
+                batch.token[i] = tok
+                batch.pos[i] = pos
+                batch.n_seq_id[i] = len(seqs)
+                row = batch.seq_id[i]
+                for k, s in enumerate(seqs):
+                    row[k] = s
+                batch.logits[i] = 1 if logits else 0
+            batch.n_tokens = len(entries)
+            rc = lc.llama_decode(ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed with code {rc} ({len(entries)} tokens)")
+        finally:
+            lc.llama_batch_free(batch)
+
+    def _logits(self, ctx, i: int) -> np.ndarray:
+        ptr = self.lc.llama_get_logits_ith(ctx, i)
+        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+
+    def _clear(self, ctx) -> None:
+        self.lc.llama_memory_clear(self.lc.llama_get_memory(ctx), True)
+
+    # ------------------------------------------------------------------ scoring
+
+    def score(self, token_lists: Sequence[Sequence[int]], yes_ids: Sequence[int], no_ids: Sequence[int], share_prefix: bool = True) -> list[tuple[float, int]]:
+        """(P(yes) at the position after each prompt, prompt tokens shared with another prompt of its batch) per prompt."""
+        if self._score_ctx is None:
+            self._score_ctx = self._context(self.score_ctx, self.score_seqs, unified=True)
+        ctx = self._score_ctx
+        for t in token_lists:
+            if not t:
+                raise ValueError("an empty prompt cannot be scored")
+            if len(t) > self.score_ctx:
+                raise ValueError(f"a prompt of {len(t)} tokens does not fit the scoring context ({self.score_ctx})")
+        order = sorted(range(len(token_lists)), key=lambda i: tuple(token_lists[i]))
+        ordered = [token_lists[i] for i in order]
+        out: list[tuple[float, int]] = [(float("nan"), 0)] * len(token_lists)
+        for start, end in prefix_groups(ordered, self.score_seqs if share_prefix else 1, self.score_ctx):
+            self._clear(ctx)
+            entries, last, shared = tree_entries(ordered[start:end])
+            self._decode(ctx, entries)
+            for j in range(end - start):
+                out[order[start + j]] = (p_yes_from_logits(self._logits(ctx, last[j]), yes_ids, no_ids), shared[j])
+        return out
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> Iterator[tuple[int, list[int]]]:
+        """(index, generated tokens without the end token) per prompt, as each finishes (greedy)."""
+        lc = self.lc
+        if self._gen_ctx is None:
+            self._gen_ctx = self._context(self.gen_ctx_per_seq * self.gen_seqs, self.gen_seqs, unified=False)
+        ctx = self._gen_ctx
+        self._clear(ctx)
+        mem = lc.llama_get_memory(ctx)
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError("an empty prompt cannot be generated from")
+            if len(p) + max_tokens[i] > self.gen_ctx_per_seq:
+                raise ValueError(f"prompt {i}: {len(p)} tokens + {max_tokens[i]} new ones do not fit a sequence's context ({self.gen_ctx_per_seq})")
+        queue = list(range(len(prompts)))[::-1]
+        slots: dict[int, _Slot] = {}
+        budget = self.n_ubatch * 4  # tokens per decode call
+        while queue or slots:
+            for s in range(self.gen_seqs):
+                if s not in slots and queue:
+                    i = queue.pop()
+                    slots[s] = _Slot(i, list(prompts[i]), int(max_tokens[i]))
+            entries: list[tuple[int, int, Sequence[int], bool]] = []
+            reads: dict[int, int] = {}  # slot -> batch index of its logits
+            for s, sl in slots.items():  # running sequences: their last token
+                if sl.fed == len(sl.prompt) and sl.out:
+                    entries.append((sl.out[-1], len(sl.prompt) + len(sl.out) - 1, (s,), True))
+                    reads[s] = len(entries) - 1
+            for s, sl in slots.items():  # prompts still being read, in chunks
+                if sl.fed < len(sl.prompt) and len(entries) < budget:
+                    n = min(len(sl.prompt) - sl.fed, budget - len(entries))
+                    for pos in range(sl.fed, sl.fed + n):
+                        entries.append((sl.prompt[pos], pos, (s,), pos == len(sl.prompt) - 1))
+                    sl.fed += n
+                    if sl.fed == len(sl.prompt):
+                        reads[s] = len(entries) - 1
+            self._decode(ctx, entries)
+            for s, idx in reads.items():
+                sl = slots[s]
+                tok = int(np.argmax(self._logits(ctx, idx)))
+                done = bool(lc.llama_vocab_is_eog(self.vocab, tok))
+                if not done:
+                    sl.out.append(tok)
+                if done or len(sl.out) >= sl.max_tokens:
+                    lc.llama_memory_seq_rm(mem, s, -1, -1)
+                    del slots[s]
+                    yield sl.index, sl.out
+
+    def close(self) -> None:
+        for name in ("_score_ctx", "_gen_ctx"):
+            ctx = getattr(self, name, None)
+            if ctx is not None:
+                self.lc.llama_free(ctx)
+                setattr(self, name, None)
