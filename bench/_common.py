@@ -18,3 +18,54 @@ def read_texts(path: str, n: int, min_chars: int = 1, max_chars: int | None = No
             if len(texts) == n:
                 break
     return texts
+
+
+def corpus_sample(n: int, seed: int = 0, min_chars: int = 40, max_chars: int = 300, pool: int = 50_000) -> list[str]:
+    """n texts drawn (seeded) from the first ``pool`` texts of the shared corpus whose length is in range."""
+    import random
+
+    texts = read_texts(DATA, pool, min_chars=min_chars)
+    random.Random(seed).shuffle(texts)
+    return [t[:max_chars] for t in texts[:n]]
+
+
+def cqg_prompts(n_prompts: int, seed: int = 0, n_pos: int = 6, n_neg: int = 12, max_chars: int = 200) -> list[list[dict]]:
+    """Real CQG (A.1) prompts: the shared corpus embedded by the bundled encoder and clustered with faiss into
+    ``n_prompts`` clusters; each prompt has n_pos texts of its cluster and n_neg texts of the other clusters."""
+    import faiss
+    import numpy as np
+
+    from cqg_ray.encoder import load_encoder
+    from cqg_ray.llm.prompts import clip_text, cqg_messages
+
+    texts = corpus_sample(max(2000, 40 * n_prompts), seed)
+    emb = np.asarray(load_encoder("bundled:all-MiniLM-L6-v2").encode(texts, batch_size=64, normalize_embeddings=True), dtype=np.float32)
+    km = faiss.Kmeans(emb.shape[1], n_prompts, niter=20, seed=seed, spherical=True)
+    km.train(emb)
+    labels = km.index.search(emb, 1)[1][:, 0]
+    rng = np.random.default_rng(seed)
+    prompts = []
+    for c in range(n_prompts):
+        own, other = np.flatnonzero(labels == c), np.flatnonzero(labels != c)
+        pos = rng.choice(own, min(n_pos, len(own)), replace=False)
+        neg = rng.choice(other, n_neg, replace=False)
+        prompts.append(cqg_messages([clip_text(texts[i], max_chars) for i in pos], [clip_text(texts[i], max_chars) for i in neg]))
+    return prompts
+
+
+def cpu_line() -> str:
+    """The CPU model and the flags that decide engine choices (for the top of a bench's output)."""
+    import platform
+
+    model, flags = platform.processor() or "?", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    keep = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni") if f in flags]
+    return f"cpu: {model}, {os.cpu_count()} cores; flags: {' '.join(keep) or 'none of avx2/avx512/amx'}"

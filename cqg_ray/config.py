@@ -96,7 +96,10 @@ class LlamaCppConfig(Section):
     num_actors: int = Field(1, ge=1)
     cache_dir: str | None = Field(None, description="where bundled models are assembled (default ~/.cache/cqg-ray)")
     batch_generate: int = Field(16, ge=1, description="greedy generation prompts decoded together (continuous batching); 1 = one at a time")
-    score_batch: int = Field(64, ge=1, le=256, description="single-pass prompts sharing one text evaluated in one batch (their shared prefix once)")
+    score_batch: int = Field(64, ge=1, le=256, description="single-pass prompts evaluated in one batch as a prefix tree (shared tokens once)")
+    score_engine: Literal["auto", "llamacpp", "torch-float32", "torch-bfloat16"] = Field(
+        "auto", description="engine for single-pass answers: llama.cpp on the GGUF, or torch on its weights dequantised once (cached); "
+        "auto = torch-bfloat16 on CPUs with AVX-512-BF16 or AMX, llama.cpp elsewhere (README: Answer modes, measured per machine kind)")
 
 
 class OpenAIConfig(Section):
@@ -182,6 +185,8 @@ class LabelConfig(Section):
     n_neighbor: int = Field(300, ge=0, description="texts per question from its nearest clusters (paper: 300)")
     n_random: int = Field(200, ge=0, description="random texts per question (paper: 200)")
     neighbor_clusters: int = Field(5, ge=1, description="nearest clusters used for neighbour texts (paper: 5)")
+    random_from: Literal["labelled", "corpus"] = Field("labelled", description="where a question's random texts come from: texts already labelled "
+                                                       "for other questions (each text then serves more questions) or the whole corpus")
     questions_per_prompt: int = Field(20, ge=1, le=100, description="questions answered per LLM prompt (paper: 20)")
     max_text_chars: int = Field(1500, ge=16)
     seed: int = 0
@@ -194,6 +199,8 @@ class TrainConfig(Section):
     lr: float = Field(1e-4, gt=0, description="alpha: Adam learning rate (the paper's 1e-4)")
     epochs: int = Field(100, ge=1, description="passes over the labelled pairs; at lr 1e-4 held-out macro F1 levels off at ~100 (README, Training)")
     pairs_per_head: int = Field(8, ge=1, description="labelled texts per head per training step (question-major steps: every step updates every head on its own texts)")
+    soft_labels: bool = Field(False, description="fit the heads to the LLM's P(yes) (single-pass answers) instead of its 0/1 answers; "
+                              "held-out fidelity is still measured against the 0/1 answers")
     pos_weight: float | Literal["auto"] = Field("auto", description="BCE pos_weight; auto = #no / #yes over the training labels")
     holdout: float = Field(0.1, ge=0, lt=1, description="fraction of labelled documents held out for evaluation")
     num_workers: int = Field(1, ge=1, description="Ray Train data-parallel workers")

@@ -100,6 +100,8 @@ class Workload:
     answer_tokens: float = 4.0  # tokens of one answer line "1. yes\n"
     chat_overhead_tokens: float = 20.0  # chat template around the user message
     chars_per_token: float = 4.0  # English text, BPE tokenizers
+    single_question_overhead_tokens: float = 9.0  # single-pass, per question: "1. ", end of turn, assistant header, the reply's "1."
+    single_batch: int = 64  # single-pass prompts per prefix tree (the chat template and instruction are computed once per tree)
     parse_rate: float = 1.0  # share of the requested questions that parse as yes/no questions
 
 
@@ -203,6 +205,18 @@ def answer_prompt_tokens(n_questions: float, text_tokens: float, w: Workload) ->
     return w.chat_overhead_tokens + _tokens(template_chars, w) + text_tokens + n_questions * w.question_tokens
 
 
+def single_pass_tokens(texts: float, pairs: float, text_tokens: float, w: Workload) -> float:
+    """Prompt tokens computed by single-pass answering: each labelled text once (with its "Text Chunk" lines), each
+    (text, question) pair's own line, and the chat template + instruction once per prefix tree of ``single_batch``
+    prompts (a lower bound for servers whose prefix cache keeps every text while its questions are asked)."""
+    from cqg_ray.llm.prompts import single_answer_prompt
+
+    head = single_answer_prompt("", "x").split("Text Chunk:")[0]
+    around_text = len("Text Chunk:\n\n\nQuestions:\n")
+    return (texts * (text_tokens + _tokens(around_text, w)) + pairs * (w.question_tokens + w.single_question_overhead_tokens)
+            + math.ceil(pairs / w.single_batch) * (w.chat_overhead_tokens + _tokens(len(head), w)))
+
+
 def generation_prompt_tokens(cfg: PipelineConfig, w: Workload) -> tuple[float, int]:
     """(tokens of one generation prompt, texts in it) for cqg.method (A.1 or A.2)."""
     from cqg_ray.llm.prompts import cqg_prompt, qaemb_prompt
@@ -284,6 +298,19 @@ def label_packing_estimate(n_docs: int, k: int, m: int, per_cluster: int, label:
     front_texts = k * (lo * t_both + (hi - lo) * (t_own if a > b else t_nbr))
     random_pairs = m * r
     pool = min(n_docs, max(r, math.ceil(random_pairs / qpp))) if r > 0 else 0
+    if label.random_from == "labelled" and r > 0 and front_texts >= pool:
+        # random pairs spread over the labelled texts: each gets R ~ Poisson(m r / front_texts) more questions
+        R = _poisson_pmf(random_pairs / front_texts)
+
+        def with_random(pmf: np.ndarray) -> float:
+            labelled = pmf.copy()
+            labelled[0] = 0.0  # only texts that are labelled anyway take random questions
+            conv = np.convolve(labelled, R)
+            return float(np.sum(conv * np.ceil(np.arange(len(conv)) / qpp)))
+
+        own_nb = with_random(own) if a > b else with_random(nbr)
+        prompts = k * (lo * with_random(both) + (hi - lo) * own_nb)
+        return {"texts": int(round(front_texts)), "prompts": int(round(prompts)), "front_texts": int(round(front_texts)), "random_pool": int(round(front_texts))}
     random_prompts = math.ceil(random_pairs / qpp) if r > 0 else 0
     texts = front_texts + pool * (1 - front_texts / n_docs)
     return {"texts": int(round(texts)), "prompts": int(round(front_prompts + random_prompts)),
@@ -380,6 +407,23 @@ def plan(
     per_prompt0 = answer_prompt_tokens(1, text_tok, w) - per_q
     label_tokens = label_prompts * per_prompt0 + pairs * per_q
     label_tokens_full = full_packing * per_prompt0 + pairs * per_q
+    # the same pairs with the other random pool, and single-pass (prefix trees: each text once, each question once)
+    other = lab.model_copy(update={"random_from": "corpus" if lab.random_from == "labelled" else "labelled"})
+    est_other = label_packing_estimate(N, k, m, per_cluster, other) if per_cluster else {"texts": 0, "prompts": 0}
+    plans = {lab.random_from: est, other.random_from: est_other}
+    tokens_per_pair: dict[str, dict[str, float]] = {}
+    for name, e in plans.items():
+        packed_tok = e["prompts"] * per_prompt0 + pairs * per_q
+        single_tok = single_pass_tokens(e["texts"], pairs, text_tok, w)
+        tokens_per_pair[name] = {"packed": round(packed_tok / pairs, 1) if pairs else 0.0, "single": round(single_tok / pairs, 1) if pairs else 0.0,
+                                 "texts": e["texts"], "prompts_packed": e["prompts"]}
+    single = cfg.llm.answer_mode == "single"
+    label_requests = pairs if single else label_prompts
+    label_prompt_tok = single_pass_tokens(est["texts"], pairs, text_tok, w) if single else label_tokens
+    label_completion_tok = pairs if single else pairs * w.answer_tokens  # single-pass: one position read, one token at most
+    probe_requests = int(round(probe_pairs)) if single else probe_prompts
+    probe_prompt_tok = single_pass_tokens(k_gen * probe_texts, probe_pairs, _text_tokens(w, c.max_text_chars), w) if single else probe_tokens
+    probe_completion_tok = probe_pairs if single else probe_pairs * w.answer_tokens
 
     # --- training, clustering
     train_pairs = pairs * (1 - cfg.train.holdout) * cfg.train.epochs
@@ -406,13 +450,14 @@ def plan(
             cpu_core_hours=kmeans_core_h),
         row("cqg-generate", f"one prompt per cluster with {gen_texts} texts, {qpc} questions asked",
             requests=k_gen, prompt=k_gen * gen_tokens, completion=gen_completion, hours=llm_h(k_gen * gen_tokens, gen_completion)),
-        row("cqg-probe", f"{probe_texts} probe texts per cluster, one prompt each with the cluster's {qpc} questions",
-            requests=probe_prompts, prompt=probe_tokens, completion=probe_pairs * w.answer_tokens,
-            hours=llm_h(probe_tokens, probe_pairs * w.answer_tokens)),
+        row("cqg-probe", f"{probe_texts} probe texts per cluster, " + (f"each asked the cluster's {qpc} questions single-pass" if single else
+                                                                       f"one prompt each with the cluster's {qpc} questions"),
+            requests=probe_requests, prompt=probe_prompt_tok, completion=probe_completion_tok, hours=llm_h(probe_prompt_tok, probe_completion_tok)),
         row("cqg-dedup", "embed the candidate questions (dedup at theta)", encoded=int(candidates),
             hours=candidates / tp.encoder_texts_per_s / 3600),
-        row("label", f"{human(pairs)} pairs, up to {lab.questions_per_prompt} questions per prompt (our packing)",
-            requests=label_prompts, prompt=label_tokens, completion=pairs * w.answer_tokens, hours=llm_h(label_tokens, pairs * w.answer_tokens)),
+        row("label", f"{human(pairs)} pairs, " + ("single-pass, prefix trees (tokens computed)" if single else
+                                                   f"up to {lab.questions_per_prompt} questions per prompt (our packing)"),
+            requests=label_requests, prompt=label_prompt_tok, completion=label_completion_tok, hours=llm_h(label_prompt_tok, label_completion_tok)),
         row("train", f"{cfg.train.epochs} epochs x {human(pairs * (1 - cfg.train.holdout))} training pairs",
             hours=train_pairs / tp.train_pairs_per_s / 3600, parallel=min(gpus, cfg.train.num_workers)),
         row("embed", "final embedding pass (encoder + heads)", encoded=embed_n, hours=embed_n / tp.encoder_texts_per_s / 3600),
@@ -435,6 +480,8 @@ def plan(
         "label_prompts": label_prompts, "label_texts": est["texts"], "label_questions_per_prompt_max": lab.questions_per_prompt,
         "label_questions_per_prompt": round(pairs / label_prompts, 2) if label_prompts else 0,
         "train_pairs_total": int(round(train_pairs)),
+        "label_answer_mode": cfg.llm.answer_mode, "label_random_from": lab.random_from,
+        "label_prompt_tokens_per_pair": tokens_per_pair,
     }
     if prices is not None:
         totals["usd"] = round(sum(r["usd"] for r in llm_rows), 2)
@@ -487,6 +534,14 @@ def format_plan(p: dict) -> str:
         f"           our packing (estimate): {c['label_prompts']:,} prompts over {c['label_texts']:,} distinct texts "
         f"({c['label_questions_per_prompt']} questions per prompt)",
     ]
+    tp_pair = c["label_prompt_tokens_per_pair"]
+    lines.append("           prompt tokens per labelled pair (plan x answer mode; * = this config):")
+    for name in ("corpus", "labelled"):
+        if name in tp_pair:
+            v = tp_pair[name]
+            star = lambda mode: "*" if (name == c["label_random_from"] and mode == c["label_answer_mode"]) else " "  # noqa: E731
+            what = "random texts from the corpus (before)" if name == "corpus" else "random texts from the labelled ones"
+            lines.append(f"             {what:<40} {v['texts']:>11,} texts   packed {v['packed']:6.1f}{star('packed')}  single-pass {v['single']:6.1f}{star('single')}")
     if "label_prompts_simulated" in c:
         lines.append(f"           our packing (simulated with make_plan on a balanced synthetic clustering): "
                      f"{c['label_prompts_simulated']:,} prompts over {c['label_texts_simulated']:,} texts")

@@ -9,13 +9,14 @@ import pytest
 from cqg_ray.cli import main
 from cqg_ray.config import LabelConfig, config_from_dict, load_config
 from cqg_ray.llm.prompts import answer_prompt, cqg_prompt
-from cqg_ray.plan import (THROUGHPUTS, Workload, label_packing_estimate, parse_count, plan, simulate_label_packing)
+from cqg_ray.plan import (THROUGHPUTS, Workload, format_plan, label_packing_estimate, parse_count, plan, simulate_label_packing)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def small_cfg(**label):
+def small_cfg(answer_mode="packed", **label):
     return config_from_dict({
+        "llm": {"answer_mode": answer_mode},
         "cluster": {"k": 10},
         "cqg": {"n_p": 2, "n_h": 3, "n_e": 3, "questions_per_prompt": 10, "p_p": 2, "p_h": 1, "p_e": 1, "t": 2},
         "label": {"n_cluster": 6, "n_neighbor": 4, "n_random": 2, "questions_per_prompt": 20, **label},
@@ -56,6 +57,20 @@ def test_small_plan_by_hand():
     t = p["totals"]
     assert t["llm_requests"] == 10 + 40 + stage(p, "label")["llm_requests"]
     assert t["texts_encoded"] == 1000 + 100 + 1000
+
+
+def test_single_pass_plan_by_hand():
+    # the same run answered single-pass: one request per pair, each text once, each pair's question line once
+    w = Workload()
+    p = plan(small_cfg("single"), docs=1000, dedup_survival=0.5, workload=w)
+    c = p["counts"]
+    probe, lab = stage(p, "cqg-probe"), stage(p, "label")
+    assert probe["llm_requests"] == 400 and probe["completion_tokens"] == 400
+    assert lab["llm_requests"] == 120 and lab["completion_tokens"] == 120
+    head = 20 + len('Evaluate the following text chunk based on the yes/no questions provided. Answer each question with either "yes" or "no".\n\n') / 4
+    per_text = 128 + len("Text Chunk:\n\n\nQuestions:\n") / 4
+    assert probe["prompt_tokens"] == round(10 * 4 * per_text + 400 * (15 + 9) + math.ceil(400 / 64) * head)
+    assert lab["prompt_tokens"] == round(c["label_texts"] * per_text + 120 * (15 + 9) + math.ceil(120 / 64) * head)
 
 
 def test_probe_prompts_split_at_20_questions():
@@ -243,3 +258,18 @@ def test_paper_packing_estimate_matches_make_plan_at_full_scale():
     assert sim["pairs"] == 9_614_000
     assert est["prompts"] == pytest.approx(sim["prompts"], rel=0.01)
     assert est["texts"] == pytest.approx(sim["texts"], rel=0.01)
+
+
+def test_prompt_tokens_per_labelled_pair_for_both_plans_and_answer_modes():
+    # the paper's run: 6.8M texts, 5,000 clusters; the labelled random pool and single-pass answering both cut tokens per pair
+    p = plan(config_from_dict({}), docs=6_800_000, clusters=5000)
+    t = p["counts"]["label_prompt_tokens_per_pair"]
+    assert t == {
+        "labelled": {"packed": 69.2, "single": 57.5, "texts": 2_339_797, "prompts_packed": 2_359_182},
+        "corpus": {"packed": 71.3, "single": 58.3, "texts": 2_402_857, "prompts_packed": 2_450_275},
+    }
+    label = stage(p, "label")
+    assert label["llm_requests"] == 9_614_000 and label["completion_tokens"] == 9_614_000  # single-pass: one request per pair
+    packed = plan(config_from_dict({"llm": {"answer_mode": "packed"}}), docs=6_800_000, clusters=5000)
+    assert stage(packed, "label")["llm_requests"] == 2_359_182
+    assert "single-pass   57.5*" in format_plan(p)

@@ -108,6 +108,15 @@ def file_fingerprint(path: str, chunk: int = 1 << 20) -> str:
     return f"{size}:{h.hexdigest()[:32]}"
 
 
+def resolve_score_engine(name: str) -> str:
+    """``auto`` -> the measured fastest single-pass engine for this CPU (torch-bfloat16 where bfloat16 is native)."""
+    if name != "auto":
+        return name
+    from cqg_ray.llm.torch_engine import pick_dtype  # noqa: PLC0415
+
+    return "torch-bfloat16" if pick_dtype() == "bfloat16" else "llamacpp"
+
+
 def backend_identity(llm: LLMConfig) -> dict[str, Any]:
     """What decides the replies, for the ledger's request keys: ``config.llm_identity`` plus what is backend-specific.
 
@@ -120,6 +129,8 @@ def backend_identity(llm: LLMConfig) -> dict[str, Any]:
         path = os.path.expanduser(llm.llamacpp.model)
         if os.path.isfile(path):
             ident["gguf"] = file_fingerprint(path)
+    if llm.backend == "llamacpp":  # the engine that answers single-pass requests (request_key keeps it for those only)
+        ident["score_engine"] = resolve_score_engine(llm.llamacpp.score_engine)
     if llm.backend == "openai":
         if llm.openai.extra_body:
             ident["extra_body"] = llm.openai.extra_body

@@ -20,9 +20,12 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import logging
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("cqg_ray")
 
 DEFAULT_CACHE_DIR = "~/.cache/cqg-ray"
 
@@ -183,3 +186,18 @@ def dequantize_to_hf(name_or_path: str, out_dir: str | Path, cache_dir: str | No
     tok.save_pretrained(tmp)
     os.replace(tmp, out)
     return out
+
+
+def hf_folder(name_or_path: str, cache_dir: str | None = None) -> Path:
+    """A safetensors folder of a GGUF model (bundled name or path), dequantised to bfloat16 once and cached
+    (``<cache>/models/<name>-hf``, the folder scripts/setup-vllm-cpu.sh makes for vLLM too); ~45 s the first time."""
+    if name_or_path.startswith("bundled:"):
+        stem = name_or_path.split(":", 1)[1]
+    else:
+        path = resolve_model(name_or_path, cache_dir)
+        stem = f"{path.stem}-{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]}"
+    out = cache_root(cache_dir) / "models" / f"{stem}-hf"
+    if (out / "config.json").is_file():
+        return out
+    log.info("dequantising %s to %s (once; ~45 s for the 0.5B model)", name_or_path, out)
+    return dequantize_to_hf(name_or_path, out, cache_dir)

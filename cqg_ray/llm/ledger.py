@@ -57,6 +57,8 @@ def schema_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def request_key(identity: dict[str, Any], req: Request, logprobs: bool = False) -> str:
     """sha256 of what decides a reply: model identity (backend, model, temperature, constrained), prompt, limits."""
+    if not req.yes_no and "score_engine" in identity:  # the single-pass engine decides single-pass answers only
+        identity = {k: v for k, v in identity.items() if k != "score_engine"}
     payload = {
         "model": identity,
         "messages": req.messages,

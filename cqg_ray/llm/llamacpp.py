@@ -31,14 +31,13 @@ import os
 from typing import Any, Iterator, Sequence
 
 from cqg_ray.config import LLMConfig
-from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf
+from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, resolve_score_engine
 from cqg_ray.llm.batch import BatchEngine
 from cqg_ray.llm.bundled import resolve_model
 from cqg_ray.llm.parse import p_yes_from_tokens
 
 INSTALL_HINT = "python -m cqg_ray.llm.install   (builds llama-cpp-python[server]==0.3.36 for this CPU, cached)"
 YES_NO_WORDS = ("yes", " yes", "Yes", " Yes", "YES", " YES", "no", " no", "No", " No", "NO", " NO")
-SCORE_CHUNK = 256  # single-pass prompts per BatchEngine.score call (results reach the ledger per chunk)
 
 
 def available_cpus() -> int:
@@ -124,7 +123,25 @@ class LlamaCppBackend(Backend):
         self._grammars: dict[int, Any] = {}
         self._yes_no_ids: dict[int, str] | None = None
         self._engine: BatchEngine | None = None
+        self._scorer: Any = None
         self._formatter: Any = None
+
+    @property
+    def scorer(self) -> Any:
+        """The single-pass engine (``llamacpp.score_engine``): this model's ``BatchEngine``, or a ``TorchScorer`` on its
+        weights dequantised once into the cache (``bundled.hf_folder``)."""
+        if self._scorer is None:
+            name = resolve_score_engine(self.llm.llamacpp.score_engine)
+            if name == "llamacpp":
+                self._scorer = self.engine
+            else:
+                from cqg_ray.llm.bundled import hf_folder  # noqa: PLC0415
+                from cqg_ray.llm.torch_engine import TorchScorer  # noqa: PLC0415
+
+                cfg = self.llm.llamacpp
+                self._scorer = TorchScorer(hf_folder(cfg.model, cfg.cache_dir), dtype=name.split("-", 1)[1], n_threads=self.n_threads,
+                                           max_seqs=cfg.score_batch)
+        return self._scorer
 
     @property
     def engine(self) -> BatchEngine:
@@ -165,10 +182,11 @@ class LlamaCppBackend(Backend):
         tokens = [self.prompt_tokens(r) for r in requests]
         yes, no = self.yes_no_token_sets()
         out: list[Completion | None] = [None] * len(requests)
-        fits = [i for i, t in enumerate(tokens) if len(t) <= self.engine.score_ctx]
+        limit = max(self.llm.llamacpp.n_ctx, 2048)
+        fits = [i for i, t in enumerate(tokens) if len(t) <= limit]
         for i in set(range(len(requests))) - set(fits):
-            out[i] = Completion("", len(tokens[i]), error=f"llama.cpp: the prompt has {len(tokens[i])} tokens, more than n_ctx={self.engine.score_ctx}", final=True)
-        scored = self.engine.score([tokens[i] for i in fits], yes, no, share_prefix=share_prefix)
+            out[i] = Completion("", len(tokens[i]), error=f"the prompt has {len(tokens[i])} tokens, more than n_ctx={limit}", final=True)
+        scored = self.scorer.score([tokens[i] for i in fits], yes, no, share_prefix=share_prefix)
         for i, (p, cached) in zip(fits, scored):
             out[i] = Completion("yes" if p > 0.5 else "no", len(tokens[i]), 0, [p], cached_tokens=cached)
         return out  # type: ignore[return-value]
@@ -193,8 +211,9 @@ class LlamaCppBackend(Backend):
         single = [i for i, r in enumerate(requests) if r.yes_no]
         batched = [i for i, r in enumerate(requests) if self.batchable(r)]
         rest = sorted(set(range(len(requests))) - set(single) - set(batched))
-        for s in range(0, len(single), SCORE_CHUNK):
-            idx = single[s : s + SCORE_CHUNK]
+        chunk = self.llm.llamacpp.score_batch  # one batch per call: results reach the ledger batch by batch
+        for s in range(0, len(single), chunk):
+            idx = single[s : s + chunk]
             yield from zip(idx, self.score([requests[i] for i in idx]))
         if batched:
             for j, c in self.generate_batched([requests[i] for i in batched]):
@@ -268,6 +287,9 @@ class LlamaCppBackend(Backend):
         return out  # type: ignore[return-value]
 
     def close(self) -> None:
+        if getattr(self, "_scorer", None) is not None and self._scorer is not self._engine:
+            self._scorer.close()
+        self._scorer = None
         if getattr(self, "_engine", None) is not None:
             self._engine.close()
             self._engine = None
@@ -316,13 +338,13 @@ class LlamaCppActorPool(Backend):
 
     def chunks(self, requests: Sequence[Request]) -> list[list[int]]:
         """Consecutive runs of requests of one kind, cut to a size that keeps each actor's batching whole:
-        ``SCORE_CHUNK`` single-pass prompts (the questions about a text share its prefix), twice
+        four batches of single-pass prompts (``score_batch`` each: the questions about a text share its prefix), twice
         ``batch_generate`` greedy generations, ``chunk_size`` of anything else."""
         cfg = self.llm.llamacpp
 
         def kind(r: Request) -> tuple[str, int]:
             if r.yes_no:
-                return "score", SCORE_CHUNK
+                return "score", 4 * cfg.score_batch
             if cfg.batch_generate > 1 and r.n_answers is None and (r.temperature is None and self.llm.temperature == 0 or r.temperature == 0):
                 return "generate", 2 * cfg.batch_generate
             return "one", self.chunk_size

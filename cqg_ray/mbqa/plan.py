@@ -11,8 +11,12 @@ with no text twice for the same question):
   question of that cluster;
 - neighbours: the quota is split evenly over the nearest clusters (nearest first for the remainder) and each
   neighbour j gives the first texts of its own pi_j;
-- random: consecutive windows of one random permutation of the whole corpus, restricted to a pool of
-  ceil(total random quota / questions_per_prompt) texts and walked cyclically, skipping texts the question already has.
+- random: consecutive windows of a pool walked cyclically in a random order, skipping texts the question already has.
+  ``random_from: labelled`` (default): the pool is every text some question already takes from its own or its
+  neighbours' clusters (a uniform random text of that set, which spans every cluster that has questions), so random
+  pairs land on texts that are labelled anyway and each text serves more questions; ``corpus``: the pool is the front
+  of one random permutation of the whole corpus, ceil(total random quota / questions_per_prompt) texts. (A labelled
+  set smaller than that is topped up from the corpus permutation.)
 
 Drawing every question's texts from the *fronts* of shared permutations (instead of independently) makes questions
 that look at the same cluster ask about the same texts, so that their pairs pack into far fewer prompts (the LLM
@@ -166,18 +170,27 @@ def make_plan(
         picks.append(np.concatenate([own, neigh]))
         sources.append(np.concatenate([np.full(len(own), SOURCE_CLUSTER, np.int8), np.full(len(neigh), SOURCE_NEIGHBOR, np.int8)]))
 
-    # random texts: cyclic windows over a pool at the front of one corpus permutation
-    pool = int(min(n_docs, max(random_quota.max(), -(-int(random_quota.sum()) // cfg.questions_per_prompt))))
+    # random texts: cyclic windows over a pool walked in a random order: the texts already labelled for some question
+    # (cfg.random_from == "labelled", so they serve more questions) or the front of one corpus permutation ("corpus")
+    if cfg.random_from == "labelled":
+        labelled = np.unique(np.concatenate(picks)) if picks else np.zeros(0, dtype=np.int64)
+        in_pool = np.zeros(n_docs, dtype=bool)
+        in_pool[labelled] = True
+        walk = np.concatenate([corpus_perm[in_pool[corpus_perm]], corpus_perm[~in_pool[corpus_perm]]])  # labelled texts first
+        pool = int(min(n_docs, max(random_quota.max(), len(labelled), -(-int(random_quota.sum()) // cfg.questions_per_prompt))))
+    else:
+        walk = corpus_perm
+        pool = int(min(n_docs, max(random_quota.max(), -(-int(random_quota.sum()) // cfg.questions_per_prompt))))
     cursor = 0
     for q in range(m):
         need = int(random_quota[q])
         if need <= 0:
             continue
         have = np.sort(picks[q])
-        window = corpus_perm[(cursor + np.arange(min(pool, need + len(have)))) % pool]
+        window = walk[(cursor + np.arange(min(pool, need + len(have)))) % pool]
         got = window[~np.isin(window, have, assume_unique=True)][:need]
         if len(got) < need:  # the pool is exhausted for this question: continue into the rest of the corpus
-            rest = corpus_perm[pool:]
+            rest = walk[pool:]
             extra = rest[~np.isin(rest, have, assume_unique=True)][: need - len(got)]
             got = np.concatenate([got, extra])
         cursor = (cursor + need) % pool

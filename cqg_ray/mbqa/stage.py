@@ -39,8 +39,15 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
         raise RuntimeError("train: no labelled pairs (see labels/failures.parquet)")
     doc_ids = labels.column("doc_id").to_numpy(zero_copy_only=False)
     ids, emb = load_embeddings(run, np.unique(doc_ids))
+    target = None
+    if cfg.train.soft_labels:
+        p_yes = labels.column("p_yes")
+        if p_yes.null_count:
+            raise RuntimeError(f"train.soft_labels needs P(yes) for every label; {p_yes.null_count} of {labels.num_rows} have none "
+                               "(label with llm.answer_mode=single, or with llm.logprobs on a backend that returns them)")
+        target = p_yes.to_numpy(zero_copy_only=False)
     pairs = LabelPairs(np.searchsorted(ids, doc_ids), labels.column("question_id").to_numpy(),
-                       labels.column("answer").to_numpy(zero_copy_only=False).astype(np.int8), m)
+                       labels.column("answer").to_numpy(zero_copy_only=False).astype(np.int8), m, target)
     storage = run.uri(ctx.stage, "_train")
     if run.local:
         os.makedirs(storage, exist_ok=True)

@@ -56,6 +56,7 @@ class LabelPairs:
     question: np.ndarray  # int32 (n,)
     answer: np.ndarray  # int8 (n,)
     n_questions: int
+    target: np.ndarray | None = None  # float32 (n,) soft training targets in [0, 1] (P(yes)); None = the hard answers
 
     def __post_init__(self):
         self.doc = np.asarray(self.doc, dtype=np.int64)
@@ -63,6 +64,10 @@ class LabelPairs:
         self.answer = np.asarray(self.answer, dtype=np.int8)
         if not (len(self.doc) == len(self.question) == len(self.answer)):
             raise ValueError("doc, question and answer must have the same length")
+        if self.target is not None:
+            self.target = np.asarray(self.target, dtype=np.float32)
+            if len(self.target) != len(self.doc) or not np.all((self.target >= 0) & (self.target <= 1)):
+                raise ValueError("soft targets must be one probability in [0, 1] per pair")
         if len(self.doc) and (self.question.min() < 0 or self.question.max() >= self.n_questions):
             raise ValueError(f"question indices must lie in [0, {self.n_questions})")
         if len(self.doc) and self.doc.min() < 0:
@@ -88,7 +93,13 @@ class LabelPairs:
         return out
 
     def select(self, keep: np.ndarray) -> "LabelPairs":
-        return LabelPairs(self.doc[keep], self.question[keep], self.answer[keep], self.n_questions)
+        return LabelPairs(self.doc[keep], self.question[keep], self.answer[keep], self.n_questions,
+                          None if self.target is None else self.target[keep])
+
+    @property
+    def training_target(self) -> np.ndarray:
+        """What the heads are fitted to: the soft targets when present, else the hard answers (float32)."""
+        return self.answer.astype(np.float32) if self.target is None else self.target
 
     def auto_pos_weight(self) -> float:
         """#no / #yes (the paper's weighting); 1.0 when there is no yes at all."""
@@ -102,7 +113,8 @@ class LabelPairs:
 def make_shards(pairs: LabelPairs, num_workers: int, seed: int = 0) -> list[dict]:
     """Split the labelled texts over workers (a seeded permutation of the texts dealt round-robin).
 
-    Each shard: `docs` (global text rows, in local-row order), and its pairs as `row` (local row), `question`, `answer`.
+    Each shard: `docs` (global text rows, in local-row order), and its pairs as `row` (local row), `question`, `answer`
+    (the training target: hard 0/1, or P(yes) with soft labels).
     """
     docs = np.unique(pairs.doc)
     owner = np.empty(len(docs), dtype=np.int64)
@@ -113,7 +125,7 @@ def make_shards(pairs: LabelPairs, num_workers: int, seed: int = 0) -> list[dict
         mine = docs[owner == w]
         keep = pair_owner == w
         shards.append({"docs": mine, "row": np.searchsorted(mine, pairs.doc[keep]).astype(np.int64),
-                       "question": pairs.question[keep], "answer": pairs.answer[keep]})
+                       "question": pairs.question[keep], "answer": pairs.training_target[keep]})
     return shards
 
 

@@ -155,3 +155,17 @@ def test_holdout_is_by_document():
     assert not np.array_equal(held, holdout_docs(docs, 0.1, seed=1))
     assert len(holdout_docs(np.array([7, 8]), 0.1)) == 1  # at least one held out, one kept
     assert len(holdout_docs(docs, 0.0)) == 0
+
+
+def test_random_texts_come_from_the_labelled_pool_and_serve_more_questions():
+    assignments, qc = corpus(), question_clusters()
+    labelled = make_plan(assignments, NEIGHBORS, qc, CFG)
+    whole = make_plan(assignments, NEIGHBORS, qc, CFG.model_copy(update={"random_from": "corpus"}))
+    own_or_neighbor = set(labelled.pair_doc[labelled.pair_source != SOURCE_RANDOM].tolist())
+    assert set(labelled.pair_doc[labelled.pair_source == SOURCE_RANDOM].tolist()) <= own_or_neighbor
+    # the same pairs per question and per source, on fewer distinct texts
+    for p in (labelled, whole):
+        assert np.bincount(p.pair_question).tolist() == [CFG.n_cluster + CFG.n_neighbor + CFG.n_random] * len(qc)
+    assert (np.bincount(labelled.pair_source) == np.bincount(whole.pair_source)).all()
+    assert len(np.unique(labelled.pair_doc)) < len(np.unique(whole.pair_doc))
+    assert labelled.n_pairs / len(np.unique(labelled.pair_doc)) > whole.n_pairs / len(np.unique(whole.pair_doc))
