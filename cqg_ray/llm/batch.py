@@ -143,6 +143,7 @@ class BatchEngine:
         p.n_threads = self.n_threads
         p.n_threads_batch = self.n_threads
         p.no_perf = True
+        p.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED  # as llama-cpp-python's Llama: the same numbers as its forward pass
         ctx = lc.llama_init_from_model(self.model, p)
         if not ctx:
             raise RuntimeError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seqs})")

@@ -41,4 +41,13 @@ def test_vllm_backend_on_cpu(tmp_path):
         assert r["p_yes"] is not None and len(r["p_yes"]) == 3
     gen = res["first"][2]
     assert gen["ok"] and gen["answers"] is None and "?" in gen["text"]
-    assert res["second_cached"] == [True, True, True]
+    single = res["first"][3:]
+    assert len(single) == 6
+    for r in single:  # single-pass: one token, P(yes) from its top logprobs
+        assert r["ok"] and r["error"] is None, r
+        assert len(r["p_yes"]) == 1 and 0.0 <= r["p_yes"][0] <= 1.0
+        assert r["answers"] == [r["p_yes"][0] > 0.5]
+        assert r["completion_tokens"] == 1 and r["prompt_tokens"] > 50
+    # the Eiffel Tower text is about a building and mentions a year; the recipe text is a recipe
+    assert single[0]["p_yes"][0] > single[3]["p_yes"][0] and single[5]["p_yes"][0] > single[2]["p_yes"][0]
+    assert res["second_cached"] == [True] * 9

@@ -19,6 +19,7 @@ if __name__ == "__main__":
     import ray
 
     from cqg_ray.config import LLMConfig, VLLMConfig
+    from cqg_ray.llm.answers import answer_requests
     from cqg_ray.llm.base import Request
     from cqg_ray.llm.prompts import answer_messages, cqg_messages
     from cqg_ray.llm.runner import run_requests
@@ -40,6 +41,8 @@ if __name__ == "__main__":
     ]
     reqs = [Request(answer_messages(t, qs), max_tokens=40, n_answers=3, meta={"t": i}) for i, t in enumerate(texts)]
     reqs.append(Request(cqg_messages(["Whales use echolocation."], ["Sharks smell blood."], n_questions=3), max_tokens=100, meta={"gen": True}))
+    # single-pass: one prompt per (text, question), P(yes) from the first position's top logprobs, prefix caching on
+    reqs += [r for t in texts for r in answer_requests(t, range(3), qs, "single", 20, 200)]
     first = run_requests(reqs, llm, RunDir(run_dir), "labels", progress=False)
     second = run_requests(reqs, llm, RunDir(run_dir), "labels", progress=False)
     print(

@@ -1,0 +1,145 @@
+"""Single-pass answering with the real bundled Qwen2.5-Coder-0.5B: P(yes) is exactly the full-vocabulary
+probability of the same prompt, prefix reuse changes no answer, batched generation decodes like one at a time,
+and a labelling run killed with SIGKILL resumes without asking any finished pair again."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cqg_ray.config import LLMConfig, LlamaCppConfig
+from cqg_ray.llm.answers import answer_requests
+from cqg_ray.llm.base import Request
+from cqg_ray.llm.bundled import BundledModelError, resolve_model
+from cqg_ray.llm.ledger import Ledger
+from cqg_ray.llm.prompts import cqg_messages
+from cqg_ray.rundir import RunDir
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("llama_cpp")
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+TEXTS = [
+    "The Eiffel Tower in Paris was completed in 1889 and is made of wrought iron.",
+    "Add two cups of flour and a pinch of salt, then knead the dough for ten minutes.",
+    "The striker scored twice in the second half and the home team won the cup.",
+]
+QUESTIONS = ["Is the text about a building?", "Does the text mention a year?", "Is the text a recipe?", "Does the text mention food?", "Is the text about sports?"]
+
+
+def full_vocab_p_yes(logits: np.ndarray, yes: list[int], no: list[int]) -> float:
+    x = np.asarray(logits, dtype=np.float64)
+    p = np.exp(x - x.max())
+    p /= p.sum()  # softmax over the whole vocabulary, then P(yes spellings) / P(yes or no spellings)
+    return float(p[yes].sum() / (p[yes].sum() + p[no].sum()))
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from cqg_ray.llm.llamacpp import LlamaCppBackend
+
+    try:
+        resolve_model("bundled:qwen2.5-coder-0.5b")
+    except BundledModelError as e:
+        pytest.skip(str(e))
+    b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(score_engine="llamacpp")))
+    yield b
+    b.close()
+
+
+def requests():
+    return [r for t in TEXTS for r in answer_requests(t, range(len(QUESTIONS)), QUESTIONS, "single", 20, 200)]
+
+
+def test_llamacpp_p_yes_is_the_full_vocabulary_probability(backend):
+    yes, no = backend.yes_no_token_sets()
+    reqs = requests()[:4]
+    tokens = [backend.prompt_tokens(r) for r in reqs]
+    alone = backend.engine.score(tokens, yes, no, share_prefix=False)
+    for t, (p, shared) in zip(tokens, alone):
+        backend.model.reset()
+        backend.model.eval(t)  # llama-cpp-python's own forward pass of the same tokens: its context's last logits
+        want = full_vocab_p_yes(np.ctypeslib.as_array(backend.model._ctx.get_logits(), shape=(backend.model.n_vocab(),)), yes, no)
+        assert abs(p - want) < 1e-3 and shared == 0
+
+
+def test_llamacpp_prefix_reuse_gives_the_same_answers(backend):
+    reqs = requests()
+    shared = backend.score(reqs)
+    alone = backend.score(reqs, share_prefix=False)
+    assert [c.p_yes[0] > 0.5 for c in shared] == [c.p_yes[0] > 0.5 for c in alone]
+    assert max(abs(a.p_yes[0] - b.p_yes[0]) for a, b in zip(shared, alone)) < 0.03  # kernels differ by batch shape only
+    assert all(c.error is None and c.prompt_tokens > 60 for c in shared)
+    # the instruction is computed once per tree, each text once for its five questions
+    computed = sum(c.prompt_tokens - c.cached_tokens for c in shared)
+    assert computed < 0.4 * sum(c.prompt_tokens for c in shared)
+    assert [c.cached_tokens for c in alone] == [0] * len(reqs)
+
+
+def test_torch_engine_p_yes_is_the_full_vocabulary_probability(backend):
+    torch = pytest.importorskip("torch")
+    from cqg_ray.llm.bundled import hf_folder
+    from cqg_ray.llm.torch_engine import TorchScorer
+
+    scorer = TorchScorer(hf_folder("bundled:qwen2.5-coder-0.5b"), dtype="float32", n_threads=2)
+    yes, no = backend.yes_no_token_sets()
+    tokens = [backend.prompt_tokens(r) for r in requests()]
+    tree = scorer.score(tokens, yes, no)
+    with torch.inference_mode():
+        for t, (p, _) in zip(tokens, tree):
+            logits = scorer.model(input_ids=torch.tensor([t])).logits[0, -1].numpy()
+            assert abs(p - full_vocab_p_yes(logits, yes, no)) < 1e-3
+    assert sum(s for _, s in tree) > 0.6 * sum(len(t) for t in tokens)  # most tokens came from the tree's shared prefixes
+    # the two engines read the same answers from the same model (GGUF in llama.cpp, its weights dequantised in torch)
+    ll = backend.engine.score(tokens, yes, no)
+    assert np.mean([(a > 0.5) == (b > 0.5) for (a, _), (b, _) in zip(tree, ll)]) >= 0.9
+    scorer.close()
+
+
+def test_batched_generation_decodes_like_one_at_a_time(backend):
+    reqs = [Request(cqg_messages([t], [u], n_questions=3), max_tokens=60) for t in TEXTS for u in TEXTS if u != t]
+    batched = dict(backend.generate_batched(reqs))
+    one = [backend.complete_one(r) for r in reqs]
+    assert sorted(batched) == list(range(len(reqs)))
+    for i, o in enumerate(one):
+        assert batched[i].error is None and batched[i].prompt_tokens == o.prompt_tokens
+        assert 0 < batched[i].completion_tokens <= 60 and "?" in batched[i].text
+    # greedy in both; batched matrix shapes may round differently, so most (not necessarily all) replies are identical
+    assert sum(batched[i].text == one[i].text for i in range(len(reqs))) >= len(reqs) // 2
+
+
+def test_sigkill_during_single_pass_labelling_repeats_no_finished_pair(tmp_path):
+    try:
+        resolve_model("bundled:qwen2.5-coder-0.5b")
+    except BundledModelError as e:
+        pytest.skip(str(e))
+    run_dir = str(tmp_path / "run")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, str(HERE / "single_pass_job.py"), run_dir]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ledger = Ledger(RunDir(run_dir), "labels")
+    t0 = time.time()
+    while len(ledger.journal_rows()) < 8:  # two batches of four finished, then kill it wherever it is
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() - t0 < 300, "job too slow"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    finished = ledger.load()
+    assert ledger.shards() == [] and 8 <= len(finished) < 40
+    before = {k: v["finished_at"] for k, v in finished.items()}
+
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[:3] == ["DONE", "40", str(len(finished))]
+    rows = Ledger(RunDir(run_dir), "labels").load()
+    assert len(rows) == 40 and all(r["ok"] and len(r["p_yes"]) == 1 for r in rows.values())
+    assert {k: rows[k]["finished_at"] for k in before} == before  # finished pairs were not asked again
+    last = Ledger(RunDir(run_dir), "labels").read_stats()["runs"][-1]
+    assert last["to_send"] == last["sent"] == 40 - len(finished) and last["complete"]
