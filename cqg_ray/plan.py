@@ -310,11 +310,12 @@ def label_packing_estimate(n_docs: int, k: int, m: int, per_cluster: int, label:
 
         own_nb = with_random(own) if a > b else with_random(nbr)
         prompts = k * (lo * with_random(both) + (hi - lo) * own_nb)
-        return {"texts": int(round(front_texts)), "prompts": int(round(prompts)), "front_texts": int(round(front_texts)), "random_pool": int(round(front_texts))}
+        return {"texts": int(round(front_texts)), "prompts": int(round(prompts)), "front_texts": int(round(front_texts)), "random_pool": int(round(front_texts)),
+                "min_texts": int(round(k * (1 - own[0]) * a))}
     random_prompts = math.ceil(random_pairs / qpp) if r > 0 else 0
     texts = front_texts + pool * (1 - front_texts / n_docs)
     return {"texts": int(round(texts)), "prompts": int(round(front_prompts + random_prompts)),
-            "front_texts": int(round(front_texts)), "random_pool": int(pool)}
+            "front_texts": int(round(front_texts)), "random_pool": int(pool), "min_texts": int(round(k * (1 - own[0]) * a))}
 
 
 def simulate_label_packing(n_docs: int, k: int, m: int, per_cluster: int, label: LabelConfig, seed: int = 0) -> dict:
@@ -417,6 +418,10 @@ def plan(
         single_tok = single_pass_tokens(e["texts"], pairs, text_tok, w)
         tokens_per_pair[name] = {"packed": round(packed_tok / pairs, 1) if pairs else 0.0, "single": round(single_tok / pairs, 1) if pairs else 0.0,
                                  "texts": e["texts"], "prompts_packed": e["prompts"]}
+    # no plan can do with fewer texts than n_cluster of its own cluster for every cluster that has a question
+    min_texts = est.get("min_texts", 0)
+    tokens_per_pair["floor"] = {"texts": min_texts, "single": round(single_pass_tokens(min_texts, pairs, text_tok, w) / pairs, 1) if pairs else 0.0,
+                                "single_without_texts": round(w.question_tokens + w.single_question_overhead_tokens, 1)}
     single = cfg.llm.answer_mode == "single"
     label_requests = pairs if single else label_prompts
     label_prompt_tok = single_pass_tokens(est["texts"], pairs, text_tok, w) if single else label_tokens
@@ -542,6 +547,10 @@ def format_plan(p: dict) -> str:
             star = lambda mode: "*" if (name == c["label_random_from"] and mode == c["label_answer_mode"]) else " "  # noqa: E731
             what = "random texts from the corpus (before)" if name == "corpus" else "random texts from the labelled ones"
             lines.append(f"             {what:<40} {v['texts']:>11,} texts   packed {v['packed']:6.1f}{star('packed')}  single-pass {v['single']:6.1f}{star('single')}")
+    if "floor" in tp_pair:
+        f = tp_pair["floor"]
+        lines.append(f"             floor of any plan with these quotas (each cluster with a question labels n_cluster texts of its own): "
+                     f"{f['texts']:,} texts -> single-pass >= {f['single']:.1f}; a question's own line alone costs {f['single_without_texts']:.1f}")
     if "label_prompts_simulated" in c:
         lines.append(f"           our packing (simulated with make_plan on a balanced synthetic clustering): "
                      f"{c['label_prompts_simulated']:,} prompts over {c['label_texts_simulated']:,} texts")

@@ -267,6 +267,7 @@ def test_prompt_tokens_per_labelled_pair_for_both_plans_and_answer_modes():
     assert t == {
         "labelled": {"packed": 69.2, "single": 57.5, "texts": 2_339_797, "prompts_packed": 2_359_182},
         "corpus": {"packed": 71.3, "single": 58.3, "texts": 2_402_857, "prompts_packed": 2_450_275},
+        "floor": {"texts": 2_318_192, "single": 57.2, "single_without_texts": 24.0},
     }
     label = stage(p, "label")
     assert label["llm_requests"] == 9_614_000 and label["completion_tokens"] == 9_614_000  # single-pass: one request per pair

@@ -26,7 +26,7 @@ def scripted(req):
     """Three distinct questions per generation prompt (topics chosen by the prompt), default answers otherwise."""
     from cqg_ray.llm.fake import default_reply
 
-    if req.n_answers is not None:
+    if req.n_answers is not None or req.yes_no:
         return default_reply(req)
     import hashlib
 
@@ -35,11 +35,31 @@ def scripted(req):
     return "Here are the questions:\n" + "\n".join(f"{i}. Does the text talk about {w} in detail number {i}?" for i, w in enumerate(picks, 1))
 
 
+def test_cqg_probes_single_pass(clustered_run, corpus_file, tmp_path):
+    """Single-pass probing: every candidate is asked on each of its cluster's probe texts, one prompt per pair."""
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.fake import FakeBackend
+
+    d = copy_clustered(clustered_run, tmp_path / "run")
+    cfg = small_config(d, corpus_file, max_clusters=3)
+    assert cfg.llm.answer_mode == "single"
+    run = RunDir(str(d))
+    fake = FakeBackend(cfg.llm, reply=scripted)
+    c = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))["counts"]
+    probes = [r for r in fake.calls if r.yes_no]
+    assert c["probe_prompts"] == len(probes) == c["parsed"] * (2 + 1 + 1)
+    assert all(len(r.meta["question_ids"]) == 1 and r.answer_prefix == "1." for r in probes)
+    rows = run.read_table("questions/probes.parquet").to_pylist()
+    assert all(len(r["answers"]) == 1 for r in rows)
+    cand = run.read_table("questions/candidates.parquet").to_pylist()
+    assert all(r["positive_n"] == 2 and r["hard_n"] == 1 and r["easy_n"] == 1 for r in cand)
+
+
 def test_cqg_with_scripted_llm(clustered_run, corpus_file):
     from cqg_ray.cqg.stage import load_questions, run_cqg
     from cqg_ray.llm.fake import FakeBackend
 
-    cfg = small_config(clustered_run, corpus_file, max_clusters=5)
+    cfg = small_config(clustered_run, corpus_file, max_clusters=5, extra={"llm": {"answer_mode": "packed"}})
     run = RunDir(str(clustered_run))
     fake = FakeBackend(cfg.llm, reply=scripted)
     m = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False), force=True)

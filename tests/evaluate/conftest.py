@@ -104,8 +104,15 @@ text""".split())
 
 def lexical_oracle(req):
     """A deterministic stand-in for the LLM. Generation: questions about words that most positives contain.
-    Answering (A.3): yes exactly when the text chunk contains the word."""
+    Answering (A.3 packed or single-pass): yes exactly when the text chunk contains the word."""
     prompt = req.messages[-1]["content"]
+    if req.yes_no:  # single-pass: P(yes) is 1 or 0
+        from cqg_ray.llm.base import Completion
+
+        text = prompt.split("Text Chunk:\n", 1)[1].split("\n\nQuestions:\n", 1)[0].lower()
+        word = re.search(r'word "([a-z]+)"', prompt.split("\n\nQuestions:\n", 1)[1]).group(1)
+        yes = bool(re.search(r"\b" + word, text))
+        return Completion("yes" if yes else "no", prompt_tokens=len(prompt) // 4, p_yes=[1.0 if yes else 0.0])
     if req.n_answers is not None:
         text = prompt.split("Text Chunk:\n", 1)[1].split("\n\nQuestions:\n", 1)[0].lower()
         qs = prompt.split("\n\nQuestions:\n", 1)[1].split("\n\nInstruction", 1)[0].splitlines()

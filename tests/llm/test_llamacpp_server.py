@@ -172,3 +172,17 @@ def test_runner_rides_out_a_real_server_that_hangs_and_then_dies(tmp_path):
     gone = llm.model_copy(update={"openai": llm.openai.model_copy(update={"max_retries": 0})})
     again = run_requests(reqs, gone, run, "labels", progress=False)
     assert all(r.cached for r in again) and [r.answers for r in again] == [r.answers for r in res]
+
+
+def test_single_pass_through_the_server(server, tmp_path):
+    """Single-pass answers from a real OpenAI-compatible server: one token, P(yes) from its top_logprobs."""
+    from cqg_ray.llm.answers import answer_requests
+
+    llm = LLMConfig(backend="openai", openai=OpenAIConfig(base_url=server["base_url"], model="local", max_concurrency=2, timeout_s=120))
+    reqs = [r for t in TEXTS for r in answer_requests(t, range(len(QUESTIONS)), QUESTIONS, "single", 20, 200)]
+    res = run_requests(reqs, llm, RunDir(str(tmp_path)), "labels", progress=False)
+    for r in res:
+        assert r.ok and r.error is None, r
+        assert len(r.p_yes) == 1 and 0.0 <= r.p_yes[0] <= 1.0 and r.answers == [r.p_yes[0] > 0.5]
+        assert r.completion_tokens <= 1 and r.prompt_tokens > 50
+    assert res[0].p_yes[0] > res[3].p_yes[0]  # "about a building?": the Eiffel Tower more than the recipe

@@ -14,7 +14,7 @@ def test_label_stage(clustered_run, corpus_file, tmp_path):
     from tests.cqg.test_stage import scripted
 
     d = copy_clustered(clustered_run, tmp_path / "run")
-    cfg = small_config(d, corpus_file, max_clusters=4)
+    cfg = small_config(d, corpus_file, max_clusters=4, extra={"llm": {"answer_mode": "packed"}})
     run = RunDir(str(d))
     fake = FakeBackend(cfg.llm, reply=scripted)
     run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))
@@ -59,7 +59,7 @@ def test_label_stage_with_p_yes_and_an_unreadable_text(clustered_run, corpus_fil
     from tests.cqg.test_stage import scripted
 
     d = copy_clustered(clustered_run, tmp_path / "run")
-    cfg = small_config(d, corpus_file, max_clusters=4, extra={"llm": {"logprobs": True, "max_attempts": 2}})
+    cfg = small_config(d, corpus_file, max_clusters=4, extra={"llm": {"logprobs": True, "max_attempts": 2, "answer_mode": "packed"}})
     run = RunDir(str(d))
     run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=FakeBackend(cfg.llm, reply=scripted), progress=False))
     m_q = len(run.read_table("questions/questions.parquet"))
@@ -98,3 +98,43 @@ def test_label_stage_with_p_yes_and_an_unreadable_text(clustered_run, corpus_fil
         assert s["yes"] == sum(mine.column("answer").to_pylist())
         assert s["yes_rate"] == s["yes"] / s["answered"]
     assert c["yes_rate"] == round(sum(answers) / len(answers), 4)
+
+
+def test_label_stage_single_pass(clustered_run, corpus_file, tmp_path):
+    """Single-pass labelling: one request per planned pair, P(yes) stored with every label, a text without a
+    P(yes) is recorded as failed after one try (asking again gives the same logits), a rerun sends nothing."""
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.base import Completion
+    from cqg_ray.llm.fake import FakeBackend, default_reply
+    from cqg_ray.mbqa.label import load_labels, run_labels
+    from tests.cqg.test_stage import scripted
+
+    d = copy_clustered(clustered_run, tmp_path / "run")
+    cfg = small_config(d, corpus_file, max_clusters=4)
+    run = RunDir(str(d))
+    run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=FakeBackend(cfg.llm, reply=scripted), progress=False))
+    m_q = len(run.read_table("questions/questions.parquet"))
+    bad: list[str] = []
+
+    def reply(req):
+        if not bad:
+            bad.append(req.meta["doc_id"])
+        return Completion("maybe") if req.meta["doc_id"] == bad[0] else default_reply(req)
+
+    fake = FakeBackend(cfg.llm, reply=reply)
+    c = run_stage(run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, backend=fake, progress=False))["counts"]
+    assert all(r.yes_no and len(r.meta["question_ids"]) == 1 for r in fake.calls)
+    bad_calls = [r for r in fake.calls if r.meta["doc_id"] == bad[0]]
+    assert c["pairs_planned"] == m_q * 12 == c["prompts"]
+    assert len(fake.calls) == c["prompts"]  # nobody asked twice, the failed ones included
+    assert c["prompts_failed"] == len(bad_calls) and c["pairs_labelled"] == c["pairs_planned"] - len(bad_calls)
+    labels = load_labels(run)
+    want = {(r.meta["doc_id"], r.meta["question_ids"][0]): default_reply(r).p_yes[0] for r in fake.calls if r.meta["doc_id"] != bad[0]}
+    got = {(d_, q): p for d_, q, p in zip(labels.column("doc_id").to_pylist(), labels.column("question_id").to_pylist(), labels.column("p_yes").to_pylist())}
+    assert got.keys() == want.keys() and all(abs(got[k] - want[k]) < 1e-6 for k in want)  # float32 in the table
+    assert labels.column("answer").to_pylist() == [p > 0.5 for p in labels.column("p_yes").to_pylist()]
+    fails = run.read_table("labels/failures.parquet").to_pylist()
+    assert {f["doc_id"] for f in fails} == {bad[0]} and all("without a P(yes)" in f["error"] for f in fails)
+    fake2 = FakeBackend(cfg.llm, reply=reply)
+    run_stage(run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, backend=fake2, progress=False), force=True)
+    assert fake2.calls == []

@@ -135,3 +135,24 @@ def test_split_holdout_is_by_document_and_disjoint():
     key = dict(zip((pairs.doc * 40 + pairs.question).tolist(), pairs.answer.tolist()))
     for side in (train, test):
         assert all(key[k] == a for k, a in zip((side.doc * 40 + side.question).tolist(), side.answer.tolist()))
+
+
+def test_soft_labels_are_the_training_target(problem):
+    """train.soft_labels: the heads are fitted to P(yes); the hard answers still define pos_weight and fidelity."""
+    emb, dense = problem()
+    hard = LabelPairs.from_dense(dense)
+    p = np.where(hard.answer == 1, 0.95, 0.05).astype(np.float32)  # a confident LLM
+    soft = LabelPairs(hard.doc, hard.question, hard.answer, hard.n_questions, p)
+    assert soft.training_target.tolist() == p.tolist() and hard.training_target.tolist() == hard.answer.astype(np.float32).tolist()
+    assert soft.select(np.arange(3)).target.tolist() == p[:3].tolist()
+    shards = make_shards(soft, 2, seed=0)
+    got = sorted((int(s["docs"][r]), int(q), float(t)) for s in shards for r, q, t in zip(s["row"], s["question"], s["answer"]))
+    assert got == sorted(zip(soft.doc.tolist(), soft.question.tolist(), p.astype(float).tolist()))
+    with pytest.raises(ValueError, match="soft targets"):
+        LabelPairs(hard.doc, hard.question, hard.answer, hard.n_questions, p[:-1])
+    with pytest.raises(ValueError, match="soft targets"):
+        LabelPairs(hard.doc, hard.question, hard.answer, hard.n_questions, p + 1.0)
+    cfg = TrainConfig(epochs=60, lr=1e-2)
+    heads, _, history = train_locally(emb, soft, cfg)
+    assert history[-1]["loss"] < history[0]["loss"]
+    assert evaluate_heads(heads, emb, hard)["accuracy"] > 0.99  # 0.998 here; hard labels 1.0
