@@ -29,18 +29,20 @@ def corpus_sample(n: int, seed: int = 0, min_chars: int = 40, max_chars: int = 3
     return [t[:max_chars] for t in texts[:n]]
 
 
-def cqg_prompts(n_prompts: int, seed: int = 0, n_pos: int = 6, n_neg: int = 12, max_chars: int = 200) -> list[list[dict]]:
-    """Real CQG (A.1) prompts: the shared corpus embedded by the bundled encoder and clustered with faiss into
-    ``n_prompts`` clusters; each prompt has n_pos texts of its cluster and n_neg texts of the other clusters."""
+def cqg_prompts(n_prompts: int, seed: int = 0, n_pos: int = 6, n_neg: int = 12, max_chars: int = 200, k: int | None = None, with_clusters: bool = False):
+    """Real CQG (A.1) prompts: the shared corpus embedded by the bundled encoder and clustered with faiss into ``k``
+    clusters (default ``n_prompts``); the prompt of cluster c (c < n_prompts) has n_pos texts of c and n_neg texts of
+    the other clusters. ``with_clusters``: also return the clustered texts and their cluster labels."""
     import faiss
     import numpy as np
 
     from cqg_ray.encoder import load_encoder
     from cqg_ray.llm.prompts import clip_text, cqg_messages
 
-    texts = corpus_sample(max(2000, 40 * n_prompts), seed)
+    k = k or n_prompts
+    texts = corpus_sample(max(2000, 40 * k), seed)
     emb = np.asarray(load_encoder("bundled:all-MiniLM-L6-v2").encode(texts, batch_size=64, normalize_embeddings=True), dtype=np.float32)
-    km = faiss.Kmeans(emb.shape[1], n_prompts, niter=20, seed=seed, spherical=True)
+    km = faiss.Kmeans(emb.shape[1], k, niter=20, seed=seed, spherical=True)
     km.train(emb)
     labels = km.index.search(emb, 1)[1][:, 0]
     rng = np.random.default_rng(seed)
@@ -50,7 +52,7 @@ def cqg_prompts(n_prompts: int, seed: int = 0, n_pos: int = 6, n_neg: int = 12, 
         pos = rng.choice(own, min(n_pos, len(own)), replace=False)
         neg = rng.choice(other, n_neg, replace=False)
         prompts.append(cqg_messages([clip_text(texts[i], max_chars) for i in pos], [clip_text(texts[i], max_chars) for i in neg]))
-    return prompts
+    return (prompts, texts, labels) if with_clusters else prompts
 
 
 def cpu_line() -> str:

@@ -120,7 +120,8 @@ def test_cqg_real_llm_killed_and_resumed(clustered_run, corpus_file, tmp_path):
     import yaml
 
     d = copy_clustered(clustered_run, tmp_path / "run")
-    cfg = small_config(d, corpus_file, backend="llamacpp", max_clusters=8)
+    # two sequences decoded at a time, so the 8 generations finish in waves and the kill lands between them
+    cfg = small_config(d, corpus_file, backend="llamacpp", max_clusters=8, extra={"llm": {"llamacpp": {"n_ctx": 2048, "batch_generate": 2}}})
     cfgf = tmp_path / "c.yaml"
     cfgf.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     cmd = [sys.executable, "-m", "cqg_ray.cli", "cqg", "-c", str(cfgf)]

@@ -256,3 +256,22 @@ def test_http_counters_are_per_run_when_a_backend_serves_two_stages(tmp_path):
     second = Ledger(run, "probe").read_stats()["runs"][-1]
     assert (first["http_calls"], first["http_retries"]) == (3, 0)
     assert (second["http_calls"], second["http_retries"]) == (3, 1)  # not the backend's running totals
+
+
+def test_single_pass_body_and_reply():
+    """One token, top_logprobs 20, the reply prefix continued (vLLM's chat parameters); P(yes) from the first position."""
+    from cqg_ray.llm.answers import answer_requests
+
+    llm = llm_for("http://x/v1", send_grammar=True)
+    req = answer_requests("A cat sat.", [0], ["Is it about an animal?"], "single", 20, 200)[0]
+    body = chat_body(llm, req, 0.0)
+    assert body["messages"] == [*req.messages, {"role": "assistant", "content": "1."}]
+    assert (body["max_tokens"], body["logprobs"], body["top_logprobs"], body["continue_final_message"], body["add_generation_prompt"]) == (1, True, 20, True, False)
+    assert "grammar" not in body
+    data = {"choices": [{"message": {"content": " No"}, "logprobs": {"content": [{"token": " No", "logprob": math.log(0.7),
+            "top_logprobs": [{"token": " No", "logprob": math.log(0.7)}, {"token": " Yes", "logprob": math.log(0.1)}]}]}}],
+            "usage": {"prompt_tokens": 80, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 64}}}
+    c = completion_from_json(data, req, False)
+    assert c.p_yes == [pytest.approx(0.125)] and c.cached_tokens == 64 and c.error is None
+    bare = completion_from_json({"choices": [{"message": {"content": "No"}}], "usage": {}}, req, False)
+    assert bare.p_yes is None and "without yes/no logprobs" in bare.error

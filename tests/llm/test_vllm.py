@@ -85,7 +85,7 @@ def test_rows_round_trip_through_preprocess():
 def test_postprocess_and_completion_from_row():
     row = {"idx": 4, "generated_text": "1. yes\n", "num_input_tokens": 120, "num_generated_tokens": 5, "n_answers": 1, "generated_tokens": [], "logprobs": None}
     out = postprocess(row)
-    assert out == {"idx": 4, "text": "1. yes\n", "prompt_tokens": 120, "completion_tokens": 5, "p_yes_json": "null"}
+    assert out == {"idx": 4, "text": "1. yes\n", "prompt_tokens": 120, "completion_tokens": 5, "p_yes_json": "null", "n_answers": 1}
     idx, c = completion_from_row({**out, "__inference_error__": ""})
     assert (idx, c.text, c.prompt_tokens, c.completion_tokens, c.p_yes, c.error) == (4, "1. yes\n", 120, 5, None, None)
 
@@ -125,3 +125,24 @@ def test_rows_are_grouped_by_sampling_shape():
     groups = sampling_groups(request_rows(llm, reqs, lambda r: 0.0))
     assert [[row["idx"] for row in g] for g in groups] == [[0, 2], [1]]
     assert len(sampling_groups(request_rows(llm, [reqs[0], reqs[2]], lambda r: 0.0))) == 1
+
+
+def test_single_pass_through_vllm_rows():
+    """A single-pass request: one token with 20 logprobs, the reply prefix as a final assistant message (Ray's chat
+    template stage continues it), P(yes) from the first position; n_answers 0 marks it in the rows."""
+    from cqg_ray.llm.answers import answer_requests
+    from cqg_ray.llm.vllm import chat_messages
+
+    llm = LLMConfig(backend="vllm")
+    req = answer_requests("A cat sat.", [0], ["Is it about an animal?"], "single", 20, 200)[0]
+    assert sampling_params(llm, req, 0.0) == {"temperature": 0.0, "max_tokens": 1, "logprobs": 20}
+    assert chat_messages(req) == [*req.messages, {"role": "assistant", "content": "1."}]
+    lp = [{"9": {"logprob": math.log(0.6), "decoded_token": " yes"}, "7": {"logprob": math.log(0.2), "decoded_token": " no"},
+           "5": {"logprob": math.log(0.1), "decoded_token": " maybe"}}]
+    out = postprocess({"idx": 1, "generated_text": " yes", "num_input_tokens": 90, "num_generated_tokens": 1, "n_answers": 0,
+                       "generated_tokens": [9], "logprobs": lp})
+    idx, c = completion_from_row(out)
+    assert idx == 1 and c.error is None and c.p_yes == [pytest.approx(0.75)]
+    none = postprocess({"idx": 2, "generated_text": "The", "num_generated_tokens": 1, "n_answers": 0, "generated_tokens": [3],
+                        "logprobs": [{"3": {"logprob": 0.0, "decoded_token": "The"}}]})
+    assert completion_from_row(none)[1].error == "vLLM: single-pass answer without yes/no logprobs"
