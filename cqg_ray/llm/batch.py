@@ -10,9 +10,9 @@ a prefix of (one KV cell serves them all, ``kv_unified``), and only each prompt'
 So the chat template and instruction are computed once per batch, a text once for all its questions, and each
 question's short suffix once: answering runs at llama.cpp's prompt speed on the tree's tokens.
 
-Generation decodes several prompts together (continuous batching): every step feeds one token per running
-sequence plus prompt chunks of newly admitted ones, so decoding is compute-bound over the batch instead of
-memory-bound one sequence at a time. Each sequence has its own KV stream (``kv_unified=False``), so attention
+Generation decodes several prompts together (continuous batching): a newly admitted prompt is read on its own,
+then every step feeds one token per running sequence, so decoding is compute-bound over the batch instead of
+memory-bound one sequence at a time; a finished sequence's slot takes the next prompt. Each sequence has its own KV stream (``kv_unified=False``), so attention
 stays per sequence. Greedy (temperature 0, no repeat penalty), as the sequential path samples.
 
 The grouping (``prefix_groups``, ``tree_entries``) and the yes/no arithmetic (``p_yes_from_logits``) are pure functions.
@@ -225,18 +225,22 @@ class BatchEngine:
                     slots[s] = _Slot(i, list(prompts[i]), int(max_tokens[i]))
             entries: list[tuple[int, int, Sequence[int], bool]] = []
             reads: dict[int, int] = {}  # slot -> batch index of its logits
-            for s, sl in slots.items():  # running sequences: their last token
-                if sl.fed == len(sl.prompt) and sl.out:
+            # a prompt still being read goes alone (a chunk of it): with one KV stream per sequence llama.cpp splits a
+            # batch into micro-batches with equally many tokens of every sequence, so mixing a long prompt with the
+            # running sequences' single tokens would cost a model pass per prompt token
+            reading = next((s for s, sl in slots.items() if sl.fed < len(sl.prompt)), None)
+            if reading is not None:
+                sl = slots[reading]
+                n = min(len(sl.prompt) - sl.fed, budget)
+                for pos in range(sl.fed, sl.fed + n):
+                    entries.append((sl.prompt[pos], pos, (reading,), pos == len(sl.prompt) - 1))
+                sl.fed += n
+                if sl.fed == len(sl.prompt):
+                    reads[reading] = len(entries) - 1
+            else:
+                for s, sl in slots.items():  # every running sequence: its last token
                     entries.append((sl.out[-1], len(sl.prompt) + len(sl.out) - 1, (s,), True))
                     reads[s] = len(entries) - 1
-            for s, sl in slots.items():  # prompts still being read, in chunks
-                if sl.fed < len(sl.prompt) and len(entries) < budget:
-                    n = min(len(sl.prompt) - sl.fed, budget - len(entries))
-                    for pos in range(sl.fed, sl.fed + n):
-                        entries.append((sl.prompt[pos], pos, (s,), pos == len(sl.prompt) - 1))
-                    sl.fed += n
-                    if sl.fed == len(sl.prompt):
-                        reads[s] = len(entries) - 1
             self._decode(ctx, entries)
             for s, idx in reads.items():
                 sl = slots[s]
