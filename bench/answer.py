@@ -81,8 +81,7 @@ def packed(b: LlamaCppBackend, texts: list[str], qs: list[str]) -> tuple[np.ndar
             a = parse_answers(o.text, r.n_answers)
         except ParseError:
             continue
-        row, q0 = divmod(k, per)
-        ans[row, [q for q in r.meta["question_ids"]]] = a
+        ans[k // per, r.meta["question_ids"]] = a
     pairs = ans.size
     return ans, {"pairs": pairs, "wall_s": round(wall, 1), "pairs_per_s": round(pairs / wall, 2),
                  "prompt_tokens_per_pair": round(sum(o.prompt_tokens for o in outs) / pairs, 1),

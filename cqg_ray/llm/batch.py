@@ -15,7 +15,8 @@ then every step feeds one token per running sequence, so decoding is compute-bou
 memory-bound one sequence at a time; a finished sequence's slot takes the next prompt. Each sequence has its own KV stream (``kv_unified=False``), so attention
 stays per sequence. Greedy (temperature 0, no repeat penalty), as the sequential path samples.
 
-The grouping (``prefix_groups``, ``tree_entries``) and the yes/no arithmetic (``p_yes_from_logits``) are pure functions.
+The grouping (``prefix_groups``, ``tree_entries``, ``tree_batches``) and the yes/no arithmetic (``p_yes_from_logits``)
+are pure functions; the torch engine (``torch_engine.TorchScorer``) uses the same ones.
 """
 
 from __future__ import annotations
@@ -86,6 +87,22 @@ def tree_entries(token_lists: Sequence[Sequence[int]]) -> tuple[list[tuple[int, 
             entries.append((int(t[pos]), pos, seqs, pos == len(t) - 1))
         last.append(len(entries) - 1)
     return entries, last, lcp
+
+
+def tree_batches(token_lists: Sequence[Sequence[int]], max_seqs: int, max_tokens: int):
+    """The prompts sorted (prompts sharing a prefix become neighbours) and cut into prefix-tree batches (``prefix_groups``).
+
+    Yields ``(indices, group, entries, last, shared)`` per batch: the group's positions in ``token_lists``, its prompts,
+    and ``tree_entries`` of them. Every engine that scores by prefix tree goes through this."""
+    for t in token_lists:
+        if not t:
+            raise ValueError("an empty prompt cannot be scored")
+    order = sorted(range(len(token_lists)), key=lambda i: tuple(token_lists[i]))
+    ordered = [token_lists[i] for i in order]
+    for start, end in prefix_groups(ordered, max_seqs, max_tokens):
+        group = ordered[start:end]
+        entries, last, shared = tree_entries(group)
+        yield order[start:end], group, entries, last, shared
 
 
 def p_yes_from_logits(logits: np.ndarray, yes_ids: Sequence[int], no_ids: Sequence[int]) -> float:
@@ -185,19 +202,14 @@ class BatchEngine:
             self._score_ctx = self._context(self.score_ctx, self.score_seqs, unified=True)
         ctx = self._score_ctx
         for t in token_lists:
-            if not t:
-                raise ValueError("an empty prompt cannot be scored")
             if len(t) > self.score_ctx:
                 raise ValueError(f"a prompt of {len(t)} tokens does not fit the scoring context ({self.score_ctx})")
-        order = sorted(range(len(token_lists)), key=lambda i: tuple(token_lists[i]))
-        ordered = [token_lists[i] for i in order]
         out: list[tuple[float, int]] = [(float("nan"), 0)] * len(token_lists)
-        for start, end in prefix_groups(ordered, self.score_seqs if share_prefix else 1, self.score_ctx):
+        for indices, _, entries, last, shared in tree_batches(token_lists, self.score_seqs if share_prefix else 1, self.score_ctx):
             self._clear(ctx)
-            entries, last, shared = tree_entries(ordered[start:end])
             self._decode(ctx, entries)
-            for j in range(end - start):
-                out[order[start + j]] = (p_yes_from_logits(self._logits(ctx, last[j]), yes_ids, no_ids), shared[j])
+            for j, i in enumerate(indices):
+                out[i] = (p_yes_from_logits(self._logits(ctx, last[j]), yes_ids, no_ids), shared[j])
         return out
 
     # ------------------------------------------------------------------ generation

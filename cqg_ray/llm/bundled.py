@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import shutil
-import logging
 import uuid
 from dataclasses import dataclass
 from pathlib import Path

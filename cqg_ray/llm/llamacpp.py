@@ -96,6 +96,14 @@ class YesNoRecorder:
         return logits
 
 
+def batch_decoded(llm: LLMConfig, req: Request) -> bool:
+    """Whether a request is decoded ``llamacpp.batch_generate`` at a time: greedy, no grammar, no logprobs to record."""
+    temperature = llm.temperature if req.temperature is None else req.temperature
+    packed = req.n_answers is not None
+    return (not req.yes_no and llm.llamacpp.batch_generate > 1 and temperature == 0
+            and not (llm.constrained and packed) and not (llm.logprobs and packed))
+
+
 class LlamaCppBackend(Backend):
     name = "llamacpp"
     batch_size = 1
@@ -182,7 +190,7 @@ class LlamaCppBackend(Backend):
         tokens = [self.prompt_tokens(r) for r in requests]
         yes, no = self.yes_no_token_sets()
         out: list[Completion | None] = [None] * len(requests)
-        limit = max(self.llm.llamacpp.n_ctx, 2048)
+        limit = self.engine.score_ctx
         fits = [i for i, t in enumerate(tokens) if len(t) <= limit]
         for i in set(range(len(requests))) - set(fits):
             out[i] = Completion("", len(tokens[i]), error=f"the prompt has {len(tokens[i])} tokens, more than n_ctx={limit}", final=True)
@@ -202,14 +210,9 @@ class LlamaCppBackend(Backend):
             text = self.model.detokenize(out).decode("utf-8", errors="ignore")
             yield i, Completion(text, len(tokens[i]), len(out))
 
-    def batchable(self, req: Request) -> bool:
-        """Decoded in a batch: greedy, no grammar, no logprobs to record."""
-        return (not req.yes_no and self.llm.llamacpp.batch_generate > 1 and self.temperature(req) == 0
-                and not self.constrained(req) and not (self.llm.logprobs and req.n_answers is not None))
-
     def stream(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
         single = [i for i, r in enumerate(requests) if r.yes_no]
-        batched = [i for i, r in enumerate(requests) if self.batchable(r)]
+        batched = [i for i, r in enumerate(requests) if batch_decoded(self.llm, r)]
         rest = sorted(set(range(len(requests))) - set(single) - set(batched))
         chunk = self.llm.llamacpp.score_batch  # one batch per call: results reach the ledger batch by batch
         for s in range(0, len(single), chunk):
@@ -345,7 +348,7 @@ class LlamaCppActorPool(Backend):
         def kind(r: Request) -> tuple[str, int]:
             if r.yes_no:
                 return "score", 4 * cfg.score_batch
-            if cfg.batch_generate > 1 and r.n_answers is None and (r.temperature is None and self.llm.temperature == 0 or r.temperature == 0):
+            if batch_decoded(self.llm, r):
                 return "generate", 2 * cfg.batch_generate
             return "one", self.chunk_size
 

@@ -12,13 +12,12 @@ others it is emulated and float32 is the fast choice (``pick_dtype``).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from cqg_ray.llm.batch import prefix_groups, tree_entries
+from cqg_ray.llm.batch import p_yes_from_logits, tree_batches
 
 
 def cpu_flags() -> set[str]:
@@ -72,33 +71,21 @@ class TorchScorer:
     def score(self, token_lists: Sequence[Sequence[int]], yes_ids: Sequence[int], no_ids: Sequence[int], share_prefix: bool = True) -> list[tuple[float, int]]:
         """(P(yes) at the position after each prompt, prompt tokens shared with another prompt of its batch) per prompt."""
         torch = self.torch
-        for t in token_lists:
-            if not t:
-                raise ValueError("an empty prompt cannot be scored")
-        order = sorted(range(len(token_lists)), key=lambda i: tuple(token_lists[i]))
-        ordered = [token_lists[i] for i in order]
         rows = torch.as_tensor(list(yes_ids) + list(no_ids))
+        ny = len(yes_ids)
+        yes_cols, no_cols = range(ny), range(ny, ny + len(no_ids))
         out: list[tuple[float, int]] = [(float("nan"), 0)] * len(token_lists)
-        for start, end in prefix_groups(ordered, self.max_seqs if share_prefix else 1, self.max_tokens):
-            group = ordered[start:end]
-            entries, last, lcp = tree_entries(group)
-            mask = torch.from_numpy(tree_mask(group, lcp, len(entries)))[None, None]
+        for indices, group, entries, last, shared in tree_batches(token_lists, self.max_seqs if share_prefix else 1, self.max_tokens):
+            mask = torch.from_numpy(tree_mask(group, shared, len(entries)))[None, None]
             ids = torch.tensor([[e[0] for e in entries]])
             pos = torch.tensor([[e[1] for e in entries]])
             with torch.inference_mode():
                 hidden = self.model.model(input_ids=ids, position_ids=pos, attention_mask=mask).last_hidden_state[0]
-                logits = (hidden[last] @ self.out[rows].T).double().numpy()
-            ny = len(yes_ids)
-            for j in range(len(group)):
-                ly = _logsumexp(logits[j, :ny])
-                ln = _logsumexp(logits[j, ny:])
-                out[order[start + j]] = (1.0 / (1.0 + math.exp(min(ln - ly, 700.0))), lcp[j])
+                logits = (hidden[last] @ self.out[rows].T).double().numpy()  # the yes and no rows of the output matrix only
+            for j, i in enumerate(indices):
+                out[i] = (p_yes_from_logits(logits[j], yes_cols, no_cols), shared[j])
         return out
 
     def close(self) -> None:
         self.model = None
 
-
-def _logsumexp(v: np.ndarray) -> float:
-    m = float(v.max())
-    return m + math.log(float(np.exp(v - m).sum()))
