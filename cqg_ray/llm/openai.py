@@ -144,12 +144,15 @@ class OpenAIBackend(Backend):
         self.http_retries = 0
         self.http_request_errors = 0  # 4xx answered for one request (recorded as that request's error)
         self._4xx_in_a_row = 0
+        self._fatal: str | None = None  # once set, every request queued behind it fails without being sent
 
     def counters(self) -> dict[str, int]:
         return {"http_calls": self.http_calls, "http_retries": self.http_retries, "http_request_errors": self.http_request_errors}
 
     def complete_one(self, req: Request) -> Completion:
         cfg = self.llm.openai
+        if self._fatal:
+            raise OpenAIError(self._fatal)
         body = chat_body(self.llm, req, self.temperature(req))
         last = ""
         for attempt in range(cfg.max_retries + 1):
@@ -171,12 +174,14 @@ class OpenAIBackend(Backend):
                     last = f"HTTP {r.status_code}: {r.text[:300]}"
                     retry_after = r.headers.get("retry-after")
                 elif r.status_code in SETUP_ERRORS:
-                    raise OpenAIError(f"{self.url} refused the request with HTTP {r.status_code} (check base_url, model and api_key_env): {r.text[:1000]}")
+                    self._fatal = f"{self.url} refused the request with HTTP {r.status_code} (check base_url, model and api_key_env): {r.text[:1000]}"
+                    raise OpenAIError(self._fatal)
                 else:
                     self.http_request_errors += 1
                     self._4xx_in_a_row += 1
                     if self._4xx_in_a_row >= FATAL_4XX_IN_A_ROW:
-                        raise OpenAIError(f"{self.url} refused {self._4xx_in_a_row} requests in a row; the last with HTTP {r.status_code}: {r.text[:1000]}")
+                        self._fatal = f"{self.url} refused {self._4xx_in_a_row} requests in a row; the last with HTTP {r.status_code}: {r.text[:1000]}"
+                        raise OpenAIError(self._fatal)
                     return Completion("", error=f"HTTP {r.status_code} (this request was refused): {r.text[:1000]}", final=True)
             if attempt == cfg.max_retries:
                 break
