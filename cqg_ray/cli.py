@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("run_dir")
     st.set_defaults(func=cmd_status)
 
-    for extra in ("cqg_ray.cqg.cli", "cqg_ray.mbqa.cli", "cqg_ray.serve.cli", "cqg_ray.evaluate.cli", "cqg_ray.plan", "cqg_ray.embed", "cqg_ray.search", "cqg_ray.demo"):
+    for extra in ("cqg_ray.cqg.cli", "cqg_ray.mbqa.cli", "cqg_ray.serve.cli", "cqg_ray.evaluate.cli", "cqg_ray.plan", "cqg_ray.embed", "cqg_ray.search", "cqg_ray.export", "cqg_ray.demo"):
         try:
             mod = __import__(extra, fromlist=["add_commands"])
         except ImportError:

@@ -1,7 +1,7 @@
 """The trained MBQA model M = (Enc, {C_1..C_m}) as a self-contained folder, and its Python API.
 
     from cqg_ray import InterpretableEmbedder
-    model = InterpretableEmbedder.load("runs/demo/model")
+    model = InterpretableEmbedder.load("runs/demo/model")    # a folder, a URI, or a shipped model's name (models/<name>)
     bits = model.encode(["a text", "another"])                 # (n, m) uint8 0/1: y_i = 1[sigma(C_i(Enc(t))) > tau]
     probs = model.encode(texts, binary=False)                  # (n, m) float32 sigma(C_i(Enc(t)))
     packed = model.encode(texts, packed=True)                  # (n, ceil(m/8)) uint8, np.packbits rows
@@ -11,7 +11,7 @@
 The folder (local path or any URI `cqg_ray.rundir` understands):
 
     config.json        format, encoder (name or path), dims d, hidden, m, tau, normalize, versions
-    questions.json     [{"id", "text", "cluster", ...}, ...] in dimension order
+    questions.json     [{"id", "text", "cluster", "quality", "yes_rate", "labels", ...}, ...] in dimension order
     heads.safetensors  the stacked heads (`StackedHeads`), with d/m/hidden in its metadata
     eval_report.json   the held-out question-answering report (paper Table 6), when there is one
 
@@ -21,7 +21,9 @@ Loading checks that the files exist and parse, and that questions, heads, config
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,6 +33,31 @@ from cqg_ray.rundir import ArtifactError, RunDir, versions
 
 FORMAT = "cqg-ray-mbqa"
 FORMAT_VERSION = 1
+MODELS_ENV = "CQG_RAY_MODELS"  # folders (os.pathsep-separated) where models named without a path are looked for
+
+
+def model_dirs() -> list[Path]:
+    """Where a model given by bare name is looked for: $CQG_RAY_MODELS, ./models, then the source checkout's models/."""
+    dirs = [Path(d) for d in os.environ.get(MODELS_ENV, "").split(os.pathsep) if d]
+    dirs += [Path("models"), Path(__file__).resolve().parents[2] / "models"]
+    return dirs
+
+
+def shipped_models() -> list[str]:
+    """Names of the model folders found in ``model_dirs()``."""
+    names = {p.parent.name for d in model_dirs() if d.is_dir() for p in d.glob("*/config.json")}
+    return sorted(names)
+
+
+def resolve_model(path_or_name: str) -> str:
+    """The folder of a model: a path or URI as given; a bare name (no '/') that is not a folder here -> models/<name>."""
+    s = str(path_or_name)
+    if "://" in s or "/" in s or os.sep in s or os.path.exists(s):
+        return s
+    for d in model_dirs():
+        if (d / s / "config.json").is_file():
+            return str(d / s)
+    return s
 
 
 class ModelError(ArtifactError):
@@ -151,10 +178,14 @@ class InterpretableEmbedder:
     def load(cls, path: str, device: str | None = None, encoder=None, load_encoder: bool = True) -> "InterpretableEmbedder":
         """Load and check a model folder. `encoder`: an already loaded SentenceTransformer to use instead;
         `load_encoder=False` defers loading the encoder to the first `encode` (heads-only use)."""
+        path = resolve_model(path)
         run = RunDir(path)
         if not run.exists("config.json"):
             what = "folder" if run.exists() else "path"
-            raise ModelError(f"not a cqg-ray model: no config.json in {path} ({what} {'exists' if run.exists() else 'does not exist'})")
+            hint = ""
+            if "/" not in path and os.sep not in path:
+                hint = f"; shipped models: {', '.join(shipped_models()) or 'none found'} (looked in {', '.join(map(str, model_dirs()))})"
+            raise ModelError(f"not a cqg-ray model: no config.json in {path} ({what} {'exists' if run.exists() else 'does not exist'}){hint}")
         cfg = _read_json(run, "config.json")
         if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
             raise ModelError(f"{path}/config.json is not a cqg-ray model config (format {cfg.get('format') if isinstance(cfg, dict) else None!r})")

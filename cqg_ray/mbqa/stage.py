@@ -55,9 +55,13 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
     log.info("train: %d questions, %d labelled pairs over %d texts (d=%d), %d worker(s), %d epochs", m, len(pairs), len(ids), emb.shape[1],
              cfg.train.num_workers, cfg.train.epochs)
     result, report = train_and_evaluate(emb, pairs, cfg.train, storage_path=storage, name=name)
+    n_labels = np.bincount(pairs.question, minlength=m)
+    n_yes = np.bincount(pairs.question, weights=pairs.answer, minlength=m)
     questions = [{"id": str(r["question_id"]), "text": r["text"], "cluster": int(r["cluster"]),
                   "quality": None if r["quality"] is None or r["quality"] != r["quality"] else float(r["quality"]),
-                  "method": r.get("method", "cqg")} for r in qt.to_pylist()]
+                  "method": r.get("method", "cqg"), "labels": int(n_labels[i]),
+                  "yes_rate": round(float(n_yes[i] / n_labels[i]), 4) if n_labels[i] else None}
+                 for i, r in enumerate(qt.to_pylist())]
     model = InterpretableEmbedder(cfg.encode.model, questions, result.heads, tau=cfg.train.tau, eval_report=report, device="cpu")
     model.save(run.uri(ctx.stage))
     print(format_report(report))

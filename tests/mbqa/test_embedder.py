@@ -180,3 +180,21 @@ def test_encode_rejects_a_bare_string(saved, encoder):
     model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
     with pytest.raises(TypeError, match="list of texts"):
         model.encode("one text")
+
+
+def test_a_bare_name_loads_from_the_models_folders(saved, encoder, tmp_path, monkeypatch):
+    import shutil
+
+    shipped = tmp_path / "shipped"
+    shutil.copytree(saved, shipped / "my-model")
+    monkeypatch.setenv("CQG_RAY_MODELS", str(shipped))
+    from cqg_ray.mbqa.embedder import resolve_model, shipped_models
+
+    assert resolve_model("my-model") == str(shipped / "my-model")
+    assert "my-model" in shipped_models()
+    assert resolve_model("some/path") == "some/path" and resolve_model("s3://b/m") == "s3://b/m"
+    model = InterpretableEmbedder.load("my-model", encoder=encoder)
+    assert model.m == M
+    np.testing.assert_array_equal(model.encode(TEXTS, progress=False), make_model(encoder).encode(TEXTS, progress=False))
+    with pytest.raises(ModelError, match=r"no-such-model \(path does not exist\); shipped models: .*my-model"):
+        InterpretableEmbedder.load("no-such-model")

@@ -1,0 +1,145 @@
+"""`cqg-ray export RUN OUT`: a run's trained model as a self-contained folder to ship, with how it was built.
+
+OUT gets the model folder (config.json, questions.json with each question's LLM yes-rate, heads.safetensors,
+the held-out report eval_report.json / eval_report.md) plus
+
+    run_config.yaml   the run's whole config (rebuild with `cqg-ray run --config run_config.yaml`)
+    build.json        each stage's wall time, counts and LLM usage, the machine, the versions
+    README.md         a model card: sizes, build times, how to load it
+
+`cqg-ray evaluate OUT` then writes OUT/evaluation/ (report, results, sweep plots). Load the result with
+``InterpretableEmbedder.load(OUT)``, or by its folder name when it lies in models/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+
+from cqg_ray.rundir import ArtifactError, RunDir
+
+MODEL_FILES = ("heads.safetensors", "questions.json", "eval_report.json", "eval_report.md", "config.json")  # config.json last
+STAGES = ("prepare", "encode", "cluster", "questions", "labels", "model")
+
+
+def cpu_name() -> str:
+    """The CPU model and the vector extensions that matter here, e.g. 'AMD EPYC (avx512_bf16, avx512f), 2 cores'."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name in ("", platform.machine(), platform.processor()):
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    shown = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    return f"{name} ({', '.join(shown) or 'no AVX2'}), {os.cpu_count()} cores"
+
+
+def build_record(run: RunDir) -> dict:
+    """Wall time, counts and LLM usage of each finished stage of a run (from the stage manifests)."""
+    stages = {}
+    for stage in STAGES:
+        man = run.manifest(stage)
+        if man is None:
+            continue
+        stages[stage] = {"seconds": man.get("seconds"), "counts": man.get("counts", {}), "finished_at": man.get("finished_at")}
+        if man.get("llm"):
+            stages[stage]["llm"] = man["llm"]
+    # a stage's LLM usage is one record, or one per phase ({"generate": {...}, "probe": {...}})
+    llm = [x for s in stages.values() if "llm" in s for x in ([s["llm"]] if "requests" in s["llm"] else s["llm"].values())]
+    model = run.manifest("model") or {}
+    return {
+        "stages": stages,
+        "total_seconds": round(sum(s["seconds"] or 0 for s in stages.values()), 1),
+        "llm_requests": sum(int(x.get("requests", 0)) for x in llm),
+        "llm_prompt_tokens": sum(int(x.get("prompt_tokens", 0)) for x in llm),
+        "llm_completion_tokens": sum(int(x.get("completion_tokens", 0)) for x in llm),
+        "machine": cpu_name(),
+        "versions": model.get("versions", {}),
+    }
+
+
+def model_card(name: str, cfg: dict, build: dict, questions: list[dict], report: dict | None) -> str:
+    """README.md of a shipped model: what it is, how it was built, how to use it."""
+    st = build["stages"]
+    rows = "\n".join(f"| {k} | {v['seconds']:.0f} | {', '.join(f'{a}={b}' for a, b in list(v['counts'].items())[:6])} |"
+                     for k, v in st.items() if v.get("seconds") is not None)
+    llm = cfg.get("llm", {})
+    llm_model = llm.get(llm.get("backend", "llamacpp"), {}).get("model", "?")
+    rates = [q["yes_rate"] for q in questions if q.get("yes_rate") is not None]
+    yes = f"Mean LLM yes-rate over the labelled texts {sum(rates) / len(rates):.3f}; " if rates else ""
+    acc = f"held-out accuracy {report['accuracy']:.2f}, macro F1 {report['macro avg']['f1-score']:.2f}" if report and "accuracy" in report else ""
+    return f"""# {name}
+
+A CQG-MBQA interpretable embedding model built by cqg-ray: {len(questions)} yes/no questions, one MLP head each on the
+frozen encoder `{cfg.get('encode', {}).get('model', '?')}`; questions written and texts labelled by `{llm_model}`
+({llm.get('backend', 'llamacpp')}, answer mode `{llm.get('answer_mode', 'single')}`).
+{yes}{acc}.
+
+```python
+from cqg_ray import InterpretableEmbedder
+model = InterpretableEmbedder.load("{name}")        # or the path of this folder
+bits = model.encode(["A man is playing a guitar.", "Someone plays music."])   # (2, {len(questions)}) 0/1
+print(model.explain("A man is playing a guitar.", "Someone plays music."))   # the questions both answer yes
+```
+
+Built with `cqg-ray run --config run_config.yaml` on {build['machine']}, {build['total_seconds'] / 60:.1f} min in all,
+{build['llm_requests']:,} LLM requests ({build['llm_prompt_tokens']:,} prompt tokens, {build['llm_completion_tokens']:,} generated):
+
+| stage | seconds | counts |
+|---|---:|---|
+{rows}
+
+Files: `config.json`, `questions.json` (text, cluster, probe quality, labels, LLM yes-rate), `heads.safetensors`,
+`eval_report.md` (held-out question answering, the paper's Table 6), `run_config.yaml`, `build.json`, and
+`evaluation/` (`cqg-ray evaluate` on the standard sets: report, results, tau and m sweeps).
+"""
+
+
+def export_model(run_dir: str, out: str, name: str | None = None, overwrite: bool = False) -> dict:
+    """Copy the run's model folder to ``out`` with its config, build record and model card. Returns the build record."""
+    import yaml  # noqa: PLC0415
+
+    run = RunDir(run_dir)
+    run.require("model")
+    if os.path.exists(os.path.join(out, "config.json")) and not overwrite:
+        raise ArtifactError(f"{out} already holds a model (config.json); pass --overwrite to replace it")
+    os.makedirs(out, exist_ok=True)
+    for f in MODEL_FILES:
+        if run.exists("model", f):
+            with open(os.path.join(out, f), "wb") as fh:
+                fh.write(run.read_bytes(f"model/{f}"))
+    cfg = yaml.safe_load(run.read_bytes("config.yaml")) if run.exists("config.yaml") else {}
+    with open(os.path.join(out, "run_config.yaml"), "w") as fh:
+        yaml.safe_dump(cfg, fh, sort_keys=False)
+    build = build_record(run)
+    with open(os.path.join(out, "build.json"), "w") as fh:
+        json.dump(build, fh, indent=2)
+    questions = run.read_json("model/questions.json")
+    report = run.read_json("model/eval_report.json") if run.exists("model", "eval_report.json") else None
+    name = name or os.path.basename(os.path.normpath(out))
+    with open(os.path.join(out, "README.md"), "w") as fh:
+        fh.write(model_card(name, cfg, build, questions, report if isinstance(report, dict) else None))
+    return build
+
+
+def cmd_export(args) -> int:
+    build = export_model(args.run_dir, args.out, args.name, args.overwrite)
+    print(f"exported {args.run_dir}/model -> {args.out} ({build['total_seconds'] / 60:.1f} min of stages, {build['llm_requests']:,} LLM requests); "
+          f"next: cqg-ray evaluate {args.out}")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="copy a run's trained model to a folder to ship, with its config, build record and model card",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", help="run directory with a trained model (local path or URI)")
+    p.add_argument("out", help="folder to write, e.g. models/my-model")
+    p.add_argument("--name", help="the model's name in its README (default: the folder name)")
+    p.add_argument("--overwrite", action="store_true", help="replace a model already in OUT")
+    p.set_defaults(func=cmd_export)

@@ -1,0 +1,44 @@
+"""`cqg-ray export`: a run's trained model shipped as a folder (lives here because the trained-run fixture does)."""
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from cqg_ray.cli import main
+from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+
+def test_questions_carry_their_llm_yes_rate(trained_model):
+    qs = json.loads((trained_model / "questions.json").read_text())
+    stats = pq.read_table(trained_model.parent / "labels" / "question_stats.parquet").to_pylist()
+    by_id = {s["question_id"]: s for s in stats}
+    for i, q in enumerate(qs):
+        s = by_id[i]
+        assert q["labels"] == s["answered"]
+        assert q["yes_rate"] == round(s["yes"] / s["answered"], 4)
+
+
+def test_export_copies_the_model_with_its_build_record(trained_model, tmp_path, capsys):
+    out = tmp_path / "models" / "tiny-ref"
+    assert main(["export", str(trained_model.parent), str(out)]) == 0
+    assert "cqg-ray evaluate" in capsys.readouterr().out
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["README.md", "build.json", "config.json", "eval_report.json", "eval_report.md", "heads.safetensors",
+                     "questions.json", "run_config.yaml"]
+    for f in ("config.json", "questions.json", "heads.safetensors", "eval_report.json"):
+        assert (out / f).read_bytes() == (trained_model / f).read_bytes(), f
+    build = json.loads((out / "build.json").read_text())
+    labels = json.loads((trained_model.parent / "labels" / "_manifest.json").read_text())
+    assert build["stages"]["labels"]["counts"] == labels["counts"]
+    q = json.loads((trained_model.parent / "questions" / "_manifest.json").read_text())["llm"]
+    assert build["llm_requests"] == q["generate"]["requests"] + q["probe"]["requests"] + labels["llm"]["requests"]
+    assert build["llm_prompt_tokens"] == q["generate"]["prompt_tokens"] + q["probe"]["prompt_tokens"] + labels["llm"]["prompt_tokens"] > 0
+    assert "cores" in build["machine"]
+    card = (out / "README.md").read_text()
+    assert card.startswith("# tiny-ref\n") and 'InterpretableEmbedder.load("tiny-ref")' in card
+    a, b = InterpretableEmbedder.load(str(out)), InterpretableEmbedder.load(str(trained_model))
+    texts = ["A man is playing a guitar.", "Stocks fell on Monday."]
+    np.testing.assert_array_equal(a.encode(texts, progress=False, binary=False), b.encode(texts, progress=False, binary=False))
+    assert main(["export", str(trained_model.parent), str(out)]) == 2  # a model is there: not replaced silently
+    assert main(["export", str(trained_model.parent), str(out), "--overwrite"]) == 0
