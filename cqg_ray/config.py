@@ -260,6 +260,11 @@ class EvaluateConfig(Section):
     baselines: list[Literal["dense", "bag_of_tokens", "bm25"]] = Field(default_factory=lambda: ["dense", "bag_of_tokens", "bm25"])
     tau_sweep: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
     m_sweep: list[int] = Field(default_factory=list, description="numbers of questions for the m sweep (empty = automatic)")
+    keep_identical_ids: list[str] = Field(
+        default_factory=list,
+        description="retrieval sets (report name or folder) that keep a retrieved document whose id equals the query id; "
+                    "other sets drop it before scoring (BEIR's ignore_identical_ids)",
+    )
 
 
 class PipelineConfig(Section):

@@ -29,6 +29,9 @@ def add_commands(sub) -> None:
     p.add_argument("--max-pairs", type=int, help="STS pairs per file (random, seeded)")
     p.add_argument("--max-docs", type=int, help="retrieval corpus size (keeps the relevant documents) and clustering texts")
     p.add_argument("--max-queries", type=int, help="retrieval queries per set")
+    p.add_argument("--keep-identical-ids", nargs="+", metavar="SET",
+                   help="retrieval sets (report name or folder) that keep a retrieved document whose id is the query's "
+                        "(default: dropped before scoring, as BEIR's ignore_identical_ids)")
     p.add_argument("--baselines", nargs="*", choices=["dense", "bag_of_tokens", "bm25"], help="default: all three")
     p.add_argument("--tau-sweep", nargs="+", type=float, metavar="TAU")
     p.add_argument("--m-sweep", nargs="+", type=int, metavar="M")
@@ -46,7 +49,7 @@ def config_from_args(args) -> EvaluateConfig:
     updates = {
         "tasks": args.tasks, "sts": args.sts, "retrieval": args.retrieval, "clustering": args.clustering,
         "max_pairs": args.max_pairs, "max_docs": args.max_docs, "baselines": args.baselines,
-        "tau_sweep": args.tau_sweep, "m_sweep": args.m_sweep,
+        "tau_sweep": args.tau_sweep, "m_sweep": args.m_sweep, "keep_identical_ids": args.keep_identical_ids,
     }
     data = {**cfg.model_dump(), **{k: v for k, v in updates.items() if v is not None}}
     try:

@@ -10,7 +10,8 @@ Layouts
   Fields are split on tabs only (quotes are text, as in the official STS files).
 - Retrieval (BEIR): a folder with ``corpus.jsonl`` {_id, title, text}, ``queries.test.jsonl`` or ``queries.jsonl``
   {_id, text}, ``qrels/test.tsv`` (header ``query-id corpus-id score``). A document's text is ``title + " " + text``
-  (stripped), as MTEB feeds BEIR corpora to encoders.
+  (stripped), as MTEB feeds BEIR corpora to encoders. Where a query is also a corpus document under the same id
+  (ArguAna, Quora), that document is left out of the query's ranking unless ``drop_identical_ids=False``.
 - Clustering: JSONL, optionally gzip-compressed, one object per line with a text field (``text`` by default;
   20 Newsgroups also has ``subject``, what MTEB's TwentyNewsgroupsClustering clusters) and ``label``.
 
@@ -196,6 +197,13 @@ class RetrievalData:
     queries: list[str]
     qrels: dict[str, dict[str, int]]  # query id -> {doc id: relevance}
     full_corpus: bool = True
+    drop_identical_ids: bool = True  # BEIR's ignore_identical_ids: a retrieved doc with the query's own id is not scored
+
+    @property
+    def identical_ids(self) -> int:
+        """How many queries are also corpus documents under the same id (ArguAna, Quora)."""
+        docs = set(self.doc_ids)
+        return sum(q in docs for q in self.query_ids)
 
 
 def doc_text(row: dict[str, Any]) -> str:
@@ -227,8 +235,10 @@ def load_beir(
     max_docs: int | None = None,
     seed: int = 0,
     name: str | None = None,
+    drop_identical_ids: bool = True,
 ) -> RetrievalData:
-    """Read a BEIR folder. Only queries with judgements in ``qrels/<split>.tsv`` are kept (BEIR's protocol)."""
+    """Read a BEIR folder. Only queries with judgements in ``qrels/<split>.tsv`` are kept (BEIR's protocol).
+    ``drop_identical_ids``: score rankings without the document whose id is the query's (BEIR's default)."""
     qrels_uri = _join(folder, "qrels", f"{split}.tsv")
     if not _exists(qrels_uri):
         raise DataError(f"{folder}: no qrels/{split}.tsv (BEIR layout: corpus.jsonl, queries.jsonl, qrels/{split}.tsv)")
@@ -275,6 +285,7 @@ def load_beir(
         queries=[query_text[q] for q in query_ids],
         qrels={q: qrels[q] for q in query_ids},
         full_corpus=full,
+        drop_identical_ids=drop_identical_ids,
     )
 
 

@@ -8,7 +8,8 @@ Task scores are on the paper's scale (x100):
 - ``sts_spearman``: 100 x Spearman's rho between cosine(e1, e2) and the gold scores (paper Table 1).
 - ``ndcg_at_k``: 100 x mean nDCG@k over the judged queries, ranking the full corpus by cosine (Table 2).
   Gains are the graded relevances, discount 1/log2(rank + 1), the ideal ranking built from all judged
-  documents of the query (trec_eval's ``ndcg_cut``, which BEIR and MTEB call through pytrec_eval).
+  documents of the query (trec_eval's ``ndcg_cut``, which BEIR and MTEB call through pytrec_eval). A retrieved
+  document whose id is the query's own is dropped first where asked (``ranking_from_indices(drop_identical=True)``).
 - ``kmeans_v_measure``: 100 x V-measure of MiniBatchKMeans with the true number of labels, batch 500,
   ``n_init="auto"``, random_state 42: MTEB's clustering protocol and default seed (Table 3).
 - ``cognitive_load``: paper Eq. 5, the mean over text pairs of <u, v> = sum_i u_i v_i for binary u, v,
@@ -180,8 +181,20 @@ def ndcg_at_k(ranked: dict[str, list[str]], qrels: dict[str, dict[str, int]], k:
     return 100.0 * float(np.mean(list(per.values()))) if per else float("nan")
 
 
-def ranking_from_indices(query_ids: list[str], doc_ids: list[str], idx: np.ndarray) -> dict[str, list[str]]:
-    return {q: [doc_ids[j] for j in row] for q, row in zip(query_ids, idx)}
+def ranking_from_indices(
+    query_ids: list[str], doc_ids: list[str], idx: np.ndarray, k: int | None = None, drop_identical: bool = False
+) -> dict[str, list[str]]:
+    """{query id: document ids, best first} from top-k indices, cut to the first k.
+
+    ``drop_identical``: leave out the document whose id equals the query id (BEIR's ``ignore_identical_ids``);
+    retrieve k + 1 per query so that k remain. The result equals masking that document before the top-k."""
+    out = {}
+    for q, row in zip(query_ids, idx):
+        ranked = [doc_ids[j] for j in row]
+        if drop_identical:
+            ranked = [d for d in ranked if d != q]
+        out[q] = ranked[:k]
+    return out
 
 
 # ----------------------------------------------------------------------------------------- clustering

@@ -133,10 +133,16 @@ def sts_scores(X: Any, data: StsData, i1: np.ndarray, i2: np.ndarray, binary: bo
     return out
 
 
+def ranked_ndcg(idx: np.ndarray, data: RetrievalData, k: int = 10) -> float:
+    """nDCG@k x100 of top-(k + 1) document indices per query: the query's own id dropped unless the set keeps it."""
+    ranked = ranking_from_indices(data.query_ids, data.doc_ids, idx, k=k, drop_identical=data.drop_identical_ids)
+    return ndcg_at_k(ranked, data.qrels, k=k)
+
+
 def retrieval_score(Q: Any, D: Any, data: RetrievalData, k: int = 10) -> float:
-    """nDCG@k x100, exact top-k by cosine over all of ``data.docs``."""
-    _, idx = top_k_cosine(Q, D, k=k)
-    return ndcg_at_k(ranking_from_indices(data.query_ids, data.doc_ids, idx), data.qrels, k=k)
+    """nDCG@k x100, exact top-k by cosine over all of ``data.docs`` (one spare for a dropped identical id)."""
+    _, idx = top_k_cosine(Q, D, k=k + 1)
+    return ranked_ndcg(idx, data, k)
 
 
 def evaluate_sts(encoder: Any, data: StsData, binary: bool | None = None) -> dict:
@@ -190,6 +196,14 @@ def load_datasets(
         for i, d in enumerate(out[task]):  # two files with the same short name get a suffix
             if names.count(d.name) > 1:
                 d.name = f"{d.name}#{i + 1}"
+    if "retrieval" in out:
+        keep = set(cfg.keep_identical_ids)
+        for d in out["retrieval"]:
+            d.drop_identical_ids = not keep & {d.name, d.path}
+        unknown = keep - {x for d in out["retrieval"] for x in (d.name, d.path)}
+        if unknown:
+            raise DataError(f"evaluate.keep_identical_ids names {sorted(unknown)}, which are not retrieval sets here "
+                            f"(sets: {[d.name for d in out['retrieval']]})")
     return out
 
 
@@ -198,7 +212,8 @@ def _dataset_info(task: str, d: Any) -> dict:
         return {"path": d.path, "pairs": len(d)}
     if task == "retrieval":
         return {"path": d.path, "queries": len(d.query_ids), "docs": len(d.docs), "full_corpus": d.full_corpus,
-                "qrels": sum(len(v) for v in d.qrels.values())}
+                "qrels": sum(len(v) for v in d.qrels.values()), "identical_ids": d.identical_ids,
+                "identical_ids_dropped": d.drop_identical_ids}
     return {"path": d.path, "texts": len(d.texts), "labels": d.n_labels, "field": d.field}
 
 
@@ -257,8 +272,10 @@ def evaluate_model(
     ``cfg``: tasks, dataset paths (empty = the standard sets under ``data_root``), ``max_pairs`` (STS pairs per
     set), ``max_docs`` (retrieval corpus / clustering texts; a retrieval corpus keeps the relevant documents),
     baselines, ``tau_sweep`` and ``m_sweep`` (empty = about 10 points up to m); the sweeps run on the STS sets, so
-    they need the ``sts`` task. ``max_queries``: retrieval queries per set; ``clustering_field``: the JSONL field
-    clustered (20 Newsgroups: ``text`` or ``subject``); ``seed``: the subset samples.
+    they need the ``sts`` task; ``keep_identical_ids``: retrieval sets (name or folder) that keep a retrieved document
+    whose id is the query's (every other set drops it, as BEIR does). ``max_queries``: retrieval queries per set;
+    ``clustering_field``: the JSONL field clustered (20 Newsgroups: ``text`` or ``subject``); ``seed``: the subset
+    samples.
     Returns the dict written to results.json: scores[task][method][dataset], sweeps[model]["m"|"tau"], methods,
     datasets, seconds, config, protocol.
     """
@@ -290,8 +307,8 @@ def evaluate_model(
         for m in methods:
             t0 = time.time()
             if m.kind == "bm25":
-                _, idx = m.obj.search(d.docs, d.queries, k=10)
-                score = ndcg_at_k(ranking_from_indices(d.query_ids, d.doc_ids, idx), d.qrels, k=10)
+                _, idx = m.obj.search(d.docs, d.queries, k=11)  # one spare for a dropped identical id
+                score = ranked_ndcg(idx, d, k=10)
             else:
                 score = retrieval_score(queries[m.name][0], docs[m.name][0], d, k=10)
                 t0 -= queries[m.name][2] + docs[m.name][2]
@@ -327,6 +344,8 @@ def evaluate_model(
             "sts": "100 x Spearman(cosine(e1, e2), gold) over all pairs of each file",
             "retrieval": "100 x mean nDCG@10 (trec_eval ndcg_cut) over judged queries; exact top-10 by cosine over the corpus "
                          "(ties: earlier document first); BM25 via bm25s",
+            "identical_ids": "a retrieved document whose id equals the query id is left out before scoring, as BEIR's "
+                             "ignore_identical_ids (MTEB sets it per task), except in the sets of evaluate.keep_identical_ids",
             "clustering": "100 x V-measure of MiniBatchKMeans(n_clusters=#labels, batch_size=500, n_init='auto', "
                           "random_state=42, MTEB's) on the embeddings as encoded",
             "cognitive_load": "paper Eq. 5: mean over STS pairs of sum_i u_i v_i (binary embeddings only)",
@@ -419,6 +438,8 @@ def render_markdown(results: dict) -> str:
             continue
         cols, rows = table_rows(results, task)
         out += [f"## {TASK_TITLES[task]}", "", markdown_table(["Model", *cols], [[n, *[_fmt(v, task) for v in vals]] for n, vals in rows]), ""]
+        if task == "retrieval":
+            out += [_identical_ids_note(name, info) for name, info in results["datasets"]["retrieval"].items()] + [""]
     for name, sw in results["sweeps"].items():
         for kind, label in (("m", "number of questions m (Figure 4)"), ("tau", "threshold tau (Figure 5)")):
             rows = sweep_rows(sw[kind])
@@ -428,6 +449,12 @@ def render_markdown(results: dict) -> str:
                     markdown_table(header, [[_sweep_cell(r[h]) for h in header] for r in rows]), ""]
     out += ["## Protocol", ""] + [f"- {k}: {v}" for k, v in results["protocol"].items()] + [""]
     return "\n".join(out)
+
+
+def _identical_ids_note(name: str, info: dict) -> str:
+    rule = "dropped from its ranking" if info["identical_ids_dropped"] else "kept (evaluate.keep_identical_ids)"
+    return (f"- {name}: {info['identical_ids']} of {info['queries']} queries are also corpus documents under the same "
+            f"id; such a document is {rule}.")
 
 
 def _sweep_cell(v: Any) -> str:

@@ -144,3 +144,43 @@ def trained_model(tmp_path_factory, clustered_run, corpus_file):
     run_stage(run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, backend=oracle, progress=False))
     run_stage(run, "model", stage_hash(cfg, "model"), lambda ctx: run_train(cfg, ctx))
     return d / "model"
+
+
+# ----------------------------------------------------------------------------------------- identical ids (issue 15)
+
+# A BEIR set in ArguAna's shape: queries q1 and q2 are also corpus documents under their own ids, q3 is not.
+# Corpus order q1, d1, q2, d2, noise. Vectors (float, no ties that reach a judged document):
+# q1 -> q1 1.0, d1 .707 | q2 -> q2 1.0, d2 .673 | q3 -> noise .768, d2 .474, d1 .453 (q1 and q2: 0)
+IDENTICAL_IDS_VECTORS = {
+    "alpha": [1, 0, 0, 0],
+    "alpha answer": [1, 0, 1, 0],
+    "beta": [0, 1, 0, 0],
+    "beta answer": [0, 1, 1.1, 0],
+    "noise": [0, 0, 0, 1],
+    "gamma": [0, 0, 1, 1.2],
+}
+
+
+class Lookup:
+    """A dense Encoder (and sentence-transformers stand-in) reading each text's vector from a table."""
+
+    def __init__(self, table: dict[str, list[float]]):
+        self.table = table
+
+    def encode(self, texts, **kwargs) -> np.ndarray:
+        return np.array([self.table[t] for t in texts], dtype=np.float32)
+
+
+@pytest.fixture
+def identical_ids_beir(tmp_path):
+    """(folder "mini-arguana", Lookup over IDENTICAL_IDS_VECTORS): corpus.jsonl, queries.jsonl, qrels/test.tsv."""
+    import json
+
+    folder = tmp_path / "mini-arguana"
+    (folder / "qrels").mkdir(parents=True)
+    corpus = [("q1", "alpha"), ("d1", "alpha answer"), ("q2", "beta"), ("d2", "beta answer"), ("n", "noise")]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": "", "text": t}) + "\n" for i, t in corpus))
+    queries = [("q1", "alpha"), ("q2", "beta"), ("q3", "gamma")]
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in queries))
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\nq3\td2\t2\n")
+    return str(folder), Lookup(IDENTICAL_IDS_VECTORS)

@@ -183,3 +183,41 @@ def test_mteb_scores_equal_ours_on_real_slices(mteb, make_rp_model, data_path):
     snapped = exact[np.abs(cos_mteb[:, None] - exact[None, :]).argmin(axis=1)]
     ours_bin = sts_scores(bits, sts, i1, i2, True)["spearman"]
     assert ours_bin == pytest.approx(100 * spearman(snapped, sts.scores), abs=1e-9)
+
+
+def test_mteb_identical_ids_equal_ours(mteb, identical_ids_beir):
+    """MTEB's ignore_identical_ids (on for ArguAna and Quora) and our default drop give the same nDCG@10 on the tiny
+    set whose corpus holds two of its queries under their own ids; off, MTEB equals our keep option."""
+    import math
+
+    from datasets import Dataset
+    from mteb.abstasks.retrieval import AbsTaskRetrieval
+
+    folder, lookup = identical_ids_beir
+    drop, keep = load_beir(folder), load_beir(folder, drop_identical_ids=False)
+
+    class Local(AbsTaskRetrieval):
+        def load_data(self, **kwargs):
+            split = {
+                "queries": Dataset.from_list([{"id": q, "text": t} for q, t in zip(drop.query_ids, drop.queries)]),
+                "corpus": Dataset.from_list([{"id": d, "text": t} for d, t in zip(drop.doc_ids, drop.docs)]),
+                "relevant_docs": drop.qrels,
+                "top_ranked": None,
+            }
+            self.dataset, self.data_loaded = {"default": {"test": split}}, True
+
+    class LocalDrop(Local):
+        metadata = _meta("LocalIdenticalIdsDrop", "Retrieval", "ndcg_at_10")
+        ignore_identical_ids = True
+
+    class LocalKeep(Local):
+        metadata = _meta("LocalIdenticalIdsKeep", "Retrieval", "ndcg_at_10")
+        ignore_identical_ids = False
+
+    res = mteb.evaluate(MTEBEncoder(lookup), [LocalDrop(), LocalKeep()], cache=None, show_progress_bar=False)
+    ours_drop = retrieval_score(lookup.encode(drop.queries), lookup.encode(drop.docs), drop)
+    ours_keep = retrieval_score(lookup.encode(keep.queries), lookup.encode(keep.docs), keep)
+    r3 = 1 / math.log2(3)
+    assert ours_drop == pytest.approx(100 * (2 + r3) / 3, abs=1e-9) and ours_keep == pytest.approx(100 * r3, abs=1e-9)
+    assert 100 * _main_score(res, "LocalIdenticalIdsDrop") == pytest.approx(ours_drop, abs=1e-3)  # MTEB: 5 decimals
+    assert 100 * _main_score(res, "LocalIdenticalIdsKeep") == pytest.approx(ours_keep, abs=1e-3)

@@ -61,7 +61,7 @@ def test_evaluate_model_end_to_end_on_real_slices(make_rp_model, short_minilm, d
     assert results["datasets"]["sts"]["STS-B"]["pairs"] == 200
     assert results["datasets"]["retrieval"]["SciFact"] == {
         "path": data_path("retrieval/scifact"), "queries": 50, "docs": 300, "full_corpus": False,
-        "qrels": results["datasets"]["retrieval"]["SciFact"]["qrels"]}
+        "qrels": results["datasets"]["retrieval"]["SciFact"]["qrels"], "identical_ids": 0, "identical_ids_dropped": True}
     assert results["datasets"]["clustering"]["TNG-subject"]["labels"] == 20
     assert set(results["scores"]["sts"]) == {"RP-MBQA", "Dense (all-MiniLM-L6-v2)", "Bag-of-Tokens"}
     assert set(results["scores"]["retrieval"]) == {"RP-MBQA", "Dense (all-MiniLM-L6-v2)", "Bag-of-Tokens", "BM25"}
