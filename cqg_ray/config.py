@@ -258,6 +258,11 @@ class EvaluateConfig(Section):
     max_pairs: int | None = Field(None, ge=1)
     max_docs: int | None = Field(None, ge=1)
     baselines: list[Literal["dense", "bag_of_tokens", "bm25"]] = Field(default_factory=lambda: ["dense", "bag_of_tokens", "bm25"])
+    bag_of_tokens_weights: Literal["binary", "count"] = Field(
+        "binary",
+        description="Bag-of-Tokens vector entries: binary (1 per distinct token id; reproduces the paper's STS row) or "
+                    "count (term counts, the authors' published encoder; reproduces the paper's retrieval row)",
+    )
     tau_sweep: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
     m_sweep: list[int] = Field(default_factory=list, description="numbers of questions for the m sweep (empty = automatic)")
     keep_identical_ids: list[str] = Field(

@@ -5,7 +5,10 @@
 - ``BagOfTokens``: the paper's interpretable lexical baseline: a binary vector over the BERT WordPiece
   vocabulary, 1 for every token id the text contains (no special tokens, no truncation). Uses the uncased
   BERT tokenizer shipped with the bundled all-MiniLM-L6-v2 (30,522 ids) unless another tokenizer.json is given.
-  Returns a scipy CSR matrix (uint8), compared by cosine like every other embedding.
+  Returns a scipy CSR matrix (uint8), compared by cosine like every other embedding. ``weights="count"`` gives
+  term counts instead (float32), what the authors' published ``BagOfTokenEncoder`` computes: it reproduces the
+  paper's retrieval row (SciFact 47.36) but not its STS row, which the binary default reproduces
+  (docs/evaluation-protocol.md, "Bag-of-Tokens: binary or counts").
 - ``BM25``: the rule-based sparse retriever, through ``bm25s`` (as the paper), English stop words and, when
   PyStemmer is installed, the English Snowball stemmer (MTEB's bm25s settings).
 """
@@ -57,13 +60,21 @@ class DenseEncoder:
 
 
 class BagOfTokens:
-    """Binary bag of BERT WordPiece token ids (the paper's Bag-of-Tokens baseline)."""
+    """Bag of BERT WordPiece token ids (the paper's Bag-of-Tokens baseline).
+
+    ``weights``: ``"binary"`` (default) 1 for every token id the text contains, a uint8 CSR matrix;
+    ``"count"`` how many times it occurs, a float32 CSR matrix (the authors' published encoder).
+    """
 
     name = "Bag-of-Tokens"
+    WEIGHTS = ("binary", "count")
 
-    def __init__(self, tokenizer_json: str | None = None):
+    def __init__(self, tokenizer_json: str | None = None, weights: str = "binary"):
         from tokenizers import Tokenizer  # noqa: PLC0415
 
+        if weights not in self.WEIGHTS:
+            raise ValueError(f"weights must be one of {self.WEIGHTS}, got {weights!r}")
+        self.weights = weights
         path = tokenizer_json or os.path.join(bundled_minilm_path(), "tokenizer.json")
         self.tokenizer = Tokenizer.from_file(path)
         self.tokenizer.no_truncation()  # every token of the text counts
@@ -74,10 +85,14 @@ class BagOfTokens:
         return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
     def encode(self, texts: list[str]) -> sp.csr_matrix:
-        ids = [np.unique(np.asarray(t, dtype=np.int64)) for t in self.token_ids(texts)]
+        uniq = [np.unique(np.asarray(t, dtype=np.int64), return_counts=True) for t in self.token_ids(texts)]
+        ids = [u for u, _ in uniq]
         indptr = np.concatenate([[0], np.cumsum([len(i) for i in ids])])
         indices = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-        data = np.ones(len(indices), dtype=np.uint8)
+        if self.weights == "count":
+            data = np.concatenate([c for _, c in uniq]).astype(np.float32) if uniq else np.zeros(0, dtype=np.float32)
+        else:
+            data = np.ones(len(indices), dtype=np.uint8)
         return sp.csr_matrix((data, indices, indptr), shape=(len(ids), self.dims))
 
 

