@@ -184,3 +184,114 @@ def identical_ids_beir(tmp_path):
     (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in queries))
     (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\nq3\td2\t2\n")
     return str(folder), Lookup(IDENTICAL_IDS_VECTORS)
+
+
+# ----------------------------------------------------------------------------------------- long documents (issue 15)
+
+# Five documents of 4,000+ characters (700+ words, so well past 512 WordPiece tokens), each on its own topic, with
+# paragraph breaks, a doubled space and whitespace around the raw text; "bakery" has an empty title.
+LONG_DOC_TOPICS = {
+    "glacier": ("Glacier retreat in the Alps", [
+        "Survey teams measured the tongue of the glacier with differential GPS every autumn since the late 1990s.",
+        "Meltwater from the ice front now feeds a proglacial lake that did not exist on the maps of 1970.",
+        "Mass balance stakes drilled into the ablation zone lose several metres of ice in a warm summer.",
+        "Debris cover on the lower tongue slows melting locally but cannot stop the retreat of the terminus.",
+    ]),
+    "bakery": ("", [
+        "The bakery feeds its sourdough starter twice a day with rye flour and water at seventy percent hydration.",
+        "Loaves proof overnight in cane baskets at a cool temperature so that the crumb develops a mild acidity.",
+        "Before dawn the bakers score each loaf with a razor and load the deck oven with a wooden peel.",
+        "Steam during the first minutes of baking lets the crust stay soft long enough for the loaf to rise.",
+    ]),
+    "lighthouse": ("The keepers of the northern lighthouse", [
+        "Two keepers lived at the lighthouse through the winter and wound the clockwork of the lamp every few hours.",
+        "Their logbook records storms, passing steamers and the price of paraffin delivered by the supply boat.",
+        "During long evenings the keepers played chess by lamplight and mailed their games to a club on the mainland.",
+        "The fresnel lens was cleaned each morning because a film of salt and soot dimmed the beam at night.",
+    ]),
+    "chess": ("Correspondence chess before the internet", [
+        "Correspondence players sent their moves on postcards and waited weeks for the reply of the opponent.",
+        "A tournament could last three years, and players kept every position on a pocket board with pegged pieces.",
+        "Opening theory spread slowly through club bulletins, so a surprising line could win a whole event.",
+        "Some of the strongest correspondence players were sailors, miners and lighthouse keepers with time to think.",
+    ]),
+    "orchard": ("Apple orchards on mountain slopes", [
+        "Orchards on the southern slopes of the valley grow old apple varieties grafted onto hardy rootstocks.",
+        "Late frosts in spring can destroy the blossom, so growers light small fires between the rows at night.",
+        "Irrigation channels carry water from the glacier streams down to the orchards during the dry weeks of August.",
+        "At harvest the apples are sorted by hand and stored in cool cellars cut into the rock of the hillside.",
+    ]),
+}
+
+
+def _long_body(sentences: list[str], paragraphs: int = 12) -> str:
+    """Numbered paragraphs of the topic's sentences in a rotating order: long, and distinct from every other body."""
+    paras = []
+    for p in range(paragraphs):
+        order = sentences[p % 4:] + sentences[: p % 4]
+        paras.append(f"Part {p + 1}. " + " ".join(order))
+    return "\n\n".join(paras).replace("Part 3. ", "Part 3.  ", 1)  # a doubled space inside the text stays
+
+
+# The vectors (dense float, no ties): ranking per query, cosine rounded
+# qa -> orchard .982, glacier .761, bakery .647, chess .277, lighthouse .018
+# qb -> bakery .994, orchard .713, chess .219, glacier .107, lighthouse .005
+# qc -> lighthouse .883, chess .855, glacier .109, bakery 0, orchard 0
+LONG_DOC_VECTORS = {
+    "glacier": [1, 0, 0, 0.2],
+    "bakery": [0, 1, 0, 0],
+    "lighthouse": [0, 0, 1, 0.1],
+    "chess": [0, 0.2, 0.5, 1],
+    "orchard": [0.6, 0.5, 0, 0],
+}
+LONG_DOC_QUERIES = {  # id -> (text, vector); qb ends in a space: queries are passed as they are, unstripped
+    "qa": ("How fast are the glaciers of the Alps retreating?", [0.8, 0.7, 0, 0.2]),
+    "qb": ("sourdough starter hydration ", [0.1, 1, 0, 0.05]),
+    "qc": ("Did lighthouse keepers play correspondence chess?", [0, 0, 0.9, 0.6]),
+}
+LONG_DOC_QRELS = {"qa": {"glacier": 2, "orchard": 1}, "qb": {"bakery": 1}, "qc": {"chess": 2, "glacier": 1}}
+
+
+class StrictLookup:
+    """A dense Encoder that knows only the exact strings of its table, fails loudly on any other (a truncated,
+    re-joined or stripped variant included), and records every text it was asked to encode."""
+
+    def __init__(self, table: dict[str, list[float]]):
+        self.table, self.seen = table, []
+
+    def encode(self, texts, **kwargs) -> np.ndarray:
+        texts = list(texts)
+        for t in texts:
+            if t not in self.table:
+                near = [k for k in self.table if k[:40] == t[:40] or k[-40:] == t[-40:]]
+                raise AssertionError(f"unknown text ({len(t)} chars) {t[:60]!r} ... {t[-60:]!r}; "
+                                     f"known texts sharing its start or end: {[len(k) for k in near]} chars")
+        self.seen.extend(texts)
+        return np.array([self.table[t] for t in texts], dtype=np.float32)
+
+
+@pytest.fixture
+def long_docs_beir(tmp_path):
+    """(folder "mini-longdocs", raw, StrictLookup): the BEIR files, the raw rows they hold (corpus: id, title, text as
+    written; queries; qrels) and the lookup keyed by the texts an encoder must see. A document's expected text is
+    written out from its parts: title + one space + text without its trailing whitespace (a leading newline stays,
+    inside), or under the empty title the text without leading and trailing whitespace."""
+    import json
+
+    folder = tmp_path / "mini-longdocs"
+    (folder / "qrels").mkdir(parents=True)
+    lead = {"bakery": "\n  ", "lighthouse": "\n"}  # after a title, the text's leading newline is kept inside
+    corpus, expected = [], {}
+    for i, (doc_id, (title, sentences)) in enumerate(LONG_DOC_TOPICS.items()):
+        body = _long_body(sentences)
+        text = lead.get(doc_id, "") + body + ("\n" if i % 2 else "  \n")
+        corpus.append({"_id": doc_id, "title": title, "text": text})
+        expected[doc_id] = title + " " + lead.get(doc_id, "") + body if title else body
+    queries = [{"_id": q, "text": t} for q, (t, _) in LONG_DOC_QUERIES.items()]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))
+    (folder / "queries.jsonl").write_text("".join(json.dumps(r) + "\n" for r in queries))
+    judged = "".join(f"{q}\t{d}\t{r}\n" for q, rel in LONG_DOC_QRELS.items() for d, r in rel.items())
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + judged)
+    table = {expected[d]: v for d, v in LONG_DOC_VECTORS.items()} | {t: v for t, v in LONG_DOC_QUERIES.values()}
+    raw = {"corpus": corpus, "queries": queries, "qrels": LONG_DOC_QRELS, "expected": expected}
+    return str(folder), raw, StrictLookup(table)

@@ -221,3 +221,81 @@ def test_mteb_identical_ids_equal_ours(mteb, identical_ids_beir):
     assert ours_drop == pytest.approx(100 * (2 + r3) / 3, abs=1e-9) and ours_keep == pytest.approx(100 * r3, abs=1e-9)
     assert 100 * _main_score(res, "LocalIdenticalIdsDrop") == pytest.approx(ours_drop, abs=1e-3)  # MTEB: 5 decimals
     assert 100 * _main_score(res, "LocalIdenticalIdsKeep") == pytest.approx(ours_keep, abs=1e-3)
+
+
+def test_mteb_long_documents_equal_ours(mteb, long_docs_beir):
+    """Long documents (issue 15): MTEB, fed the raw BEIR rows (id, title, text) as its own BEIR tasks hold them,
+    and our loader hand the encoder the very same strings, title and text joined, whole (no truncation) and
+    stripped alike; the same vectors then give the same nDCG@10, which is also computed here by hand."""
+    import math
+
+    from datasets import Dataset
+    from mteb.abstasks.retrieval import AbsTaskRetrieval
+
+    folder, raw, lookup = long_docs_beir
+    data = load_beir(folder)
+    expected = [raw["expected"][r["_id"]] for r in raw["corpus"]]
+    assert data.doc_ids == [r["_id"] for r in raw["corpus"]] and data.docs == expected
+    assert data.queries == [q["text"] for q in raw["queries"]]  # unstripped: "sourdough starter hydration "
+    assert all(len(t) > 4000 and len(t.split()) > 600 for t in data.docs)  # each word is >= 1 WordPiece token
+    try:
+        from cqg_ray.evaluate.baselines import BagOfTokens
+
+        assert min(len(ids) for ids in BagOfTokens().token_ids(data.docs)) > 700  # the bundled BERT tokenizer
+    except ImportError:
+        pass
+
+    class LocalLong(AbsTaskRetrieval):
+        metadata = _meta("LocalLongDocs", "Retrieval", "ndcg_at_10")
+
+        def load_data(self, **kwargs):
+            corpus = [{"id": r["_id"], "title": r["title"], "text": r["text"]} for r in raw["corpus"]]  # MTEB's columns
+            split = {
+                "queries": Dataset.from_list([{"id": q["_id"], "text": q["text"]} for q in raw["queries"]]),
+                "corpus": Dataset.from_list(corpus),
+                "relevant_docs": raw["qrels"],
+                "top_ranked": None,
+            }
+            self.dataset, self.data_loaded = {"default": {"test": split}}, True
+
+    res = mteb.evaluate(MTEBEncoder(lookup), [LocalLong()], cache=None, show_progress_bar=False)
+    mteb_seen, lookup.seen = lookup.seen, []
+    ours = retrieval_score(lookup.encode(data.queries), lookup.encode(data.docs), data)
+    # every text both sides encoded is a key of the table (StrictLookup fails on anything else); each side asked
+    # for every document and query, exactly once
+    assert sorted(mteb_seen) == sorted(lookup.seen) == sorted(lookup.table)
+
+    r3 = 1 / math.log2(3)
+    idcg = 2 + r3  # relevance 2 at rank 1, relevance 1 at rank 2
+    qa = (1 + 2 * r3) / idcg  # orchard (1) first, glacier (2) second
+    qb = 1.0  # bakery (1) first
+    qc = (2 * r3 + 1 / 2) / idcg  # lighthouse (0), chess (2), glacier (1)
+    assert ours == pytest.approx(100 * (qa + qb + qc) / 3, abs=1e-9)
+    assert 100 * _main_score(res, "LocalLongDocs") == pytest.approx(ours, abs=1e-3)  # MTEB rounds to 5 decimals
+
+
+def test_doc_text_joins_as_mteb_and_beir(mteb):
+    """Our document text equals MTEB's corpus join (mteb._create_dataloaders._corpus_to_dict) and BEIR's
+    SentenceBERT.encode_corpus join on the edge cases: empty or blank title, whitespace at either end of either
+    field, an empty text, no title field."""
+    from cqg_ray.evaluate.data import doc_text
+
+    try:
+        from mteb._create_dataloaders import _corpus_to_dict as corpus_to_dict  # private: where MTEB joins the two
+    except ImportError:
+        pytest.skip("this mteb version has no _create_dataloaders._corpus_to_dict")
+
+    def beir(doc):  # beir/retrieval/models/sentence_bert.py, sep " "
+        return (doc["title"] + " " + doc["text"]).strip() if "title" in doc else doc["text"].strip()
+
+    rows = [
+        {"title": "", "text": "\n  body text  \n"},
+        {"title": "   ", "text": "body"},
+        {"title": "Title", "text": "\n body  \n\n"},
+        {"title": " Title ", "text": "body\twith  inner   spacing"},
+        {"title": "Title", "text": ""},
+        {"text": "  no title field "},
+    ]
+    for row in rows:
+        ours = doc_text(row)
+        assert ours == corpus_to_dict({"id": "x", **row})["text"] == beir(row), row
