@@ -309,8 +309,10 @@ class _Worker:
         threads = n_threads or available_cpus()
         self.backend = LlamaCppBackend(llm, n_threads=threads)
 
-    def complete(self, requests: list[Request]) -> list[Completion]:
-        return self.backend.complete(requests)
+    def stream(self, requests: list[Request]) -> Iterator[tuple[int, Completion]]:
+        """(index in requests, completion) as each finishes: a Ray streaming generator, so the caller journals
+        every result the moment it exists (a chunk of long generations is minutes of work)."""
+        yield from self.backend.stream(requests)
 
     def ready(self) -> str:
         return str(self.backend.model_path)
@@ -374,7 +376,8 @@ class LlamaCppActorPool(Backend):
             if next_chunk < len(chunks):
                 idx = chunks[next_chunk]
                 next_chunk += 1
-                inflight[actor.complete.remote([requests[i] for i in idx])] = (actor, idx)
+                gen = actor.stream.options(num_returns="streaming").remote([requests[i] for i in idx])
+                inflight[gen] = (actor, idx)
 
         for _ in range(2):
             for a in self.actors:
@@ -382,13 +385,18 @@ class LlamaCppActorPool(Backend):
         try:
             while inflight:
                 ready, _ = ray.wait(list(inflight), num_returns=1)
-                actor, idx = inflight.pop(ready[0])
-                outs = ray.get(ready[0])
-                submit(actor)
-                yield from zip(idx, outs)
+                gen = ready[0]
+                actor, idx = inflight[gen]
+                try:
+                    j, completion = ray.get(next(gen))
+                except StopIteration:  # the chunk is done: the actor takes the next one
+                    del inflight[gen]
+                    submit(actor)
+                    continue
+                yield idx[j], completion
         finally:
-            for ref in inflight:
-                ray.cancel(ref)
+            for gen in inflight:
+                ray.cancel(gen)
 
     def complete(self, requests: Sequence[Request]) -> list[Completion]:
         out: list[Completion | None] = [None] * len(requests)

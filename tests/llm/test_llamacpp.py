@@ -116,3 +116,26 @@ def test_actor_pool_in_ray(ray_local):
         pool.close()
     assert sorted(got) == list(range(6))
     assert all(re.fullmatch(answer_regex(2), c.text) for c in got.values())
+
+
+def test_actor_pool_streams_each_result_as_it_finishes(ray_local):
+    """A chunk of generations is minutes of work: its results reach the caller (and the ledger) one by one."""
+    try:
+        part_paths(MODELS["smollm2-135m"])
+    except BundledModelError as e:
+        pytest.skip(str(e))
+    from cqg_ray.llm.llamacpp import LlamaCppActorPool
+
+    llm = LLMConfig(backend="llamacpp", constrained=False,
+                    llamacpp=LlamaCppConfig(model="bundled:smollm2-135m", n_ctx=1024, n_threads=1, num_actors=1, batch_generate=2))
+    pool = make_backend(llm)
+    assert isinstance(pool, LlamaCppActorPool)
+    long = Request([{"role": "user", "content": "Count from 1 to 60, separated by commas."}], max_tokens=60)
+    short = Request([{"role": "user", "content": "Say hi."}], max_tokens=1)
+    try:
+        assert pool.chunks([long, short]) == [[0, 1]]  # one chunk, decoded together
+        order = [(i, c.completion_tokens) for i, c in pool.stream([long, short])]
+    finally:
+        pool.close()
+    assert order[0] == (1, 1)  # the one-token answer arrives before the long one ends
+    assert order[1][0] == 0 and order[1][1] > 10
