@@ -186,8 +186,9 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     import ray
 
     from cqg_ray.corpus import CorpusError, list_files, unwrap_error
-    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder, resolve_model
 
+    model_path = resolve_model(model_path)  # a shipped model's name -> its folder
     cfg = cfg or EmbedConfig()
     corpus = (corpus or CorpusConfig()).model_copy(update={"paths": list(corpus_paths), "dedup": False, "limit": None})
     if not ray.is_initialized():

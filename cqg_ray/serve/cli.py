@@ -43,9 +43,10 @@ def start(model: str, cfg: ServeConfig, name: str = "cqg-mbqa") -> str:
     """Start Serve's HTTP proxy on cfg.host:cfg.port and deploy the app; returns the base URL (Ray must be up)."""
     from ray import serve
 
-    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder, resolve_model
     from cqg_ray.serve.app import build_app
 
+    model = resolve_model(model)  # a shipped model's name -> its folder, so that every replica reads the same one
     InterpretableEmbedder.load(model, load_encoder=False, device="cpu")  # a bad folder fails here, not in a replica
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"enable_access_log": False})
     serve.run(build_app(model, cfg), name=name, route_prefix=cfg.route_prefix, logging_config={"enable_access_log": False})
