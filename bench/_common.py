@@ -57,17 +57,8 @@ def cqg_prompts(n_prompts: int, seed: int = 0, n_pos: int = 6, n_neg: int = 12, 
 
 def cpu_line() -> str:
     """The CPU model and the flags that decide engine choices (for the top of a bench's output)."""
-    import platform
+    from cqg_ray.llm.install import cpu_flags, cpu_model
 
-    model, flags = platform.processor() or "?", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    model, flags = cpu_model(), cpu_flags()
     keep = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni") if f in flags]
     return f"cpu: {model}, {os.cpu_count()} cores; flags: {' '.join(keep) or 'none of avx2/avx512/amx'}"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 
 from cqg_ray.rundir import ArtifactError, RunDir
 
@@ -26,18 +25,10 @@ STAGES = ("prepare", "encode", "cluster", "questions", "labels", "model")
 
 def cpu_name() -> str:
     """The CPU model and the vector extensions that matter here, e.g. 'AMD EPYC (avx512_bf16, avx512f), 2 cores'."""
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and name in ("", platform.machine(), platform.processor()):
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    shown = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
-    return f"{name} ({', '.join(shown) or 'no AVX2'}), {os.cpu_count()} cores"
+    from cqg_ray.llm.install import cpu_flags, cpu_model  # noqa: PLC0415  (the llm package only when exporting)
+
+    shown = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    return f"{cpu_model()} ({', '.join(shown) or 'no AVX2'}), {os.cpu_count()} cores"
 
 
 def build_record(run: RunDir) -> dict:

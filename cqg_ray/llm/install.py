@@ -44,17 +44,30 @@ CPU_FLAGS = [
 DEFAULT_MODELS = ["qwen2.5-coder-0.5b", "smollm2-135m"]
 
 
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+def _cpuinfo_field(name: str, cpuinfo: str | None) -> str | None:
+    """The value of the first ``name`` line of /proc/cpuinfo (or of the text given); None if there is none."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo") as f:
                 cpuinfo = f.read()
         except OSError:
-            return set()
+            return None
     for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+        if line.startswith(name):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (avx2, avx512_bf16, amx_tile, ...); empty where /proc/cpuinfo is unreadable."""
+    return set((_cpuinfo_field("flags", cpuinfo) or "").split())
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name, e.g. 'AMD EPYC'."""
+    import platform  # noqa: PLC0415
+
+    return _cpuinfo_field("model name", cpuinfo) or platform.processor() or platform.machine() or "?"
 
 
 def cmake_args(flags: set[str]) -> list[str]:

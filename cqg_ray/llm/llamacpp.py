@@ -34,6 +34,7 @@ from cqg_ray.config import LLMConfig
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, resolve_score_engine
 from cqg_ray.llm.batch import BatchEngine
 from cqg_ray.llm.bundled import resolve_model
+from cqg_ray.llm.install import cpu_flags
 from cqg_ray.llm.parse import p_yes_from_tokens
 
 INSTALL_HINT = "python -m cqg_ray.llm.install   (builds llama-cpp-python[server]==0.3.36 for this CPU, cached)"
@@ -48,11 +49,7 @@ def available_cpus() -> int:
 
 
 def cpu_has_amx() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "amx_tile" in f.read()
-    except OSError:
-        return False
+    return "amx_tile" in cpu_flags()
 
 
 @contextlib.contextmanager

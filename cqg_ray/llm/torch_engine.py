@@ -18,17 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from cqg_ray.llm.batch import p_yes_from_logits, tree_batches
-
-
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+from cqg_ray.llm.install import cpu_flags
 
 
 def pick_dtype(flags: set[str] | None = None) -> str:

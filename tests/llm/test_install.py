@@ -2,7 +2,7 @@
 
 import sys
 
-from cqg_ray.llm.install import cmake_args, cpu_flags, llama_commands, main, model_commands, wheel_dir
+from cqg_ray.llm.install import cmake_args, cpu_flags, cpu_model, llama_commands, main, model_commands, wheel_dir
 
 ZEN4 = "processor : 0\nflags\t\t: fpu sse4_2 avx f16c fma avx2 bmi2 avx512f avx512vbmi avx512_vnni avx512_bf16\n"
 SAPPHIRE_RAPIDS = "flags : sse4_2 avx f16c fma avx2 bmi2 avx_vnni avx512f avx512vbmi avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16\n"
@@ -13,6 +13,10 @@ def test_cpu_flags_parse():
     assert cpu_flags(ZEN4) >= {"avx512f", "avx512_bf16", "avx2"}
     assert "avx_vnni" not in cpu_flags(ZEN4)
     assert cpu_flags("no flags here") == set()
+
+
+def test_cpu_model_parse():
+    assert cpu_model("processor : 0\nmodel name\t: AMD EPYC 9R14 96-Core Processor\nflags : avx2\n") == "AMD EPYC 9R14 96-Core Processor"
 
 
 def test_cmake_args_follow_the_cpu_and_never_enable_amx():
