@@ -99,6 +99,20 @@ def mteb():
     return pytest.importorskip("mteb")
 
 
+def _retrieval_split(queries: list[dict], corpus: list[dict], qrels: dict) -> dict:
+    """An MTEB retrieval split from query and corpus rows ({"id", "text"[, "title"]}) and qrels."""
+    from datasets import Dataset
+
+    return {"queries": Dataset.from_list(queries), "corpus": Dataset.from_list(corpus), "relevant_docs": qrels,
+            "top_ranked": None}
+
+
+def _split_of(data) -> dict:
+    """The MTEB retrieval split of a loaded RetrievalData: our document texts (title and text joined) as its corpus."""
+    return _retrieval_split([{"id": q, "text": t} for q, t in zip(data.query_ids, data.queries)],
+                            [{"id": d, "text": t} for d, t in zip(data.doc_ids, data.docs)], data.qrels)
+
+
 def _main_score(results, name):
     tr = next(t for t in results.task_results if t.task_name == name)
     return float(tr.scores["test"][0]["main_score"])
@@ -139,13 +153,7 @@ def test_mteb_scores_equal_ours_on_real_slices(mteb, make_rp_model, data_path):
         metadata = _meta("LocalSciFact", "Retrieval", "ndcg_at_10")
 
         def load_data(self, **kwargs):
-            split = {
-                "queries": Dataset.from_list([{"id": q, "text": t} for q, t in zip(ret.query_ids, ret.queries)]),
-                "corpus": Dataset.from_list([{"id": d, "text": t} for d, t in zip(ret.doc_ids, ret.docs)]),
-                "relevant_docs": ret.qrels,
-                "top_ranked": None,
-            }
-            self.dataset, self.data_loaded = {"default": {"test": split}}, True
+            self.dataset, self.data_loaded = {"default": {"test": _split_of(ret)}}, True
 
     class LocalClustering(AbsTaskClusteringLegacy):
         metadata = _meta("LocalTNG", "Clustering", "v_measure")
@@ -190,7 +198,6 @@ def test_mteb_identical_ids_equal_ours(mteb, identical_ids_beir):
     set whose corpus holds two of its queries under their own ids; off, MTEB equals our keep option."""
     import math
 
-    from datasets import Dataset
     from mteb.abstasks.retrieval import AbsTaskRetrieval
 
     folder, lookup = identical_ids_beir
@@ -198,13 +205,7 @@ def test_mteb_identical_ids_equal_ours(mteb, identical_ids_beir):
 
     class Local(AbsTaskRetrieval):
         def load_data(self, **kwargs):
-            split = {
-                "queries": Dataset.from_list([{"id": q, "text": t} for q, t in zip(drop.query_ids, drop.queries)]),
-                "corpus": Dataset.from_list([{"id": d, "text": t} for d, t in zip(drop.doc_ids, drop.docs)]),
-                "relevant_docs": drop.qrels,
-                "top_ranked": None,
-            }
-            self.dataset, self.data_loaded = {"default": {"test": split}}, True
+            self.dataset, self.data_loaded = {"default": {"test": _split_of(drop)}}, True
 
     class LocalDrop(Local):
         metadata = _meta("LocalIdenticalIdsDrop", "Retrieval", "ndcg_at_10")
@@ -229,7 +230,6 @@ def test_mteb_long_documents_equal_ours(mteb, long_docs_beir):
     stripped alike; the same vectors then give the same nDCG@10, which is also computed here by hand."""
     import math
 
-    from datasets import Dataset
     from mteb.abstasks.retrieval import AbsTaskRetrieval
 
     folder, raw, lookup = long_docs_beir
@@ -250,12 +250,7 @@ def test_mteb_long_documents_equal_ours(mteb, long_docs_beir):
 
         def load_data(self, **kwargs):
             corpus = [{"id": r["_id"], "title": r["title"], "text": r["text"]} for r in raw["corpus"]]  # MTEB's columns
-            split = {
-                "queries": Dataset.from_list([{"id": q["_id"], "text": q["text"]} for q in raw["queries"]]),
-                "corpus": Dataset.from_list(corpus),
-                "relevant_docs": raw["qrels"],
-                "top_ranked": None,
-            }
+            split = _retrieval_split([{"id": q["_id"], "text": q["text"]} for q in raw["queries"]], corpus, raw["qrels"])
             self.dataset, self.data_loaded = {"default": {"test": split}}, True
 
     res = mteb.evaluate(MTEBEncoder(lookup), [LocalLong()], cache=None, show_progress_bar=False)
