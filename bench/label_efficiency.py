@@ -31,6 +31,7 @@ def main():
     import torch
 
     from cqg_ray.config import load_config
+    from cqg_ray.cqg.stage import load_questions
     from cqg_ray.encode import load_embeddings
     from cqg_ray.encoder import encode, load_encoder
     from cqg_ray.evaluate.data import load_sts
@@ -47,15 +48,13 @@ def main():
     labels = load_labels(run)
     doc_ids = labels.column("doc_id").to_numpy(zero_copy_only=False)
     ids, emb = load_embeddings(run, np.unique(doc_ids))
-    m = int(labels.column("question_id").to_numpy().max()) + 1
+    m = load_questions(run).num_rows  # as the train stage counts them
+    columns = (np.searchsorted(ids, doc_ids), labels.column("question_id").to_numpy(),
+               labels.column("answer").to_numpy(zero_copy_only=False).astype(np.int8), m)
+    train_all, test = split_holdout(LabelPairs(*columns), cfg.train.holdout, cfg.train.seed)
     p_yes = labels.column("p_yes")
-    pairs = LabelPairs(np.searchsorted(ids, doc_ids), labels.column("question_id").to_numpy(),
-                       labels.column("answer").to_numpy(zero_copy_only=False).astype(np.int8), m)
-    soft = None if p_yes.null_count else pairs.select(np.ones(len(pairs), bool))
-    if soft is not None:
-        soft.target = p_yes.to_numpy(zero_copy_only=False).astype(np.float32)
-        soft = split_holdout(soft, cfg.train.holdout, cfg.train.seed)[0]
-    train_all, test = split_holdout(pairs, cfg.train.holdout, cfg.train.seed)
+    soft = None if p_yes.null_count else split_holdout(LabelPairs(*columns, p_yes.to_numpy(zero_copy_only=False)),
+                                                       cfg.train.holdout, cfg.train.seed)[0]
     sts = load_sts(args.sts)
     enc = load_encoder(cfg.encode.model, device="cpu")
     e1, e2 = encode(enc, sts.sentence1), encode(enc, sts.sentence2)

@@ -71,7 +71,7 @@ class Method:
     @property
     def binary(self) -> bool:
         if self.kind == "bag_of_tokens":
-            return getattr(self.obj, "weights", "binary") == "binary"  # term counts: no cognitive load (Eq. 5 is for 0/1)
+            return self.obj.weights == "binary"  # term counts: no cognitive load (Eq. 5 is for 0/1)
         return self.kind == "interpretable"
 
     def describe(self) -> dict:
@@ -79,7 +79,7 @@ class Method:
         if self.kind == "interpretable":
             d.update(tau=self.tau, dims=len(self.obj.questions))
         elif self.kind == "bag_of_tokens":
-            d.update(dims=self.obj.dims, weights=getattr(self.obj, "weights", "binary"))
+            d.update(dims=self.obj.dims, weights=self.obj.weights)
         elif self.kind == "bm25":
             d.update(self.obj.describe())
         return d
