@@ -214,7 +214,10 @@ class LlamaCppBackend(Backend):
         chunk = self.llm.llamacpp.score_batch  # one batch per call: results reach the ledger batch by batch
         for s in range(0, len(single), chunk):
             idx = single[s : s + chunk]
-            yield from zip(idx, self.score([requests[i] for i in idx]))
+            # a plain loop, not ``yield from zip(...)``: Ray drives a streaming generator with send(), which a zip
+            # object does not have
+            for i, c in zip(idx, self.score([requests[i] for i in idx])):
+                yield i, c
         if batched:
             for j, c in self.generate_batched([requests[i] for i in batched]):
                 yield batched[j], c
@@ -309,7 +312,8 @@ class _Worker:
     def stream(self, requests: list[Request]) -> Iterator[tuple[int, Completion]]:
         """(index in requests, completion) as each finishes: a Ray streaming generator, so the caller journals
         every result the moment it exists (a chunk of long generations is minutes of work)."""
-        yield from self.backend.stream(requests)
+        for item in self.backend.stream(requests):
+            yield item
 
     def ready(self) -> str:
         return str(self.backend.model_path)

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from cqg_ray.config import LLMConfig, LlamaCppConfig
+from cqg_ray.llm.answers import answer_requests
 from cqg_ray.llm.base import Request, answer_regex, make_backend
 from cqg_ray.llm.bundled import MODELS, BundledModelError, part_paths
 from cqg_ray.llm.parse import parse_answers, parse_questions
@@ -111,11 +112,18 @@ def test_actor_pool_in_ray(ray_local):
     assert isinstance(pool, LlamaCppActorPool)
     try:
         reqs = [Request(answer_messages(t, QUESTIONS[:2]), max_tokens=20, n_answers=2) for t in TEXTS * 3]
-        got = dict(pool.stream(reqs))
+        # single-pass requests too (scored in batches inside the actor's streaming generator)
+        single = [r for t in TEXTS for r in answer_requests(t, [0, 1], QUESTIONS, mode="single", per_prompt=1, max_tokens=1)]
+        got = dict(pool.stream(reqs + single))
     finally:
         pool.close()
-    assert sorted(got) == list(range(6))
-    assert all(re.fullmatch(answer_regex(2), c.text) for c in got.values())
+    assert sorted(got) == list(range(6 + len(single)))
+    assert all(re.fullmatch(answer_regex(2), got[i].text) for i in range(6))
+    assert len(single) == 2 * len(TEXTS)
+    for i in range(6, 6 + len(single)):
+        c = got[i]
+        assert c.error is None and c.completion_tokens == 0 and len(c.p_yes) == 1 and 0.0 <= c.p_yes[0] <= 1.0
+        assert c.text == ("yes" if c.p_yes[0] > 0.5 else "no")
 
 
 def test_actor_pool_streams_each_result_as_it_finishes(ray_local):
