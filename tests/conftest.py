@@ -1,6 +1,12 @@
-"""Shared fixtures: one local Ray per test session, the small real corpus fixture, paths to ../shared/data."""
+"""Shared fixtures: one local Ray per test session, the small real corpus fixture, paths to ../shared/data.
+
+Tiers: a test that starts Ray is marked ``ray`` (automatically when it uses the ``ray_local`` fixture, by hand when it
+starts Ray another way), a long end-to-end test ``slow``. The quick tier, ``pytest -m "not ray and not slow"``,
+starts no Ray: there ``ray.init`` (and Ray's auto-init) fails, so a test that starts Ray unmarked is caught.
+"""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +22,27 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 SHARED_DATA = (ROOT / ".." / "shared" / "data").resolve()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "ray_local" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+
+
+def _refuse_ray(*args, **kwargs):
+    raise RuntimeError("this test starts Ray but is not marked `ray` (quick tier: pytest -m 'not ray and not slow')")
+
+
+@pytest.fixture(autouse=True)
+def _quick_tier_starts_no_ray(request, monkeypatch):
+    """Outside the ``ray`` and ``slow`` tiers, starting Ray is an error."""
+    if request.node.get_closest_marker("ray") or request.node.get_closest_marker("slow") or "ray" not in sys.modules:
+        return
+    import ray
+
+    if not ray.is_initialized():
+        monkeypatch.setattr(ray, "init", _refuse_ray)
 
 
 @pytest.fixture(scope="session")
