@@ -78,7 +78,7 @@ class RequestLimits:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         try:
-            body = await self.read_body(scope, receive)
+            body = await self.checked_body(scope, receive)
         except ApiError as e:
             return await error_response(e)(scope, receive, send)
         if body is None:  # the client went away
@@ -94,7 +94,8 @@ class RequestLimits:
 
         await self.app(scope, replay, send)
 
-    async def read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+    async def checked_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The request body, once headers and body are within the limits (None when the client went away)."""
         headers = scope["headers"]
         size = sum(len(k) + len(v) for k, v in headers)
         if size > self.max_header_bytes:

@@ -56,7 +56,7 @@ class EmbedRequest(Strict):
     packed: bool = Field(False, description="bits only: each vector as base64 of np.packbits (ceil(m/8) bytes)")
 
     @model_validator(mode="after")
-    def _packed_bits_only(self) -> "EmbedRequest":
+    def _packed_bits_only(self) -> EmbedRequest:
         if self.packed and self.output != "bits":
             raise ValueError("packed applies to output 'bits' only")
         return self

@@ -71,8 +71,9 @@ def test_key_guards_every_route_but_health_and_page(secure_api, api):
         assert api.request(method, path, json=body).status_code == 200  # no key configured: nothing to send
     assert secure_api.get("/healthz").status_code == 200
     assert secure_api.get("/ui").status_code == 200
-    # the key is checked before the body: a bad body without a key is a 401, not a 422
+    # the key is checked after the body is read as JSON (docs/serving.md: the order of the checks), before its schema
     assert error_of(secure_api.post("/embed", content=b'{"texts": 5}', headers=J), 401)["code"] == "missing_token"
+    assert error_of(secure_api.post("/embed", content=b'{"texts": ', headers=J), 400)["code"] == "invalid_json"
 
 
 def test_oversized_headers_get_431(api):
