@@ -132,7 +132,7 @@ def main():
 
     from cqg_ray.config import ServeConfig
     from cqg_ray.serve.app import build_app
-    from cqg_ray.serve.toy_model import build_toy_model
+    from tests.serve.toy_model import build_toy_model
 
     model_path = a.model or build_toy_model(os.path.join(tempfile.mkdtemp(prefix="bench-serve-"), "model"))
     texts = read_texts(a.corpus, a.requests * a.texts_per_request, min_chars=20, max_chars=300)

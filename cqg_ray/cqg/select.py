@@ -75,12 +75,3 @@ def dedup(emb: np.ndarray, order: np.ndarray, theta: float) -> tuple[np.ndarray,
             kept[pos] = True
     return order[kept], duplicate_of
 
-
-def dedup_reference(emb: np.ndarray, order: np.ndarray, theta: float) -> np.ndarray:
-    """The plain sequential O(m^2) definition, for tests."""
-    x = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-    kept: list[int] = []
-    for i in order:
-        if all(float(x[i] @ x[j]) <= theta for j in kept):
-            kept.append(int(i))
-    return np.array(kept, dtype=np.int64)

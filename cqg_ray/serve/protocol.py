@@ -13,6 +13,19 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+class ErrorInfo(BaseModel):
+    message: str = Field(description="what was wrong, for people")
+    type: str = Field(description="invalid_request_error, authentication_error or server_error")
+    code: str | None = Field(None, description="what was wrong, for programs (e.g. body_too_large)")
+    param: str | None = Field(None, description="the request field at fault, if one is")
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape, the body of every 4xx and 5xx answer."""
+
+    error: ErrorInfo
+
+
 class ApiError(Exception):
     """An error answer: HTTP status, a message for people, an error type and code for programs."""
 
@@ -21,7 +34,7 @@ class ApiError(Exception):
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
+        return ErrorResponse(error=ErrorInfo(message=self.message, type=self.type, code=self.code, param=self.param)).model_dump()
 
 
 class Strict(BaseModel):
@@ -43,7 +56,7 @@ class EmbedRequest(Strict):
     packed: bool = Field(False, description="bits only: each vector as base64 of np.packbits (ceil(m/8) bytes)")
 
     @model_validator(mode="after")
-    def _packed_bits_only(self) -> "EmbedRequest":
+    def _packed_bits_only(self) -> EmbedRequest:
         if self.packed and self.output != "bits":
             raise ValueError("packed applies to output 'bits' only")
         return self

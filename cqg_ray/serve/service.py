@@ -1,4 +1,4 @@
-"""The serving logic, free of HTTP: limits and checks, dynamic batching, and the answers of every route.
+"""The serving logic, free of HTTP: the limits on texts, dynamic batching, and the answers of every route.
 
 `EmbeddingService` holds one `InterpretableEmbedder`. Each text of each request becomes one item of a
 `@serve.batch` queue, so `max_batch_size` counts texts: concurrent requests share encoder calls, and a request with
@@ -6,20 +6,16 @@ many texts is cut into batches. The encoder runs in a worker thread, so the repl
 rejecting) requests while a batch computes. Only probabilities p = sigma(C(Enc(t))) come out of a batch; each
 request applies its own tau and output format afterwards.
 
-`cqg_ray.serve.app` turns the class into the Serve deployment behind the FastAPI routes. `@serve.batch` keeps one
-queue per decorated method, bound to the event loop of its first call: one instance per process (a replica).
+`cqg_ray.serve.app` puts it behind the FastAPI routes, one instance per Serve replica: `@serve.batch` keeps one
+queue per decorated method, bound to the event loop of its first call, so one instance per process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
-import json
-import os
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
 from ray import serve
 
 from cqg_ray.config import ServeConfig
@@ -41,58 +37,6 @@ from cqg_ray.serve.protocol import (
     QuestionsResponse,
     Usage,
 )
-
-
-def parse_json(body: bytes, schema: type[BaseModel]) -> BaseModel:
-    """Bytes -> validated request, or an ApiError (400 for bytes that are not JSON, 422 for a wrong shape)."""
-    if not body.strip():
-        raise ApiError(400, "empty request body: send a JSON object", code="empty_body")
-    try:
-        obj = json.loads(body)
-    except UnicodeDecodeError as e:
-        raise ApiError(400, f"request body is not UTF-8 text ({e.reason} at byte {e.start})", code="invalid_json") from None
-    except json.JSONDecodeError as e:
-        raise ApiError(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", code="invalid_json") from None
-    except RecursionError:
-        raise ApiError(400, "request body is not usable JSON: nested too deeply", code="invalid_json") from None
-    if not isinstance(obj, dict):
-        raise ApiError(422, f"request body must be a JSON object, got a JSON {_json_type(obj)}", code="invalid_type")
-    try:
-        return schema.model_validate(obj)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        more = f" (and {e.error_count() - 1} more problem{'s' if e.error_count() > 2 else ''})" if e.error_count() > 1 else ""
-        msg = first["msg"].removeprefix("Value error, ")
-        raise ApiError(422, f"{where}: {msg}{more}", code="invalid_value", param=where if first["loc"] else None) from None
-
-
-def _json_type(obj) -> str:
-    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}.get(type(obj), type(obj).__name__)
-
-
-def check_bearer(header: str | None, token: str | None) -> None:
-    """401 unless `Authorization: Bearer <token>` matches (nothing to check when the server has no token)."""
-    if token is None:
-        return
-    if not header:
-        raise ApiError(401, "missing Authorization header: send 'Authorization: Bearer <token>'", type="authentication_error", code="missing_token")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given.strip():
-        raise ApiError(401, "Authorization must be 'Bearer <token>'", type="authentication_error", code="bad_scheme")
-    if not hmac.compare_digest(given.strip().encode(), token.encode()):
-        raise ApiError(401, "invalid bearer token", type="authentication_error", code="invalid_token")
-
-
-def read_token(cfg: ServeConfig) -> str | None:
-    """The bearer token from the environment variable named by `api_key_env` (None = no authentication)."""
-    if cfg.api_key_env is None:
-        return None
-    token = os.environ.get(cfg.api_key_env, "").strip()
-    if not token:
-        raise RuntimeError(f"serve.api_key_env={cfg.api_key_env!r} but that environment variable is empty or unset "
-                           "in the replica: set it (runtime_env env_vars on a cluster) or drop api_key_env")
-    return token
 
 
 class EmbeddingService:

@@ -1,6 +1,16 @@
 import numpy as np
 
-from cqg_ray.cqg.select import dedup, dedup_reference, priority_order, quality, top_t
+from cqg_ray.cqg.select import dedup, priority_order, quality, top_t
+
+
+def dedup_reference(emb: np.ndarray, order: np.ndarray, theta: float) -> np.ndarray:
+    """The plain sequential O(m^2) definition of the theta dedup: keep a question unless it is too close to a kept one."""
+    x = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    kept: list[int] = []
+    for i in order:
+        if all(float(x[i] @ x[j]) <= theta for j in kept):
+            kept.append(int(i))
+    return np.array(kept, dtype=np.int64)
 
 
 def test_quality_equation_1_by_hand():

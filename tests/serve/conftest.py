@@ -18,7 +18,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def toy_model(tmp_path_factory) -> str:
-    from cqg_ray.serve.toy_model import build_toy_model
+    from tests.serve.toy_model import build_toy_model
 
     return build_toy_model(str(tmp_path_factory.mktemp("toy") / "model"))
 

@@ -1,4 +1,5 @@
-"""Bad requests of many kinds: each answered 4xx with a clear message (never 5xx), and the server keeps serving."""
+"""Bad requests of many kinds, sent to a real Serve app: each answered 4xx with a clear message in OpenAI's error
+shape (never 5xx), and the server keeps serving. test_app.py sends the same requests to the app without Ray."""
 
 import json
 
@@ -108,3 +109,31 @@ def test_still_serving_after_bad_requests(client):
     assert r.status_code == 200 and len(r.json()["embeddings"]) == 2
     assert client.get("/healthz").json()["status"] == "ok"
     assert client.post("/explain", json={"text_a": "a movie", "text_b": "a film"}).status_code == 200
+
+
+def test_oversized_headers_get_431(client):
+    """Serve's proxy (uvicorn) takes headers of any size; the app refuses them past MAX_HEADER_BYTES in all."""
+    from cqg_ray.serve.app import MAX_HEADER_BYTES
+
+    for r in (client.get("/healthz", headers={"x-big": "a" * 200_000}),
+              client.post("/embed", json={"texts": ["a"]}, headers={f"x-h{i}": "b" * 100 for i in range(200)})):
+        assert r.status_code == 431, r.text
+        err = r.json()["error"]
+        assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "headers_too_large", None)
+        assert f"at most {MAX_HEADER_BYTES}" in err["message"]
+    assert client.get("/healthz", headers={"x-big": "a" * (MAX_HEADER_BYTES - 1000)}).status_code == 200
+
+
+def test_streamed_body_over_the_limit_gets_413(client):
+    """A chunked body (no Content-Length) is counted as it arrives."""
+
+    def chunks():
+        yield b'{"texts": ["'
+        for _ in range(MAX_BYTES // 1000 + 1):
+            yield b"z" * 1000
+        yield b'"]}'
+
+    r = client.post("/embed", content=chunks(), headers=J)
+    assert r.status_code == 413, r.text
+    assert r.json()["error"] == {"message": f"request body over {MAX_BYTES} bytes", "type": "invalid_request_error",
+                                 "code": "body_too_large", "param": None}

@@ -1,5 +1,6 @@
 """`cqg-ray serve` as a user runs it: a subprocess with its own Ray, answered over HTTP, stopped with Ctrl-C (SIGINT)."""
 
+import argparse
 import os
 import signal
 import subprocess
@@ -11,6 +12,19 @@ import httpx
 import pytest
 
 from tests.serve.conftest import free_port
+
+
+def test_serve_cli_config(tmp_path):
+    from cqg_ray.serve.cli import add_arguments, serve_config
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg = serve_config(p.parse_args(["m"]))
+    assert (cfg.host, cfg.port, cfg.num_replicas) == ("127.0.0.1", 8000, 1)
+    y = tmp_path / "c.yaml"
+    y.write_text("serve:\n  port: 9000\n  max_batch_size: 8\n")
+    cfg = serve_config(p.parse_args(["m", "-c", str(y), "--replicas", "auto", "--set", "max_batch_size=64", "--port", "9100"]))
+    assert (cfg.port, cfg.num_replicas, cfg.max_batch_size) == (9100, "auto", 64)
 
 
 def test_serve_refuses_a_bad_model_folder(tmp_path):

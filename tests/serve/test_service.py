@@ -1,6 +1,5 @@
-"""The serving logic without Ray Serve: request parsing, token checks, deployment options, batching, answers."""
+"""The serving logic without Ray Serve or HTTP: the request schemas, batching, limits, answers."""
 
-import argparse
 import asyncio
 
 import numpy as np
@@ -8,8 +7,8 @@ import pytest
 
 from cqg_ray.config import ServeConfig
 from cqg_ray.mbqa.embedder import InterpretableEmbedder
-from cqg_ray.serve.protocol import ApiError, EmbeddingsRequest, EmbedRequest, ExplainRequest
-from cqg_ray.serve.service import EmbeddingService, check_bearer, parse_json, read_token
+from cqg_ray.serve.protocol import ApiError, EmbeddingsRequest, EmbedRequest
+from cqg_ray.serve.service import EmbeddingService
 
 
 def error_of(fn, *args):
@@ -18,93 +17,11 @@ def error_of(fn, *args):
     return e.value
 
 
-def test_parse_json():
-    assert parse_json(b'{"texts": ["a", "b"]}', EmbedRequest).texts == ["a", "b"]
-    assert parse_json(b'{"text_a": "x", "text_b": "y", "tau": 0.3}', ExplainRequest).tau == 0.3
-    e = error_of(parse_json, b'{"texts": [1, 2]}', EmbedRequest)
-    assert (e.status, e.message) == (422, "texts.0: Input should be a valid string (and 1 more problem)")
-    assert e.param == "texts.0"
-    assert error_of(parse_json, b"[1]", EmbedRequest).message == "request body must be a JSON object, got a JSON array"
-    assert error_of(parse_json, b"{", EmbedRequest).status == 400
-    assert error_of(parse_json, b"", EmbedRequest).code == "empty_body"
-
-
 def test_openai_request_schema():
     r = EmbeddingsRequest.model_validate({"input": "a", "model": "m", "some_future_field": 1})  # unknown fields ignored
     assert (r.input, r.encoding_format, r.dimensions) == ("a", "float", None)
     with pytest.raises(ValueError, match="token ids"):
         EmbeddingsRequest.model_validate({"input": [5, 6], "model": "m"})
-
-
-def test_check_bearer_and_read_token(monkeypatch):
-    check_bearer(None, None)
-    check_bearer("Bearer anything", None)
-    check_bearer("Bearer s3cret", "s3cret")
-    check_bearer("bearer s3cret", "s3cret")
-    assert error_of(check_bearer, None, "s3cret").code == "missing_token"
-    assert error_of(check_bearer, "Bearer nope", "s3cret").code == "invalid_token"
-    assert error_of(check_bearer, "Token s3cret", "s3cret").code == "bad_scheme"
-    assert error_of(check_bearer, "Bearer s3cret", "s3cret2").status == 401
-    assert read_token(ServeConfig()) is None
-    monkeypatch.setenv("CQG_TEST_KEY", " k1 ")
-    assert read_token(ServeConfig(api_key_env="CQG_TEST_KEY")) == "k1"
-    monkeypatch.delenv("CQG_TEST_KEY")
-    with pytest.raises(RuntimeError, match="CQG_TEST_KEY"):
-        read_token(ServeConfig(api_key_env="CQG_TEST_KEY"))
-
-
-def test_deployment_options():
-    from cqg_ray.serve.app import deployment_options
-
-    o = deployment_options(ServeConfig(num_replicas=3, max_batch_size=8, num_gpus_per_replica=1))
-    assert o["num_replicas"] == 3 and "autoscaling_config" not in o
-    assert o["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 1.0}
-    assert o["max_ongoing_requests"] == 32 and o["logging_config"] == {"enable_access_log": False}
-    a = deployment_options(ServeConfig(num_replicas="auto", min_replicas=0, max_replicas=6, target_ongoing_requests=16,
-                                       max_ongoing_requests=100), env_vars={"K": "v"})
-    assert a["autoscaling_config"] == {"min_replicas": 0, "max_replicas": 6, "target_ongoing_requests": 16.0}
-    assert "num_replicas" not in a and a["max_ongoing_requests"] == 100
-    assert a["ray_actor_options"]["runtime_env"] == {"env_vars": {"K": "v"}}
-
-
-def test_serve_cli_config(tmp_path):
-    from cqg_ray.serve.cli import add_arguments, serve_config
-
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    cfg = serve_config(p.parse_args(["m"]))
-    assert (cfg.host, cfg.port, cfg.num_replicas) == ("127.0.0.1", 8000, 1)
-    y = tmp_path / "c.yaml"
-    y.write_text("serve:\n  port: 9000\n  max_batch_size: 8\n")
-    cfg = serve_config(p.parse_args(["m", "-c", str(y), "--replicas", "auto", "--set", "max_batch_size=64", "--port", "9100"]))
-    assert (cfg.port, cfg.num_replicas, cfg.max_batch_size) == (9100, "auto", 64)
-
-
-def test_app_builder_checks_args(tmp_path):
-    from cqg_ray.serve.app import app_builder
-
-    with pytest.raises(ValueError, match="args.model"):
-        app_builder({})
-    with pytest.raises(ValueError, match="max_batch_size"):
-        app_builder({"model": str(tmp_path), "serve": {"max_batch_size": 0}})
-    from ray.serve.deployment import Application
-
-    assert isinstance(app_builder({"model": str(tmp_path), "serve": {"num_replicas": "auto"}}), Application)
-
-
-def test_serve_yaml_is_valid():
-    """configs/serve.yaml parses with Serve's own schema and points at the app builder."""
-    from pathlib import Path
-
-    import yaml
-    from ray.serve.schema import ServeDeploySchema
-
-    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "serve.yaml").read_text())
-    schema = ServeDeploySchema.model_validate(data) if hasattr(ServeDeploySchema, "model_validate") else ServeDeploySchema.parse_obj(data)
-    app = schema.applications[0]
-    assert app.import_path == "cqg_ray.serve.app:app_builder"
-    assert schema.http_options.host == "127.0.0.1"
-    ServeConfig.model_validate(app.args["serve"])
 
 
 # ------------------------------------------------------------------ the service itself, in a plain asyncio loop

@@ -1,6 +1,6 @@
-"""A small but real model folder for tests, benchmarks and demos of the serving side (no training needed).
+"""A small but real model folder for the tests and benchmarks of the serving side (no training needed).
 
-    from cqg_ray.serve.toy_model import build_toy_model
+    from tests.serve.toy_model import build_toy_model
     path = build_toy_model("/tmp/toy-model")        # bundled MiniLM + 32 hand-set heads
     model = InterpretableEmbedder.load(path)
 
