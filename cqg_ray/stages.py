@@ -20,7 +20,7 @@ class Stage:
     command: str  # `cqg-ray <command>`
     reads: tuple[str, ...]  # the stages whose outputs it reads (a change in one makes this one stale)
     hashed: tuple[str, ...]  # the config values that decide its output, as dotted paths into PipelineConfig
-    function: str  # "module:function" that runs it, called as function(config, ctx); imported only when it runs
+    function: str  # "module:function" that runs it, called as function(section or config, ctx); imported when it runs
     takes: str  # the config section that function takes ("" for the whole PipelineConfig)
     help: str
 
