@@ -1,36 +1,55 @@
 """`cqg-ray <command>`: thin wrappers that parse arguments and call a stage or a tool.
 
-Stage commands share their options: --config FILE (YAML; default: the run directory's saved
-config.yaml, else the built-in defaults), --run-dir DIR, --set section.key=value (repeatable), --force.
+One command per stage of ``cqg_ray.stages``; they share their options: --config FILE (YAML; default: the run
+directory's saved config.yaml, else the built-in defaults), --run-dir DIR, --set section.key=value (repeatable),
+--force. `cqg-ray run` runs every stage in order; it is also the `ray job submit` entrypoint
+(``python -m cqg_ray.cli run --config ...``).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import signal
 import sys
+import time
+import traceback
 
+from cqg_ray import stages
 from cqg_ray.config import ConfigError, PipelineConfig, load_config
 from cqg_ray.corpus import CorpusError
 from cqg_ray.log import setup_logging
-from cqg_ray.rundir import STAGES, ArtifactError, RunDir, status_table
+from cqg_ray.rundir import ArtifactError, RunDir
 
-STAGE_COMMANDS = {
-    "prepare": ("prepare", "read, clean, dedup and shard the corpus (corpus.*)"),
-    "encode": ("encode", "encode every document with the frozen sentence encoder (encode.*)"),
-    "cluster": ("cluster", "faiss k-means, assignments and centroid neighbours (cluster.*: k)"),
-    "cqg": ("questions", "contrastive question generation, probing, selection, dedup (cqg.*: n_p n_h n_e p_p p_h p_e t theta)"),
-    "label": ("labels", "LLM answers for MBQA training, 20 questions per prompt (label.*)"),
-    "train": ("model", "train the MBQA heads with Ray Train and save the model folder (train.*: alpha tau)"),
-    "evaluate-run": ("evaluation", "evaluate the run's model (evaluate.*)"),
-}
+# Modules that add their own commands (each has add_commands(subparsers)).
+COMMAND_MODULES = ("cqg_ray.cqg.cli", "cqg_ray.serve.cli", "cqg_ray.evaluate.cli", "cqg_ray.plan", "cqg_ray.embed",
+                   "cqg_ray.search", "cqg_ray.export", "cqg_ray.demo")
+
+# What --until and --force accept: a stage's command or its name.
+STAGE_CHOICES = list(dict.fromkeys(n for s in stages.STAGES for n in (s.command, s.name)))
+
+RUN_EPILOG = f"""\
+    cqg-ray run --config configs/demo.yaml --until cluster
+    ray job submit --address http://HEAD:8265 --runtime-env jobs/runtime_env.yaml -- \\
+        python -m cqg_ray.cli run --config configs/paper.yaml --set run_dir=s3://bucket/cqg-ray/runs/paper
+
+Stages, in order: {", ".join(stages.COMMANDS)}.
+Each is skipped when its manifest in the run directory matches, so running (or submitting) the same command
+again resumes where the last one stopped (`ray job stop` included).
+Which Ray: --address, else RAY_ADDRESS (set by `ray job submit` for the entrypoint), else the config's ray.address
+(none: a local Ray on this machine). On a cluster the run directory must be reachable from every node: an object
+store URI (s3://, gs://) or a shared filesystem path. Exit status: 0 done, 1 a stage failed, 2 a bad config or
+input, 130/143 interrupted or stopped.
+"""
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, force: bool = True) -> None:
     p.add_argument("--config", "-c", help="YAML config (default: RUN_DIR/config.yaml if present, else defaults)")
     p.add_argument("--run-dir", "-r", help="run directory (local path or URI); overrides the config's run_dir")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. cluster.k=50")
-    p.add_argument("--force", action="store_true", help="run again even if the stage is done")
+    if force:
+        p.add_argument("--force", action="store_true", help="run again even if the stage is done")
 
 
 def resolve_config(args) -> PipelineConfig:
@@ -54,52 +73,94 @@ def cmd_stage(args) -> int:
 
     cfg = resolve_config(args)
     init_ray(cfg.ray)
-    m = run_one(cfg, STAGE_COMMANDS[args.command][0], force=args.force)
+    m = run_one(cfg, args.stage, force=args.force)
     print(json.dumps({"stage": m["stage"], "counts": m["counts"], "seconds": m["seconds"]}, indent=2))
     return 0
 
 
+def _on_sigterm(signum, frame):  # `ray job stop` sends SIGTERM: unwind so that ledgers flush what they hold
+    raise SystemExit(143)
+
+
 def cmd_run(args) -> int:
-    from cqg_ray.pipeline import run_pipeline
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args) -> int:
+    import ray
+
+    from cqg_ray.pipeline import init_ray, ray_address, run_pipeline
 
     cfg = resolve_config(args)
-    until = STAGE_COMMANDS.get(args.until, (args.until,))[0] if args.until else None
-    out = run_pipeline(cfg, until=until, force=list(STAGES) if args.force else None)
-    print_status(RunDir(cfg.run_dir))
-    return 0 if out else 1
+    until = stages.get(args.until).name if args.until else None
+    force = None
+    if args.force is not None:  # --force alone: every stage
+        force = [f for group in args.force for f in group] or list(stages.NAMES)
+    address = ray_address(args.address, cfg.ray.address)
+    run = RunDir(cfg.run_dir)
+    t0 = time.time()
+    try:
+        init_ray(cfg.ray.model_copy(update={"address": address}))
+    except Exception as e:  # noqa: BLE001 - no cluster at that address, a version mismatch, ...
+        print(f"error: could not start or join Ray (address {address or 'local'}): {type(e).__name__}: {e}\n"
+              "submit with `ray job submit`, pass --address, or set ray.address to null for a local Ray", file=sys.stderr)
+        return 2
+    try:
+        res = ray.cluster_resources()
+        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+        print(f"cqg-ray pipeline: config {args.config or '(saved or default)'}, run directory {run.root_uri}", flush=True)
+        print(f"Ray: {address or 'local'} ({nodes} node(s), {res.get('CPU', 0):g} CPUs, {res.get('GPU', 0):g} GPUs); "
+              f"python {sys.executable}; stages up to {until or stages.NAMES[-1]}", flush=True)
+        run_pipeline(cfg, until=until, force=force)
+    except (ConfigError, ArtifactError, CorpusError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        _print_status(run)
+        return 2
+    except (KeyboardInterrupt, SystemExit) as e:
+        code = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
+        print(f"stopped after {time.time() - t0:.0f}s: run (or submit) the same command again to resume", file=sys.stderr)
+        _print_status(run)
+        return code
+    except Exception as e:  # noqa: BLE001 - any stage failure: say which, keep the traceback, exit non-zero
+        traceback.print_exc()
+        failed = _first_unfinished(run)
+        print(f"error: the pipeline failed{' in stage ' + failed if failed else ''}: {type(e).__name__}: {e}\n"
+              "fix the cause and run the same command again: finished stages (and finished LLM calls) are kept", file=sys.stderr)
+        _print_status(run)
+        return 1
+    print(f"pipeline finished in {time.time() - t0:.0f}s", flush=True)
+    _print_status(run)
+    return 0
 
 
-def print_status(run: RunDir) -> None:
-    rows = status_table(run)
-    cfg_hashes = {}
-    if run.exists("config.yaml"):
-        import yaml
+def _first_unfinished(run: RunDir) -> str | None:
+    try:
+        return next((s for s in stages.NAMES if run.manifest(s) is None), None)
+    except Exception:  # noqa: BLE001 - the run directory itself may be the problem
+        return None
 
-        from cqg_ray.config import config_from_dict, stage_hash
 
-        try:
-            cfg = config_from_dict(yaml.safe_load(run.read_bytes("config.yaml")), run.uri("config.yaml"))
-            cfg_hashes = {s: stage_hash(cfg, s) for s in STAGES}
-        except ConfigError:
-            pass
-    print(f"run: {run.root_uri}")
-    print(f"{'stage':<12} {'state':<8} {'seconds':>9}  counts")
-    for r in rows:
-        state, reason = r["state"], r["reason"]
-        if state == "done" and cfg_hashes:
-            st = run.state(r["stage"], cfg_hashes[r["stage"]])
-            state, reason = st.state, st.reason
-        counts = ", ".join(f"{k}={v}" for k, v in list(r["counts"].items())[:6])
-        secs = f"{r['seconds']:.1f}" if r["seconds"] is not None else "-"
-        print(f"{r['stage']:<12} {state:<8} {secs:>9}  {counts}{'  (' + reason + ')' if state == 'stale' else ''}")
+def _print_status(run: RunDir) -> None:
+    from cqg_ray.pipeline import run_status
+
+    try:
+        print(run_status(run), flush=True)
+    except Exception as e:  # noqa: BLE001 - the status table must never hide the real error
+        print(f"(no status table: {e})", file=sys.stderr)
 
 
 def cmd_status(args) -> int:
+    from cqg_ray.pipeline import run_status
+
     run = RunDir(args.run_dir)
     if not run.exists():
         print(f"no run directory at {args.run_dir}", file=sys.stderr)
         return 2
-    print_status(run)
+    print(run_status(run))
     return 0
 
 
@@ -112,27 +173,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    r = sub.add_parser("run", help="run every stage in order (resumes; skips finished stages)")
-    _common(r)
-    r.add_argument("--until", help="stop after this stage (prepare, encode, cluster, cqg, label, train, evaluate-run)")
+    r = sub.add_parser("run", help="run every stage in order (resumes; skips finished stages); the `ray job submit` entrypoint",
+                       description="Run every stage in order from one config, locally or as a Ray job. Resumes: done stages are skipped.",
+                       epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(r, force=False)
+    r.add_argument("--until", choices=STAGE_CHOICES, metavar="STAGE", help=f"stop after this stage ({', '.join(stages.COMMANDS)})")
+    r.add_argument("--force", nargs="*", action="append", choices=STAGE_CHOICES, metavar="STAGE",
+                   help="run these stages again even if done (repeatable); --force alone: every stage")
+    r.add_argument("--address", help="Ray address to join (default: $RAY_ADDRESS, else the config's ray.address, else a local Ray)")
     r.set_defaults(func=cmd_run)
 
-    for name, (_, helptext) in STAGE_COMMANDS.items():
-        s = sub.add_parser(name, help=helptext, description=helptext)
-        _common(s)
-        s.set_defaults(func=cmd_stage)
+    for s in stages.STAGES:
+        p_stage = sub.add_parser(s.command, help=s.help, description=s.help)
+        _common(p_stage)
+        p_stage.set_defaults(func=cmd_stage, stage=s.name)
 
     st = sub.add_parser("status", help="show each stage of a run: done / stale / missing, with counts and timings")
     st.add_argument("run_dir")
     st.set_defaults(func=cmd_status)
 
-    for extra in ("cqg_ray.cqg.cli", "cqg_ray.mbqa.cli", "cqg_ray.serve.cli", "cqg_ray.evaluate.cli", "cqg_ray.plan", "cqg_ray.embed", "cqg_ray.search", "cqg_ray.export", "cqg_ray.demo"):
-        try:
-            mod = __import__(extra, fromlist=["add_commands"])
-        except ImportError:
-            continue
-        if hasattr(mod, "add_commands"):
-            mod.add_commands(sub)
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_commands(sub)
     return p
 
 

@@ -20,6 +20,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from cqg_ray import stages
+
 
 class ConfigError(ValueError):
     """A configuration problem, with a message that names the offending key."""
@@ -150,6 +152,11 @@ class LLMConfig(Section):
     llamacpp: LlamaCppConfig = Field(default_factory=LlamaCppConfig)
     openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What decides the answers: ``llm_identity(self)``."""
+        return llm_identity(self)
 
 
 class CQGConfig(Section):
@@ -374,18 +381,19 @@ def llm_identity(llm: LLMConfig) -> dict[str, Any]:
 
 
 def stage_hash(cfg: PipelineConfig, stage: str) -> str:
-    """Config hash of one pipeline stage: the sections (and only the parts of them) that decide its output."""
+    """Config hash of one pipeline stage: the config values that decide its output (``stages.Stage.hashed``)."""
     from cqg_ray.rundir import hash_sections  # noqa: PLC0415
 
-    parts: dict[str, list[Any]] = {
-        "prepare": [cfg.corpus],
-        "encode": [cfg.encode.model, cfg.encode.dtype, cfg.encode.max_seq_length],
-        "cluster": [cfg.cluster],
-        "questions": [cfg.cqg, llm_identity(cfg.llm), cfg.encode.model, cfg.llm.answer_mode],
-        "labels": [cfg.label, llm_identity(cfg.llm), cfg.llm.answer_mode],
-        "model": [cfg.train],
-        "evaluation": [cfg.evaluate],
-    }
-    if stage not in parts:
-        raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(parts)}")
-    return hash_sections(*parts[stage])
+    try:
+        paths = stages.get(stage).hashed
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return hash_sections(*[config_value(cfg, p) for p in paths])
+
+
+def config_value(cfg: PipelineConfig, path: str) -> Any:
+    """The value at a dotted path, e.g. ``config_value(cfg, "encode.model")``."""
+    node: Any = cfg
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node

@@ -50,17 +50,15 @@ def example_pairs(sts_file: str) -> list[tuple[str, str, float]]:
 
 def run_demo(config: str | None = None, overrides: list[str] | None = None) -> int:
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
-    from cqg_ray.pipeline import run_pipeline
+    from cqg_ray.pipeline import run_pipeline, run_status
     from cqg_ray.rundir import RunDir
 
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
     print(f"cqg-ray demo: run directory {cfg.run_dir} (interrupt any time; the same command resumes)", flush=True)
     run_pipeline(cfg)
     run = RunDir(cfg.run_dir)
-    from cqg_ray.cli import print_status
-
     print()
-    print_status(run)
+    print(run_status(run))
     if run.exists("evaluation", "results.json"):
         from cqg_ray.evaluate.report import format_tables
 

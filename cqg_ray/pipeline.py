@@ -1,17 +1,17 @@
-"""Run the stages in order from one config, skipping what is done and resuming what is not.
+"""Run the stages of ``cqg_ray.stages`` in order from one config, skipping what is done and resuming what is not.
 
-The CLI's stage commands and ``run_pipeline`` call the same ``run_one``; a stage only knows its
-inputs through the run directory.
+The CLI's stage commands and ``run_pipeline`` (``cqg-ray run``, also the `ray job submit` entrypoint) call the
+same ``run_one``; a stage only knows its inputs through the run directory.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Callable
 
-from cqg_ray.config import PipelineConfig, RayConfig, dump_config, stage_hash
-from cqg_ray.rundir import STAGES, RunDir, StageContext, run_stage
+from cqg_ray import stages
+from cqg_ray.config import ConfigError, PipelineConfig, RayConfig, config_from_dict, dump_config, stage_hash
+from cqg_ray.rundir import RunDir, format_status, run_stage
 
 log = logging.getLogger("cqg_ray")
 
@@ -42,75 +42,50 @@ def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
         pass
 
 
-def _prepare(cfg: PipelineConfig, ctx: StageContext) -> None:
-    from cqg_ray.corpus import prepare
-
-    prepare(cfg.corpus, ctx)
-
-
-def _encode(cfg: PipelineConfig, ctx: StageContext) -> None:
-    from cqg_ray.encode import encode
-
-    encode(cfg.encode, ctx)
-
-
-def _cluster(cfg: PipelineConfig, ctx: StageContext) -> None:
-    from cqg_ray.cluster import cluster
-
-    cluster(cfg.cluster, ctx)
-
-
-def _questions(cfg: PipelineConfig, ctx: StageContext) -> None:
-    from cqg_ray.cqg.stage import run_cqg
-
-    run_cqg(cfg, ctx)
-
-
-def _labels(cfg: PipelineConfig, ctx: StageContext) -> None:
-    from cqg_ray.mbqa.label import run_labels
-
-    run_labels(cfg, ctx)
-
-
-def _model(cfg: PipelineConfig, ctx: StageContext) -> None:
-    from cqg_ray.mbqa.stage import run_train
-
-    run_train(cfg, ctx)
-
-
-def _evaluation(cfg: PipelineConfig, ctx: StageContext) -> None:
-    from cqg_ray.evaluate.stage import run_evaluation
-
-    run_evaluation(cfg, ctx)
-
-
-STAGE_FUNCS: dict[str, Callable[[PipelineConfig, StageContext], None]] = {
-    "prepare": _prepare,
-    "encode": _encode,
-    "cluster": _cluster,
-    "questions": _questions,
-    "labels": _labels,
-    "model": _model,
-    "evaluation": _evaluation,
-}
+def ray_address(cli_address: str | None, config_address: str | None) -> str | None:
+    """The cluster to join: ``--address``, else the job's RAY_ADDRESS (`ray job submit` sets it for the entrypoint),
+    else the config's ray.address (None: start a local Ray)."""
+    if cli_address:
+        return cli_address
+    if os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
+        return os.environ.get("RAY_ADDRESS") or "auto"
+    return config_address
 
 
 def run_one(cfg: PipelineConfig, stage: str, force: bool = False) -> dict:
-    """Run one stage (if not done), after saving the config into the run directory."""
+    """Run one stage (by name or command; if not done), after saving the config into the run directory."""
+    s = stages.get(stage)
     run = RunDir(cfg.run_dir)
     run.write_bytes("config.yaml", dump_config(cfg).encode())
-    fn = STAGE_FUNCS[stage]
-    return run_stage(run, stage, stage_hash(cfg, stage), lambda ctx: fn(cfg, ctx), STAGES[stage], force=force)
+    return run_stage(run, s.name, stage_hash(cfg, s.name), lambda ctx: s.run(cfg, ctx), s.reads, force=force)
 
 
 def run_pipeline(cfg: PipelineConfig, until: str | None = None, force: list[str] | None = None, skip: list[str] | None = None) -> dict[str, dict]:
-    """All stages in order (up to and including ``until``); done stages are skipped."""
+    """All stages in order (up to and including ``until``); done stages are skipped unless in ``force``.
+    Stages by name or command; an unknown one is a ValueError."""
+    until = stages.get(until).name if until else None
+    force_names = {stages.get(f).name for f in force or []}
+    skip_names = {stages.get(k).name for k in skip or []}
     init_ray(cfg.ray)
     out = {}
-    for stage in STAGES:
-        if skip and stage in skip:
+    for s in stages.STAGES:
+        if s.name in skip_names:
             continue
-        out[stage] = run_one(cfg, stage, force=bool(force and stage in force))
-        if stage == until:
+        out[s.name] = run_one(cfg, s.name, force=s.name in force_names)
+        if s.name == until:
             break
     return out
+
+
+def run_status(run: RunDir) -> str:
+    """The table `cqg-ray status` prints: each stage done / stale / missing, judged against the run's saved config."""
+    hashes = None
+    if run.exists("config.yaml"):
+        import yaml
+
+        try:
+            cfg = config_from_dict(yaml.safe_load(run.read_bytes("config.yaml")), run.uri("config.yaml"))
+            hashes = {s.name: stage_hash(cfg, s.name) for s in stages.STAGES}
+        except ConfigError:
+            pass  # a config this version cannot read: judge by manifests and inputs alone
+    return format_status(run, hashes)

@@ -8,9 +8,10 @@ A run lives under one root, a local path or any URI that pyarrow understands (``
     <root>/<stage>/_manifest.json        written last, only when the stage finished
     <root>/llm/ledger/<stage>/...        every LLM call (see cqg_ray.llm.ledger)
 
-A stage is *done* when its manifest exists and both its config hash and the fingerprints of the
-stages it read match; *stale* when the manifest exists but either changed (so a config change
-re-runs the stage and, through the fingerprints, everything downstream); *missing* otherwise.
+The stages and what each reads are in ``cqg_ray.stages``. A stage is *done* when its manifest exists and both
+its config hash and the fingerprints of the stages it read match; *stale* when the manifest exists but either
+changed (so a config change re-runs the stage and, through the fingerprints, everything downstream); *missing*
+otherwise.
 A stage killed midway has no manifest, so it runs again (expensive stages resume inside, shard by shard).
 """
 
@@ -31,20 +32,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from cqg_ray import stages
+
 log = logging.getLogger("cqg_ray")
 
 MANIFEST = "_manifest.json"
-
-# The pipeline's stages and the stages each one reads. Order matters: it is the run order.
-STAGES: dict[str, list[str]] = {
-    "prepare": [],
-    "encode": ["prepare"],
-    "cluster": ["encode"],
-    "questions": ["cluster", "prepare", "encode"],
-    "labels": ["questions", "cluster", "prepare"],
-    "model": ["labels", "encode", "questions"],
-    "evaluation": ["model"],
-}
 
 
 class ArtifactError(RuntimeError):
@@ -214,7 +206,7 @@ class RunDir:
             return StageState(stage, "missing", "no manifest")
         if config_hash is not None and m.get("config_hash") != config_hash:
             return StageState(stage, "stale", "config changed", m)
-        for dep in deps if deps is not None else STAGES.get(stage, []):
+        for dep in deps if deps is not None else reads(stage):
             recorded = m.get("inputs", {}).get(dep)
             current = self.fingerprint(dep)
             if recorded is not None and current != recorded:
@@ -245,12 +237,15 @@ class RunDir:
         """The manifest of a finished input stage, or a clear error."""
         m = self.manifest(stage)
         if m is None:
-            raise ArtifactError(f"stage '{stage}' has not finished in {self.root_uri}: run `cqg-ray {stage_command(stage)} ...` first")
+            command = getattr(stages.find(stage), "command", stage)
+            raise ArtifactError(f"stage '{stage}' has not finished in {self.root_uri}: run `cqg-ray {command} ...` first")
         return m
 
 
-def stage_command(stage: str) -> str:
-    return {"questions": "cqg", "labels": "label", "model": "train", "evaluation": "evaluate"}.get(stage, stage)
+def reads(stage: str) -> tuple[str, ...]:
+    """The stages a stage reads (none for a name the registry does not know)."""
+    s = stages.find(stage)
+    return s.reads if s else ()
 
 
 def hash_sections(*sections: Any) -> str:
@@ -270,7 +265,7 @@ def run_stage(
 
     ``fn(ctx)`` writes under ``ctx.uri`` and fills ``ctx.counts``. Returns the manifest.
     """
-    deps = list(STAGES.get(stage, []) if deps is None else deps)
+    deps = list(reads(stage) if deps is None else deps)
     st = run.state(stage, config_hash, deps)
     if st.state == "done" and not force:
         log.info("%s: done (skipped; manifest matches)", stage)
@@ -289,11 +284,23 @@ def run_stage(
     return m
 
 
-def status_table(run: RunDir) -> list[dict]:
-    """One row per stage: state, reason, counts, seconds (what `cqg-ray status` prints)."""
+def status_table(run: RunDir, config_hashes: dict[str, str] | None = None) -> list[dict]:
+    """One row per stage: state, reason, counts, seconds. With ``config_hashes`` (stage -> hash of the current
+    config) a stage whose config changed is stale."""
     rows = []
-    for stage, deps in STAGES.items():
-        st = run.state(stage, None, deps)
+    for s in stages.STAGES:
+        st = run.state(s.name, (config_hashes or {}).get(s.name), s.reads)
         m = st.manifest or {}
-        rows.append({"stage": stage, "state": st.state, "reason": st.reason, "counts": m.get("counts", {}), "seconds": m.get("seconds")})
+        rows.append({"stage": s.name, "state": st.state, "reason": st.reason, "counts": m.get("counts", {}), "seconds": m.get("seconds")})
     return rows
+
+
+def format_status(run: RunDir, config_hashes: dict[str, str] | None = None) -> str:
+    """The table `cqg-ray status` prints: one line per stage (state, seconds, the first counts, why stale)."""
+    lines = [f"run: {run.root_uri}", f"{'stage':<12} {'state':<8} {'seconds':>9}  counts"]
+    for r in status_table(run, config_hashes):
+        counts = ", ".join(f"{k}={v}" for k, v in list(r["counts"].items())[:6])
+        secs = f"{r['seconds']:.1f}" if r["seconds"] is not None else "-"
+        stale = f"  ({r['reason']})" if r["state"] == "stale" else ""
+        lines.append(f"{r['stage']:<12} {r['state']:<8} {secs:>9}  {counts}{stale}")
+    return "\n".join(lines)

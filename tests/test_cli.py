@@ -5,11 +5,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from cqg_ray.cli import main
+import cqg_ray.cli as cli_module
+from cqg_ray.cli import build_parser, cmd_stage, main
 
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "CQG_RAY_PROGRESS": "0"}
 
@@ -25,6 +25,47 @@ def test_help_lists_stages(capsys):
     out = capsys.readouterr().out
     for cmd in ("run", "prepare", "encode", "cluster", "status"):
         assert cmd in out
+
+
+def test_every_stage_is_a_command_with_its_help(capsys):
+    from cqg_ray import stages
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for s in stages.STAGES:
+        assert f"{s.command} {' '.join(s.help.split())}" in out
+    args = build_parser().parse_args(["evaluate-run", "-r", "x"])
+    assert args.stage == "evaluation" and args.func is cmd_stage
+
+
+def test_run_help_names_the_job_options(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for word in ("--config", "--set", "--until", "--force", "--address", "ray job submit", "python -m cqg_ray.cli run", "resume"):
+        assert word in out
+
+
+def test_run_until_and_force_take_commands_or_names(capsys):
+    p = build_parser()
+    assert p.parse_args(["run"]).force is None
+    assert p.parse_args(["run", "--force"]).force == [[]]  # every stage
+    assert p.parse_args(["run", "--force", "cqg", "labels", "--force", "train"]).force == [["cqg", "labels"], ["train"]]
+    assert p.parse_args(["run", "--until", "evaluate-run"]).until == "evaluate-run"
+    assert p.parse_args(["run", "--until", "questions"]).until == "questions"
+    for bad in (["--until", "evaluate"], ["--force", "nothing"]):
+        with pytest.raises(SystemExit) as e:
+            p.parse_args(["run", *bad])
+        assert e.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_an_import_error_in_a_command_module_surfaces(monkeypatch):
+    monkeypatch.setattr(cli_module, "COMMAND_MODULES", (*cli_module.COMMAND_MODULES, "cqg_ray.no_such_module"))
+    with pytest.raises(ModuleNotFoundError, match="cqg_ray.no_such_module"):
+        build_parser()
 
 
 def test_config_typo_is_a_clear_error(tmp_path, capsys):

@@ -84,11 +84,13 @@ def check_cluster_spec(spec: dict, image: str) -> None:
     assert len(names) == len(set(names))
 
 
-def entrypoint_paths(cmd: str) -> tuple[str, str]:
-    """(script, --config value) of a `python jobs/pipeline.py --config ...` command line."""
+def entrypoint_config(cmd: str) -> str:
+    """The --config value of a `python -m cqg_ray.cli run --config ...` command line (which the CLI must parse)."""
+    from cqg_ray.cli import build_parser
+
     words = shlex.split(cmd)
-    assert words[0] == "python"
-    return words[1], words[words.index("--config") + 1]
+    assert words[:4] == ["python", "-m", "cqg_ray.cli", "run"]
+    return build_parser().parse_args(words[3:]).config
 
 
 # ------------------------------------------------------------------------------------------------ KubeRay
@@ -109,9 +111,8 @@ def test_rayjob_manifest_runs_the_pipeline_entrypoint():
     (rj,) = load_all(CLUSTER / "kuberay" / "rayjob.yaml")
     assert rj["apiVersion"] == "ray.io/v1" and rj["kind"] == "RayJob"
     spec = rj["spec"]
-    script, config = entrypoint_paths(spec["entrypoint"])
-    assert script == "jobs/pipeline.py" and config == "configs/paper.yaml"
-    assert (ROOT / script).is_file() and (ROOT / config).is_file()
+    config = entrypoint_config(spec["entrypoint"])
+    assert config == "configs/paper.yaml" and (ROOT / config).is_file()
     check_cluster_spec(spec["rayClusterSpec"], image_name())
     assert spec["shutdownAfterJobFinishes"] is True
     # the runtime env is valid for Ray and its working dir is where the image keeps the repository

@@ -1,4 +1,5 @@
-"""jobs/pipeline.py as users run it: `ray job submit` against a real Ray head started with `ray start --head`.
+"""The pipeline as a Ray job, as users run it: `ray job submit ... -- python -m cqg_ray.cli run ...` against a real Ray
+head started with `ray start --head`.
 
 The head runs in its own temp dir and process group (`ray start --block`, started by this module and stopped by its
 pid): `ray stop --force` would also kill every other Ray session on the machine.
@@ -20,7 +21,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-PIPELINE = ROOT / "jobs" / "pipeline.py"
+RUN = ("python", "-m", "cqg_ray.cli", "run")  # the job entrypoint: the CLI itself
 VENV_BIN = Path(sys.executable).parent
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "CQG_RAY_PROGRESS": "0", "TOKENIZERS_PARALLELISM": "false",
        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -179,8 +180,12 @@ def manifest(run_dir: Path, stage: str) -> dict:
 # ------------------------------------------------------------------------------------------------ quick (no Ray)
 
 
+def local_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *RUN[1:], *args], env=ENV, capture_output=True, text=True, timeout=60)
+
+
 def test_help_names_the_options():
-    r = subprocess.run([sys.executable, str(PIPELINE), "--help"], env=ENV, capture_output=True, text=True, timeout=60)
+    r = local_run("--help")
     assert r.returncode == 0
     for word in ("--config", "--set", "--until", "--address", "ray job submit", "resume"):
         assert word in r.stdout
@@ -189,31 +194,13 @@ def test_help_names_the_options():
 def test_bad_config_exits_2_with_the_key_named(tmp_path):
     cfgf = tmp_path / "bad.yaml"
     cfgf.write_text("cluster:\n  kk: 3\n")
-    r = subprocess.run([sys.executable, str(PIPELINE), "--config", str(cfgf)], env=ENV, capture_output=True, text=True, timeout=60)
+    r = local_run("--config", str(cfgf))
     assert r.returncode == 2
     assert "cluster.kk: unknown key" in r.stderr
-    r = subprocess.run([sys.executable, str(PIPELINE), "--config", str(tmp_path / "missing.yaml")], env=ENV, capture_output=True, text=True, timeout=60)
+    r = local_run("--config", str(tmp_path / "missing.yaml"))
     assert r.returncode == 2 and "config file not found" in r.stderr
-    r = subprocess.run([sys.executable, str(PIPELINE), "--config", str(cfgf), "--until", "nothing"], env=ENV, capture_output=True, text=True, timeout=60)
+    r = local_run("--config", str(cfgf), "--until", "nothing")
     assert r.returncode == 2 and "invalid choice" in r.stderr
-
-
-def test_address_choice(monkeypatch):
-    sys.path.insert(0, str(ROOT / "jobs"))
-    try:
-        import pipeline as job
-    finally:
-        sys.path.pop(0)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
-    assert job.ray_address(None, None) is None  # local Ray
-    assert job.ray_address(None, "auto") == "auto"
-    assert job.ray_address("ray://h:10001", "auto") == "ray://h:10001"
-    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # what `ray job submit` sets for the entrypoint
-    assert job.ray_address(None, None) == "10.0.0.1:6379"
-    monkeypatch.delenv("RAY_ADDRESS")
-    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
-    assert job.ray_address(None, None) == "auto"
 
 
 # ------------------------------------------------------------------------------------------------ real head
@@ -223,7 +210,7 @@ def test_address_choice(monkeypatch):
 def test_submit_pipeline_until_cluster(head, tmp_path, corpus_file):
     run_dir = tmp_path / "run"
     cfgf = tiny_config(tmp_path / "tiny.yaml", run_dir, corpus_file)
-    sid = head.submit(runtime_env(), "python", "jobs/pipeline.py", "--config", str(cfgf), "--until", "cluster")
+    sid = head.submit(runtime_env(), *RUN, "--config", str(cfgf), "--until", "cluster")
     status = head.wait(sid, timeout=900)
     logs = head.logs(sid)
     assert status == "SUCCEEDED", logs[-5000:]
@@ -249,7 +236,7 @@ def test_submit_pipeline_until_cluster(head, tmp_path, corpus_file):
     assert c.k == cl["counts"]["clusters"] and len(c.labels) == 200 and set(c.labels.tolist()) == set(range(c.k))
 
     # resubmitting resumes: every stage is skipped
-    sid2 = head.submit(runtime_env(), "python", "jobs/pipeline.py", "--config", str(cfgf), "--until", "cluster")
+    sid2 = head.submit(runtime_env(), *RUN, "--config", str(cfgf), "--until", "cluster")
     assert head.wait(sid2, timeout=600) == "SUCCEEDED"
     logs2 = head.logs(sid2)
     for stage in ("prepare", "encode", "cluster"):
@@ -261,7 +248,7 @@ def test_submit_pipeline_until_cluster(head, tmp_path, corpus_file):
 def test_submit_failing_stage_fails_the_job_with_a_clear_message(head, tmp_path, corpus_file):
     run_dir = tmp_path / "run"
     cfgf = tiny_config(tmp_path / "tiny.yaml", run_dir, corpus_file, encode={"model": str(tmp_path / "no-such-encoder")})
-    sid = head.submit(runtime_env(), "python", "jobs/pipeline.py", "--config", str(cfgf), "--until", "encode")
+    sid = head.submit(runtime_env(), *RUN, "--config", str(cfgf), "--until", "encode")
     status = head.wait(sid, timeout=600)
     logs = head.logs(sid)
     assert status == "FAILED", logs[-5000:]
@@ -289,7 +276,7 @@ def test_submit_full_pipeline_with_the_embedded_llm(head, tmp_path, corpus_file,
         evaluate={"tasks": ["sts"], "sts": [str(shared_data / "sts" / "STSBenchmark.test.tsv")], "max_pairs": 150,
                   "baselines": ["dense"], "tau_sweep": [0.5], "m_sweep": [1]},
     )
-    sid = head.submit(runtime_env(), "python", "jobs/pipeline.py", "--config", str(cfgf))
+    sid = head.submit(runtime_env(), *RUN, "--config", str(cfgf))
     status = head.wait(sid, timeout=2400)
     logs = head.logs(sid)
     assert status == "SUCCEEDED", logs[-6000:] + "\n" + head.crashes()

@@ -1,7 +1,7 @@
 import pyarrow as pa
 import pytest
 
-from cqg_ray.rundir import ArtifactError, RunDir, run_stage, status_table
+from cqg_ray.rundir import ArtifactError, RunDir, format_status, run_stage, status_table
 
 
 def _writer(value):
@@ -94,3 +94,33 @@ def test_corrupt_parquet(tmp_path):
         run.read_table("x/t.parquet")
     with pytest.raises(ArtifactError, match="missing artifact"):
         run.read_table("nope.parquet")
+
+
+def test_require_names_the_stage_command(tmp_path):
+    run = RunDir(str(tmp_path / "r"))
+    with pytest.raises(ArtifactError, match="stage 'evaluation' has not finished in .*: run `cqg-ray evaluate-run ...` first"):
+        run.require("evaluation")
+    with pytest.raises(ArtifactError, match="run `cqg-ray cqg ...` first"):
+        run.require("questions")
+
+
+def test_run_stage_records_the_registry_inputs(tmp_path):
+    run = RunDir(str(tmp_path / "r"))
+    run_stage(run, "prepare", "p", _writer(1))
+    run_stage(run, "encode", "e", _writer(2))
+    m = run_stage(run, "cluster", "c", _writer(3))
+    assert m["inputs"] == {"encode": run.fingerprint("encode")}
+    with pytest.raises(ArtifactError, match="stage 'labels' has not finished"):
+        run_stage(run, "model", "m", _writer(4))
+
+
+def test_format_status(tmp_path):
+    run = RunDir(str(tmp_path / "r"))
+    run_stage(run, "prepare", "p", _writer(1))
+    run_stage(run, "encode", "e", _writer(2))
+    lines = format_status(run, {"prepare": "p", "encode": "e2"}).splitlines()
+    assert lines[0] == f"run: {tmp_path / 'r'}"
+    assert lines[1] == "stage        state      seconds  counts"
+    assert lines[2].split() == ["prepare", "done", lines[2].split()[2], "v=1"]
+    assert lines[3].split()[:2] == ["encode", "stale"] and lines[3].endswith("v=2  (config changed)")
+    assert [l.split()[:3] for l in lines[4:]] == [[s, "missing", "-"] for s in ("cluster", "questions", "labels", "model", "evaluation")]

@@ -1,0 +1,71 @@
+"""The pipeline's stages, in run order: the one place that names them.
+
+The CLI (a subcommand per stage), the config hash (``config.stage_hash``), the run directory's manifests and
+``status``, and the pipeline runner (``cqg-ray run``, also the `ray job submit` entrypoint) all read ``STAGES``.
+
+    stage = get("cqg")            # by command or by name
+    stage.name, stage.reads       # 'questions', ('cluster', 'prepare', 'encode')
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # its folder in the run directory, and its key in manifests and `cqg-ray status`
+    command: str  # `cqg-ray <command>`
+    reads: tuple[str, ...]  # the stages whose outputs it reads (a change in one makes this one stale)
+    hashed: tuple[str, ...]  # the config values that decide its output, as dotted paths into PipelineConfig
+    function: str  # "module:function" that runs it, called as function(section or config, ctx); imported when it runs
+    takes: str  # the config section that function takes ("" for the whole PipelineConfig)
+    help: str
+
+    def load_function(self) -> Callable[[Any, Any], None]:
+        """The stage function, imported now."""
+        module, name = self.function.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    def run(self, cfg: Any, ctx: Any) -> None:
+        """Run the stage on ``cfg`` (a PipelineConfig), writing under ``ctx`` (a rundir.StageContext)."""
+        self.load_function()(getattr(cfg, self.takes) if self.takes else cfg, ctx)
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("prepare", "prepare", (), ("corpus",), "cqg_ray.corpus:prepare", "corpus",
+          "read, clean, dedup and shard the corpus (corpus.*)"),
+    Stage("encode", "encode", ("prepare",), ("encode.model", "encode.dtype", "encode.max_seq_length"),
+          "cqg_ray.encode:encode", "encode",
+          "encode every document with the frozen sentence encoder (encode.*)"),
+    Stage("cluster", "cluster", ("encode",), ("cluster",), "cqg_ray.cluster:cluster", "cluster",
+          "faiss k-means, assignments and centroid neighbours (cluster.*: k)"),
+    Stage("questions", "cqg", ("cluster", "prepare", "encode"), ("cqg", "llm.identity", "encode.model", "llm.answer_mode"),
+          "cqg_ray.cqg.stage:run_cqg", "",
+          "contrastive question generation, probing, selection, dedup (cqg.*: n_p n_h n_e p_p p_h p_e t theta)"),
+    Stage("labels", "label", ("questions", "cluster", "prepare"), ("label", "llm.identity", "llm.answer_mode"),
+          "cqg_ray.mbqa.label:run_labels", "",
+          "LLM answers for MBQA training, 20 questions per prompt (label.*)"),
+    Stage("model", "train", ("labels", "encode", "questions"), ("train",), "cqg_ray.mbqa.stage:run_train", "",
+          "train the MBQA heads with Ray Train and save the model folder (train.*: alpha tau)"),
+    Stage("evaluation", "evaluate-run", ("model",), ("evaluate",), "cqg_ray.evaluate.stage:run_evaluation", "",
+          "evaluate the run's model (evaluate.*)"),
+)
+
+NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
+COMMANDS: tuple[str, ...] = tuple(s.command for s in STAGES)
+
+
+def find(name_or_command: str) -> Stage | None:
+    """The stage with this name or command, or None."""
+    return next((s for s in STAGES if name_or_command in (s.name, s.command)), None)
+
+
+def get(name_or_command: str) -> Stage:
+    """The stage with this name or command; ValueError naming the stages otherwise."""
+    stage = find(name_or_command)
+    if stage is None:
+        raise ValueError(f"unknown stage {name_or_command!r}; stages: {', '.join(COMMANDS)}")
+    return stage

@@ -1,0 +1,47 @@
+"""The pipeline runner's pure parts: which Ray to join, argument checks, the status against the saved config."""
+
+import pytest
+
+from cqg_ray.config import PipelineConfig, dump_config, stage_hash
+from cqg_ray.pipeline import ray_address, run_pipeline, run_status
+from cqg_ray.rundir import RunDir, run_stage
+
+
+def test_address_choice(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert ray_address(None, None) is None  # local Ray
+    assert ray_address(None, "auto") == "auto"
+    assert ray_address("ray://h:10001", "auto") == "ray://h:10001"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # what `ray job submit` sets for the entrypoint
+    assert ray_address(None, None) == "10.0.0.1:6379"
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    assert ray_address(None, None) == "auto"
+
+
+def test_unknown_stage_names_fail_before_ray_starts(tmp_path):
+    cfg = PipelineConfig(run_dir=str(tmp_path / "r"))
+    for kwargs in ({"until": "evaluate"}, {"force": ["nope"]}, {"skip": ["questionz"]}):
+        with pytest.raises(ValueError, match="unknown stage"):
+            run_pipeline(cfg, **kwargs)
+    assert not (tmp_path / "r").exists()
+
+
+def test_status_judges_stages_against_the_saved_config(tmp_path):
+    run = RunDir(str(tmp_path / "r"))
+    old = PipelineConfig(run_dir=run.root_uri)
+    new = old.model_copy(update={"cluster": old.cluster.model_copy(update={"k": 7})})
+
+    def write(ctx):
+        ctx.counts["n"] = 1
+
+    for stage in ("prepare", "encode", "cluster"):
+        run_stage(run, stage, stage_hash(old, stage), write)
+    run.write_bytes("config.yaml", dump_config(new).encode())
+    states = {line.split()[0]: line.split()[1] for line in run_status(run).splitlines()[2:]}
+    assert states == {"prepare": "done", "encode": "done", "cluster": "stale", "questions": "missing", "labels": "missing",
+                      "model": "missing", "evaluation": "missing"}
+    assert "(config changed)" in run_status(run).splitlines()[4]
+    run.write_bytes("config.yaml", b"cluster:\n  kk: 1\n")  # unreadable: judged by the manifests alone
+    assert run_status(run).splitlines()[4].split()[:2] == ["cluster", "done"]

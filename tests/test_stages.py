@@ -1,0 +1,94 @@
+"""The stage registry: names, commands, inputs, config hashes and stage functions (no Ray)."""
+
+import sys
+import types
+
+import pytest
+
+from cqg_ray import stages
+from cqg_ray.config import ConfigError, PipelineConfig, config_value, load_config, stage_hash
+from cqg_ray.demo import DEFAULT_CONFIG
+
+# stage_hash of configs/demo.yaml and of the defaults, computed by the code before the registry (commit c5c1d30):
+# a run directory built then must still be recognised as done.
+DEMO_HASHES = {
+    "prepare": "6998b9e43ecb600f",
+    "encode": "aa72063655ffa91f",
+    "cluster": "2dc43e847309c883",
+    "questions": "075b024b6597d15b",
+    "labels": "e40a7d3ea2f87ee8",
+    "model": "18bce3c594496a42",
+    "evaluation": "5bbfe7f227f50a53",
+}
+DEFAULT_HASHES = {
+    "prepare": "a32071158441a1dc",
+    "encode": "aa72063655ffa91f",
+    "cluster": "fe2e5115535f60b6",
+    "questions": "66c41eb8d01164ec",
+    "labels": "53a01361097a010d",
+    "model": "0d95a50b6d833f12",
+    "evaluation": "4b8c08cb102a931a",
+}
+
+
+def test_stage_hashes_unchanged_for_the_demo_config():
+    cfg = load_config(DEFAULT_CONFIG)
+    assert {s.name: stage_hash(cfg, s.name) for s in stages.STAGES} == DEMO_HASHES
+
+
+def test_stage_hashes_unchanged_for_the_defaults():
+    cfg = PipelineConfig()
+    assert {s.name: stage_hash(cfg, s.name) for s in stages.STAGES} == DEFAULT_HASHES
+
+
+def test_stage_hash_takes_a_command_too_and_rejects_unknown_stages():
+    cfg = PipelineConfig()
+    assert stage_hash(cfg, "cqg") == stage_hash(cfg, "questions")
+    with pytest.raises(ConfigError, match="unknown stage 'nope'; stages: prepare, encode, cluster, cqg, label, train, evaluate-run"):
+        stage_hash(cfg, "nope")
+
+
+def test_registry_order_names_and_commands():
+    assert stages.NAMES == ("prepare", "encode", "cluster", "questions", "labels", "model", "evaluation")
+    assert stages.COMMANDS == ("prepare", "encode", "cluster", "cqg", "label", "train", "evaluate-run")
+
+
+def test_every_stage_reads_only_earlier_stages():
+    for i, s in enumerate(stages.STAGES):
+        assert set(s.reads) <= set(stages.NAMES[:i]), s.name
+        assert len(set(s.reads)) == len(s.reads)
+
+
+def test_every_hashed_path_and_section_exists():
+    cfg = PipelineConfig()
+    for s in stages.STAGES:
+        assert s.hashed, s.name
+        for path in s.hashed:
+            config_value(cfg, path)  # AttributeError for a path that does not exist
+        if s.takes:
+            assert s.takes in PipelineConfig.model_fields
+
+
+def test_every_stage_function_imports_and_is_callable():
+    for s in stages.STAGES:
+        assert callable(s.load_function()), s.function
+
+
+def test_find_and_get():
+    assert stages.get("cqg") is stages.get("questions")
+    assert stages.get("evaluate-run").name == "evaluation"
+    assert stages.find("train").name == "model"
+    assert stages.find("evaluate") is None  # `cqg-ray evaluate` is the ad-hoc evaluator, not a stage
+    with pytest.raises(ValueError, match="unknown stage 'evaluate'"):
+        stages.get("evaluate")
+
+
+def test_run_hands_the_function_its_section_or_the_whole_config(monkeypatch):
+    calls = []
+    mod = types.ModuleType("fake_stage_module")
+    mod.fn = lambda arg, ctx: calls.append((arg, ctx))
+    monkeypatch.setitem(sys.modules, "fake_stage_module", mod)
+    cfg = PipelineConfig()
+    stages.Stage("x", "x", (), ("cluster",), "fake_stage_module:fn", "cluster", "").run(cfg, "ctx")
+    stages.Stage("y", "y", (), ("cluster",), "fake_stage_module:fn", "", "").run(cfg, "ctx")
+    assert calls[0][0] is cfg.cluster and calls[1][0] is cfg and calls[0][1] == calls[1][1] == "ctx"
