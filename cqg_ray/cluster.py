@@ -23,6 +23,7 @@ import pyarrow as pa
 from cqg_ray.artifacts import embedding_files, embedding_matrix, load_doc_ids, load_embeddings
 from cqg_ray.config import ClusterConfig
 from cqg_ray.rundir import StageContext
+from cqg_ray.search import top_k
 
 log = logging.getLogger("cqg_ray")
 
@@ -66,11 +67,8 @@ def centroid_neighbors(centroids: np.ndarray, n: int) -> tuple[np.ndarray, np.nd
         return np.zeros((k, 0), np.int32), np.zeros((k, 0), np.float32)
     sims = c @ c.T
     np.fill_diagonal(sims, -np.inf)
-    idx = np.argpartition(-sims, n - 1, axis=1)[:, :n]
-    part = np.take_along_axis(sims, idx, axis=1)
-    order = np.argsort(-part, axis=1, kind="stable")
-    idx = np.take_along_axis(idx, order, axis=1)
-    return idx.astype(np.int32), np.take_along_axis(sims, idx, axis=1).astype(np.float32)
+    best, idx = top_k(sims, n)  # ties: the lower cluster id first
+    return idx.astype(np.int32), best.astype(np.float32)
 
 
 def drop_empty(labels: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
