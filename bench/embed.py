@@ -5,7 +5,7 @@
 Texts: the first N lines of ../shared/data/corpus/sentences.jsonl.gz (written to a temporary JSONL corpus).
 Model: a model folder; default a toy model built on the spot (bundled MiniLM encoder, 32 hand-set heads:
 the encoder dominates the cost, so the ratio carries over to a trained model with the same encoder).
-Single process: `InterpretableEmbedder.encode(texts, packed=True)` with torch's default threads, model loaded
+Single process: `InterpretableEmbedder.encode(texts, output="packed")` with torch's default threads, model loaded
 and warmed up before the clock starts. Ray: the whole `embed()` call (snapshot of the corpus, actor start-up with
 one model load per actor, encoding, Parquet writes, manifest) on a local Ray with every CPU; `ray.init` excluded.
 Last line: `embed_ray_vs_single: X` (Ray texts/s divided by single-process texts/s; target >= 0.9 on one node).
@@ -51,9 +51,9 @@ def main():
             f.write(json.dumps({"text": t}) + "\n")
 
     model = InterpretableEmbedder.load(model_path)
-    model.encode(texts[:256], packed=True, batch_size=a.batch_size, progress=False)  # warm-up
+    model.encode(texts[:256], output="packed", batch_size=a.batch_size, progress=False)  # warm-up
     t0 = time.perf_counter()
-    single = model.encode(texts, packed=True, batch_size=a.batch_size, progress=False)
+    single = model.encode(texts, output="packed", batch_size=a.batch_size, progress=False)
     t_single = time.perf_counter() - t0
     del model
 

@@ -38,7 +38,8 @@ def main():
     import ray
 
     from cqg_ray.config import CorpusConfig, EncodeConfig
-    from cqg_ray.corpus import load_corpus, prepare
+    from cqg_ray.artifacts import load_corpus
+    from cqg_ray.corpus import prepare
     from cqg_ray.encode import encode
     from cqg_ray.encoder import load_encoder
     from cqg_ray.rundir import RunDir, run_stage

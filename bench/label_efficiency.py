@@ -30,14 +30,12 @@ def main():
     import numpy as np
     import torch
 
+    from cqg_ray.artifacts import load_embeddings, load_labels, load_questions
     from cqg_ray.config import load_config
-    from cqg_ray.cqg.stage import load_questions
-    from cqg_ray.encode import load_embeddings
     from cqg_ray.encoder import encode, load_encoder
     from cqg_ray.evaluate.data import load_sts
     from cqg_ray.evaluate.metrics import sts_spearman
     from cqg_ray.mbqa.heads import StackedHeads
-    from cqg_ray.mbqa.label import load_labels
     from cqg_ray.mbqa.report import classification_report
     from cqg_ray.mbqa.train import LabelPairs, make_optimizer, make_shards, predict_pairs, run_epochs, split_holdout, steps_per_epoch
     from cqg_ray.rundir import RunDir

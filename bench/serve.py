@@ -98,12 +98,12 @@ def encoder_ceiling(model_path: str, texts: list[str], batch: int, threads: int,
     torch.set_num_threads(threads)
     model = InterpretableEmbedder.load(model_path, device="cuda" if gpus else "cpu")
     chunk = 64 if gpus else 8  # EmbeddingService.encoder_batch_size
-    model.encode(texts[:batch], binary=False, batch_size=chunk, progress=False)  # warm-up
+    model.encode(texts[:batch], output="probs", batch_size=chunk, progress=False)  # warm-up
     rates = {}
     for size in (1, batch):
         t0 = time.perf_counter()
         for i in range(0, len(texts), size):
-            model.encode(texts[i : i + size], binary=False, batch_size=chunk, progress=False)
+            model.encode(texts[i : i + size], output="probs", batch_size=chunk, progress=False)
         rates[size] = len(texts) / (time.perf_counter() - t0)
     del model
     return {"one": rates[1], "batched": rates[batch], "ratio": rates[batch] / rates[1]}

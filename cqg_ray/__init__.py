@@ -2,7 +2,7 @@
 
     from cqg_ray import InterpretableEmbedder
     model = InterpretableEmbedder.load("runs/demo/model")
-    bits = model.encode(["a text", "another"], binary=True)
+    bits = model.encode(["a text", "another"])          # output="bits" | "packed" | "probs"
     model.explain("text a", "text b")
 """
 

@@ -8,6 +8,8 @@ assign every document in a Ray Data pass over the embedding files, drop clusters
     <run>/cluster/centroids.safetensors     (k, d) float32
     <run>/cluster/assignments.parquet       doc_id, cluster (int32), score (cosine to its centroid), sorted by doc_id
     <run>/cluster/neighbors.parquet         cluster, size, neighbors (nearest other centroids, nearest first), similarities
+
+Later stages read them with ``cqg_ray.artifacts.Clusters``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from cqg_ray.artifacts import embedding_files, embedding_matrix, load_doc_ids, load_embeddings
 from cqg_ray.config import ClusterConfig
-from cqg_ray.rundir import ArtifactError, RunDir, StageContext
+from cqg_ray.rundir import StageContext
+from cqg_ray.search import top_k
 
 log = logging.getLogger("cqg_ray")
 
@@ -63,11 +67,8 @@ def centroid_neighbors(centroids: np.ndarray, n: int) -> tuple[np.ndarray, np.nd
         return np.zeros((k, 0), np.int32), np.zeros((k, 0), np.float32)
     sims = c @ c.T
     np.fill_diagonal(sims, -np.inf)
-    idx = np.argpartition(-sims, n - 1, axis=1)[:, :n]
-    part = np.take_along_axis(sims, idx, axis=1)
-    order = np.argsort(-part, axis=1, kind="stable")
-    idx = np.take_along_axis(idx, order, axis=1)
-    return idx.astype(np.int32), np.take_along_axis(sims, idx, axis=1).astype(np.float32)
+    best, idx = top_k(sims, n)  # ties: the lower cluster id first
+    return idx.astype(np.int32), best.astype(np.float32)
 
 
 def drop_empty(labels: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -88,16 +89,12 @@ def _assign_batch(batch: pa.Table, centroids_ref, spherical: bool) -> pa.Table:
     import ray
 
     centroids = ray.get(centroids_ref) if isinstance(centroids_ref, ray.ObjectRef) else centroids_ref
-    emb = batch.column("embedding").combine_chunks()
-    x = emb.flatten().to_numpy(zero_copy_only=False).reshape(-1, emb.type.list_size)
-    labels, score = assign(x, centroids, spherical)
+    labels, score = assign(embedding_matrix(batch.column("embedding")), centroids, spherical)
     return pa.table({"doc_id": batch.column("doc_id"), "cluster": labels, "score": score})
 
 
 def cluster(cfg: ClusterConfig, ctx: StageContext) -> None:
     import ray
-
-    from cqg_ray.encode import embedding_files, load_doc_ids, load_embeddings
 
     run = ctx.run
     ids = load_doc_ids(run)
@@ -142,28 +139,3 @@ def cluster(cfg: ClusterConfig, ctx: StageContext) -> None:
     ctx.counts.update({"documents": n, "trained_on": int(len(sample_ids)), "clusters": int(len(centroids)), "empty_removed": removed,
                        "size_min": int(sizes.min()), "size_median": float(np.median(sizes)), "size_max": int(sizes.max()),
                        "objective": round(obj, 4), "train_s": round(train_s, 2), "assign_s": round(assign_s, 2)})
-
-
-# --------------------------------------------------------------------------------------------- readers
-
-
-class Clusters:
-    """What later stages need from the cluster stage, as numpy arrays aligned to sorted doc ids."""
-
-    def __init__(self, doc_ids: np.ndarray, labels: np.ndarray, neighbors: np.ndarray, sizes: np.ndarray):
-        self.doc_ids, self.labels, self.neighbors, self.sizes = doc_ids, labels, neighbors, sizes
-
-    @property
-    def k(self) -> int:
-        return len(self.sizes)
-
-    @classmethod
-    def load(cls, run: RunDir) -> "Clusters":
-        run.require("cluster")
-        a = run.read_table("cluster/assignments.parquet")
-        nb = run.read_table("cluster/neighbors.parquet").sort_by("cluster")
-        neighbors = np.array(nb.column("neighbors").to_pylist(), dtype=np.int32).reshape(nb.num_rows, -1)
-        labels = a.column("cluster").to_numpy()
-        if labels.max(initial=-1) >= nb.num_rows:
-            raise ArtifactError(f"{run.uri('cluster')}: assignments name a cluster that neighbors.parquet lacks")
-        return cls(a.column("doc_id").to_numpy(zero_copy_only=False), labels, neighbors, nb.column("size").to_numpy())

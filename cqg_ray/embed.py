@@ -9,12 +9,14 @@ Two resumable Ray Data passes write everything under OUT:
                                            actor pool (the model loaded once per actor, a GPU per actor when the
                                            cluster has GPUs) embeds a unit and writes its file atomically
     OUT/_settings.json                  what the files depend on (model fingerprint, output, tau, inputs)
-    OUT/_manifest.json                  written last: counts, timings, format
+    OUT/_manifest.json                  written last, by `RunDir.write_manifest` (OUT is a run directory whose one
+                                           stage folder is OUT itself): config hash of the settings, counts, timings,
+                                           versions, format, m, output, tau
 
 Output columns: doc_id (string) and embedding, either the m answers y_i = 1[sigma(C_i(Enc(t))) > tau] packed
 with `np.packbits` (fixed_size_list<uint8>[ceil(m/8)], `--output bits`) or the probabilities sigma(C_i(Enc(t)))
 (fixed_size_list<float16>[m], `--output probs`). The Parquet schema metadata (key `cqg_ray.embed`) repeats m,
-the output kind and tau, so a file describes itself (`read_embeddings`).
+the output kind and tau, so a file describes itself. `cqg_ray.artifacts.read_embed_output` reads a finished OUT.
 
 Why a snapshot instead of `cqg-ray prepare`: prepare deduplicates, samples and re-shards the corpus (a training
 set), but batch embedding must give every input row exactly once, in its own file's order. The snapshot keeps
@@ -23,8 +25,9 @@ place (file, row), so work units are plain row slices, and it is what `cqg-ray s
 Document ids: the `--id-column` when given, else sha1(file:line:text) (stable, unique per row).
 
 A killed run resumes: finished snapshot parts and unit files are skipped, half-written files never count (they are
-written to a temporary name and renamed). A rerun with another model, output, tau or other input files refuses to
-mix results (use a new OUT or `--force`).
+written to a temporary name and renamed). A rerun of a finished OUT with the same settings is skipped (its manifest
+matches, as for a pipeline stage). A rerun with another model, output, tau or other input files refuses to mix
+results (use a new OUT or `--force`).
 """
 
 from __future__ import annotations
@@ -40,23 +43,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cqg_ray.artifacts import EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED_META_KEY, EMBED_SETTINGS, embeddings_table
 from cqg_ray.config import CorpusConfig, EmbedConfig, RayConfig
-from cqg_ray.encode import UnitActor, actor_plan, limit_cpu_threads, plan_units, run_units
-from cqg_ray.rundir import ArtifactError, RunDir, resolve, versions
+from cqg_ray.encode import UnitActor, actor_plan, limit_cpu_threads, pending_units, plan_units, run_units
+from cqg_ray.rundir import ArtifactError, RunDir, hash_sections, resolve
 
 log = logging.getLogger("cqg_ray")
 
-META_KEY = b"cqg_ray.embed"
-FORMAT = "cqg-ray-embeddings"
-CORPUS_DIR = "_corpus"
-SETTINGS = "_settings.json"
-MANIFEST = "_manifest.json"
-
+ROOT = ""  # OUT itself is the one stage folder of its run directory: OUT/_manifest.json, OUT/emb-*.parquet
 
 # ----------------------------------------------------------------------------------------- pure core
 
 
-def embeddings_table(doc_ids, emb: np.ndarray, output: str, m: int, tau: float) -> pa.Table:
+def embed_output_table(doc_ids, emb: np.ndarray, output: str, m: int, tau: float) -> pa.Table:
     """doc_id + embedding (packed uint8 bits or float16 probabilities) with the self-describing metadata."""
     if output == "bits":
         emb = np.ascontiguousarray(emb, dtype=np.uint8)
@@ -68,23 +67,8 @@ def embeddings_table(doc_ids, emb: np.ndarray, output: str, m: int, tau: float) 
             raise ValueError(f"probabilities must have m={m} columns, got {emb.shape[1]}")
     else:
         raise ValueError(f"output must be 'bits' or 'probs', got {output!r}")
-    values = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])
-    meta = {META_KEY: json.dumps({"format": FORMAT, "m": m, "output": output, "tau": tau}).encode()}
-    return pa.table({"doc_id": pa.array(doc_ids, pa.string()), "embedding": values}).replace_schema_metadata(meta)
-
-
-def table_meta(schema: pa.Schema) -> dict:
-    raw = (schema.metadata or {}).get(META_KEY)
-    if raw is None:
-        raise ArtifactError("not a cqg-ray embeddings file (no cqg_ray.embed metadata); make one with `cqg-ray embed`")
-    return json.loads(raw)
-
-
-def embedding_matrix(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """(n, width) numpy view of a fixed_size_list column."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    width = arr.type.list_size
-    return arr.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+    meta = {EMBED_META_KEY: json.dumps({"format": EMBED_FORMAT, "m": m, "output": output, "tau": tau}).encode()}
+    return embeddings_table(doc_ids, emb).replace_schema_metadata(meta)
 
 
 def model_fingerprint(model_path: str) -> str:
@@ -100,31 +84,6 @@ def part_name(index: int) -> str:
     return f"part-{index:06d}.parquet"
 
 
-# ----------------------------------------------------------------------------------------- readers
-
-
-def embedding_files(out: str) -> list[str]:
-    """Paths (inside the run's filesystem) of the unit files of a finished `cqg-ray embed` output folder."""
-    run = RunDir(out)
-    if not run.exists(MANIFEST):
-        what = "unfinished" if run.exists(SETTINGS) else "not a cqg-ray embed output"
-        raise ArtifactError(f"{out}: {what} (no {MANIFEST}); run `cqg-ray embed MODEL CORPUS {out}` (again) first")
-    return [run.path(n) for n in run.ls(suffix=".parquet") if n.startswith("emb-")]
-
-
-def read_embeddings(out: str) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(doc_ids, embeddings, meta) of a whole output folder, in file order: packed uint8 or float16."""
-    run = RunDir(out)
-    files = embedding_files(out)
-    tables = [pq.read_table(f, filesystem=run.fs) for f in files]
-    meta = run.read_json(MANIFEST)
-    if not tables:
-        width = (meta["m"] + 7) // 8 if meta["output"] == "bits" else meta["m"]
-        return np.array([], dtype=object), np.zeros((0, width), np.uint8 if meta["output"] == "bits" else np.float16), meta
-    table = pa.concat_tables(tables)
-    return table.column("doc_id").to_numpy(zero_copy_only=False), embedding_matrix(table.column("embedding")), meta
-
-
 # ----------------------------------------------------------------------------------------- Ray layer
 
 
@@ -137,7 +96,7 @@ def _snapshot_file(row: dict, cfg_json: str, out_uri: str) -> dict:
     table = rows_table(res, row["name"], dedup=False).drop_columns(["text_hash"])
     tally = {"dropped": dict(res.dropped), "errors": res.errors}
     table = table.replace_schema_metadata({b"cqg_ray.parse": json.dumps(tally).encode()})
-    RunDir(out_uri).write_table(f"{CORPUS_DIR}/{row['part']}", table)
+    RunDir(out_uri).write_table(f"{EMBED_CORPUS}/{row['part']}", table)
     return {"part": row["part"], "rows": table.num_rows}
 
 
@@ -154,18 +113,16 @@ class EmbedUnits(UnitActor):
         self.output, self.batch_size = output, batch_size
 
     def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
-        if self.output == "bits":
-            emb = self.model.encode(texts, packed=True, threshold=self.tau, batch_size=self.batch_size, progress=False)
-        else:
-            emb = self.model.encode(texts, binary=False, batch_size=self.batch_size, progress=False)
-        self.run.write_table(name, embeddings_table(doc_ids, emb, self.output, self.model.m, self.tau))
+        emb = self.model.encode(texts, output="packed" if self.output == "bits" else "probs", threshold=self.tau,
+                                batch_size=self.batch_size, progress=False)
+        self.run.write_table(name, embed_output_table(doc_ids, emb, self.output, self.model.m, self.tau))
 
 
 def _clear(run: RunDir) -> None:
     for name in run.ls(suffix=".parquet"):
         if name.startswith("emb-"):
             run.rm(name)
-    for name in (CORPUS_DIR, SETTINGS, MANIFEST):
+    for name in (EMBED_CORPUS, EMBED_SETTINGS, EMBED_MANIFEST):
         run.rm(name)
 
 
@@ -202,27 +159,33 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     run = RunDir(out)
     sizes = [_file_size(u) for u, _ in files]
     settings = {
-        "format": FORMAT, "model_fingerprint": model_fingerprint(model_path), "m": head.m, "output": cfg.output, "tau": tau,
+        "format": EMBED_FORMAT, "model_fingerprint": model_fingerprint(model_path), "m": head.m, "output": cfg.output, "tau": tau,
         "unit_rows": cfg.unit_rows, "readers": corpus.model_dump(mode="json", exclude={"paths", "dedup", "limit", "sample_seed", "rows_per_shard"}),
         "files": [{"uri": u, "format": f, "size": size} for (u, f), size in zip(files, sizes)],
     }
     if force:
         _clear(run)
-    if run.exists(SETTINGS):
-        before = run.read_json(SETTINGS)
+    if run.exists(EMBED_SETTINGS):
+        before = run.read_json(EMBED_SETTINGS)
         if before != settings:
             changed = sorted(k for k in settings if before.get(k) != settings[k])
             raise ArtifactError(f"{out} holds embeddings made with other settings ({', '.join(changed)} differ): "
                                 "use another OUT folder or --force to start again")
-    run.makedirs(CORPUS_DIR)
-    run.write_json(SETTINGS, settings)
+    config_hash = hash_sections(settings)
+    done = run.state(ROOT, config_hash, deps=[])
+    if done.state == "done":
+        log.info("embed: %s is done (skipped; manifest matches)", out)
+        return done.manifest
+    run.invalidate(ROOT)
+    run.makedirs(EMBED_CORPUS)
+    run.write_json(EMBED_SETTINGS, settings)
     _remove_partial(run)
-    _remove_partial(run, CORPUS_DIR)
+    _remove_partial(run, EMBED_CORPUS)
 
     # 1. snapshot of the input rows, one part per input file
     names = _relative_names([u for u, _ in files])
     items = [{"uri": u, "format": f, "name": n, "part": part_name(i)} for i, ((u, f), n) in enumerate(zip(files, names))]
-    have = set(run.ls(CORPUS_DIR, suffix=".parquet"))
+    have = set(run.ls(EMBED_CORPUS, suffix=".parquet"))
     todo = [it for it in items if it["part"] not in have]
     if todo:
         try:
@@ -230,7 +193,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
                 _snapshot_file, fn_kwargs={"cfg_json": corpus.model_dump_json(), "out_uri": run.root_uri}).take_all()
         except Exception as e:  # a CorpusError inside a Ray task arrives wrapped; give the user the plain message
             raise unwrap_error(e, CorpusError) from None
-    parts = [(run.path(CORPUS_DIR, it["part"]), pq.ParquetFile(run.path(CORPUS_DIR, it["part"]), filesystem=run.fs)) for it in items]
+    parts = [(run.path(EMBED_CORPUS, it["part"]), pq.ParquetFile(run.path(EMBED_CORPUS, it["part"]), filesystem=run.fs)) for it in items]
     shards = [(p, f.metadata.num_rows) for p, f in parts]
     dropped: dict[str, int] = {}
     for _, f in parts:
@@ -240,10 +203,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
 
     # 2. embedding units
     units = plan_units(shards, cfg.unit_rows)
-    have = set(run.ls(suffix=".parquet"))
-    todo_units = [u for u in units if u["name"] not in have]
-    for stray in {n for n in have if n.startswith("emb-")} - {u["name"] for u in units}:
-        run.rm(stray)
+    todo_units = pending_units(run, ROOT, units)
     n_actors, gpus = actor_plan(cfg, ray.cluster_resources())
     n_actors = max(1, min(n_actors, len(todo_units)))
     log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, tau=%s, %d actor(s) x %s GPU",
@@ -261,24 +221,20 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     if bad:
         raise ArtifactError(f"{out}: unit files with the wrong number of rows: {bad[:5]}; rerun with --force")
     rows = sum(written.values())
-    manifest = {
+    counts = {"files": len(files), "rows": rows, "units": len(units), "units_resumed": len(units) - len(todo_units),
+              "embedded_now": rows_now, "nodes_used": len(nodes), "actors": n_actors if todo_units else 0,
+              **{f"dropped_{k}": v for k, v in dropped.items() if k != "utf8_replaced"},
+              **({"replaced_invalid_utf8": dropped["utf8_replaced"]} if "utf8_replaced" in dropped else {})}
+    return run.write_manifest(ROOT, config_hash, [], counts, time.time() - t_start, extra={
+        "stage": "embed",
         **{k: settings[k] for k in ("format", "m", "output", "tau", "model_fingerprint")},
         "model": model_path,
         "corpus": list(corpus_paths),
         "bytes_per_text": (head.m + 7) // 8 if cfg.output == "bits" else 2 * head.m,
         "columns": {"doc_id": "string", "embedding": f"fixed_size_list<uint8>[{(head.m + 7) // 8}] packbits"
                     if cfg.output == "bits" else f"fixed_size_list<float16>[{head.m}]"},
-        "counts": {"files": len(files), "rows": rows, "units": len(units), "units_resumed": len(units) - len(todo_units),
-                   "embedded_now": rows_now, "nodes_used": len(nodes), "actors": n_actors if todo_units else 0,
-                   **{f"dropped_{k}": v for k, v in dropped.items() if k != "utf8_replaced"},
-                   **({"replaced_invalid_utf8": dropped["utf8_replaced"]} if "utf8_replaced" in dropped else {})},
         "texts_per_s": round(rows_now / wall, 1) if rows_now and wall > 0 else None,
-        "seconds": round(time.time() - t_start, 3),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "versions": versions(),
-    }
-    run.write_json(MANIFEST, manifest)
-    return manifest
+    })
 
 
 def _file_size(uri: str) -> int | None:

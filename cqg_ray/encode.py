@@ -5,7 +5,8 @@ actor pool (one encoder per actor, a GPU per actor when the cluster has GPUs) ta
 reads its slice, encodes it in one sentence-transformers call (texts sorted by length inside, so little
 padding), L2-normalises, and writes ``<run>/encode/emb-<shard>-<start>.parquet`` atomically
 (columns doc_id, embedding: fixed-size list of float32 or float16). A rerun skips units whose file
-exists, so a killed encode resumes where it stopped and every row is written exactly once.
+exists, so a killed encode resumes where it stopped and every row is written exactly once. Later stages read
+the files with ``cqg_ray.artifacts.load_embeddings``.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import time
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from cqg_ray.artifacts import corpus_shards, embeddings_table
 from cqg_ray.config import EmbedConfig, EncodeConfig
-from cqg_ray.rundir import ArtifactError, RunDir, StageContext
+from cqg_ray.rundir import RunDir, StageContext
 
 log = logging.getLogger("cqg_ray")
 
@@ -41,10 +42,12 @@ def plan_units(shards: list[tuple[str, int]], unit_rows: int = UNIT_ROWS) -> lis
     return units
 
 
-def embeddings_table(doc_ids: list[str] | pa.Array, emb: np.ndarray, dtype: str = "float32") -> pa.Table:
-    emb = np.ascontiguousarray(emb, dtype=np.float16 if dtype == "float16" else np.float32)
-    values = pa.array(emb.reshape(-1))
-    return pa.table({"doc_id": pa.array(doc_ids, pa.string()), "embedding": pa.FixedSizeListArray.from_arrays(values, emb.shape[1])})
+def pending_units(run: RunDir, folder: str, units: list[dict]) -> list[dict]:
+    """The units whose file is not written yet; unit files of another plan (other unit size or inputs) are removed."""
+    have = {n for n in run.ls(folder, suffix=".parquet") if n.startswith("emb-")}
+    for stray in have - {u["name"] for u in units}:
+        run.rm(folder, stray)
+    return [u for u in units if u["name"] not in have]
 
 
 def normalize(x: np.ndarray) -> np.ndarray:
@@ -109,7 +112,8 @@ class EncodeUnits(UnitActor):
 
     def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
         emb = self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
-        self.run.write_table(f"{self.stage}/{name}", embeddings_table(doc_ids, emb, self.cfg.dtype))
+        emb = emb.astype(np.float16 if self.cfg.dtype == "float16" else np.float32, copy=False)
+        self.run.write_table(f"{self.stage}/{name}", embeddings_table(doc_ids, emb))
 
 
 def actor_plan(cfg: EncodeConfig | EmbedConfig, cluster_resources: dict) -> tuple[int, float]:
@@ -156,16 +160,10 @@ def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, n_actors: 
 def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, progress: bool = True) -> None:
     import ray
 
-    from cqg_ray.corpus import corpus_shards
-
     run = ctx.run
     shards = [(p, pq.ParquetFile(p, filesystem=run.fs).metadata.num_rows) for p in corpus_shards(run)]
     units = plan_units(shards, unit_rows or cfg.unit_rows)
-    have = set(run.ls(ctx.stage, suffix=".parquet"))
-    todo = [u for u in units if u["name"] not in have]
-    # files from an older plan (other unit size or corpus) are not ours: remove them
-    for stray in have - {u["name"] for u in units}:
-        run.rm(ctx.stage, stray)
+    todo = pending_units(run, ctx.stage, units)
     n_actors, gpus = actor_plan(cfg, ray.cluster_resources())
     n_actors = max(1, min(n_actors, len(todo)))
     log.info("encode: %d units (%d done before), %d rows, model %s, %d actor(s) x %s GPU", len(units), len(units) - len(todo),
@@ -181,39 +179,3 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
                        "encoded_now": rows_done, "nodes_used": len(nodes), "texts_per_s": round(rows_done / wall, 1) if rows_done else None})
     ctx.extra["model"] = cfg.model
 
-
-# --------------------------------------------------------------------------------------------- readers
-
-
-def embedding_files(run: RunDir) -> list[str]:
-    run.require("encode")
-    return [run.path("encode", n) for n in run.ls("encode", suffix=".parquet")]
-
-
-def _to_numpy(col: pa.ChunkedArray) -> np.ndarray:
-    arr = col.combine_chunks()
-    d = arr.type.list_size
-    return arr.flatten().to_numpy(zero_copy_only=False).reshape(-1, d)
-
-
-def load_embeddings(run: RunDir, doc_ids: list[str] | np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(doc_ids, embeddings float32) sorted by doc_id; only the given ids when ``doc_ids`` is set (streamed per file)."""
-    files = embedding_files(run)
-    wanted = None if doc_ids is None else pa.array(np.asarray(doc_ids, dtype=object), pa.string())
-    parts = []
-    for f in files:
-        t = pq.read_table(f, filesystem=run.fs)
-        if wanted is not None:
-            t = t.filter(pc.is_in(t.column("doc_id"), value_set=wanted))
-        parts.append(t)
-    table = pa.concat_tables(parts).sort_by("doc_id")
-    if wanted is not None and table.num_rows != len(set(np.asarray(doc_ids).tolist())):
-        raise ArtifactError(f"embeddings missing for {len(set(np.asarray(doc_ids).tolist())) - table.num_rows} requested documents in {run.uri('encode')}")
-    ids = table.column("doc_id").to_numpy(zero_copy_only=False)
-    return ids, _to_numpy(table.column("embedding")).astype(np.float32, copy=False)
-
-
-def load_doc_ids(run: RunDir) -> np.ndarray:
-    files = embedding_files(run)
-    ids = np.concatenate([pq.read_table(f, columns=["doc_id"], filesystem=run.fs).column("doc_id").to_numpy(zero_copy_only=False) for f in files])
-    return np.sort(ids)

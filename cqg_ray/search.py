@@ -9,6 +9,10 @@ bytes are viewed as uint64 words (zero-padded), `np.bitwise_count` counts bits, 
 n * ceil(m/64) AND+popcount operations. Search is exact and streams over chunks (or files), keeping a running
 top-k; ties are broken by corpus order, so results are deterministic.
 
+The pure core is the project's one copy of these: ``binary_cosine`` / ``cosine_scores`` (popcount cosine),
+``top_k`` (exact top-k with ties, also used by evaluation's dense retrieval) and ``explanation`` (shared yes
+questions, differences, cosine of two texts; used by ``InterpretableEmbedder.explain`` and the server).
+
     index = BinaryIndex.load("runs/demo/embeddings")              # the OUT folder of `cqg-ray embed`
     hits = search(model, index, "a query text", k=10)             # Hit(doc_id, score, shared=[question indices], ...)
     cqg-ray search MODEL EMBEDDINGS "a query text" -k 10          # prints hits with their shared yes questions
@@ -17,14 +21,13 @@ top-k; ties are broken by corpus order, so results are deterministic.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Iterable, Iterator
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from cqg_ray.artifacts import EMBED_MANIFEST, embed_output_files, embed_output_texts, embedding_matrix, read_embed_output
 from cqg_ray.rundir import ArtifactError, RunDir
 
 # ----------------------------------------------------------------------------------------- pure core
@@ -55,24 +58,91 @@ def cosine_scores(query_words: np.ndarray, words: np.ndarray, counts: np.ndarray
     return scores, inter
 
 
-def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
-    """Row indices of the k best scores, best first, ties by row order (exact: every tie at the cut is considered)."""
-    n = len(scores)
-    if k <= 0 or n == 0:
-        return np.zeros(0, dtype=np.int64)
-    if k < n:
-        cut = np.partition(scores, n - k)[n - k]  # the k-th largest score
-        cand = np.flatnonzero(scores >= cut)
+def binary_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine of two 0/1 vectors (unpacked): |a AND b| / sqrt(|a| |b|), 0 when either is all zeros."""
+    words = to_words(np.packbits(np.asarray([a, b], dtype=bool), axis=1))
+    return float(cosine_scores(words[0], words[1:])[0][0])
+
+
+def top_k(scores: np.ndarray, k: int, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The k best scores of each row and their ids, best first; exact with ties: among equal scores the lower id wins.
+
+    scores: (n, c), or one row (c,); ids: the same shape (default: the column positions 0..c-1). Returns (scores,
+    ids), each (n, min(k, c)), or (min(k, c),) for one row. Every candidate tied with the k-th score is considered.
+    """
+    one = np.ndim(scores) == 1
+    scores = np.atleast_2d(scores)
+    ids = np.broadcast_to(np.arange(scores.shape[1]), scores.shape) if ids is None else np.atleast_2d(ids)
+    k = max(0, min(k, scores.shape[1]))
+    if k == 0:
+        out_s, out_i = scores[:, :0], ids[:, :0]
     else:
-        cand = np.arange(n)
-    order = np.lexsort((cand, -scores[cand]))[:k]
-    return cand[order]
+        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        out_s, out_i = np.take_along_axis(scores, part, axis=1), np.take_along_axis(ids, part, axis=1)
+        order = np.lexsort((out_i, -out_s), axis=-1)
+        out_s, out_i = np.take_along_axis(out_s, order, axis=1), np.take_along_axis(out_i, order, axis=1)
+        # rows where more candidates tie with the k-th score than fit: the lowest ids among the tied ones
+        for r in np.flatnonzero((scores >= out_s[:, -1:]).sum(axis=1) > k):
+            cand = np.flatnonzero(scores[r] >= out_s[r, -1])
+            best = cand[np.lexsort((ids[r, cand], -scores[r, cand]))[:k]]
+            out_s[r], out_i[r] = scores[r, best], ids[r, best]
+    return (out_s[0], out_i[0]) if one else (out_s, out_i)
 
 
 def shared_questions(query_packed: np.ndarray, doc_packed: np.ndarray, m: int) -> list[int]:
     """Indices of the questions that both answer yes."""
     both = np.unpackbits(np.asarray(query_packed, np.uint8) & np.asarray(doc_packed, np.uint8), count=m)
     return np.flatnonzero(both).tolist()
+
+
+@dataclass
+class AnsweredQuestion:
+    """One question of an explanation, with both texts' probabilities and answers (p > tau)."""
+
+    index: int
+    id: str
+    text: str
+    p_a: float
+    p_b: float
+    a: bool
+    b: bool
+
+
+@dataclass
+class Explanation:
+    """Why two texts are similar: the questions both answer yes (their count is the cognitive load),
+    the questions they answer differently, and the cosine similarity of their binary vectors."""
+
+    cosine: float
+    cognitive_load: int
+    shared_yes: list[AnsweredQuestion] = field(default_factory=list)
+    only_a: list[AnsweredQuestion] = field(default_factory=list)  # yes for text a, no for text b
+    only_b: list[AnsweredQuestion] = field(default_factory=list)  # no for text a, yes for text b
+    tau: float = 0.5
+    yes_a: int = 0  # questions text a answers yes
+    yes_b: int = 0
+
+    @property
+    def differing(self) -> list[AnsweredQuestion]:
+        return self.only_a + self.only_b
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def explanation(p_a: np.ndarray, p_b: np.ndarray, tau: float, questions: list[dict]) -> Explanation:
+    """The explanation of two texts from their probabilities (m,) at threshold tau; ``questions``: the model's
+    question records (``text``, optional ``id``) in dimension order."""
+    ya, yb = np.asarray(p_a) > tau, np.asarray(p_b) > tau
+
+    def qa(i: int) -> AnsweredQuestion:
+        rec = questions[i]
+        return AnsweredQuestion(int(i), str(rec.get("id", i)), rec["text"], float(p_a[i]), float(p_b[i]), bool(ya[i]), bool(yb[i]))
+
+    shared = [qa(i) for i in np.flatnonzero(ya & yb)]
+    return Explanation(cosine=binary_cosine(ya, yb), cognitive_load=len(shared), shared_yes=shared,
+                       only_a=[qa(i) for i in np.flatnonzero(ya & ~yb)], only_b=[qa(i) for i in np.flatnonzero(~ya & yb)],
+                       tau=tau, yes_a=int(ya.sum()), yes_b=int(yb.sum()))
 
 
 @dataclass
@@ -97,13 +167,13 @@ def search_chunks(query_packed: np.ndarray, chunks: Iterable[tuple[np.ndarray, n
         if len(ids) == 0:
             continue
         scores, inter = cosine_scores(q, to_words(packed))
-        keep = top_k_rows(scores, k)
+        _, keep = top_k(scores, k)
         # candidates so far come first, so on ties earlier chunks (earlier rows) win
         best_scores = np.concatenate([best_scores, scores[keep]])
         best_ids = np.concatenate([best_ids, np.asarray(ids, dtype=object)[keep]])
         best_packed = np.concatenate([best_packed, np.asarray(packed, np.uint8)[keep]])
         best_inter = np.concatenate([best_inter, inter[keep]])
-        sel = top_k_rows(best_scores, k)
+        _, sel = top_k(best_scores, k)
         best_scores, best_ids, best_packed, best_inter = best_scores[sel], best_ids[sel], best_packed[sel], best_inter[sel]
     return [Hit(r + 1, str(d), float(s), int(c), shared_questions(query_packed, p, m))
             for r, (d, s, c, p) in enumerate(zip(best_ids, best_scores, best_inter, best_packed))]
@@ -140,9 +210,7 @@ class BinaryIndex:
     @classmethod
     def load(cls, out: str, tau: float | None = None) -> "BinaryIndex":
         """The output folder of `cqg-ray embed` (bits, or probabilities thresholded at `tau`, default theirs)."""
-        from cqg_ray.embed import read_embeddings
-
-        ids, matrix, meta = read_embeddings(out)
+        ids, matrix, meta = read_embed_output(out)
         return cls(ids, _packed_from(matrix, meta, tau), meta["m"], meta["tau"] if tau is None else tau, out)
 
     def search(self, query_packed: np.ndarray, k: int = 10, chunk_rows: int = 65_536) -> list[Hit]:
@@ -160,11 +228,9 @@ class BinaryIndex:
 
 def file_chunks(out: str, tau: float | None = None) -> tuple[dict, Iterator[tuple[np.ndarray, np.ndarray]]]:
     """(meta, a stream of (doc_ids, packed) per unit file) of an embed output folder: search without loading it all."""
-    from cqg_ray.embed import MANIFEST, embedding_files, embedding_matrix
-
     run = RunDir(out)
-    files = embedding_files(out)
-    meta = run.read_json(MANIFEST)
+    files = embed_output_files(out)
+    meta = run.read_json(EMBED_MANIFEST)
 
     def gen():
         for f in files:
@@ -174,26 +240,11 @@ def file_chunks(out: str, tau: float | None = None) -> tuple[dict, Iterator[tupl
     return meta, gen()
 
 
-def lookup_texts(out: str, doc_ids: list[str]) -> dict[str, str]:
-    """Texts of some documents from the embed output's corpus snapshot (empty when there is none)."""
-    from cqg_ray.embed import CORPUS_DIR
-
-    run = RunDir(out)
-    found: dict[str, str] = {}
-    if not doc_ids:
-        return found
-    for name in run.ls(CORPUS_DIR, suffix=".parquet"):
-        t = pq.read_table(run.path(CORPUS_DIR, name), columns=["doc_id", "text"], filesystem=run.fs)
-        t = t.filter(pc.is_in(t.column("doc_id"), value_set=pa.array(doc_ids, pa.string())))
-        found.update(zip(t.column("doc_id").to_pylist(), t.column("text").to_pylist()))
-    return found
-
-
 def search(model, index: BinaryIndex, query: str, k: int = 10) -> list[Hit]:
     """Embed `query` with the model (at the index's tau) and return the top-k hits with their shared questions."""
     if model.m != index.m:
         raise ValueError(f"the model has m={model.m} questions but the embeddings have m={index.m}")
-    q = model.encode([query], packed=True, threshold=index.tau, progress=False)[0]
+    q = model.encode([query], output="packed", threshold=index.tau, progress=False)[0]
     hits = index.search(q, k)
     for h in hits:
         h.questions = [model.questions[i] for i in h.shared]
@@ -204,22 +255,21 @@ def search(model, index: BinaryIndex, query: str, k: int = 10) -> list[Hit]:
 
 
 def cmd_search(args) -> int:
-    from cqg_ray.embed import MANIFEST
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
     model = InterpretableEmbedder.load(args.model)
-    meta = RunDir(args.embeddings).read_json(MANIFEST) if RunDir(args.embeddings).exists(MANIFEST) else None
+    meta = RunDir(args.embeddings).read_json(EMBED_MANIFEST) if RunDir(args.embeddings).exists(EMBED_MANIFEST) else None
     if meta is None:
-        raise ArtifactError(f"{args.embeddings}: no {MANIFEST}; make embeddings with `cqg-ray embed` first")
+        raise ArtifactError(f"{args.embeddings}: no {EMBED_MANIFEST}; make embeddings with `cqg-ray embed` first")
     if meta["m"] != model.m:
         raise ArtifactError(f"the model has m={model.m} questions but {args.embeddings} has m={meta['m']} (another model?)")
     if args.tau is not None and meta["output"] == "bits" and args.tau != meta["tau"]:
         raise ArtifactError(f"{args.embeddings} holds bits made at tau={meta['tau']}; --tau applies to probability embeddings only")
     tau = args.tau if args.tau is not None else meta["tau"]
-    q = model.encode([args.query], packed=True, threshold=tau, progress=False)[0]
+    q = model.encode([args.query], output="packed", threshold=tau, progress=False)[0]
     _, chunks = file_chunks(args.embeddings, tau)
     hits = search_chunks(q, chunks, model.m, args.k)
-    texts = lookup_texts(args.embeddings, [h.doc_id for h in hits])
+    texts = embed_output_texts(args.embeddings, [h.doc_id for h in hits])
     q_yes = np.flatnonzero(np.unpackbits(q, count=model.m)).tolist()
     for h in hits:
         h.questions = [model.questions[i] for i in h.shared]

@@ -108,13 +108,13 @@ def test_kill_inside_encode_then_resume(tmp_path, corpus_file):
     # Ray workers of the killed driver may finish the unit in hand: such a file is complete (written atomically)
     assert m["counts"]["units_resumed"] >= done_before
     assert m["counts"]["encoded_now"] == 300 - 30 * m["counts"]["units_resumed"]
-    from cqg_ray.encode import load_embeddings
+    from cqg_ray.artifacts import load_embeddings
     from cqg_ray.rundir import RunDir
 
     ids, x = load_embeddings(RunDir(str(run_dir)))
     assert len(ids) == len(set(ids.tolist())) == 300
     # identical to encoding the same texts in one process
-    from cqg_ray.corpus import load_corpus
+    from cqg_ray.artifacts import load_corpus
     from cqg_ray.encoder import load_encoder
 
     texts = load_corpus(RunDir(str(run_dir)), ["text"]).column("text").to_pylist()

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from cqg_ray.cluster import Clusters, assign, centroid_neighbors, drop_empty, train_kmeans
+from cqg_ray.cluster import assign, centroid_neighbors, drop_empty, train_kmeans
 
 
 def blobs(seed=0):

@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from cqg_ray.config import CorpusConfig, EmbedConfig
-from cqg_ray.embed import CORPUS_DIR, _relative_names, actor_plan, embed, model_fingerprint, read_embeddings
+from cqg_ray.artifacts import EMBED_CORPUS, read_embed_output
+from cqg_ray.embed import _relative_names, actor_plan, embed, model_fingerprint
 from cqg_ray.rundir import ArtifactError, RunDir
 
 
@@ -70,7 +71,7 @@ def test_model_fingerprint_follows_the_heads(toy_model, tmp_path):
 
 def snapshot_texts(out):
     run = RunDir(out)
-    t = run.read_table(CORPUS_DIR)
+    t = run.read_table(EMBED_CORPUS)
     return t.column("doc_id").to_pylist(), t.column("text").to_pylist()
 
 
@@ -84,11 +85,11 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
     assert (m["m"], m["output"], m["tau"], m["bytes_per_text"]) == (32, "bits", 0.5, 4)
     assert json.loads(RunDir(out).read_bytes("_manifest.json")) == m
 
-    ids, packed, meta = read_embeddings(out)
+    ids, packed, meta = read_embed_output(out)
     snap_ids, texts = snapshot_texts(out)
     assert ids.tolist() == snap_ids and len(set(snap_ids)) == 405  # every row once, in input order
     assert packed.shape == (405, 4) and packed.dtype == np.uint8
-    p = model.encode(texts, binary=False, progress=False)
+    p = model.encode(texts, output="probs", progress=False)
     bits = np.unpackbits(packed, axis=1, count=32)
     clear = np.abs(p - 0.5) > 1e-3
     assert (bits == (p > 0.5))[clear].all()
@@ -101,22 +102,22 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
     run.rm("_manifest.json")
     run.write_bytes("emb-part-000000-000000999.parquet.tmp-dead", b"partial")
     with pytest.raises(ArtifactError, match="unfinished"):
-        read_embeddings(out)
+        read_embed_output(out)
     m2 = embed(toy_model, [str(mixed_corpus)], out, cfg, progress=False)
     assert m2["counts"]["embedded_now"] == lost == 60 and m2["counts"]["units_resumed"] == 8
-    ids2, packed2, _ = read_embeddings(out)
+    ids2, packed2, _ = read_embed_output(out)
     assert ids2.tolist() == ids.tolist() and np.array_equal(packed2, packed)
+    assert embed(toy_model, [str(mixed_corpus)], out, cfg, progress=False) == m2  # finished with these settings: skipped
     assert not [n for n in os.listdir(out) if ".tmp-" in n]
 
     # other settings are refused, --force starts again
     with pytest.raises(ArtifactError, match="output, tau differ|other settings"):
         embed(toy_model, [str(mixed_corpus)], out, EmbedConfig(unit_rows=60, output="probs", tau=0.4), progress=False)
-    assert read_embeddings(out)[0].tolist() == ids.tolist()  # untouched
+    assert read_embed_output(out)[0].tolist() == ids.tolist()  # untouched
 
     # search the output: the CLI and the in-memory index agree with a brute force over the unpacked bits
     from cqg_ray.cli import main
-    from cqg_ray.mbqa.embedder import binary_cosine
-    from cqg_ray.search import BinaryIndex, search
+    from cqg_ray.search import BinaryIndex, binary_cosine, search
 
     query = "a new medicine from the doctor"
     hits = search(model, BinaryIndex.load(out), query, k=5)
@@ -139,9 +140,9 @@ def test_embed_probs_with_id_column(ray_local, toy_model, model, tmp_path):
     out = str(tmp_path / "probs")
     m = embed(toy_model, [str(csv)], out, EmbedConfig(output="probs"), CorpusConfig(text_column="body", id_column="key"), progress=False)
     assert m["counts"]["rows"] == 3 and m["bytes_per_text"] == 64
-    ids, probs, meta = read_embeddings(out)
+    ids, probs, meta = read_embed_output(out)
     assert ids.tolist() == ["k1", "k2", "k3"] and probs.dtype == np.float16 and meta["output"] == "probs"
-    want = model.encode(["The doctor prescribed a new medicine.", "The team won the final match.", "A film about a dog."], binary=False, progress=False)
+    want = model.encode(["The doctor prescribed a new medicine.", "The team won the final match.", "A film about a dog."], output="probs", progress=False)
     assert np.allclose(probs.astype(np.float32), want, atol=1e-3)
 
 
@@ -221,10 +222,10 @@ def test_two_nodes_killed_and_resumed(toy_model, model, corpus_file, tmp_path):
     assert counts["units_resumed"] >= 3 and counts["embedded_now"] == 400 - 25 * counts["units_resumed"]
     assert counts["nodes_used"] == 2
 
-    ids, packed, _ = read_embeddings(str(out))
+    ids, packed, _ = read_embed_output(str(out))
     snap_ids, texts = snapshot_texts(str(out))
     assert len(ids) == 400 and len(set(ids.tolist())) == 400 and ids.tolist() == snap_ids
-    p = model.encode(texts, binary=False, progress=False)
+    p = model.encode(texts, output="probs", progress=False)
     bits = np.unpackbits(packed, axis=1, count=32)
     clear = np.abs(p - 0.5) > 1e-3
     assert (bits == (p > 0.5))[clear].all()

@@ -3,10 +3,11 @@
 import numpy as np
 import pyarrow.parquet as pq
 
-from cqg_ray.cluster import Clusters, cluster
+from cqg_ray.artifacts import Clusters, load_corpus, load_embeddings
+from cqg_ray.cluster import cluster
 from cqg_ray.config import ClusterConfig, CorpusConfig, EncodeConfig
-from cqg_ray.corpus import load_corpus, prepare
-from cqg_ray.encode import actor_plan, encode, load_embeddings, plan_units
+from cqg_ray.corpus import prepare
+from cqg_ray.encode import actor_plan, encode, plan_units
 from cqg_ray.rundir import RunDir, run_stage
 
 

@@ -229,7 +229,7 @@ def test_submit_pipeline_until_cluster(head, tmp_path, corpus_file):
     assert not (run_dir / "questions").exists()  # --until cluster
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["cluster"]["k"] == 8 and saved["corpus"]["limit"] == 200
-    from cqg_ray.cluster import Clusters
+    from cqg_ray.artifacts import Clusters
     from cqg_ray.rundir import RunDir
 
     c = Clusters.load(RunDir(str(run_dir)))

@@ -13,8 +13,9 @@ SCRIPT = textwrap.dedent('''
     import ray
     from ray.cluster_utils import Cluster
     from cqg_ray.config import CorpusConfig, EncodeConfig
-    from cqg_ray.corpus import prepare, load_corpus
-    from cqg_ray.encode import encode, load_embeddings
+    from cqg_ray.artifacts import load_corpus, load_embeddings
+    from cqg_ray.corpus import prepare
+    from cqg_ray.encode import encode
     from cqg_ray.rundir import RunDir, run_stage
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})

@@ -1,16 +1,25 @@
 """Search on packed binary embeddings: popcount cosine and chunked top-k against a brute force on unpacked vectors."""
 
+import math
+
 import numpy as np
 import pytest
 
-from cqg_ray.embed import embeddings_table
-from cqg_ray.mbqa.embedder import binary_cosine
-from cqg_ray.search import BinaryIndex, cosine_scores, popcounts, search_chunks, shared_questions, to_words, top_k_rows
+from cqg_ray.embed import embed_output_table
+from cqg_ray.search import (BinaryIndex, binary_cosine, cosine_scores, explanation, popcounts, search_chunks, shared_questions,
+                            to_words, top_k)
+
+
+def cosine_of_bits(a, b) -> float:
+    """|a AND b| / sqrt(|a| |b|) of two unpacked 0/1 vectors, one pair at a time (0 when either is all zeros)."""
+    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    na, nb = int(a.sum()), int(b.sum())
+    return float((a & b).sum() / math.sqrt(na * nb)) if na and nb else 0.0
 
 
 def brute_force(query_bits, bits, k):
     """Cosine of unpacked 0/1 vectors one pair at a time, sorted by (-score, row)."""
-    scores = [binary_cosine(query_bits, b) for b in bits]
+    scores = [cosine_of_bits(query_bits, b) for b in bits]
     order = sorted(range(len(bits)), key=lambda i: (-scores[i], i))[:k]
     return [(i, scores[i]) for i in order]
 
@@ -33,7 +42,8 @@ def test_cosine_scores_equal_brute_force(m):
     bits[7] = 0  # a document with no yes
     q = random_bits(1, m, 0.25, 99)[0]
     scores, inter = cosine_scores(to_words(np.packbits(q))[0], to_words(np.packbits(bits, axis=1)))
-    assert scores.tolist() == [binary_cosine(q, b) for b in bits]
+    assert scores.tolist() == [cosine_of_bits(q, b) for b in bits]
+    assert [binary_cosine(q, b) for b in bits] == scores.tolist()
     assert inter.tolist() == (bits & q).sum(axis=1).tolist()
     assert scores[7] == 0.0
     zero_q = np.zeros(m, np.uint8)
@@ -41,12 +51,48 @@ def test_cosine_scores_equal_brute_force(m):
     assert s0.tolist() == [0.0] * 300
 
 
-def test_top_k_rows_ties_by_row_order():
+def test_binary_cosine():
+    assert binary_cosine([1, 1, 0, 0], [1, 0, 1, 0]) == pytest.approx(0.5)
+    assert binary_cosine([0, 0], [1, 1]) == 0.0
+
+
+def test_top_k_ties_by_row_order():
     scores = np.array([0.5, 0.9, 0.5, 0.1, 0.9, 0.5])
-    assert top_k_rows(scores, 3).tolist() == [1, 4, 0]
-    assert top_k_rows(scores, 4).tolist() == [1, 4, 0, 2]
-    assert top_k_rows(scores, 10).tolist() == [1, 4, 0, 2, 5, 3]
-    assert top_k_rows(scores, 0).tolist() == []
+    assert top_k(scores, 3)[1].tolist() == [1, 4, 0]
+    assert top_k(scores, 4)[1].tolist() == [1, 4, 0, 2]
+    assert top_k(scores, 10)[1].tolist() == [1, 4, 0, 2, 5, 3]
+    assert top_k(scores, 10)[0].tolist() == [0.9, 0.9, 0.5, 0.5, 0.5, 0.1]
+    assert top_k(scores, 0)[1].tolist() == []
+
+
+def test_top_k_per_row_with_ids_equals_a_full_sort():
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 4, size=(50, 40)).astype(np.float32)  # many ties at every cut
+    ids = np.broadcast_to(np.arange(100, 140), scores.shape)[:, ::-1]  # higher columns have lower ids
+    for k in (1, 5, 39, 40, 60):
+        s, i = top_k(scores, k, ids)
+        assert s.shape == i.shape == (50, min(k, 40))
+        for r in range(50):
+            want = sorted(zip(-scores[r], ids[r]))[:k]
+            assert list(zip(-s[r], i[r])) == want
+    assert top_k(scores, 0, ids)[1].shape == (50, 0)
+
+
+def test_explanation_of_two_probability_vectors():
+    p_a = np.array([0.9, 0.8, 0.1, 0.6, 0.2])
+    p_b = np.array([0.7, 0.3, 0.9, 0.55, 0.1])
+    questions = [{"id": f"q{i}", "text": f"Q{i}?"} for i in range(4)] + [{"text": "no id?"}]
+    ex = explanation(p_a, p_b, 0.5, questions)
+    assert [q.index for q in ex.shared_yes] == [0, 3] and ex.cognitive_load == 2
+    assert [q.index for q in ex.only_a] == [1] and [q.index for q in ex.only_b] == [2]
+    assert (ex.yes_a, ex.yes_b, ex.tau) == (3, 3, 0.5)
+    assert ex.cosine == pytest.approx(2 / 3)
+    assert ex.shared_yes[0] == ex.shared_yes[0].__class__(0, "q0", "Q0?", 0.9, 0.7, True, True)
+    assert ex.only_b[0].a is False and ex.only_b[0].b is True
+    assert [q.index for q in ex.differing] == [1, 2]
+    low = explanation(p_a, p_b, 0.15, questions)
+    assert [q.index for q in low.shared_yes] == [0, 1, 3] and low.only_a[0].id == "4"  # a record without an id: its index
+    assert ex.to_dict()["shared_yes"][1] == {"index": 3, "id": "q3", "text": "Q3?", "p_a": 0.6, "p_b": 0.55, "a": True, "b": True}
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 7, 64, 10_000])
@@ -90,14 +136,14 @@ def test_index_rejects_bad_shapes():
         BinaryIndex(np.array(["a", "b"]), np.zeros((1, 1), np.uint8), m=8)
 
 
-def test_embeddings_table_roundtrip_metadata():
-    from cqg_ray.embed import embedding_matrix, table_meta
+def test_embed_output_table_roundtrip_metadata():
+    from cqg_ray.artifacts import embed_table_meta, embedding_matrix
 
     bits = random_bits(4, 12, 0.5, 3)
-    t = embeddings_table(["a", "b", "c", "d"], np.packbits(bits, axis=1), "bits", 12, 0.4)
-    assert table_meta(t.schema) == {"format": "cqg-ray-embeddings", "m": 12, "output": "bits", "tau": 0.4}
+    t = embed_output_table(["a", "b", "c", "d"], np.packbits(bits, axis=1), "bits", 12, 0.4)
+    assert embed_table_meta(t.schema) == {"format": "cqg-ray-embeddings", "m": 12, "output": "bits", "tau": 0.4}
     assert np.array_equal(np.unpackbits(embedding_matrix(t.column("embedding")), axis=1, count=12), bits)
-    p = embeddings_table(["a"], np.array([[0.25] * 12]), "probs", 12, 0.5)
+    p = embed_output_table(["a"], np.array([[0.25] * 12]), "probs", 12, 0.5)
     assert p.schema.field("embedding").type.value_type == "halffloat"
     with pytest.raises(ValueError, match="bytes per row"):
-        embeddings_table(["a"], np.zeros((1, 3), np.uint8), "bits", 12, 0.5)
+        embed_output_table(["a"], np.zeros((1, 3), np.uint8), "bits", 12, 0.5)

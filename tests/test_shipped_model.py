@@ -37,7 +37,7 @@ def test_loads_by_name_and_encodes_as_when_it_was_built():
 
     model = InterpretableEmbedder.load(NAME, device="cpu")
     assert model.m == EXPECTED["m"]
-    probs = model.encode(EXPECTED["texts"], binary=False, progress=False)
+    probs = model.encode(EXPECTED["texts"], output="probs", progress=False)
     stored = np.array(EXPECTED["probs"], dtype=np.float32)
     np.testing.assert_allclose(probs, stored, atol=2e-3)  # float differences between CPUs only
     bits = model.encode(EXPECTED["texts"], progress=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def cmd_questions(args) -> int:
-    from cqg_ray.cqg.stage import load_questions
+    from cqg_ray.artifacts import load_questions
     from cqg_ray.rundir import RunDir
 
     run = RunDir(args.run_dir)

@@ -22,32 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass
-class ClusterIndex:
-    """Documents grouped by cluster: ``members(c)`` is a sorted array of document indices."""
-
-    order: np.ndarray
-    starts: np.ndarray
-    labels: np.ndarray
-
-    @classmethod
-    def build(cls, labels: np.ndarray, k: int | None = None) -> "ClusterIndex":
-        labels = np.asarray(labels)
-        k = int(labels.max()) + 1 if k is None else k
-        order = np.argsort(labels, kind="stable")
-        starts = np.searchsorted(labels[order], np.arange(k + 1))
-        return cls(order, starts, labels)
-
-    @property
-    def k(self) -> int:
-        return len(self.starts) - 1
-
-    def members(self, c: int) -> np.ndarray:
-        return self.order[self.starts[c]: self.starts[c + 1]]
-
-    def size(self, c: int) -> int:
-        return int(self.starts[c + 1] - self.starts[c])
+from cqg_ray.artifacts import ClusterIndex
 
 
 def _choose(rng: np.random.Generator, pool: np.ndarray, n: int) -> np.ndarray:

@@ -27,30 +27,15 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from cqg_ray.artifacts import Clusters, load_texts
 from cqg_ray.config import PipelineConfig, check_corpus_size
-from cqg_ray.cqg.sampling import ClusterIndex, Sample, generation_samples, probe_samples, qaemb_articles
+from cqg_ray.cqg.sampling import Sample, generation_samples, probe_samples, qaemb_articles
 from cqg_ray.cqg.select import dedup, priority_order, quality, top_t
-from cqg_ray.rundir import RunDir, StageContext
+from cqg_ray.rundir import StageContext
 
 log = logging.getLogger("cqg_ray")
 
 ROLES = ("positive", "hard", "easy")
-
-
-def fetch_texts(run: RunDir, doc_ids: list[str] | np.ndarray) -> dict[str, str]:
-    """Texts of the given documents, streamed shard by shard (never the whole corpus in memory)."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from cqg_ray.corpus import corpus_shards
-
-    wanted = pa.array(sorted(set(np.asarray(doc_ids, dtype=object).tolist())), pa.string())
-    out: dict[str, str] = {}
-    for shard in corpus_shards(run):
-        t = pq.read_table(shard, columns=["doc_id", "text"], filesystem=run.fs)
-        t = t.filter(pc.is_in(t.column("doc_id"), value_set=wanted))
-        out.update(zip(t.column("doc_id").to_pylist(), t.column("text").to_pylist()))
-    return out
 
 
 def _samples_rows(samples: list[Sample], doc_ids: np.ndarray, kind: str) -> dict[str, list]:
@@ -119,7 +104,6 @@ def probe_counts(results, n_cand: int) -> dict[str, np.ndarray]:
 
 def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True) -> None:
     """The whole stage. ``backend``: an LLM backend to use instead of building one from cfg.llm (tests)."""
-    from cqg_ray.cluster import Clusters
     from cqg_ray.llm.parse import parse_questions
     from cqg_ray.llm.runner import run_requests, stage_stats
 
@@ -127,7 +111,7 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     run = ctx.run
     cl = Clusters.load(run)
     check_corpus_size(cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"k": cl.k})}), len(cl.doc_ids))
-    index = ClusterIndex.build(cl.labels, cl.k)
+    index = cl.index()
     clusters = list(range(cl.k))[: c.max_clusters] if c.max_clusters else list(range(cl.k))
     t0 = time.time()
 
@@ -140,7 +124,7 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     need = set()
     for s in gen + probes:
         need.update(cl.doc_ids[np.concatenate([s.positives, s.hard, s.easy])].tolist())
-    texts = fetch_texts(run, sorted(need))
+    texts = load_texts(run, sorted(need))
     run.write_table(f"{ctx.stage}/samples.parquet", pa.table(_samples_rows(gen, cl.doc_ids, c.method)))
 
     # 2. generation
@@ -239,7 +223,3 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
 
     write_report(run, ctx.stage, cfg, candidates, texts, cl.doc_ids, gen, ctx.counts, ctx.extra["llm"])
 
-
-def load_questions(run: RunDir) -> pa.Table:
-    run.require("questions")
-    return run.read_table("questions/questions.parquet").sort_by("question_id")

@@ -3,8 +3,8 @@
     from cqg_ray import InterpretableEmbedder
     model = InterpretableEmbedder.load("runs/demo/model")    # a folder, a URI, or a shipped model's name (models/<name>)
     bits = model.encode(["a text", "another"])                 # (n, m) uint8 0/1: y_i = 1[sigma(C_i(Enc(t))) > tau]
-    probs = model.encode(texts, binary=False)                  # (n, m) float32 sigma(C_i(Enc(t)))
-    packed = model.encode(texts, packed=True)                  # (n, ceil(m/8)) uint8, np.packbits rows
+    probs = model.encode(texts, output="probs")                # (n, m) float32 sigma(C_i(Enc(t)))
+    packed = model.encode(texts, output="packed")              # (n, ceil(m/8)) uint8, np.packbits rows
     ex = model.explain("text a", "text b")                     # shared yes questions (cognitive load), differences
     model.questions                                            # the m questions, dimension order
 
@@ -20,9 +20,8 @@ Loading checks that the files exist and parse, and that questions, heads, config
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import asdict, dataclass, field
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +29,12 @@ import torch
 
 from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.rundir import ArtifactError, RunDir, versions
+from cqg_ray.search import Explanation, explanation
 
 FORMAT = "cqg-ray-mbqa"
 FORMAT_VERSION = 1
 MODELS_ENV = "CQG_RAY_MODELS"  # folders (os.pathsep-separated) where models named without a path are looked for
+OUTPUTS = ("bits", "packed", "probs")  # encode's outputs: 0/1 answers, np.packbits of them, probabilities
 
 
 def model_dirs() -> list[Path]:
@@ -62,42 +63,6 @@ def resolve_model(path_or_name: str) -> str:
 
 class ModelError(ArtifactError):
     """A missing, corrupt or inconsistent model folder."""
-
-
-@dataclass
-class QuestionAnswer:
-    index: int
-    id: str
-    text: str
-    p_a: float
-    p_b: float
-
-
-@dataclass
-class Explanation:
-    """Why two texts are similar: the questions both answer yes (their count is the cognitive load),
-    the questions they answer differently, and the cosine similarity of their binary vectors."""
-
-    cosine: float
-    cognitive_load: int
-    shared_yes: list[QuestionAnswer] = field(default_factory=list)
-    only_a: list[QuestionAnswer] = field(default_factory=list)  # yes for text a, no for text b
-    only_b: list[QuestionAnswer] = field(default_factory=list)  # no for text a, yes for text b
-    tau: float = 0.5
-
-    @property
-    def differing(self) -> list[QuestionAnswer]:
-        return self.only_a + self.only_b
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def binary_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine of two 0/1 vectors: |a AND b| / sqrt(|a| |b|) (0 when either is all zeros)."""
-    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
-    na, nb = int(a.sum()), int(b.sum())
-    return float((a & b).sum() / math.sqrt(na * nb)) if na and nb else 0.0
 
 
 def _auto_device(device: str | None) -> str:
@@ -220,28 +185,33 @@ class InterpretableEmbedder:
         outs = [torch.sigmoid(self.heads(emb[i : i + chunk].to(self.device, self.heads.w1.dtype))) for i in range(0, len(emb), chunk)]
         return torch.cat(outs) if outs else torch.zeros(0, self.m, device=self.device)
 
-    def _finish(self, probs: torch.Tensor, binary: bool, threshold: float | None, packed: bool) -> np.ndarray:
-        if not binary and not packed:
+    def _finish(self, probs: torch.Tensor, output: str, threshold: float | None) -> np.ndarray:
+        if output == "probs":
             return probs.float().cpu().numpy()
         bits = (probs > (self.tau if threshold is None else threshold)).cpu().numpy().astype(np.uint8)
-        return np.packbits(bits, axis=1) if packed else bits
+        return np.packbits(bits, axis=1) if output == "packed" else bits
 
-    def encode_embeddings(self, emb: np.ndarray, binary: bool = True, threshold: float | None = None, packed: bool = False) -> np.ndarray:
-        """Heads on precomputed encoder embeddings (n, d) (normalised the same way as in training)."""
+    def encode_embeddings(self, emb: np.ndarray, output: str = "bits", threshold: float | None = None, *,
+                          binary: bool | None = None, packed: bool | None = None) -> np.ndarray:
+        """Heads on precomputed encoder embeddings (n, d) (normalised the same way as in training); `output` as in `encode`."""
+        output = _output(output, binary, packed)
         emb = np.asarray(emb, dtype=np.float32)
         if emb.ndim != 2 or emb.shape[1] != self.dims:
             raise ValueError(f"embeddings must be (n, {self.dims}), got shape {emb.shape}")
-        return self._finish(self._probs(torch.from_numpy(emb)), binary, threshold, packed)
+        return self._finish(self._probs(torch.from_numpy(emb)), output, threshold)
 
-    def encode(self, texts: list[str] | str, binary: bool = True, threshold: float | None = None, packed: bool = False,
-               batch_size: int = 64, progress: bool | None = None, chunk_size: int = 4096) -> np.ndarray:
-        """Embed texts: uint8 0/1 (binary), float32 probabilities (binary=False) or packed bits (packed=True).
+    def encode(self, texts: list[str] | str, output: str = "bits", threshold: float | None = None, batch_size: int = 64,
+               progress: bool | None = None, chunk_size: int = 4096, *, binary: bool | None = None, packed: bool | None = None) -> np.ndarray:
+        """Embed texts. output: "bits" (n, m) uint8 0/1 answers at tau, "packed" (n, ceil(m/8)) uint8 (np.packbits of
+        the bits) or "probs" (n, m) float32 probabilities sigma(C_i(Enc(t))).
 
         threshold: tau override (None = the model's tau). Texts go through the encoder `chunk_size` at a time
         (the encoder batches them by `batch_size`); progress: a tqdm bar over texts (None = when > chunk_size texts).
+        binary / packed: the old flags (deprecated): binary=False is output="probs", packed=True is output="packed".
         """
         from tqdm import tqdm  # noqa: PLC0415
 
+        output = _output(output, binary, packed)
         if isinstance(texts, str):
             raise TypeError("encode takes a list of texts; wrap a single text in a list")
         texts = list(texts)
@@ -256,28 +226,14 @@ class InterpretableEmbedder:
                 outs.append(self._probs(emb))
                 bar.update(len(chunk))
         probs = torch.cat(outs) if outs else torch.zeros(0, self.m)
-        return self._finish(probs, binary, threshold, packed)
+        return self._finish(probs, output, threshold)
 
     def explain(self, text_a: str, text_b: str, threshold: float | None = None) -> Explanation:
         """The questions both texts answer yes (cognitive load = their count), those they answer differently
         (with both probabilities), and the cosine similarity of the two binary vectors."""
         tau = self.tau if threshold is None else threshold
-        p = self.encode([text_a, text_b], binary=False, progress=False)
-        ya, yb = p[0] > tau, p[1] > tau
-
-        def qa(i: int) -> QuestionAnswer:
-            rec = self.question_records[i]
-            return QuestionAnswer(int(i), str(rec.get("id", i)), rec["text"], float(p[0, i]), float(p[1, i]))
-
-        shared = [qa(i) for i in np.flatnonzero(ya & yb)]
-        return Explanation(
-            cosine=binary_cosine(ya, yb),
-            cognitive_load=len(shared),
-            shared_yes=shared,
-            only_a=[qa(i) for i in np.flatnonzero(ya & ~yb)],
-            only_b=[qa(i) for i in np.flatnonzero(~ya & yb)],
-            tau=tau,
-        )
+        p = self.encode([text_a, text_b], output="probs", progress=False)
+        return explanation(p[0], p[1], tau, self.question_records)
 
     def __repr__(self) -> str:
         return f"InterpretableEmbedder(encoder={self.encoder_name!r}, d={self.dims}, m={self.m}, tau={self.tau}, device={self.device!r})"
@@ -288,3 +244,15 @@ def _read_json(run: RunDir, name: str):
         return run.read_json(name)
     except ArtifactError as e:
         raise ModelError(str(e)) from None
+
+
+def _output(output: str | bool, binary: bool | None, packed: bool | None) -> str:
+    """`output`, or what the deprecated flags binary / packed ask for (with a DeprecationWarning)."""
+    if isinstance(output, bool):  # the old second positional argument was `binary`
+        output, binary = "bits", output
+    if binary is not None or packed is not None:
+        warnings.warn("encode(binary=..., packed=...) is deprecated; use output='bits' | 'packed' | 'probs'", DeprecationWarning, stacklevel=3)
+        output = "packed" if packed else "bits" if binary in (None, True) else "probs"
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {', '.join(OUTPUTS)}; got {output!r}")
+    return output

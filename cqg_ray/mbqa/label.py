@@ -20,6 +20,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from cqg_ray.artifacts import Clusters, load_questions, load_texts
 from cqg_ray.config import PipelineConfig
 from cqg_ray.rundir import StageContext
 
@@ -48,8 +49,6 @@ def label_requests(cfg: PipelineConfig, plan, questions: list[str], doc_ids: np.
 
 
 def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True) -> None:
-    from cqg_ray.cluster import Clusters
-    from cqg_ray.cqg.stage import fetch_texts, load_questions
     from cqg_ray.llm.runner import run_requests, stage_stats
     from cqg_ray.mbqa.plan import make_plan
 
@@ -61,7 +60,7 @@ def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: b
     cl = Clusters.load(run)
     plan = make_plan(cl.labels, cl.neighbors, q_clusters, cfg.label)
     n_pairs = len(plan.pair_question)
-    texts = fetch_texts(run, cl.doc_ids[np.unique(plan.prompt_doc)])
+    texts = load_texts(run, cl.doc_ids[np.unique(plan.prompt_doc)])
     reqs, req_doc = label_requests(cfg, plan, questions, cl.doc_ids, texts)
     log.info("label: %d questions, %d texts, %d (text, question) pairs in %d prompts (%s answers, %.1f questions per prompt)",
              len(questions), len(np.unique(plan.pair_doc)), n_pairs, len(reqs), cfg.llm.answer_mode, n_pairs / max(1, len(reqs)))
@@ -113,7 +112,3 @@ def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: b
     ctx.extra["wall_s"] = round(time.time() - t0, 1)
     run.write_json(f"{ctx.stage}/stats.json", {"counts": ctx.counts, "llm": ctx.extra["llm"]})
 
-
-def load_labels(run) -> pa.Table:
-    run.require("labels")
-    return run.read_table("labels/labels.parquet")

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from cqg_ray.artifacts import ClusterIndex
 from cqg_ray.config import LabelConfig
 
 SOURCE_CLUSTER, SOURCE_NEIGHBOR, SOURCE_RANDOM = 0, 1, 2
@@ -142,15 +143,12 @@ def make_plan(
         return LabelPlan(empty.astype(np.int32), empty, empty.astype(np.int8), empty, np.zeros(1, dtype=np.int64), empty.astype(np.int32))
 
     rng = np.random.default_rng(cfg.seed)
-    # pi_c for every cluster at once: texts grouped by cluster, random order inside each cluster.
-    order = np.lexsort((rng.random(n_docs), assignments))
-    sorted_clusters = assignments[order]
-    first = np.searchsorted(sorted_clusters, np.arange(k), side="left")
-    sizes = np.searchsorted(sorted_clusters, np.arange(k), side="right") - first
+    index = ClusterIndex.build(assignments, k, rng)  # pi_c for every cluster at once: a random order inside each cluster
+    sizes = index.sizes
     corpus_perm = rng.permutation(n_docs)
 
     def front(c: int, n: int) -> np.ndarray:
-        return order[first[c] : first[c] + n]
+        return index.members(c)[:n]
 
     # quotas per question (own -> neighbours -> random spill-over) and the own/neighbour picks
     picks: list[np.ndarray] = []

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from cqg_ray.artifacts import load_embeddings, load_labels, load_questions
 from cqg_ray.config import PipelineConfig, stage_hash
 from cqg_ray.rundir import StageContext
 
@@ -23,10 +24,7 @@ log = logging.getLogger("cqg_ray")
 
 
 def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
-    from cqg_ray.cqg.stage import load_questions
-    from cqg_ray.encode import load_embeddings
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
-    from cqg_ray.mbqa.label import load_labels
     from cqg_ray.mbqa.report import format_report
     from cqg_ray.mbqa.train import LabelPairs, train_and_evaluate
 
@@ -71,7 +69,3 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
     ctx.extra["final_metrics"] = result.metrics
     ctx.extra["wall_s"] = round(time.time() - t0, 1)
 
-
-def model_path(run) -> str:
-    run.require("model")
-    return run.uri("model")

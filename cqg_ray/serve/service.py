@@ -19,7 +19,8 @@ import numpy as np
 from ray import serve
 
 from cqg_ray.config import ServeConfig
-from cqg_ray.mbqa.embedder import InterpretableEmbedder, binary_cosine
+from cqg_ray.mbqa.embedder import InterpretableEmbedder
+from cqg_ray.search import binary_cosine
 from cqg_ray.serve.protocol import (
     ApiError,
     EmbeddingObject,

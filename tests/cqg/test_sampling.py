@@ -1,17 +1,11 @@
 import numpy as np
 
-from cqg_ray.cqg.sampling import ClusterIndex, contrastive_sample, generation_samples, probe_samples, qaemb_articles
+from cqg_ray.artifacts import ClusterIndex
+from cqg_ray.cqg.sampling import contrastive_sample, generation_samples, probe_samples, qaemb_articles
 
 # 6 clusters of sizes 10, 10, 10, 10, 3, 40 ; neighbours: 0 -> 1, 2, 3 ...
 LABELS = np.repeat(np.arange(6), [10, 10, 10, 10, 3, 40])
 NEIGHBORS = np.array([[1, 2, 3, 4, 5], [0, 2, 3, 4, 5], [1, 0, 3, 4, 5], [2, 1, 0, 4, 5], [5, 0, 1, 2, 3], [4, 0, 1, 2, 3]])
-
-
-def test_cluster_index():
-    idx = ClusterIndex.build(LABELS)
-    assert idx.k == 6
-    assert idx.members(4).tolist() == [40, 41, 42]
-    assert idx.size(5) == 40
 
 
 def test_disjoint_and_from_the_right_clusters():

@@ -56,7 +56,8 @@ def test_cqg_probes_single_pass(clustered_run, corpus_file, tmp_path):
 
 
 def test_cqg_with_scripted_llm(clustered_run, corpus_file):
-    from cqg_ray.cqg.stage import load_questions, run_cqg
+    from cqg_ray.artifacts import load_questions
+    from cqg_ray.cqg.stage import run_cqg
     from cqg_ray.llm.fake import FakeBackend
 
     cfg = small_config(clustered_run, corpus_file, max_clusters=5, extra={"llm": {"answer_mode": "packed"}})
@@ -90,12 +91,12 @@ def test_cqg_with_scripted_llm(clustered_run, corpus_file):
 
 
 def test_cqg_prompt_texts_are_the_samples(clustered_run, corpus_file):
-    from cqg_ray.cqg.stage import fetch_texts
+    from cqg_ray.artifacts import load_texts
 
     run = RunDir(str(clustered_run))
     s = run.read_table("questions/samples.parquet").to_pylist()
     gens = run.read_table("questions/generations.parquet")
-    texts = fetch_texts(run, [r["doc_id"] for r in s])
+    texts = load_texts(run, [r["doc_id"] for r in s])
     assert len(texts) == len({r["doc_id"] for r in s})
 
 

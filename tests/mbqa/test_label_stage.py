@@ -10,7 +10,8 @@ from tests.conftest import copy_clustered, small_config
 def test_label_stage(clustered_run, corpus_file, tmp_path):
     from cqg_ray.cqg.stage import run_cqg
     from cqg_ray.llm.fake import FakeBackend
-    from cqg_ray.mbqa.label import load_labels, run_labels
+    from cqg_ray.artifacts import load_labels
+    from cqg_ray.mbqa.label import run_labels
     from tests.cqg.test_stage import scripted
 
     d = copy_clustered(clustered_run, tmp_path / "run")
@@ -55,7 +56,8 @@ def test_label_stage_with_p_yes_and_an_unreadable_text(clustered_run, corpus_fil
 
     from cqg_ray.cqg.stage import run_cqg
     from cqg_ray.llm.fake import FakeBackend
-    from cqg_ray.mbqa.label import load_labels, run_labels
+    from cqg_ray.artifacts import load_labels
+    from cqg_ray.mbqa.label import run_labels
     from tests.cqg.test_stage import scripted
 
     d = copy_clustered(clustered_run, tmp_path / "run")
@@ -106,7 +108,8 @@ def test_label_stage_single_pass(clustered_run, corpus_file, tmp_path):
     from cqg_ray.cqg.stage import run_cqg
     from cqg_ray.llm.base import Completion
     from cqg_ray.llm.fake import FakeBackend, default_reply
-    from cqg_ray.mbqa.label import load_labels, run_labels
+    from cqg_ray.artifacts import load_labels
+    from cqg_ray.mbqa.label import run_labels
     from tests.cqg.test_stage import scripted
 
     d = copy_clustered(clustered_run, tmp_path / "run")

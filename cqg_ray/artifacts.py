@@ -1,0 +1,240 @@
+"""What the stages exchange, read back: one reader per artifact, so a stage depends on files, never on another stage.
+
+Run directory (each reader first checks that the writing stage finished, naming the command to run if not):
+
+    prepare/    corpus_shards, load_corpus, load_texts     doc_id, text, ... Parquet shards sorted by doc_id
+    encode/     embedding_files, load_doc_ids, load_embeddings    doc_id, embedding (fixed_size_list<float>[d])
+    cluster/    Clusters.load (labels, neighbours, sizes aligned to sorted doc ids), ClusterIndex (members per cluster)
+    questions/  load_questions                            question_id, text, cluster, quality, ... best quality first
+    labels/     load_labels                               doc_id, question_id, answer, p_yes, source
+    model/      model_path                                the folder that ``InterpretableEmbedder.load`` reads
+
+Output folder of `cqg-ray embed` (OUT, no run directory around it):
+
+    OUT/_manifest.json, OUT/emb-*.parquet, OUT/_corpus/   read_embed_output, embed_output_files, embed_output_texts
+
+The pure helpers (``ClusterIndex``, ``embedding_matrix``, ``embeddings_table``) take and return numpy / Arrow.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from cqg_ray.rundir import ArtifactError, RunDir
+
+# ----------------------------------------------------------------------------------------- pure helpers
+
+
+def embeddings_table(doc_ids, emb: np.ndarray) -> pa.Table:
+    """doc_id (string) + embedding (fixed_size_list of the rows of ``emb``, in its dtype)."""
+    emb = np.ascontiguousarray(emb)
+    values = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])
+    return pa.table({"doc_id": pa.array(doc_ids, pa.string()), "embedding": values})
+
+
+def embedding_matrix(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """(n, width) numpy array of a fixed_size_list column."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return arr.flatten().to_numpy(zero_copy_only=False).reshape(-1, arr.type.list_size)
+
+
+def texts_by_id(files: list[str], doc_ids, fs) -> dict[str, str]:
+    """Texts of the given documents from Parquet files with doc_id and text columns, read one file at a time."""
+    wanted = sorted(set(np.asarray(doc_ids, dtype=object).tolist()))
+    out: dict[str, str] = {}
+    if not wanted:
+        return out
+    value_set = pa.array(wanted, pa.string())
+    for f in files:
+        t = pq.read_table(f, columns=["doc_id", "text"], filesystem=fs)
+        t = t.filter(pc.is_in(t.column("doc_id"), value_set=value_set))
+        out.update(zip(t.column("doc_id").to_pylist(), t.column("text").to_pylist()))
+    return out
+
+
+@dataclass
+class ClusterIndex:
+    """Documents grouped by cluster: ``members(c)`` are the document indices of cluster c.
+
+    ``build(labels, k)``: members in index order; ``build(labels, k, rng)``: in a random order drawn from ``rng``
+    (one ``rng.random(n)`` call). Labels of -1 (no cluster) belong to no cluster.
+    """
+
+    order: np.ndarray
+    starts: np.ndarray
+    labels: np.ndarray
+
+    @classmethod
+    def build(cls, labels: np.ndarray, k: int | None = None, rng: np.random.Generator | None = None) -> "ClusterIndex":
+        labels = np.asarray(labels)
+        k = int(labels.max()) + 1 if k is None else k
+        order = np.argsort(labels, kind="stable") if rng is None else np.lexsort((rng.random(len(labels)), labels))
+        starts = np.searchsorted(labels[order], np.arange(k + 1))
+        return cls(order, starts, labels)
+
+    @property
+    def k(self) -> int:
+        return len(self.starts) - 1
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.starts)
+
+    def members(self, c: int) -> np.ndarray:
+        return self.order[self.starts[c]: self.starts[c + 1]]
+
+    def size(self, c: int) -> int:
+        return int(self.starts[c + 1] - self.starts[c])
+
+
+# ----------------------------------------------------------------------------------------- prepare/
+
+
+def corpus_shards(run: RunDir) -> list[str]:
+    """Paths (inside run.fs) of the corpus shards, in order."""
+    run.require("prepare")
+    return [run.path("prepare", n) for n in run.ls("prepare", suffix=".parquet")]
+
+
+def load_corpus(run: RunDir, columns: list[str] | None = None) -> pa.Table:
+    """The whole prepared corpus (sorted by doc_id)."""
+    run.require("prepare")
+    cols = None if columns is None else list(dict.fromkeys(["doc_id", *columns]))
+    table = run.read_table("prepare", columns=cols).sort_by("doc_id")
+    return table if columns is None else table.select(columns)
+
+
+def load_texts(run: RunDir, doc_ids) -> dict[str, str]:
+    """{doc_id: text} of the given documents, streamed shard by shard (never the whole corpus in memory)."""
+    return texts_by_id(corpus_shards(run), doc_ids, run.fs)
+
+
+# ----------------------------------------------------------------------------------------- encode/
+
+
+def embedding_files(run: RunDir) -> list[str]:
+    """Paths (inside run.fs) of the encode stage's embedding files."""
+    run.require("encode")
+    return [run.path("encode", n) for n in run.ls("encode", suffix=".parquet")]
+
+
+def load_embeddings(run: RunDir, doc_ids=None) -> tuple[np.ndarray, np.ndarray]:
+    """(doc_ids, embeddings float32) sorted by doc_id; only the given ids when ``doc_ids`` is set (streamed per file)."""
+    wanted = None if doc_ids is None else pa.array(np.asarray(doc_ids, dtype=object), pa.string())
+    parts = []
+    for f in embedding_files(run):
+        t = pq.read_table(f, filesystem=run.fs)
+        if wanted is not None:
+            t = t.filter(pc.is_in(t.column("doc_id"), value_set=wanted))
+        parts.append(t)
+    table = pa.concat_tables(parts).sort_by("doc_id")
+    if wanted is not None and table.num_rows != len(set(np.asarray(doc_ids).tolist())):
+        raise ArtifactError(f"embeddings missing for {len(set(np.asarray(doc_ids).tolist())) - table.num_rows} requested documents in {run.uri('encode')}")
+    ids = table.column("doc_id").to_numpy(zero_copy_only=False)
+    return ids, embedding_matrix(table.column("embedding")).astype(np.float32, copy=False)
+
+
+def load_doc_ids(run: RunDir) -> np.ndarray:
+    """Every embedded document id, sorted."""
+    ids = [pq.read_table(f, columns=["doc_id"], filesystem=run.fs).column("doc_id").to_numpy(zero_copy_only=False) for f in embedding_files(run)]
+    return np.sort(np.concatenate(ids))
+
+
+# ----------------------------------------------------------------------------------------- cluster/
+
+
+class Clusters:
+    """The cluster stage's output as numpy arrays aligned to sorted doc ids."""
+
+    def __init__(self, doc_ids: np.ndarray, labels: np.ndarray, neighbors: np.ndarray, sizes: np.ndarray):
+        self.doc_ids, self.labels, self.neighbors, self.sizes = doc_ids, labels, neighbors, sizes
+
+    @property
+    def k(self) -> int:
+        return len(self.sizes)
+
+    def index(self) -> ClusterIndex:
+        return ClusterIndex.build(self.labels, self.k)
+
+    @classmethod
+    def load(cls, run: RunDir) -> "Clusters":
+        run.require("cluster")
+        a = run.read_table("cluster/assignments.parquet")
+        nb = run.read_table("cluster/neighbors.parquet").sort_by("cluster")
+        neighbors = np.array(nb.column("neighbors").to_pylist(), dtype=np.int32).reshape(nb.num_rows, -1)
+        labels = a.column("cluster").to_numpy()
+        if labels.max(initial=-1) >= nb.num_rows:
+            raise ArtifactError(f"{run.uri('cluster')}: assignments name a cluster that neighbors.parquet lacks")
+        return cls(a.column("doc_id").to_numpy(zero_copy_only=False), labels, neighbors, nb.column("size").to_numpy())
+
+
+# ----------------------------------------------------------------------------------------- questions/, labels/, model/
+
+
+def load_questions(run: RunDir) -> pa.Table:
+    """The selected questions, by question_id (0..m-1, best quality first)."""
+    run.require("questions")
+    return run.read_table("questions/questions.parquet").sort_by("question_id")
+
+
+def load_labels(run: RunDir) -> pa.Table:
+    """The LLM's answers: doc_id, question_id, answer, p_yes, source."""
+    run.require("labels")
+    return run.read_table("labels/labels.parquet")
+
+
+def model_path(run: RunDir) -> str:
+    """The URI of the run's model folder."""
+    run.require("model")
+    return run.uri("model")
+
+
+# ----------------------------------------------------------------------------------------- output of `cqg-ray embed`
+
+EMBED_FORMAT = "cqg-ray-embeddings"
+EMBED_META_KEY = b"cqg_ray.embed"  # Parquet schema metadata: format, m, output, tau
+EMBED_CORPUS = "_corpus"
+EMBED_SETTINGS = "_settings.json"
+EMBED_MANIFEST = "_manifest.json"
+
+
+def embed_table_meta(schema: pa.Schema) -> dict:
+    """The self-describing metadata (format, m, output, tau) of one embed output file."""
+    raw = (schema.metadata or {}).get(EMBED_META_KEY)
+    if raw is None:
+        raise ArtifactError("not a cqg-ray embeddings file (no cqg_ray.embed metadata); make one with `cqg-ray embed`")
+    return json.loads(raw)
+
+
+def embed_output_files(out: str) -> list[str]:
+    """Paths (inside the output's filesystem) of the unit files of a finished `cqg-ray embed` output folder."""
+    run = RunDir(out)
+    if not run.exists(EMBED_MANIFEST):
+        what = "unfinished" if run.exists(EMBED_SETTINGS) else "not a cqg-ray embed output"
+        raise ArtifactError(f"{out}: {what} (no {EMBED_MANIFEST}); run `cqg-ray embed MODEL CORPUS {out}` (again) first")
+    return [run.path(n) for n in run.ls(suffix=".parquet") if n.startswith("emb-")]
+
+
+def read_embed_output(out: str) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(doc_ids, embeddings, manifest) of a whole output folder, in file order: packed uint8 bits or float16."""
+    run = RunDir(out)
+    files = embed_output_files(out)
+    tables = [pq.read_table(f, filesystem=run.fs) for f in files]
+    meta = run.read_json(EMBED_MANIFEST)
+    if not tables:
+        width = (meta["m"] + 7) // 8 if meta["output"] == "bits" else meta["m"]
+        return np.array([], dtype=object), np.zeros((0, width), np.uint8 if meta["output"] == "bits" else np.float16), meta
+    table = pa.concat_tables(tables)
+    return table.column("doc_id").to_numpy(zero_copy_only=False), embedding_matrix(table.column("embedding")), meta
+
+
+def embed_output_texts(out: str, doc_ids) -> dict[str, str]:
+    """{doc_id: text} of some documents from the output's corpus snapshot (empty when there is none)."""
+    run = RunDir(out)
+    return texts_by_id([run.path(EMBED_CORPUS, n) for n in run.ls(EMBED_CORPUS, suffix=".parquet")], doc_ids, run.fs)
