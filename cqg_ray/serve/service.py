@@ -20,7 +20,7 @@ from ray import serve
 
 from cqg_ray.config import ServeConfig
 from cqg_ray.mbqa.embedder import InterpretableEmbedder
-from cqg_ray.search import binary_cosine
+from cqg_ray.search import explanation
 from cqg_ray.serve.protocol import (
     ApiError,
     EmbeddingObject,
@@ -33,7 +33,6 @@ from cqg_ray.serve.protocol import (
     Health,
     ModelCard,
     ModelList,
-    QuestionAnswer,
     QuestionInfo,
     QuestionsResponse,
     Usage,
@@ -57,7 +56,7 @@ class EmbeddingService:
     # ------------------------------------------------------------------ batching
     def probabilities(self, texts: list[str]) -> np.ndarray:
         """(n, m) float32 probabilities, counted into the served yes-rates (at the model's tau)."""
-        p = self.model.encode(texts, binary=False, batch_size=self.encoder_batch_size, progress=False)
+        p = self.model.encode(texts, output="probs", batch_size=self.encoder_batch_size, progress=False)
         self.yes_counts += (p > self.model.tau).sum(axis=0)
         self.texts_seen += len(texts)
         self.batches += 1
@@ -117,17 +116,7 @@ class EmbeddingService:
 
     def explanation(self, p_a: np.ndarray, p_b: np.ndarray, tau: float) -> ExplainResponse:
         """The questions both answer yes (cognitive load), the ones only one does, and the binary cosine."""
-        ya, yb = p_a > tau, p_b > tau
-        recs = self.model.question_records
-
-        def qa(i: int) -> QuestionAnswer:
-            return QuestionAnswer(index=int(i), id=str(recs[i].get("id", i)), text=recs[i]["text"], p_a=float(p_a[i]), p_b=float(p_b[i]),
-                                  a=bool(ya[i]), b=bool(yb[i]))
-
-        shared = [qa(i) for i in np.flatnonzero(ya & yb)]
-        return ExplainResponse(cosine=binary_cosine(ya, yb), cognitive_load=len(shared), tau=tau, m=self.model.m,
-                               yes_a=int(ya.sum()), yes_b=int(yb.sum()), shared_yes=shared,
-                               only_a=[qa(i) for i in np.flatnonzero(ya & ~yb)], only_b=[qa(i) for i in np.flatnonzero(~ya & yb)])
+        return ExplainResponse(m=self.model.m, **explanation(p_a, p_b, tau, self.model.question_records).to_dict())
 
     def questions(self) -> QuestionsResponse:
         if self.model_yes_rates is not None:
