@@ -1,0 +1,236 @@
+"""Corpus readers: paths to files (any filesystem, globs, folders), and one file's bytes to texts, ids and lines.
+
+Formats: jsonl, parquet, csv, tsv, txt (each optionally .gz), and MEDI2's jsonl (positive and negative texts,
+instructions stripped).
+"""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import gzip
+import hashlib
+import io
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from cqg_ray.config import CorpusConfig
+from cqg_ray.corpus.clean import clean_text, text_hash
+from cqg_ray.rundir import resolve
+
+MAX_REPORTED_ERRORS = 20
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot be read as configured (missing column, unknown format, no files)."""
+
+
+def detect_format(path: str) -> str:
+    name = path.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    for ext, fmt in ((".jsonl", "jsonl"), (".json", "jsonl"), (".ndjson", "jsonl"), (".parquet", "parquet"),
+                     (".csv", "csv"), (".tsv", "tsv"), (".txt", "txt")):
+        if name.endswith(ext):
+            return fmt
+    raise CorpusError(f"cannot tell the format of {path}: name it .jsonl/.parquet/.csv/.tsv/.txt (optionally .gz) or set corpus.format")
+
+
+@dataclass
+class ParseResult:
+    texts: list[str] = field(default_factory=list)
+    ids: list[str | None] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+    dropped: Counter = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)  # first few problems, with line numbers
+
+    def error(self, kind: str, msg: str) -> None:
+        self.dropped[kind] += 1
+        if len(self.errors) < MAX_REPORTED_ERRORS:
+            self.errors.append(msg)
+
+
+def _decode_lines(data: bytes, source: str, invalid_utf8: str, res: ParseResult):
+    """Yield (line_number, str) for each line; invalid UTF-8 replaced or the line rejected, and counted."""
+    pieces = data.split(b"\n")
+    if pieces and pieces[-1] == b"":
+        pieces.pop()  # the newline that ends the last line does not start another
+    for i, raw in enumerate(pieces, start=1):
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        try:
+            yield i, raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if invalid_utf8 == "reject":
+                res.error("invalid_utf8", f"{source}:{i}: invalid UTF-8 ({e.reason} at byte {e.start}); line rejected")
+                continue
+            res.dropped["utf8_replaced"] += 1  # kept, not dropped; counted for the report
+            yield i, raw.decode("utf-8", errors="replace")
+
+
+def _medi2_texts(obj: Any) -> list[str]:
+    """Positive and negative texts of one MEDI2 line, instruction parts stripped.
+
+    MEDI2 items are ``[instruction, text]`` pairs (or bare strings); ``pos`` and ``neg`` hold lists of them.
+    """
+    out = []
+    for key in ("pos", "neg"):
+        items = obj.get(key) or []
+        if isinstance(items, (str, dict)) or (isinstance(items, list) and len(items) == 2 and all(isinstance(x, str) for x in items)):
+            items = [items]
+        for item in items:
+            if isinstance(item, str):
+                out.append(item)
+            elif isinstance(item, list) and item:
+                out.append(item[-1] if isinstance(item[-1], str) else "")
+            elif isinstance(item, dict):
+                out.append(item.get("text", ""))
+    return out
+
+
+def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseResult:
+    """Parse the (decompressed) bytes of one corpus file into texts, ids and line numbers."""
+    res = ParseResult()
+
+    def add(text: Any, doc_id: Any, line: int) -> None:
+        t = clean_text(text, cfg.min_chars, cfg.max_chars)
+        if t is None:
+            res.dropped["empty"] += 1
+            return
+        res.texts.append(t)
+        res.ids.append(None if doc_id is None else str(doc_id))
+        res.lines.append(line)
+
+    if fmt == "parquet":
+        table = pq.read_table(io.BytesIO(data))
+        if cfg.text_column not in table.column_names:
+            raise CorpusError(f"{source}: no column {cfg.text_column!r} (columns: {', '.join(table.column_names)})")
+        if cfg.id_column and cfg.id_column not in table.column_names:
+            raise CorpusError(f"{source}: no id column {cfg.id_column!r} (columns: {', '.join(table.column_names)})")
+        texts = table.column(cfg.text_column).to_pylist()
+        ids = table.column(cfg.id_column).to_pylist() if cfg.id_column else [None] * len(texts)
+        for i, (t, d) in enumerate(zip(texts, ids), start=1):
+            add(t, d, i)
+        return res
+
+    if fmt in ("jsonl", "medi2"):
+        missing_col = 0
+        for i, line in _decode_lines(data, source, cfg.invalid_utf8, res):
+            if not line.strip():
+                res.dropped["empty"] += 1
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                res.error("bad_json", f"{source}:{i}: invalid JSON ({e.msg} at column {e.colno})")
+                continue
+            if not isinstance(obj, dict):
+                res.error("bad_json", f"{source}:{i}: expected a JSON object, got {type(obj).__name__}")
+                continue
+            if fmt == "medi2":
+                for t in _medi2_texts(obj):
+                    add(t, None, i)
+                continue
+            if cfg.text_column not in obj:
+                missing_col += 1
+                res.error("missing_column", f"{source}:{i}: no field {cfg.text_column!r} (fields: {', '.join(list(obj)[:10])})")
+                continue
+            add(obj[cfg.text_column], obj.get(cfg.id_column) if cfg.id_column else None, i)
+        if missing_col and not res.texts:
+            raise CorpusError(f"{source}: no line has the text field {cfg.text_column!r}; first problem: {res.errors[0] if res.errors else ''}")
+        return res
+
+    if fmt == "txt":
+        for i, line in _decode_lines(data, source, cfg.invalid_utf8, res):
+            add(line, None, i)
+        return res
+
+    if fmt in ("csv", "tsv"):
+        good = []
+        for i, line in _decode_lines(data, source, cfg.invalid_utf8, res):
+            good.append(line)
+        reader = csv.DictReader(io.StringIO("\n".join(good)), delimiter="\t" if fmt == "tsv" else ",",
+                                quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL)
+        if reader.fieldnames is None or cfg.text_column not in reader.fieldnames:
+            raise CorpusError(f"{source}: no column {cfg.text_column!r} (columns: {', '.join(reader.fieldnames or [])})")
+        if cfg.id_column and cfg.id_column not in reader.fieldnames:
+            raise CorpusError(f"{source}: no id column {cfg.id_column!r} (columns: {', '.join(reader.fieldnames)})")
+        for row in reader:
+            add(row.get(cfg.text_column), row.get(cfg.id_column) if cfg.id_column else None, reader.line_num)
+        return res
+
+    raise CorpusError(f"unknown corpus format {fmt!r}")
+
+
+def rows_table(res: ParseResult, source: str, dedup: bool) -> pa.Table:
+    """Arrow rows of one parsed file: doc_id, text, source, line, text_hash."""
+    hashes = [text_hash(t) for t in res.texts]
+    if any(i is not None for i in res.ids):
+        ids = [i if i is not None else h for i, h in zip(res.ids, hashes)]
+    elif dedup:
+        ids = hashes
+    else:  # duplicates are kept, so the id must tell them apart: hash of (source, line, text)
+        ids = [hashlib.sha1(f"{source}:{ln}:{h}".encode()).hexdigest()[:16] for ln, h in zip(res.lines, hashes)]
+    return pa.table({
+        "doc_id": pa.array(ids, pa.string()),
+        "text": pa.array(res.texts, pa.string()),
+        "source": pa.array([source] * len(ids), pa.string()),
+        "line": pa.array(res.lines, pa.int64()),
+        "text_hash": pa.array(hashes, pa.string()),
+    })
+
+
+def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
+    """Expand files, folders and globs to a sorted list of (uri, format)."""
+    if not paths:
+        raise CorpusError("corpus.paths is empty: give at least one file or folder")
+    out: list[tuple[str, str]] = []
+    for p in paths:
+        fs, path = resolve(p)
+        prefix = p.split("://")[0] + "://" if "://" in p else ""
+        if any(c in path for c in "*?["):
+            base = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0] or "/"
+            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+            matched = sorted(i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path))
+        else:
+            info = fs.get_file_info(path)
+            if info.type == pafs.FileType.NotFound:
+                raise CorpusError(f"corpus path not found: {p}")
+            if info.type == pafs.FileType.Directory:
+                infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                matched = sorted(i.path for i in infos if i.type == pafs.FileType.File and not os.path.basename(i.path).startswith((".", "_")))
+            else:
+                matched = [path]
+        for m in matched:
+            base = os.path.basename(m)
+            if fmt == "medi2":
+                if base.startswith("task"):  # paper, Appendix E: files starting with `task` are not corpus material
+                    continue
+                out.append((prefix + m if prefix and not m.startswith(prefix) else m, "medi2"))
+            else:
+                out.append((prefix + m if prefix and not m.startswith(prefix) else m, detect_format(m) if fmt == "auto" else fmt))
+    if not out:
+        raise CorpusError(f"no corpus files found under {paths}")
+    return out
+
+
+def read_bytes(uri: str) -> bytes:
+    fs, path = resolve(uri)
+    try:
+        with fs.open_input_stream(path, compression=None) as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise CorpusError(f"corpus file not found: {uri}") from None
+    if uri.endswith(".gz") or data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise CorpusError(f"{uri}: corrupt gzip file ({e})") from None
+    return data
