@@ -36,8 +36,9 @@ def main():
     from cqg_ray.evaluate.data import load_sts
     from cqg_ray.evaluate.metrics import sts_spearman
     from cqg_ray.mbqa.heads import StackedHeads
-    from cqg_ray.mbqa.report import classification_report
-    from cqg_ray.mbqa.train import LabelPairs, make_optimizer, make_shards, predict_pairs, run_epochs, split_holdout, steps_per_epoch
+    from cqg_ray.mbqa.loop import make_optimizer, make_shards, run_epochs, steps_per_epoch
+    from cqg_ray.mbqa.pairs import LabelPairs, split_holdout
+    from cqg_ray.mbqa.report import classification_report, predict_pairs
     from cqg_ray.rundir import RunDir
 
     torch.set_num_threads(args.threads)

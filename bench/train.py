@@ -29,7 +29,7 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 def synthetic(m: int, per_question: int, n_docs: int, d: int, seed: int = 0):
     import numpy as np
 
-    from cqg_ray.mbqa.train import LabelPairs
+    from cqg_ray.mbqa.pairs import LabelPairs
 
     rng = np.random.default_rng(seed)
     emb = rng.standard_normal((n_docs, d), dtype=np.float32)
@@ -47,7 +47,7 @@ def text_major_step_time(emb, pairs, batch: int, steps: int, hidden: int) -> flo
 
     from cqg_ray.config import TrainConfig
     from cqg_ray.mbqa.heads import StackedHeads, masked_bce
-    from cqg_ray.mbqa.train import make_optimizer
+    from cqg_ray.mbqa.loop import make_optimizer
 
     m = pairs.n_questions
     heads = StackedHeads(emb.shape[1], m, hidden)

@@ -37,8 +37,9 @@ def main():
 
     from cqg_ray.config import TrainConfig
     from cqg_ray.mbqa.heads import StackedHeads
+    from cqg_ray.mbqa.loop import make_optimizer, make_shards, run_epochs, steps_per_epoch
+    from cqg_ray.mbqa.pairs import LabelPairs
     from cqg_ray.mbqa.report import classification_report
-    from cqg_ray.mbqa.train import LabelPairs, make_optimizer, make_shards, run_epochs, steps_per_epoch
 
     torch.set_num_threads(args.threads)
     m, d = args.m, args.d

@@ -9,7 +9,7 @@ import pytest
 from cqg_ray.cli import main
 from cqg_ray.config import LabelConfig, config_from_dict, load_config
 from cqg_ray.llm.prompts import answer_prompt, cqg_prompt
-from cqg_ray.plan import (THROUGHPUTS, Workload, format_plan, label_packing_estimate, parse_count, plan, simulate_label_packing)
+from cqg_ray.plan import THROUGHPUTS, Workload, capacity_plan, format_plan, label_packing_estimate, parse_count, simulate_label_packing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_parse_count_rejects(text):
 
 def test_small_plan_by_hand():
     # k=10 clusters, 10 questions per generation prompt, probes 2+1+1, t=2, survival 0.5; labels 6+4+2 per question
-    p = plan(small_cfg(), docs=1000, dedup_survival=0.5)
+    p = capacity_plan(small_cfg(), docs=1000, dedup_survival=0.5)
     c = p["counts"]
     assert stage(p, "cqg-generate")["llm_requests"] == 10
     assert c["candidates"] == 100
@@ -62,7 +62,7 @@ def test_small_plan_by_hand():
 def test_single_pass_plan_by_hand():
     # the same run answered single-pass: one request per pair, each text once, each pair's question line once
     w = Workload()
-    p = plan(small_cfg("single"), docs=1000, dedup_survival=0.5, workload=w)
+    p = capacity_plan(small_cfg("single"), docs=1000, dedup_survival=0.5, workload=w)
     c = p["counts"]
     probe, lab = stage(p, "cqg-probe"), stage(p, "label")
     assert probe["llm_requests"] == 400 and probe["completion_tokens"] == 400
@@ -75,14 +75,14 @@ def test_single_pass_plan_by_hand():
 
 def test_probe_prompts_split_at_20_questions():
     # 30 questions per cluster are asked in chunks of 20: 2 prompts per probe text
-    p = plan(small_cfg(), docs=1000, questions_per_cluster=30, dedup_survival=0.5)
+    p = capacity_plan(small_cfg(), docs=1000, questions_per_cluster=30, dedup_survival=0.5)
     assert stage(p, "cqg-probe")["llm_requests"] == 10 * 4 * 2
     assert p["counts"]["probe_pairs"] == 10 * 4 * 30
 
 
 def test_token_model_by_hand():
     w = Workload()
-    p = plan(small_cfg(), docs=1000, dedup_survival=0.5, workload=w)
+    p = capacity_plan(small_cfg(), docs=1000, dedup_survival=0.5, workload=w)
     # generation: 20 chat tokens + template chars / 4 + 8 texts x 128 tokens (128 < 1000 chars / 4)
     template = len(cqg_prompt([""] * 2, [""] * 6, 10))
     assert stage(p, "cqg-generate")["prompt_tokens"] == round(10 * (20 + template / 4 + 8 * 128))
@@ -95,13 +95,13 @@ def test_token_model_by_hand():
     lab = stage(p, "label")
     assert lab["prompt_tokens"] == round(lab["llm_requests"] * base + 120 * 16)
     # texts are clipped at max_text_chars: 1000 chars / 4 = 250 tokens at most
-    long = plan(small_cfg(), docs=1000, dedup_survival=0.5, workload=Workload(prompt_tokens_per_text=10_000))
+    long = capacity_plan(small_cfg(), docs=1000, dedup_survival=0.5, workload=Workload(prompt_tokens_per_text=10_000))
     assert stage(long, "cqg-generate")["prompt_tokens"] == round(10 * (20 + template / 4 + 8 * 250))
 
 
 def test_hours_by_hand():
     tp = THROUGHPUTS["gpu"]
-    p = plan(small_cfg(), docs=1000, dedup_survival=0.5, gpus=4)
+    p = capacity_plan(small_cfg(), docs=1000, dedup_survival=0.5, gpus=4)
     gen = stage(p, "cqg-generate")
     want = (gen["prompt_tokens"] / tp.llm_prompt_tokens_per_s + gen["completion_tokens"] / tp.llm_completion_tokens_per_s) / 3600
     assert gen["device_hours"] == pytest.approx(want, rel=1e-9)
@@ -144,7 +144,7 @@ def test_packing_estimate_close_to_make_plan():
 
 def test_paper_setting_matches_appendix_c_d():
     cfg = load_config(ROOT / "configs" / "paper.yaml")
-    p = plan(cfg, docs=parse_count("6.8M"), prices=(0.075, 0.3))  # GPT-4o-mini batch prices (Appendix D)
+    p = capacity_plan(cfg, docs=parse_count("6.8M"), prices=(0.075, 0.3))  # GPT-4o-mini batch prices (Appendix D)
     c = p["counts"]
     assert c["clusters"] == 5000 and c["candidates"] == 50_000
     assert stage(p, "cqg-generate")["llm_requests"] == 5000  # one A.1 prompt per cluster, 6 + 18 + 18 texts
@@ -161,27 +161,27 @@ def test_paper_setting_matches_appendix_c_d():
     assert stage(p, "encode")["texts_encoded"] == 6_800_000 and stage(p, "embed")["texts_encoded"] == 6_800_000
     assert p["inputs"]["dim"] == 1024
     # 10,000 questions exactly (survival 0.5): 10M pairs and 500k prompts at full packing
-    p10 = plan(cfg, docs=6_800_000, dedup_survival=0.5)
+    p10 = capacity_plan(cfg, docs=6_800_000, dedup_survival=0.5)
     assert p10["counts"]["questions"] == 10_000
     assert p10["counts"]["label_pairs"] == 10_000_000 and p10["counts"]["label_prompts_full_packing"] == 500_000
 
 
 def test_qaemb_uses_its_own_prompt_and_survival():
     cfg = config_from_dict({"cqg": {"method": "qaemb"}})
-    p = plan(cfg, docs=6_800_000)
+    p = capacity_plan(cfg, docs=6_800_000)
     assert p["counts"]["questions"] == 10_654  # Appendix E: QAEmb-MBQA has 10,654 questions
 
 
 def test_limits_and_errors():
     cfg = config_from_dict({"corpus": {"limit": 3000}, "cluster": {"k": 30}, "cqg": {"max_clusters": 12}})
-    p = plan(cfg)  # docs from corpus.limit
+    p = capacity_plan(cfg)  # docs from corpus.limit
     assert p["counts"]["docs"] == 3000 and stage(p, "cqg-generate")["llm_requests"] == 12
     with pytest.raises(ValueError, match="corpus size"):
-        plan(config_from_dict({}))
+        capacity_plan(config_from_dict({}))
     with pytest.raises(ValueError, match="clusters"):
-        plan(config_from_dict({}), docs=100)
+        capacity_plan(config_from_dict({}), docs=100)
     with pytest.raises(ValueError, match="dedup_survival"):
-        plan(config_from_dict({}), docs=10_000, dedup_survival=0)
+        capacity_plan(config_from_dict({}), docs=10_000, dedup_survival=0)
 
 
 def test_cli_json_and_table(capsys):
@@ -204,7 +204,7 @@ def test_cli_bad_count_is_a_clear_error(capsys):
 
 def test_demo_config_plan():
     # the embedded demo: 3,000 texts, 30 clusters, questions for 8 of them, 10/6/4 texts per question
-    p = plan(load_config(ROOT / "configs" / "demo.yaml"), throughput=THROUGHPUTS["cpu"])
+    p = capacity_plan(load_config(ROOT / "configs" / "demo.yaml"), throughput=THROUGHPUTS["cpu"])
     c = p["counts"]
     assert c["docs"] == 3000 and c["clusters_generated"] == 8 and c["selected_top_t"] == 32
     assert c["questions"] == round(32 * 9_614 / 20_000) and c["label_pairs"] == c["questions"] * 20
@@ -262,7 +262,7 @@ def test_paper_packing_estimate_matches_make_plan_at_full_scale():
 
 def test_prompt_tokens_per_labelled_pair_for_both_plans_and_answer_modes():
     # the paper's run: 6.8M texts, 5,000 clusters; the labelled random pool and single-pass answering both cut tokens per pair
-    p = plan(config_from_dict({}), docs=6_800_000, clusters=5000)
+    p = capacity_plan(config_from_dict({}), docs=6_800_000, clusters=5000)
     t = p["counts"]["label_prompt_tokens_per_pair"]
     assert t == {
         "labelled": {"packed": 69.2, "single": 57.5, "texts": 2_339_797, "prompts_packed": 2_359_182},
@@ -271,6 +271,6 @@ def test_prompt_tokens_per_labelled_pair_for_both_plans_and_answer_modes():
     }
     label = stage(p, "label")
     assert label["llm_requests"] == 9_614_000 and label["completion_tokens"] == 9_614_000  # single-pass: one request per pair
-    packed = plan(config_from_dict({"llm": {"answer_mode": "packed"}}), docs=6_800_000, clusters=5000)
+    packed = capacity_plan(config_from_dict({"llm": {"answer_mode": "packed"}}), docs=6_800_000, clusters=5000)
     assert stage(packed, "label")["llm_requests"] == 2_359_182
     assert "single-pass   57.5*" in format_plan(p)

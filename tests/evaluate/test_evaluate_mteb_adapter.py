@@ -6,9 +6,9 @@ import pytest
 
 from cqg_ray.evaluate.data import load_beir, load_clustering, load_sts
 from cqg_ray.evaluate.metrics import cosine_pairs, kmeans_v_measure, spearman
-from cqg_ray.evaluate.mteb_adapter import MTEBEncoder, texts_of
 from cqg_ray.evaluate.models import binarize, probabilities
-from cqg_ray.evaluate.report import retrieval_score, sts_scores
+from cqg_ray.evaluate.mteb_adapter import MTEBEncoder, texts_of
+from cqg_ray.evaluate.tasks import retrieval_score, sts_scores
 
 
 class TinyModel:

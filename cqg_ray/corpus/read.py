@@ -1,15 +1,7 @@
-"""Corpus ingestion (`cqg-ray prepare`): files in, one clean, deduplicated Parquet corpus out.
+"""Corpus readers: paths to files (any filesystem, globs, folders), and one file's bytes to texts, ids and lines.
 
-Pure core: ``parse_file(data, fmt, ...)`` turns the bytes of one file into rows and a tally of what was
-dropped and why (empty texts, invalid UTF-8, broken JSON lines with their line numbers);
-``clean_text`` and ``text_hash`` are the per-text rules. Ray layer: ``prepare`` reads every file in a
-Ray Data pass (one task per file, each writing its rows to a part file), then deduplicates, samples and
-writes the corpus in shards sorted by document id, so that the result does not depend on how the
-work was split.
-
-Output (``<run>/prepare/``): ``part-*.parquet`` with columns doc_id, text, source, line; ``stats.json``.
-Document ids: the id column when one is named, else the first 16 hex digits of sha1(text) (stable
-across runs and machines).
+Formats: jsonl, parquet, csv, tsv, txt (each optionally .gz), and MEDI2's jsonl (positive and negative texts,
+instructions stripped).
 """
 
 from __future__ import annotations
@@ -20,53 +12,24 @@ import gzip
 import hashlib
 import io
 import json
-import logging
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from cqg_ray.config import CorpusConfig
-from cqg_ray.rundir import RunDir, StageContext, resolve
+from cqg_ray.corpus.clean import clean_text, text_hash
+from cqg_ray.rundir import resolve
 
-log = logging.getLogger("cqg_ray")
-
-CORPUS_SCHEMA = pa.schema([("doc_id", pa.string()), ("text", pa.string()), ("source", pa.string()), ("line", pa.int64())])
 MAX_REPORTED_ERRORS = 20
 
 
 class CorpusError(ValueError):
     """A corpus that cannot be read as configured (missing column, unknown format, no files)."""
-
-
-# ----------------------------------------------------------------------------------------- pure core
-
-
-def text_hash(text: str) -> str:
-    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-def sample_key(doc_id: str, seed: int) -> float:
-    """A deterministic pseudo-random number in [0, 1) per document, for order-independent sampling."""
-    h = hashlib.sha1(f"{seed}:{doc_id}".encode()).digest()
-    return int.from_bytes(h[:8], "big") / 2**64
-
-
-def clean_text(text: Any, min_chars: int = 1, max_chars: int | None = None) -> str | None:
-    """Strip; None if empty/too short or not a string; truncate to max_chars."""
-    if not isinstance(text, str):
-        return None
-    text = text.replace("\x00", "").strip()
-    if len(text) < min_chars:
-        return None
-    if max_chars is not None and len(text) > max_chars:
-        text = text[:max_chars]
-    return text
 
 
 def detect_format(path: str) -> str:
@@ -224,20 +187,6 @@ def rows_table(res: ParseResult, source: str, dedup: bool) -> pa.Table:
     })
 
 
-def dedup_table(table: pa.Table) -> tuple[pa.Table, int]:
-    """Keep the first occurrence (by source, line) of each text hash. Returns (table, duplicates dropped)."""
-    if table.num_rows == 0:
-        return table, 0
-    order = table.sort_by([("text_hash", "ascending"), ("source", "ascending"), ("line", "ascending")])
-    h = order.column("text_hash").to_numpy(zero_copy_only=False)
-    keep = np.ones(len(h), dtype=bool)
-    keep[1:] = h[1:] != h[:-1]
-    return order.filter(pa.array(keep)), int((~keep).sum())
-
-
-# ----------------------------------------------------------------------------------------- files
-
-
 def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
     """Expand files, folders and globs to a sorted list of (uri, format)."""
     if not paths:
@@ -285,146 +234,3 @@ def read_bytes(uri: str) -> bytes:
         except (OSError, EOFError) as e:
             raise CorpusError(f"{uri}: corrupt gzip file ({e})") from None
     return data
-
-
-# ----------------------------------------------------------------------------------------- Ray layer
-
-
-def unwrap_error(err: BaseException, kind: type[BaseException]) -> BaseException:
-    """The first ``kind`` error in a chain of Ray wrappers (or the error itself)."""
-    seen, e = set(), err
-    while e is not None and id(e) not in seen:
-        if isinstance(e, kind):
-            return e
-        seen.add(id(e))
-        e = getattr(e, "cause", None) or e.__cause__
-    text = str(err)
-    marker = f"{kind.__module__}.{kind.__name__}: "
-    if marker in text:
-        return kind(text.split(marker, 1)[1].split("\n", 1)[0])
-    return err
-
-
-def _parse_one(row: dict, cfg_json: str, parts_uri: str) -> dict:
-    """Ray Data map: parse one file, write its rows to a part file, return the tally."""
-    cfg = CorpusConfig.model_validate_json(cfg_json)
-    uri, fmt, idx = row["uri"], row["format"], int(row["index"])
-    res = parse_file(read_bytes(uri), fmt, uri, cfg)
-    table = rows_table(res, uri, cfg.dedup)
-    run = RunDir(parts_uri)
-    run.write_table(f"part-{idx:06d}.parquet", table)
-    return {"uri": uri, "rows": table.num_rows, "dropped": json.dumps(dict(res.dropped)), "errors": json.dumps(res.errors)}
-
-
-def _keep_sampled(batch: pa.Table, seed: int, cut: float) -> pa.Table:
-    keys = np.array([sample_key(d, seed) for d in batch.column("doc_id").to_pylist()])
-    return batch.filter(pa.array(keys <= cut))
-
-
-def _dedup_bucket(batch: pa.Table) -> pa.Table:
-    table, _ = dedup_table(batch)
-    return table
-
-
-def prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
-    """Read, clean, dedup, sample and write the corpus under ``ctx.uri``."""
-    import ray
-
-    files = list_files(cfg.paths, cfg.format)
-    log.info("prepare: %d file(s)", len(files))
-    run = ctx.run
-    parts_rel = f"{ctx.stage}/_parts"
-    run.makedirs(parts_rel)
-    items = [{"uri": u, "format": f, "index": i} for i, (u, f) in enumerate(files)]
-    cfg_json = cfg.model_dump_json()
-    parts_uri = run.uri(parts_rel)
-    try:
-        tallies = ray.data.from_items(items).map(_parse_one, fn_kwargs={"cfg_json": cfg_json, "parts_uri": parts_uri}).take_all()
-    except Exception as e:  # a CorpusError inside a Ray task arrives wrapped; give the user the plain message
-        raise unwrap_error(e, CorpusError) from None
-
-    dropped: Counter = Counter()
-    errors: list[str] = []
-    for t in tallies:
-        dropped.update(json.loads(t["dropped"]))
-        errors.extend(json.loads(t["errors"]))
-    for e in errors[:MAX_REPORTED_ERRORS]:
-        log.warning("prepare: %s", e)
-    read_rows = sum(t["rows"] for t in tallies)
-
-    ds = ray.data.read_parquet(parts_uri, filesystem=run.fs if not run.local else None)
-    n_dups = 0
-    if cfg.dedup and read_rows:
-        # Exact dedup at scale: hash-partition by text hash, dedup inside each group.
-        ds = ds.add_column("bucket", lambda b: __import__("pyarrow.compute").compute.utf8_slice_codeunits(b["text_hash"], 0, 2), batch_format="pyarrow")
-        ds = ds.groupby("bucket", num_partitions=max(1, min(256, read_rows // 50_000))).map_groups(_dedup_bucket, batch_format="pyarrow").drop_columns(["bucket"])
-    ds = ds.drop_columns(["text_hash"]).materialize()
-    n_docs = ds.count() if read_rows else 0
-    if cfg.dedup:
-        n_dups = read_rows - n_docs
-    if n_docs == 0:
-        raise CorpusError(f"the corpus is empty after cleaning ({dict(dropped)}); nothing to do")
-    # ids must be unique (an id column with repeats is a data error worth stopping for); only the id column
-    # travels to the driver (~20 bytes a document).
-    ids = np.sort(np.concatenate([b["doc_id"].to_numpy(zero_copy_only=False) for b in
-                                  ds.select_columns(["doc_id"]).iter_batches(batch_format="pyarrow", batch_size=None)]))
-    if len(ids) > 1 and (ids[1:] == ids[:-1]).any():
-        dup = ids[1:][ids[1:] == ids[:-1]][0]
-        raise CorpusError(f"document id {dup!r} appears more than once (check corpus.id_column)")
-    if cfg.limit is not None and n_docs > cfg.limit:
-        # order-independent seeded sample: keep the `limit` documents with the smallest sample keys
-        keys = np.array([sample_key(d, cfg.sample_seed) for d in ids])
-        cut = np.partition(keys, cfg.limit - 1)[cfg.limit - 1]
-        seed = cfg.sample_seed
-        ds = ds.map_batches(_keep_sampled, fn_kwargs={"seed": seed, "cut": cut}, batch_format="pyarrow")
-    # Shards sorted by doc_id: the corpus does not depend on how the reading was split.
-    ds = ds.sort("doc_id")
-    for name in run.ls(ctx.stage, suffix=".parquet"):
-        run.rm(ctx.stage, name)
-    ds.write_parquet(ctx.uri, filesystem=None if run.local else run.fs, min_rows_per_file=cfg.rows_per_shard,
-                     max_rows_per_file=cfg.rows_per_shard, filename_provider=_ShardNames())
-    n_out = sum(pq.ParquetFile(run.path(ctx.stage, n), filesystem=run.fs).metadata.num_rows for n in run.ls(ctx.stage, suffix=".parquet"))
-    n_before_limit, table_rows = n_docs, n_out
-    run.rm(parts_rel)
-    ctx.counts.update({
-        "files": len(files), "read_rows": read_rows, "duplicates": n_dups, "sampled_out": n_before_limit - table_rows,
-        "documents": table_rows, **{(f"dropped_{k}" if k != "utf8_replaced" else "replaced_invalid_utf8"): v for k, v in dropped.items()},
-    })
-    run.write_json(f"{ctx.stage}/stats.json", {**ctx.counts, "errors": errors[:MAX_REPORTED_ERRORS]})
-
-
-class _ShardNames:
-    """Shard file names ``part-<write>-<task>.parquet`` (Ray Data FilenameProvider protocol)."""
-
-    def __new__(cls):
-        from ray.data.datasource import FilenameProvider
-
-        class ShardNames(FilenameProvider):
-            def get_filename_for_task(self, write_uuid, task_index):
-                return f"part-{task_index:06d}-{write_uuid}.parquet"
-
-            def get_filename_for_block(self, block, write_uuid, task_index, block_index):
-                return f"part-{task_index:06d}-{block_index:04d}-{write_uuid}.parquet"
-
-        return ShardNames()
-
-
-def write_corpus(run: RunDir, stage: str, table: pa.Table, rows_per_shard: int) -> int:
-    n = max(1, -(-table.num_rows // rows_per_shard))
-    for i in range(n):
-        run.write_table(f"{stage}/part-{i:05d}.parquet", table.slice(i * rows_per_shard, rows_per_shard))
-    return n
-
-
-def corpus_shards(run: RunDir) -> list[str]:
-    """Paths (inside run.fs) of the corpus shards, in order."""
-    run.require("prepare")
-    return [run.path("prepare", n) for n in run.ls("prepare", suffix=".parquet")]
-
-
-def load_corpus(run: RunDir, columns: list[str] | None = None) -> pa.Table:
-    """The whole prepared corpus (sorted by doc_id). For stages that need texts of chosen documents."""
-    run.require("prepare")
-    cols = None if columns is None else list(dict.fromkeys(["doc_id", *columns]))
-    table = run.read_table("prepare", columns=cols).sort_by("doc_id")
-    return table if columns is None else table.select(columns)

@@ -1,0 +1,93 @@
+"""`cqg-ray plan`: flags to a config, workload and throughput; the plan printed as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+
+from cqg_ray.plan.capacity import capacity_plan
+from cqg_ray.plan.format import format_plan, parse_count
+from cqg_ray.plan.throughput import THROUGHPUTS, calibrate
+from cqg_ray.plan.tokens import Workload
+
+DESCRIPTION = "Capacity planner (`cqg-ray plan`): LLM requests, tokens, encoder passes and GPU hours of a run, before running it."
+
+
+def _count_arg(s: str) -> int:
+    try:
+        return parse_count(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", help="YAML config (default: the built-in paper defaults; configs/paper.yaml for the paper's run)")
+    p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. label.n_cluster=250")
+    p.add_argument("--docs", type=_count_arg, help="corpus size N after dedup, e.g. 6.8M (default: corpus.limit)")
+    p.add_argument("--clusters", "-k", type=_count_arg, help="k (default: cluster.k)")
+    p.add_argument("--questions-per-cluster", type=int, help="questions asked per generation prompt (default: cqg.questions_per_prompt = 10)")
+    p.add_argument("--dedup-survival", type=float, help="share of the top-t questions that survive dedup (default: the paper's 9,614/20,000 = 0.4807; QAEmb 10,654/20,000)")
+    p.add_argument("--parse-rate", type=float, default=Workload.parse_rate, help="share of generated questions that parse (default 1.0)")
+    p.add_argument("--preset", choices=sorted(THROUGHPUTS), default="gpu", help="throughput figures: gpu (assumed H100-class) or cpu (measured on a 2-core machine)")
+    p.add_argument("--llm-prompt-tokens-per-s", type=float, help="LLM prefill tokens/s per device")
+    p.add_argument("--llm-completion-tokens-per-s", type=float, help="LLM generated tokens/s per device")
+    p.add_argument("--llm-tokens-per-s", type=float, help="one figure for both prompt and generated tokens/s per device")
+    p.add_argument("--encoder-texts-per-s", type=float, help="encoder texts/s per device")
+    p.add_argument("--train-pairs-per-s", type=float, help="MBQA training (text, question) pairs/s per device")
+    p.add_argument("--calibrate", metavar="RUN_DIR", help="take the throughputs from a finished (small) run on your hardware: "
+                   "its encode manifest, LLM ledgers and training metrics")
+    p.add_argument("--prompt-tokens-per-text", type=float, default=Workload.prompt_tokens_per_text, help="mean tokens of a corpus text (default 128)")
+    p.add_argument("--question-tokens", type=float, default=Workload.question_tokens, help="tokens per question (default 15)")
+    p.add_argument("--answer-tokens", type=float, default=Workload.answer_tokens, help="tokens per answer line (default 4)")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs working in parallel (wall hours = device hours / gpus)")
+    p.add_argument("--cpus", type=int, help="CPU cores for k-means (default: 16 with the gpu preset, 2 with cpu)")
+    p.add_argument("--embed-docs", type=_count_arg, help="texts in the final embedding pass (default: the corpus)")
+    p.add_argument("--dim", type=int, help="embedding size (default: from the encoder name, else 1024)")
+    p.add_argument("--simulate", action="store_true", help="also run the real labelling planner on a synthetic balanced clustering (exact packing counts; seconds to a minute, ~30 bytes per pair)")
+    p.add_argument("--usd-per-m-tokens", type=float, nargs=2, metavar=("PROMPT", "OUTPUT"),
+                   help="price an LLM API: USD per million prompt and output tokens (GPT-4o-mini batch, the paper's: 0.075 0.3)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def cmd_plan(args) -> int:
+    from cqg_ray.config import load_config
+
+    cfg = load_config(args.config, args.set)
+    tp = THROUGHPUTS[args.preset]
+    if args.calibrate:
+        try:
+            tp = calibrate(args.calibrate, tp)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    changes = {}
+    if args.llm_tokens_per_s:
+        changes.update(llm_prompt_tokens_per_s=args.llm_tokens_per_s, llm_completion_tokens_per_s=args.llm_tokens_per_s)
+    for name in ("llm_prompt_tokens_per_s", "llm_completion_tokens_per_s", "encoder_texts_per_s", "train_pairs_per_s"):
+        if getattr(args, name):
+            changes[name] = getattr(args, name)
+    if changes:
+        tp = replace(tp, **changes, source=tp.source + "; overridden on the command line: " + ", ".join(changes))
+    w = Workload(prompt_tokens_per_text=args.prompt_tokens_per_text, question_tokens=args.question_tokens,
+                 answer_tokens=args.answer_tokens, parse_rate=args.parse_rate)
+    try:
+        p = capacity_plan(cfg, docs=args.docs, clusters=args.clusters, questions_per_cluster=args.questions_per_cluster,
+                 dedup_survival=args.dedup_survival, workload=w, throughput=tp, gpus=args.gpus, cpus=args.cpus or (2 if args.preset == "cpu" else 16),
+                 embed_docs=args.embed_docs, dim=args.dim, simulate=args.simulate,
+                 prices=tuple(args.usd_per_m_tokens) if args.usd_per_m_tokens else None)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(p, indent=2) if args.json else format_plan(p))
+    return 0
+
+
+def add_commands(sub) -> None:
+    """`cqg-ray plan` (called by cqg_ray.cli.build_parser)."""
+    p = sub.add_parser("plan", help="capacity planner: LLM requests, tokens, encoder passes and GPU hours of a run",
+                       description=DESCRIPTION + " Throughput figures are assumptions unless you give yours.",
+                       epilog="Example (the paper's run): cqg-ray plan --config configs/paper.yaml --docs 6.8M --gpus 8")
+    add_arguments(p)
+    p.set_defaults(func=cmd_plan)

@@ -1,0 +1,90 @@
+"""Counts as people read them (``human``, ``parse_count``) and the plan as a terminal table (``format_plan``)."""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+
+
+def parse_count(text: str | int) -> int:
+    """'6.8M' -> 6800000, '10k' -> 10000, '5,000' -> 5000, '1e6' -> 1000000. A count must come out whole."""
+    if isinstance(text, int):
+        return text
+    s = str(text).strip().replace(",", "").replace("_", "")
+    suffix = s[-1:].lower() if s[-1:].isalpha() and s[-1:].lower() != "e" else ""
+    if suffix and suffix not in _SUFFIX:
+        raise ValueError(f"cannot read {text!r} as a count (suffixes: k, M, B)")
+    try:
+        value = Decimal(s[: len(s) - len(suffix)]) * _SUFFIX[suffix]
+    except InvalidOperation:
+        raise ValueError(f"cannot read {text!r} as a count (examples: 6.8M, 10k, 5000)") from None
+    if value != value.to_integral_value() or value < 0:
+        raise ValueError(f"{text!r} is not a whole, non-negative count")
+    return int(value)
+
+
+def human(n: float) -> str:
+    """6800000 -> '6.8M' (3 significant digits)."""
+    for div, s in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{s}"
+    return f"{n:.3g}" if isinstance(n, float) and n != int(n) else str(int(n))
+
+
+def format_plan(p: dict) -> str:
+    i, c, tp, t = p["inputs"], p["counts"], p["throughput"], p["totals"]
+    lines = [
+        f"cqg-ray plan: {c['docs']:,} texts, k = {c['clusters']:,} clusters, {i['method']} questions, "
+        f"{i['gpus']} x {tp['device']} (+ {i['cpus']} CPU cores for k-means)",
+        "",
+        f"{'stage':<13} {'LLM requests':>13} {'prompt tok':>11} {'output tok':>11} {'texts enc':>10} {'device h':>9} {'wall h':>8}",
+    ]
+
+    def cell(v, fmt="{:,}"):
+        return "-" if v is None else fmt.format(v)
+
+    for r in p["stages"]:
+        dev = "cpu" if r["cpu_core_hours"] is not None else f"{r['device_hours']:.2f}"
+        lines.append(f"{r['stage']:<13} {cell(r['llm_requests']):>13} {cell(r['prompt_tokens'] and human(r['prompt_tokens']), '{}'):>11} "
+                     f"{cell(r['completion_tokens'] and human(r['completion_tokens']), '{}'):>11} {cell(r['texts_encoded'] and human(r['texts_encoded']), '{}'):>10} "
+                     f"{dev:>9} {r['wall_hours']:>8.2f}")
+    lines.append(f"{'total':<13} {t['llm_requests']:>13,} {human(t['prompt_tokens']):>11} {human(t['completion_tokens']):>11} "
+                 f"{human(t['texts_encoded']):>10} {t['gpu_hours']:>9.2f} {t['wall_hours']:>8.2f}")
+    lines += [
+        "",
+        f"k-means runs on the CPU: {p['stages'][1]['cpu_core_hours']:.2f} core-hours (from our faiss benchmark's flop rate)",
+        f"questions: {c['clusters_generated']:,} clusters x {i['questions_per_cluster']} = {c['candidates']:,} candidates -> top t: "
+        f"{c['selected_top_t']:,} -> after dedup ({c['dedup_survival']:.4f} kept): m = {c['questions']:,}",
+        f"labelling: m x {c['texts_per_question']:,} texts = {c['label_pairs']:,} (text, question) pairs; at full packing "
+        f"({c['label_questions_per_prompt_max']} per prompt, as the paper counts) "
+        f"{c['label_prompts_full_packing']:,} prompts, {human(c['label_prompt_tokens_full_packing'])} prompt tokens",
+        f"           our packing (estimate): {c['label_prompts']:,} prompts over {c['label_texts']:,} distinct texts "
+        f"({c['label_questions_per_prompt']} questions per prompt)",
+    ]
+    tp_pair = c["label_prompt_tokens_per_pair"]
+    lines.append("           prompt tokens per labelled pair (plan x answer mode; * = this config):")
+    for name in ("corpus", "labelled"):
+        if name in tp_pair:
+            v = tp_pair[name]
+            star = lambda mode: "*" if (name == c["label_random_from"] and mode == c["label_answer_mode"]) else " "  # noqa: E731
+            what = "random texts from the corpus (before)" if name == "corpus" else "random texts from the labelled ones"
+            lines.append(f"             {what:<40} {v['texts']:>11,} texts   packed {v['packed']:6.1f}{star('packed')}  single-pass {v['single']:6.1f}{star('single')}")
+    if "floor" in tp_pair:
+        f = tp_pair["floor"]
+        lines.append(f"             floor of any plan with these quotas (each cluster with a question labels n_cluster texts of its own): "
+                     f"{f['texts']:,} texts -> single-pass >= {f['single']:.1f}; a question's own line alone costs {f['single_without_texts']:.1f}")
+    if "label_prompts_simulated" in c:
+        lines.append(f"           our packing (simulated with make_plan on a balanced synthetic clustering): "
+                     f"{c['label_prompts_simulated']:,} prompts over {c['label_texts_simulated']:,} texts")
+    if "usd" in t:
+        lines.append(f"LLM API cost at {i['usd_per_m_tokens'][0]:g} / {i['usd_per_m_tokens'][1]:g} USD per million prompt / output tokens: "
+                     f"{t['usd']:,.2f} USD for all LLM stages; the labelling at full packing alone {c['label_usd_full_packing']:,.2f} USD")
+    lines += [
+        f"throughput per device: LLM {tp['llm_prompt_tokens_per_s']:,.0f} prompt tok/s + {tp['llm_completion_tokens_per_s']:,.0f} "
+        f"output tok/s, encoder {tp['encoder_texts_per_s']:,.0f} texts/s, heads {tp['train_pairs_per_s']:,.0f} pairs/s",
+        f"  ({tp['source']})",
+        f"tokens: {p['workload']['prompt_tokens_per_text']:g} per text (clipped at max_text_chars), "
+        f"{p['workload']['question_tokens']:g} per question, {p['workload']['answer_tokens']:g} per answer (assumptions)",
+    ]
+    return "\n".join(lines)
