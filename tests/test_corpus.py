@@ -9,7 +9,8 @@ import pytest
 
 from cqg_ray.config import CorpusConfig
 from cqg_ray.corpus import (CorpusError, clean_text, dedup_table, detect_format, list_files, parse_file, prepare,
-                            rows_table, sample_key, text_hash, load_corpus)
+                            rows_table, sample_key, text_hash)
+from cqg_ray.artifacts import load_corpus
 from cqg_ray.rundir import RunDir, run_stage
 
 

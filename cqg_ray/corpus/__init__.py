@@ -5,8 +5,8 @@ rows and a tally of what was dropped and why (empty texts, invalid UTF-8, broken
 numbers), and ``rows_table`` gives them ids. Cleaning (``clean``): ``clean_text`` and ``text_hash`` are the
 per-text rules, ``dedup_table`` drops repeated texts. The stage (``stage``): ``prepare`` reads every file in a Ray
 Data pass (one task per file, each writing its rows to a part file), then deduplicates, samples and writes the
-corpus in shards sorted by document id, so that the result does not depend on how the work was split;
-``corpus_shards`` and ``load_corpus`` read it back.
+corpus in shards sorted by document id, so that the result does not depend on how the work was split (read
+back through ``cqg_ray.artifacts``).
 
 Output (``<run>/prepare/``): ``part-*.parquet`` with columns doc_id, text, source, line; ``stats.json``.
 Document ids: the id column when one is named, else the first 16 hex digits of sha1(text) (stable
@@ -15,7 +15,7 @@ across runs and machines).
 
 from cqg_ray.corpus.clean import clean_text, dedup_table, sample_key, text_hash
 from cqg_ray.corpus.read import CorpusError, detect_format, list_files, parse_file, read_bytes, rows_table
-from cqg_ray.corpus.stage import corpus_shards, load_corpus, prepare, unwrap_error
+from cqg_ray.corpus.stage import prepare, unwrap_error
 
-__all__ = ["CorpusError", "clean_text", "corpus_shards", "dedup_table", "detect_format", "list_files", "load_corpus",
+__all__ = ["CorpusError", "clean_text", "dedup_table", "detect_format", "list_files",
            "parse_file", "prepare", "read_bytes", "rows_table", "sample_key", "text_hash", "unwrap_error"]

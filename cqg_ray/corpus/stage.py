@@ -135,17 +135,3 @@ class _ShardNames:
                 return f"part-{task_index:06d}-{block_index:04d}-{write_uuid}.parquet"
 
         return ShardNames()
-
-
-def corpus_shards(run: RunDir) -> list[str]:
-    """Paths (inside run.fs) of the corpus shards, in order."""
-    run.require("prepare")
-    return [run.path("prepare", n) for n in run.ls("prepare", suffix=".parquet")]
-
-
-def load_corpus(run: RunDir, columns: list[str] | None = None) -> pa.Table:
-    """The whole prepared corpus (sorted by doc_id). For stages that need texts of chosen documents."""
-    run.require("prepare")
-    cols = None if columns is None else list(dict.fromkeys(["doc_id", *columns]))
-    table = run.read_table("prepare", columns=cols).sort_by("doc_id")
-    return table if columns is None else table.select(columns)

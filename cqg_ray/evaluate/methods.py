@@ -68,7 +68,7 @@ def embed_texts(methods: list[Method], texts: list[str]) -> dict[str, tuple[Any,
                 E = encoder_pass(m.obj.encoder)
                 if getattr(m.obj, "normalize", False):
                     E = l2_normalize(E)
-                probs = np.asarray(m.obj.encode_embeddings(E, binary=False), dtype=np.float32)
+                probs = np.asarray(m.obj.encode_embeddings(E, output="probs"), dtype=np.float32)
             else:
                 probs = probabilities(m.obj, texts)
             X = binarize(probs, m.tau)

@@ -24,6 +24,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.stats import spearmanr
 
+from cqg_ray.search import top_k
+
 Matrix = np.ndarray | sp.spmatrix | sp.sparray
 
 
@@ -103,28 +105,6 @@ def cognitive_load(U: Matrix, V: Matrix) -> float:
 # ----------------------------------------------------------------------------------------- retrieval
 
 
-def _select_top_k(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the k best (score desc, id asc) of ``scores`` with their ``ids`` (both (n, c) arrays).
-
-    Exact and deterministic with ties: every candidate tied with the k-th score is considered and the
-    lower ids win (the earlier document in the corpus).
-    """
-    n, c = scores.shape
-    k = min(k, c)
-    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    out_s = np.take_along_axis(scores, part, axis=1)
-    out_i = np.take_along_axis(ids, part, axis=1)
-    order = np.lexsort((out_i, -out_s), axis=-1)
-    out_s, out_i = np.take_along_axis(out_s, order, axis=1), np.take_along_axis(out_i, order, axis=1)
-    # rows where more candidates tie with the k-th score than fit: pick the lowest ids among the tied ones
-    tied = np.flatnonzero((scores >= out_s[:, -1:]).sum(axis=1) > k)
-    for r in tied:
-        cand = np.flatnonzero(scores[r] >= out_s[r, -1])
-        best = cand[np.lexsort((ids[r, cand], -scores[r, cand]))[:k]]
-        out_s[r], out_i[r] = scores[r, best], ids[r, best]
-    return out_s, out_i
-
-
 def top_k_cosine(
     Q: Matrix,
     D: Matrix,
@@ -153,8 +133,8 @@ def top_k_cosine(
             s = Qn @ Dn.T
             s = np.asarray(s.toarray() if sp.issparse(s) else s, dtype=np.float32)
             ids = np.broadcast_to(np.arange(d0, d0 + s.shape[1], dtype=np.int64), s.shape)
-            cs, ci = _select_top_k(s, ids, k)
-            bs, bi = _select_top_k(np.concatenate([bs, cs], axis=1), np.concatenate([bi, ci], axis=1), k)
+            cs, ci = top_k(s, k, ids)
+            bs, bi = top_k(np.concatenate([bs, cs], axis=1), k, np.concatenate([bi, ci], axis=1))
         out_s.append(bs)
         out_i.append(bi)
     return np.concatenate(out_s), np.concatenate(out_i)

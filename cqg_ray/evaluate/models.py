@@ -3,7 +3,7 @@
 - ``Encoder``: ``encode(texts) -> (n, d)`` array (dense float, binary 0/1, or a scipy sparse matrix).
   The baselines (dense encoder, Bag-of-Tokens) and anything else a user wants compared are Encoders.
 - ``InterpretableModel``: CQG-MBQA's ``InterpretableEmbedder`` (``cqg_ray.mbqa.embedder``):
-  ``encode(texts, binary=False)`` gives the probabilities sigma(C_i(e)) of the m questions (float32, (n, m));
+  ``encode(texts, output="probs")`` gives the probabilities sigma(C_i(e)) of the m questions (float32, (n, m));
   ``tau`` is its threshold; ``questions`` its m questions; ``encoder`` its frozen sentence encoder.
   Evaluation asks for the probabilities once per text set and thresholds them itself (paper Eq. 4:
   y_i = 1[sigma(C_i(e)) > tau]), so the tau sweep never encodes twice.
@@ -27,7 +27,7 @@ class InterpretableModel(Protocol):
     tau: float
     questions: Any
 
-    def encode(self, texts: list[str], binary: bool = True, threshold: float | None = None) -> np.ndarray: ...
+    def encode(self, texts: list[str], output: str = "bits", threshold: float | None = None) -> np.ndarray: ...
 
 
 def load_model(model_or_path: Any) -> Any:
@@ -45,9 +45,9 @@ def is_interpretable(model: Any) -> bool:
 
 def probabilities(model: Any, texts: list[str]) -> np.ndarray:
     """(n, m) float32 probabilities sigma(C_i(e)) of an interpretable model."""
-    p = np.asarray(model.encode(list(texts), binary=False), dtype=np.float32)
+    p = np.asarray(model.encode(list(texts), output="probs"), dtype=np.float32)
     if p.ndim != 2 or p.shape[0] != len(texts):
-        raise ValueError(f"model.encode(binary=False) returned shape {p.shape} for {len(texts)} texts")
+        raise ValueError(f"model.encode(output='probs') returned shape {p.shape} for {len(texts)} texts")
     return p
 
 

@@ -82,7 +82,7 @@ class MTEBEncoder:
         texts = texts_of(inputs)
         if not self.interpretable:
             return np.asarray(self.model.encode(texts), dtype=np.float32)
-        probs = np.asarray(self.model.encode(texts, binary=False), dtype=np.float32)
+        probs = np.asarray(self.model.encode(texts, output="probs"), dtype=np.float32)
         return (probs > self.tau).astype(np.float32) if self.binary else probs
 
     def similarity(self, embeddings1: Any, embeddings2: Any) -> np.ndarray:

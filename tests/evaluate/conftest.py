@@ -7,7 +7,7 @@ must be cheap and deterministic.)
 
 ``RandomProjectionModel`` is the fast stand-in for the many structural tests: its m "questions" are random
 directions in the real (bundled) MiniLM embedding space, and P(yes) is a sigmoid of the projection. It has the
-embedder's interface (encode(texts, binary, threshold), tau, questions, encoder).
+embedder's interface (encode(texts, output, threshold), tau, questions, encoder).
 """
 
 from __future__ import annotations
@@ -49,17 +49,17 @@ class RandomProjectionModel:
         self.tau = tau
         self.W = rng.standard_normal((d, m)).astype(np.float32)
         self.questions = [f"Is the text on the positive side of random direction {i}?" for i in range(m)]
-        self.calls: list[tuple[int, bool]] = []  # (number of texts, binary) per encode call
+        self.calls: list[tuple[int, str]] = []  # (number of texts, output) per encode call
 
     def probs_from_embeddings(self, e: np.ndarray) -> np.ndarray:
         return (1.0 / (1.0 + np.exp(-(2.0 * (e @ self.W) - 2.0)))).astype(np.float32)  # sigmoid(2z - 2): ~16% yes
 
-    def encode(self, texts, binary: bool = True, threshold: float | None = None) -> np.ndarray:
-        self.calls.append((len(texts), binary))
+    def encode(self, texts, output: str = "bits", threshold: float | None = None) -> np.ndarray:
+        self.calls.append((len(texts), output))
         e = self.encoder.encode(list(texts), batch_size=64, normalize_embeddings=True, convert_to_numpy=True,
                                 show_progress_bar=False)
         probs = self.probs_from_embeddings(e)
-        if binary:
+        if output == "bits":
             return (probs > (self.tau if threshold is None else threshold)).astype(np.uint8)
         return probs
 
@@ -69,9 +69,9 @@ class EmbeddingRandomProjectionModel(RandomProjectionModel):
 
     normalize = True
 
-    def encode_embeddings(self, emb, binary: bool = True, threshold: float | None = None) -> np.ndarray:
+    def encode_embeddings(self, emb, output: str = "bits", threshold: float | None = None) -> np.ndarray:
         probs = self.probs_from_embeddings(np.asarray(emb, dtype=np.float32))
-        if binary:
+        if output == "bits":
             return (probs > (self.tau if threshold is None else threshold)).astype(np.uint8)
         return probs
 

@@ -32,9 +32,9 @@ class LookupMBQA:
     def __init__(self, lookup):
         self.encoder = lookup  # the dense baseline's encoder: the fixture's table of vectors
 
-    def encode(self, texts, binary=True, threshold=None):
+    def encode(self, texts, output="bits", threshold=None):
         probs = np.where(self.encoder.encode(texts) > 0, 0.9, 0.1).astype(np.float32)
-        return (probs > (threshold or self.tau)).astype(np.uint8) if binary else probs
+        return (probs > (threshold or self.tau)).astype(np.uint8) if output == "bits" else probs
 
 
 def test_load_beir_counts_identical_ids_and_drops_by_default(identical_ids_beir):

@@ -17,10 +17,10 @@ class TinyModel:
     tau = 0.5
     questions = [f"q{i}" for i in range(8)]
 
-    def encode(self, texts, binary=True, threshold=None):
+    def encode(self, texts, output="bits", threshold=None):
         feats = np.array([[t.count(c) for c in "aeiostnr"] for t in texts], dtype=np.float32)
         probs = 1 / (1 + np.exp(-(feats - 1.5)))
-        return (probs > (threshold or self.tau)).astype(np.uint8) if binary else probs.astype(np.float32)
+        return (probs > (threshold or self.tau)).astype(np.uint8) if output == "bits" else probs.astype(np.float32)
 
 
 class Memo:
@@ -29,12 +29,12 @@ class Memo:
     def __init__(self, model):
         self.model, self.tau, self.questions, self.cache = model, model.tau, model.questions, {}
 
-    def encode(self, texts, binary=True, threshold=None):
+    def encode(self, texts, output="bits", threshold=None):
         todo = [t for t in dict.fromkeys(texts) if t not in self.cache]
         if todo:
-            self.cache.update(zip(todo, self.model.encode(todo, binary=False)))
+            self.cache.update(zip(todo, self.model.encode(todo, output="probs")))
         probs = np.stack([self.cache[t] for t in texts]).astype(np.float32)
-        return (probs > (threshold or self.tau)).astype(np.uint8) if binary else probs
+        return (probs > (threshold or self.tau)).astype(np.uint8) if output == "bits" else probs
 
 
 class DenseOnly:
@@ -58,7 +58,7 @@ def test_encode_contract_shapes_dtype_kwargs():
     E = enc.encode([{"text": ["banana", "tree"]}, {"text": ["xyz"]}], **kwargs)
     assert E.shape == (3, 8) and E.dtype == np.float32
     assert set(np.unique(E)) <= {0.0, 1.0}
-    np.testing.assert_array_equal(E, TinyModel().encode(["banana", "tree", "xyz"], binary=True))
+    np.testing.assert_array_equal(E, TinyModel().encode(["banana", "tree", "xyz"], output="bits"))
     P = MTEBEncoder(TinyModel(), binary=False).encode(["banana", "tree", "xyz"])
     assert P.dtype == np.float32 and ((P > 0) & (P < 1)).all()
     np.testing.assert_array_equal(MTEBEncoder(TinyModel(), tau=0.9).encode(["banana"]), (P[:1] > 0.9).astype(np.float32))

@@ -68,7 +68,7 @@ def test_evaluate_model_end_to_end_on_real_slices(make_rp_model, short_minilm, d
     _check_results(results, "RP-MBQA", 64, ["sts", "retrieval", "clustering"])
 
     # probabilities once per text set, never a binary re-encode (STS texts, queries, documents, clustering texts)
-    assert [binary for _, binary in model.calls] == [False, False, False, False]
+    assert [output for _, output in model.calls] == ["probs", "probs", "probs", "probs"]
     assert [n for n, _ in model.calls][1:] == [50, 300, 300]
 
     # sweeps reuse those probabilities; the tau sweep at the model's tau equals the table's numbers
@@ -134,7 +134,7 @@ def test_encoder_runs_once_per_text_set_for_a_model_that_takes_embeddings(make_r
         del short_minilm.encode
     assert calls == [len(texts)] and shared.calls == []  # one encoder pass for both rows, no model.encode
     X, probs, _ = out["M"]
-    reference = plain.encode(texts, binary=False)
+    reference = plain.encode(texts, output="probs")
     assert abs(probs - reference).max() < 1e-5  # normalise-then-heads equals the model's own encode
     assert X.dtype == np.uint8 and (X == (probs > 0.5)).all()
     assert out["Dense"][0].shape == (len(texts), 384) and out["Dense"][1] is None

@@ -39,6 +39,6 @@ def test_export_copies_the_model_with_its_build_record(trained_model, tmp_path, 
     assert card.startswith("# tiny-ref\n") and 'InterpretableEmbedder.load("tiny-ref")' in card
     a, b = InterpretableEmbedder.load(str(out)), InterpretableEmbedder.load(str(trained_model))
     texts = ["A man is playing a guitar.", "Stocks fell on Monday."]
-    np.testing.assert_array_equal(a.encode(texts, progress=False, binary=False), b.encode(texts, progress=False, binary=False))
+    np.testing.assert_array_equal(a.encode(texts, progress=False, output="probs"), b.encode(texts, progress=False, output="probs"))
     assert main(["export", str(trained_model.parent), str(out)]) == 2  # a model is there: not replaced silently
     assert main(["export", str(trained_model.parent), str(out), "--overwrite"]) == 0

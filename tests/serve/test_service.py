@@ -58,7 +58,7 @@ def test_batches_cut_requests_into_max_batch_size(model):
 
     svc, probs, texts = run(go())
     assert svc.texts_seen == 10 and svc.batches == 3  # 4 + 4 + 2 texts
-    assert np.allclose(probs, model.encode(texts, binary=False, progress=False), atol=1e-4)
+    assert np.allclose(probs, model.encode(texts, output="probs", progress=False), atol=1e-4)
 
 
 def test_concurrent_requests_share_batches(model):
@@ -74,7 +74,7 @@ def test_concurrent_requests_share_batches(model):
 def test_explanation_matches_model_explain(model):
     a, b = "The film was a wonderful movie with great actors.", "I watched a terrible movie at the cinema."
     svc = EmbeddingService(model, ServeConfig())
-    p = model.encode([a, b], binary=False, progress=False)
+    p = model.encode([a, b], output="probs", progress=False)
     got = svc.explanation(p[0], p[1], 0.5)
     want = model.explain(a, b)
     assert got.cosine == want.cosine and got.cognitive_load == want.cognitive_load
