@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cqg-ray",
         description="Interpretable text embeddings (CQG-MBQA) on Ray. Stages write to a run directory and skip what is done.",
-        epilog="Typical use: cqg-ray run --config configs/demo.yaml ; cqg-ray status runs/demo",
+        epilog="Typical use: cqg-ray run --config demo ; cqg-ray status runs/demo",
     )
     p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -2,7 +2,7 @@
 
 A pure function of the config (plus a few workload and throughput figures):
 
-    p = plan(cfg, docs=6_800_000)                       # cfg: a PipelineConfig (configs/paper.yaml for the paper)
+    p = plan(cfg, docs=6_800_000)                       # cfg: a PipelineConfig (cqg_ray/configs/paper.yaml for the paper)
     p["counts"]["questions"], p["counts"]["label_pairs"], p["stages"][i]["prompt_tokens"], p["totals"]["gpu_hours"]
 
 How each count is derived (N texts, k clusters; paper symbols of Table 8 and Appendix C):
@@ -575,7 +575,7 @@ def _count_arg(s: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", help="YAML config (default: the built-in paper defaults; configs/paper.yaml for the paper's run)")
+    p.add_argument("--config", "-c", help="YAML path or packaged config name (default: the built-in paper defaults; `paper` for the paper's run)")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. label.n_cluster=250")
     p.add_argument("--docs", type=_count_arg, help="corpus size N after dedup, e.g. 6.8M (default: corpus.limit)")
     p.add_argument("--clusters", "-k", type=_count_arg, help="k (default: cluster.k)")
@@ -640,6 +640,6 @@ def add_commands(sub) -> None:
     """`cqg-ray plan` (called by cqg_ray.cli.build_parser)."""
     p = sub.add_parser("plan", help="capacity planner: LLM requests, tokens, encoder passes and GPU hours of a run",
                        description=__doc__.split("\n\n")[0] + " Throughput figures are assumptions unless you give yours.",
-                       epilog="Example (the paper's run): cqg-ray plan --config configs/paper.yaml --docs 6.8M --gpus 8")
+                       epilog="Example (the paper's run): cqg-ray plan --config paper --docs 6.8M --gpus 8")
     add_arguments(p)
     p.set_defaults(func=cmd_plan)

@@ -1,9 +1,9 @@
 """Run the whole CQG-MBQA pipeline from one config file, as a Ray job (or locally).
 
     ray job submit --working-dir . --runtime-env jobs/runtime_env.yaml -- \\
-        python jobs/pipeline.py --config configs/paper.yaml --set run_dir=s3://bucket/cqg-ray/runs/paper
+        python jobs/pipeline.py --config paper --set run_dir=s3://bucket/cqg-ray/runs/paper
 
-    python jobs/pipeline.py --config configs/demo.yaml --until cluster        # same script, local Ray
+    python jobs/pipeline.py --config demo --until cluster         # same script, local Ray
 
 Which Ray: inside `ray job submit` (RAY_ADDRESS is set for the entrypoint) or whenever RAY_ADDRESS is set, the
 script joins that cluster; `--address` picks one explicitly; otherwise the config's `ray.address` (None: a local
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", "-c", required=True, help="YAML config (configs/paper.yaml, configs/demo.yaml, yours)")
+    p.add_argument("--config", "-c", required=True, help="a packaged config (paper, demo, reference: cqg_ray/configs/) or a YAML path")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (repeatable), e.g. --set run_dir=s3://bucket/runs/x --set cluster.k=500")
     p.add_argument("--until", choices=sorted(UNTIL_NAMES), metavar="STAGE",

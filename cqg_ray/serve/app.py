@@ -13,7 +13,7 @@ Unknown routes answer 404, wrong methods 405, all in OpenAI's error shape; none 
 
     app = build_app("runs/demo/model", ServeConfig(max_batch_size=32))     # a serve.Application
     serve.run(app, route_prefix="/")
-    # serve deploy configs/serve.yaml  ->  import_path: cqg_ray.serve.app:app_builder
+    # serve deploy cqg_ray/configs/serve.yaml  ->  import_path: cqg_ray.serve.app:app_builder
 """
 
 from __future__ import annotations
