@@ -30,9 +30,9 @@ COMMAND_MODULES = ("cqg_ray.cqg.cli", "cqg_ray.serve.cli", "cqg_ray.evaluate.cli
 STAGE_CHOICES = list(dict.fromkeys(n for s in stages.STAGES for n in (s.command, s.name)))
 
 RUN_EPILOG = f"""\
-    cqg-ray run --config configs/demo.yaml --until cluster
+    cqg-ray run --config demo --until cluster
     ray job submit --address http://HEAD:8265 --runtime-env jobs/runtime_env.yaml -- \\
-        python -m cqg_ray.cli run --config configs/paper.yaml --set run_dir=s3://bucket/cqg-ray/runs/paper
+        python -m cqg_ray.cli run --config paper --set run_dir=s3://bucket/cqg-ray/runs/paper
 
 Stages, in order: {", ".join(stages.COMMANDS)}.
 Each is skipped when its manifest in the run directory matches, so running (or submitting) the same command
@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cqg-ray",
         description="Interpretable text embeddings (CQG-MBQA) on Ray. Stages write to a run directory and skip what is done.",
-        epilog="Typical use: cqg-ray run --config configs/demo.yaml ; cqg-ray status runs/demo",
+        epilog="Typical use: cqg-ray run --config demo ; cqg-ray status runs/demo",
     )
     p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

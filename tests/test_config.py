@@ -88,8 +88,6 @@ def test_stage_hash_changes_only_with_its_sections():
 
 
 def test_demo_config_loads():
-    from pathlib import Path
-
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
+    cfg = load_config("demo")  # the packaged cqg_ray/configs/demo.yaml, by name
     assert cfg.cluster.k == 30
     assert cfg.llm.backend == "llamacpp"

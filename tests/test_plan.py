@@ -2,7 +2,6 @@
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -10,8 +9,6 @@ from cqg_ray.cli import main
 from cqg_ray.config import LabelConfig, config_from_dict, load_config
 from cqg_ray.llm.prompts import answer_prompt, cqg_prompt
 from cqg_ray.plan import THROUGHPUTS, Workload, capacity_plan, format_plan, label_packing_estimate, parse_count, simulate_label_packing
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def small_cfg(answer_mode="packed", **label):
@@ -143,7 +140,7 @@ def test_packing_estimate_close_to_make_plan():
 
 
 def test_paper_setting_matches_appendix_c_d():
-    cfg = load_config(ROOT / "configs" / "paper.yaml")
+    cfg = load_config("paper")
     p = capacity_plan(cfg, docs=parse_count("6.8M"), prices=(0.075, 0.3))  # GPT-4o-mini batch prices (Appendix D)
     c = p["counts"]
     assert c["clusters"] == 5000 and c["candidates"] == 50_000
@@ -204,7 +201,7 @@ def test_cli_bad_count_is_a_clear_error(capsys):
 
 def test_demo_config_plan():
     # the embedded demo: 3,000 texts, 30 clusters, questions for 8 of them, 10/6/4 texts per question
-    p = capacity_plan(load_config(ROOT / "configs" / "demo.yaml"), throughput=THROUGHPUTS["cpu"])
+    p = capacity_plan(load_config("demo"), throughput=THROUGHPUTS["cpu"])
     c = p["counts"]
     assert c["docs"] == 3000 and c["clusters_generated"] == 8 and c["selected_top_t"] == 32
     assert c["questions"] == round(32 * 9_614 / 20_000) and c["label_pairs"] == c["questions"] * 20

@@ -9,7 +9,7 @@ from cqg_ray import stages
 from cqg_ray.config import ConfigError, PipelineConfig, config_value, load_config, stage_hash
 from cqg_ray.demo import DEFAULT_CONFIG
 
-# stage_hash of configs/demo.yaml and of the defaults, computed by the code before the registry (commit c5c1d30):
+# stage_hash of the demo config and of the defaults, computed by the code before the registry (commit c5c1d30):
 # a run directory built then must still be recognised as done.
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",

@@ -11,7 +11,10 @@ from cqg_ray.rundir import RunDir
 
 
 def quality_histogram_png(q_all: np.ndarray, q_selected: np.ndarray, title: str) -> bytes:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError('the question-quality histogram needs matplotlib: pip install "cqg-ray[plots]"') from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -97,8 +97,11 @@ def sweep_rows(sweep: dict) -> list[dict]:
 
 def plot_sweep(sweep: dict, title: str) -> bytes:
     """Two panels, Spearman (left) and cognitive load (right) against m or tau; PNG bytes."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
-    from matplotlib.figure import Figure  # noqa: PLC0415
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+        from matplotlib.figure import Figure  # noqa: PLC0415
+    except ImportError:
+        raise ImportError('the sweep plots need matplotlib: pip install "cqg-ray[plots]"') from None
 
     xlabel = "number of questions m (first m dimensions)" if sweep["x"] == "m" else "binary threshold $\\tau$"
     fig = Figure(figsize=(10, 4), dpi=110)

@@ -1,6 +1,6 @@
 """The one LLM interface: a request, a completion, a backend.
 
-    backend = make_backend(cfg.llm)                       # llamacpp | openai | vllm | fake, from LLMConfig
+    backend = make_backend(cfg.llm)                       # cqg_ray.llm.backends: llamacpp | openai | vllm | fake
     outs = backend.complete([Request(answer_messages(text, qs), max_tokens=200, n_answers=len(qs))])
     outs[0].text, outs[0].prompt_tokens, outs[0].completion_tokens, outs[0].p_yes
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from cqg_ray.config import LLMConfig, llm_identity
+from cqg_ray.hardware import pick_dtype
 
 Message = dict[str, str]
 
@@ -112,8 +113,6 @@ def resolve_score_engine(name: str) -> str:
     """``auto`` -> the measured fastest single-pass engine for this CPU (torch-bfloat16 where bfloat16 is native)."""
     if name != "auto":
         return name
-    from cqg_ray.llm.torch_engine import pick_dtype  # noqa: PLC0415
-
     return "torch-bfloat16" if pick_dtype() == "bfloat16" else "llamacpp"
 
 
@@ -186,31 +185,3 @@ class Backend:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def make_backend(llm: LLMConfig, *, in_process: bool | None = None) -> Backend:
-    """The backend named by ``llm.backend``.
-
-    For ``llamacpp``: Ray actors (``llm.llamacpp.num_actors``, one model each) when Ray is initialised or
-    ``in_process=False``; the model in this process when Ray is not running or ``in_process=True``.
-    """
-    if llm.backend == "fake":
-        from cqg_ray.llm.fake import FakeBackend  # noqa: PLC0415
-
-        return FakeBackend(llm)
-    if llm.backend == "openai":
-        from cqg_ray.llm.openai import OpenAIBackend  # noqa: PLC0415
-
-        return OpenAIBackend(llm)
-    if llm.backend == "vllm":
-        from cqg_ray.llm.vllm import VLLMBackend  # noqa: PLC0415
-
-        return VLLMBackend(llm)
-    if llm.backend == "llamacpp":
-        from cqg_ray.llm import llamacpp  # noqa: PLC0415
-
-        if in_process is None:
-            import ray  # noqa: PLC0415
-
-            in_process = not ray.is_initialized()
-        return llamacpp.LlamaCppBackend(llm) if in_process else llamacpp.LlamaCppActorPool(llm)
-    raise ValueError(f"unknown LLM backend {llm.backend!r}")

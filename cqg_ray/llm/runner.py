@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from cqg_ray.config import LLMConfig
-from cqg_ray.llm.base import Backend, BackendError, Completion, Request, backend_identity, make_backend
+from cqg_ray.llm.backends import make_backend
+from cqg_ray.llm.base import Backend, BackendError, Completion, Request, backend_identity
 from cqg_ray.llm.ledger import Ledger, request_key, row_counts, totals
 from cqg_ray.llm.parse import ParseError, parse_answers
 from cqg_ray.rundir import RunDir

@@ -7,7 +7,7 @@ The same prefix tree as the llama.cpp engine (``batch.tree_entries``), run as on
 its position its depth, and a 4D attention mask that lets a token see only its own ancestors; P(yes) comes from
 the final hidden state at each prompt's last token times the yes/no rows of the output matrix (softmax over
 the two answers needs no other logits). bfloat16 reaches the matrix units of CPUs with AVX-512-BF16 or AMX; on
-others it is emulated and float32 is the fast choice (``pick_dtype``).
+others it is emulated and float32 is the fast choice (``hardware.pick_dtype``).
 """
 
 from __future__ import annotations
@@ -17,14 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
+from cqg_ray.hardware import pick_dtype
 from cqg_ray.llm.batch import p_yes_from_logits, tree_batches
-from cqg_ray.llm.install import cpu_flags
-
-
-def pick_dtype(flags: set[str] | None = None) -> str:
-    """bfloat16 where the CPU multiplies it natively (AMX or AVX-512-BF16), float32 elsewhere."""
-    flags = cpu_flags() if flags is None else flags
-    return "bfloat16" if {"amx_bf16", "avx512_bf16"} & flags else "float32"
 
 
 def tree_mask(token_lists: Sequence[Sequence[int]], lcp: Sequence[int], n_entries: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 A pure function of the config (plus a few workload and throughput figures):
 
-    p = capacity_plan(cfg, docs=6_800_000)              # cfg: a PipelineConfig (configs/paper.yaml for the paper)
+    p = capacity_plan(cfg, docs=6_800_000)              # cfg: a PipelineConfig (load_config("paper") for the paper)
     p["counts"]["questions"], p["counts"]["label_pairs"], p["stages"][i]["prompt_tokens"], p["totals"]["gpu_hours"]
 
 How each count is derived (N texts, k clusters; paper symbols of Table 8 and Appendix C):

@@ -23,7 +23,7 @@ def _count_arg(s: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", help="YAML config (default: the built-in paper defaults; configs/paper.yaml for the paper's run)")
+    p.add_argument("--config", "-c", help="YAML config (default: the built-in paper defaults; --config paper for the paper's run)")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. label.n_cluster=250")
     p.add_argument("--docs", type=_count_arg, help="corpus size N after dedup, e.g. 6.8M (default: corpus.limit)")
     p.add_argument("--clusters", "-k", type=_count_arg, help="k (default: cluster.k)")
@@ -88,6 +88,6 @@ def add_commands(sub) -> None:
     """`cqg-ray plan` (called by cqg_ray.cli.build_parser)."""
     p = sub.add_parser("plan", help="capacity planner: LLM requests, tokens, encoder passes and GPU hours of a run",
                        description=DESCRIPTION + " Throughput figures are assumptions unless you give yours.",
-                       epilog="Example (the paper's run): cqg-ray plan --config configs/paper.yaml --docs 6.8M --gpus 8")
+                       epilog="Example (the paper's run): cqg-ray plan --config paper --docs 6.8M --gpus 8")
     add_arguments(p)
     p.set_defaults(func=cmd_plan)

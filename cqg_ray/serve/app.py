@@ -16,7 +16,7 @@ error answer has OpenAI's shape (`protocol.ErrorResponse`); none of these reach 
     api = build_api(EmbeddingService(model, cfg))                         # a FastAPI app (TestClient, uvicorn)
     app = build_app("runs/demo/model", ServeConfig(max_batch_size=32))     # a serve.Application
     serve.run(app, route_prefix="/")
-    # serve deploy configs/serve.yaml  ->  import_path: cqg_ray.serve.app:app_builder
+    # serve deploy cqg_ray/configs/serve.yaml  ->  import_path: cqg_ray.serve.app:app_builder
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`cqg-ray serve MODEL`: start Ray Serve on this machine (or join RAY_ADDRESS) and serve a model until Ctrl-C.
 
 Settings come from the `serve` section of --config (a pipeline YAML) and then the flags; the defaults bind
-127.0.0.1:8000 with one replica. For a long-lived cluster deployment use `serve deploy configs/serve.yaml`.
+127.0.0.1:8000 with one replica. For a long-lived cluster deployment use `serve deploy cqg_ray/configs/serve.yaml`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ from cqg_ray.llm.ledger import request_key
 from cqg_ray.llm.parse import p_yes_from_top
 from cqg_ray.llm.prompts import SINGLE_ANSWER_PREFIX, single_answer_prompt
 from cqg_ray.llm.runner import judge
-from cqg_ray.llm.torch_engine import pick_dtype, tree_mask
+from cqg_ray.hardware import pick_dtype
+from cqg_ray.llm.torch_engine import tree_mask
 
 A = [1, 2, 3, 4, 5]
 B = [1, 2, 3, 6]

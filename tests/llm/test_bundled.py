@@ -77,6 +77,24 @@ def test_resolve_model_names_and_paths(tmp_path):
     assert resolve_model(str(f)) == f
 
 
+def test_resolve_model_from_the_hub(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    files = ["README.md", "m-q4_k_m.gguf", "m-q8_0.gguf", "big-q4_k_m-00002-of-00002.gguf", "big-q4_k_m-00001-of-00002.gguf"]
+    calls = []
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda repo: files)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, f: calls.append((repo, f)) or str(tmp_path / f))
+    assert resolve_model("org/repo:m-q8_0.gguf") == tmp_path / "m-q8_0.gguf"
+    assert resolve_model("org/repo:m-*q4_k_m.gguf") == tmp_path / "m-q4_k_m.gguf"
+    calls.clear()
+    assert resolve_model("org/repo:big-*.gguf") == tmp_path / "big-q4_k_m-00001-of-00002.gguf"  # a sharded model: all parts
+    assert calls == [("org/repo", "big-q4_k_m-00001-of-00002.gguf"), ("org/repo", "big-q4_k_m-00002-of-00002.gguf")]
+    with pytest.raises(FileNotFoundError, match=r"org/repo:\*q4_k_m\*.gguf: 2 GGUF models in org/repo match"):
+        resolve_model("org/repo:*q4_k_m*.gguf")
+    with pytest.raises(FileNotFoundError, match="GGUF model not found: org/repo"):
+        resolve_model("org/repo")  # a repo without a file is neither a path nor a hub file
+
+
 def test_known_models():
     assert set(MODELS) == {"qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m"}
     q = MODELS["qwen2.5-coder-0.5b"]

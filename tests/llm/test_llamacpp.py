@@ -6,7 +6,8 @@ import pytest
 
 from cqg_ray.config import LLMConfig, LlamaCppConfig
 from cqg_ray.llm.answers import answer_requests
-from cqg_ray.llm.base import Request, answer_regex, make_backend
+from cqg_ray.llm.backends import make_backend
+from cqg_ray.llm.base import Request, answer_regex
 from cqg_ray.llm.bundled import MODELS, BundledModelError, part_paths
 from cqg_ray.llm.parse import parse_answers, parse_questions
 from cqg_ray.llm.prompts import answer_messages, cqg_messages

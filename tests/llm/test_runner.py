@@ -272,7 +272,7 @@ def test_grammar_and_regex_for_n_answers():
 
 
 def test_make_backend_dispatch():
-    from cqg_ray.llm.base import make_backend
+    from cqg_ray.llm.backends import make_backend
     from cqg_ray.llm.openai import OpenAIBackend
     from cqg_ray.llm.vllm import VLLMBackend
 

@@ -175,13 +175,13 @@ def test_app_builder_checks_args(tmp_path):
 
 
 def test_serve_yaml_is_valid():
-    """configs/serve.yaml parses with Serve's own schema and points at the app builder."""
+    """cqg_ray/configs/serve.yaml parses with Serve's own schema and points at the app builder."""
     from pathlib import Path
 
     import yaml
     from ray.serve.schema import ServeDeploySchema
 
-    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "serve.yaml").read_text())
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "cqg_ray" / "configs" / "serve.yaml").read_text())
     schema = ServeDeploySchema.model_validate(data) if hasattr(ServeDeploySchema, "model_validate") else ServeDeploySchema.parse_obj(data)
     app = schema.applications[0]
     assert app.import_path == "cqg_ray.serve.app:app_builder"

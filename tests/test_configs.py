@@ -1,0 +1,30 @@
+"""The packaged configs, found by name; paths keep their meaning."""
+
+from pathlib import Path
+
+import pytest
+
+from cqg_ray.config import ConfigError, load_config
+from cqg_ray.configs import config_file, packaged
+
+CONFIGS = Path(__file__).resolve().parents[1] / "cqg_ray" / "configs"
+
+
+def test_packaged_configs_by_name():
+    assert set(packaged()) == {"demo", "paper", "reference", "serve"}
+    assert config_file("demo") == CONFIGS / "demo.yaml"
+    assert config_file("paper.yaml") == CONFIGS / "paper.yaml"
+    assert load_config("reference") == load_config(CONFIGS / "reference.yaml")
+
+
+def test_a_path_wins_over_a_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo").write_text("cluster: {k: 7}\n")
+    assert config_file("demo") == Path("demo") and load_config("demo").cluster.k == 7
+    assert config_file("sub/demo.yaml") == Path("sub/demo.yaml")  # a path with a folder is never a packaged name
+    assert config_file(tmp_path / "x.yaml") == tmp_path / "x.yaml"
+
+
+def test_unknown_name_lists_the_packaged_configs():
+    with pytest.raises(ConfigError, match=r"config file not found: nope \(packaged configs: demo, paper, reference, serve\)"):
+        load_config("nope")
