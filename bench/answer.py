@@ -91,7 +91,7 @@ def packed(b: LlamaCppBackend, texts: list[str], qs: list[str]) -> tuple[np.ndar
 
 def single(b: LlamaCppBackend, texts: list[str], qs: list[str]) -> tuple[np.ndarray, dict]:
     reqs = [r for t in texts for r in answer_requests(t, range(len(qs)), qs, "single", 20, 200)]
-    b.scorer  # load the engine (and dequantise once) before the clock starts  # noqa: B018
+    b.scorer  # load the engine (and dequantise once) before the clock starts
     b.score(reqs[:2])
     t0 = time.perf_counter()
     outs = b.score(reqs)

@@ -22,8 +22,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from cqg_ray.cluster import assign, train_kmeans  # noqa: E402
-from cqg_ray.config import ClusterConfig  # noqa: E402
+from cqg_ray.cluster import assign, train_kmeans
+from cqg_ray.config import ClusterConfig
 
 
 def inertias(x, c):

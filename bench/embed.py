@@ -23,7 +23,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from _common import DATA, read_texts  # noqa: E402
+from _common import DATA, read_texts
 
 
 def main():

@@ -11,8 +11,6 @@ measured 0.854-0.896 at 20,000 texts and 0.998 at 60,000 (the default). Last lin
 """
 
 import argparse
-import gzip
-import json
 import os
 import sys
 import tempfile
@@ -22,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _common import DATA  # noqa: E402
+from _common import DATA
 
 
 def main():

@@ -76,12 +76,15 @@ def time_heads(a, heads, dev, sync):
     heads_bf16 = heads_bf16.to(torch.bfloat16).eval()
     xb = x.to(torch.bfloat16)
 
+    def loop_of_modules():
+        return torch.cat([module(x) for module in mlps], dim=1)
+
     with torch.inference_mode():
-        ref = torch.cat([mlp(x) for mlp in mlps], dim=1)
+        ref = loop_of_modules()
         out = heads(x)
         err = (out - ref).abs().max().item()
         err_bf16 = (heads_bf16(xb).float() - ref).abs().max().item()
-        t_loop = median_time(lambda: torch.cat([mlp(x) for mlp in mlps], dim=1), a.repeats, sync)
+        t_loop = median_time(loop_of_modules, a.repeats, sync)
         t_stacked = median_time(lambda: heads(x), a.repeats, sync)
         t_bf16 = median_time(lambda: heads_bf16(xb), a.repeats, sync)
     print(f"\nheads alone: m={a.m}, d={a.d}, hidden={a.hidden}, batch={a.batch} (median of {a.repeats})")
@@ -89,7 +92,6 @@ def time_heads(a, heads, dev, sync):
     print(f"  {'loop of m nn.Sequential (fp32)':<34}{t_loop * 1e3:>10.2f}{a.batch / t_loop:>12.0f}{1.0:>9.2f}{0.0:>12.1e}")
     print(f"  {'StackedHeads fp32':<34}{t_stacked * 1e3:>10.2f}{a.batch / t_stacked:>12.0f}{t_loop / t_stacked:>9.2f}{err:>12.1e}")
     print(f"  {'StackedHeads bf16':<34}{t_bf16 * 1e3:>10.2f}{a.batch / t_bf16:>12.0f}{t_loop / t_bf16:>9.2f}{err_bf16:>12.1e}")
-    del mlps
     return t_loop, t_stacked, t_bf16
 
 

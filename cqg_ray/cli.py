@@ -105,7 +105,7 @@ def _run(args) -> int:
     t0 = time.time()
     try:
         init_ray(cfg.ray.model_copy(update={"address": address}))
-    except Exception as e:  # noqa: BLE001 - no cluster at that address, a version mismatch, ...
+    except Exception as e:
         print(f"error: could not start or join Ray (address {address or 'local'}): {type(e).__name__}: {e}\n"
               "submit with `ray job submit`, pass --address, or set ray.address to null for a local Ray", file=sys.stderr)
         return 2
@@ -125,7 +125,7 @@ def _run(args) -> int:
         print(f"stopped after {time.time() - t0:.0f}s: run (or submit) the same command again to resume", file=sys.stderr)
         _print_status(run)
         return code
-    except Exception as e:  # noqa: BLE001 - any stage failure: say which, keep the traceback, exit non-zero
+    except Exception as e:
         traceback.print_exc()
         failed = _first_unfinished(run)
         print(f"error: the pipeline failed{' in stage ' + failed if failed else ''}: {type(e).__name__}: {e}\n"
@@ -140,7 +140,7 @@ def _run(args) -> int:
 def _first_unfinished(run: RunDir) -> str | None:
     try:
         return next((s for s in stages.NAMES if run.manifest(s) is None), None)
-    except Exception:  # noqa: BLE001 - the run directory itself may be the problem
+    except Exception:
         return None
 
 
@@ -149,7 +149,7 @@ def _print_status(run: RunDir) -> None:
 
     try:
         print(run_status(run), flush=True)
-    except Exception as e:  # noqa: BLE001 - the status table must never hide the real error
+    except Exception as e:
         print(f"(no status table: {e})", file=sys.stderr)
 
 

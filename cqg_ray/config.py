@@ -384,7 +384,7 @@ def llm_identity(llm: LLMConfig) -> dict[str, Any]:
 
 def stage_hash(cfg: PipelineConfig, stage: str) -> str:
     """Config hash of one pipeline stage: the config values that decide its output (``stages.Stage.hashed``)."""
-    from cqg_ray.rundir import hash_sections  # noqa: PLC0415
+    from cqg_ray.rundir import hash_sections
 
     try:
         paths = stages.get(stage).hashed

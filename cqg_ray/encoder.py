@@ -37,7 +37,7 @@ def resolve_encoder_path(name: str) -> str:
 
 def load_encoder(name: str, device: str | None = None):
     """A `SentenceTransformer` for a bundled name, a local folder or a model name (device None = auto)."""
-    from sentence_transformers import SentenceTransformer  # noqa: PLC0415
+    from sentence_transformers import SentenceTransformer
 
     path = resolve_encoder_path(name)
     if os.path.isdir(path):  # a local folder needs no hub: do not let the library try to reach it

@@ -93,7 +93,7 @@ Files: `config.json`, `questions.json` (text, cluster, probe quality, labels, LL
 
 def export_model(run_dir: str, out: str, name: str | None = None, overwrite: bool = False) -> dict:
     """Copy the run's model folder to ``out`` with its config, build record and model card. Returns the build record."""
-    import yaml  # noqa: PLC0415
+    import yaml
 
     run = RunDir(run_dir)
     run.require("model")

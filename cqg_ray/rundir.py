@@ -50,7 +50,7 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     try:
         return pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError):
-        import fsspec  # noqa: PLC0415  (only for schemes pyarrow does not know)
+        import fsspec
 
         fs, path = fsspec.core.url_to_fs(uri)
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
@@ -70,7 +70,7 @@ def versions() -> dict[str, str]:
         try:
             m = __import__(mod)
             out[mod] = str(getattr(m, "__version__", "?"))
-        except Exception:  # noqa: BLE001 - a version lookup must never break a run
+        except Exception:
             pass
     return out
 

@@ -13,8 +13,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from cqg_ray.embed import add_arguments, run_from_args  # noqa: E402
-from cqg_ray.log import setup_logging  # noqa: E402
+from cqg_ray.embed import add_arguments, run_from_args
+from cqg_ray.log import setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,9 +16,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from cqg_ray.config import RayConfig  # noqa: E402
-from cqg_ray.log import setup_logging  # noqa: E402
-from cqg_ray.serve.cli import add_arguments, serve_config, start  # noqa: E402
+from cqg_ray.config import RayConfig
+from cqg_ray.log import setup_logging
+from cqg_ray.serve.cli import add_arguments, serve_config, start
 
 
 def main(argv: list[str] | None = None) -> int:

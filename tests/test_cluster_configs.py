@@ -177,7 +177,7 @@ def test_dockerfile_installs_the_vllm_extra_with_pinned_ray_and_vllm():
     assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
     install = re.search(r"pip install -c /tmp/pins.txt (.+?)\\\n", text).group(1)
     assert '".[vllm' in install
-    assert f'"ray[default,data,train,serve]==${{RAY_VERSION}}"' in install and '"vllm==${VLLM_VERSION}"' in install
+    assert '"ray[default,data,train,serve]==${RAY_VERSION}"' in install and '"vllm==${VLLM_VERSION}"' in install
     assert "printf 'ray==%s\\nvllm==%s\\n'" in text  # the constraints file pins both (no extras in constraints)
     # every COPY source exists in the repository, and the build context leaves the venv out
     for line in re.findall(r"^COPY (?:--\S+ )*(.+)$", text, re.M):

@@ -215,7 +215,7 @@ def test_two_nodes_killed_and_resumed(toy_model, model, corpus_file, tmp_path):
     assert not (out / "_manifest.json").exists()
 
     second = subprocess.run([*args, "job"], env=env, cwd=root, capture_output=True, text=True, timeout=600)
-    line = [l for l in second.stdout.splitlines() if l.startswith("RESULT ")]
+    line = [ln for ln in second.stdout.splitlines() if ln.startswith("RESULT ")]
     assert line, second.stdout[-3000:] + second.stderr[-3000:]
     counts = json.loads(line[0][7:])
     assert counts["rows"] == 400 and counts["units"] == 16

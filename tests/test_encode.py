@@ -1,7 +1,6 @@
 """Encoding: unit planning (pure), the Ray Data stage with the real bundled encoder, resume, then clustering."""
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import Clusters, load_corpus, load_embeddings
 from cqg_ray.cluster import cluster

@@ -215,7 +215,7 @@ def test_submit_pipeline_until_cluster(head, tmp_path, corpus_file):
     logs = head.logs(sid)
     assert status == "SUCCEEDED", logs[-5000:]
     # the job joined this head (not a Ray of its own) and ran the venv's python
-    line = next(l for l in logs.splitlines() if l.startswith("Ray: "))
+    line = next(ln for ln in logs.splitlines() if ln.startswith("Ray: "))
     assert "1 node(s), 2 CPUs" in line and "local" not in line.split("(")[0]
     assert f"python {VENV_BIN / 'python'}" in line or str(VENV_BIN) in line
     assert "pipeline finished" in logs
@@ -258,7 +258,7 @@ def test_submit_failing_stage_fails_the_job_with_a_clear_message(head, tmp_path,
 
 def re_line(logs: str, stage: str, state: str) -> bool:
     """The status table printed at the end has a row `<stage> <state> ...`."""
-    return any(l.split()[:2] == [stage, state] for l in logs.splitlines() if l.strip())
+    return any(ln.split()[:2] == [stage, state] for ln in logs.splitlines() if ln.strip())
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ def test_encode_on_two_nodes(tmp_path, corpus_file):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
     out = subprocess.run([sys.executable, str(script), str(corpus_file), str(tmp_path / "run")], env=env,
                          capture_output=True, text=True, timeout=600)
-    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     assert line, out.stdout[-3000:] + out.stderr[-3000:]
     res = json.loads(line[0][7:])
     assert res["n"] == 200 and res["unique"] == 200 and res["same_ids"]

@@ -123,4 +123,4 @@ def test_format_status(tmp_path):
     assert lines[1] == "stage        state      seconds  counts"
     assert lines[2].split() == ["prepare", "done", lines[2].split()[2], "v=1"]
     assert lines[3].split()[:2] == ["encode", "stale"] and lines[3].endswith("v=2  (config changed)")
-    assert [l.split()[:3] for l in lines[4:]] == [[s, "missing", "-"] for s in ("cluster", "questions", "labels", "model", "evaluation")]
+    assert [ln.split()[:3] for ln in lines[4:]] == [[s, "missing", "-"] for s in ("cluster", "questions", "labels", "model", "evaluation")]

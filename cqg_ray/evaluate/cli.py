@@ -59,9 +59,9 @@ def config_from_args(args) -> EvaluateConfig:
 
 
 def cmd_evaluate(args) -> int:
-    from cqg_ray.evaluate.data import DataError  # noqa: PLC0415
-    from cqg_ray.evaluate.models import load_model, model_name  # noqa: PLC0415
-    from cqg_ray.evaluate.report import evaluate_model  # noqa: PLC0415
+    from cqg_ray.evaluate.data import DataError
+    from cqg_ray.evaluate.models import load_model, model_name
+    from cqg_ray.evaluate.report import evaluate_model
 
     cfg = config_from_args(args)
     primary = load_model(args.model)

@@ -185,8 +185,8 @@ MTEB_SEED = 42  # MTEB's default evaluator seed: the same embeddings give MTEB's
 
 def kmeans_v_measure(X: Matrix, labels: list, seed: int = MTEB_SEED, batch_size: int = 500) -> float:
     """100 x V-measure of MiniBatchKMeans(n_clusters = number of true labels) on X (MTEB's protocol)."""
-    from sklearn.cluster import MiniBatchKMeans  # noqa: PLC0415
-    from sklearn.metrics import v_measure_score  # noqa: PLC0415
+    from sklearn.cluster import MiniBatchKMeans
+    from sklearn.metrics import v_measure_score
 
     n_clusters = len(set(labels))
     if n_clusters < 2:

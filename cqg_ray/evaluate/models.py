@@ -33,7 +33,7 @@ class InterpretableModel(Protocol):
 def load_model(model_or_path: Any) -> Any:
     """A model object as given, or ``InterpretableEmbedder.load(path)`` for a path (local or URI)."""
     if isinstance(model_or_path, (str, os.PathLike)):
-        from cqg_ray.mbqa.embedder import InterpretableEmbedder  # noqa: PLC0415  (torch only when needed)
+        from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
         return InterpretableEmbedder.load(str(model_or_path))
     return model_or_path

@@ -99,7 +99,7 @@ class MTEBEncoder:
         """mteb.ModelMeta describing this model (needs mteb)."""
         if self._meta is None:
             try:
-                from mteb.models.model_meta import ModelMeta  # noqa: PLC0415
+                from mteb.models.model_meta import ModelMeta
             except ImportError:
                 raise ImportError("the MTEB adapter needs `pip install mteb` (extra: cqg-ray[mteb])") from None
             questions = getattr(self.model, "questions", None)

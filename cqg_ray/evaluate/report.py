@@ -228,7 +228,7 @@ def _sweep_cell(v: Any) -> str:
 
 def write_report(results: dict, out_dir: str) -> None:
     """results.json, report.md, and one PNG + CSV per sweep, into ``out_dir`` (any filesystem)."""
-    from cqg_ray.rundir import RunDir  # noqa: PLC0415
+    from cqg_ray.rundir import RunDir
 
     run = RunDir(out_dir)
     run.makedirs("")

@@ -24,7 +24,7 @@ def summary_counts(results: dict) -> dict[str, Any]:
 
 
 def run_evaluation(cfg: PipelineConfig, ctx: StageContext) -> None:
-    from cqg_ray.evaluate.report import evaluate_model  # noqa: PLC0415
+    from cqg_ray.evaluate.report import evaluate_model
 
     results = evaluate_model(ctx.run.uri("model"), cfg.evaluate, ctx.uri, seed=cfg.seed, print_table=True)
     ctx.counts.update(summary_counts(results))

@@ -98,8 +98,8 @@ def sweep_rows(sweep: dict) -> list[dict]:
 def plot_sweep(sweep: dict, title: str) -> bytes:
     """Two panels, Spearman (left) and cognitive load (right) against m or tau; PNG bytes."""
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
-        from matplotlib.figure import Figure  # noqa: PLC0415
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError:
         raise ImportError('the sweep plots need matplotlib: pip install "cqg-ray[plots]"') from None
 

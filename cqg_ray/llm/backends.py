@@ -27,7 +27,7 @@ def make_backend(llm: LLMConfig, *, in_process: bool | None = None) -> Backend:
         return VLLMBackend(llm)
     if llm.backend == "llamacpp":
         if in_process is None:
-            import ray  # noqa: PLC0415  (only to ask whether it runs)
+            import ray
 
             in_process = not ray.is_initialized()
         return LlamaCppBackend(llm) if in_process else LlamaCppActorPool(llm)

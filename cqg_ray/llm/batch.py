@@ -133,7 +133,7 @@ class BatchEngine:
     """llama.cpp contexts over an already loaded ``llama_cpp.Llama`` model, for batched scoring and generation."""
 
     def __init__(self, llama, n_threads: int, score_seqs: int = 64, score_ctx: int = 8192, gen_seqs: int = 16, gen_ctx_per_seq: int = 4096, n_ubatch: int = 512):
-        import llama_cpp as lc  # noqa: PLC0415
+        import llama_cpp as lc
 
         self.lc = lc
         self.llama = llama

@@ -165,7 +165,7 @@ HUB_FILE = re.compile(r"^[\w.-]+/[\w.-]+:[^:]+\.gguf$")  # owner/repo:file.gguf,
 def hub_model(spec: str) -> Path:
     """``owner/repo:file.gguf`` downloaded through huggingface_hub's cache; the file may be a glob (one match, or the
     first part of one sharded model)."""
-    from huggingface_hub import hf_hub_download, list_repo_files  # noqa: PLC0415
+    from huggingface_hub import hf_hub_download, list_repo_files
 
     repo, pattern = spec.split(":", 1)
     if not any(c in pattern for c in "*?["):
@@ -199,7 +199,7 @@ def dequantize_to_hf(name_or_path: str, out_dir: str | Path, cache_dir: str | No
     Needs ``transformers`` (>= 5, ``GgufConfig(dequantize=True)``), ``accelerate`` and ``gguf``, imported here only.
     About 1.3 GB for the 0.5B model in bfloat16.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     gguf = resolve_model(name_or_path, cache_dir)
     out = Path(os.path.expanduser(str(out_dir)))

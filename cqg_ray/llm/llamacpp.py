@@ -57,7 +57,7 @@ def cpu_has_amx() -> bool:
 @contextlib.contextmanager
 def _without_extra_bufts():
     """Load a model with ``use_extra_bufts=False`` (the AMX crash workaround)."""
-    import llama_cpp.llama_cpp as lc  # noqa: PLC0415
+    import llama_cpp.llama_cpp as lc
 
     original = lc.llama_model_default_params
 
@@ -77,7 +77,7 @@ class YesNoRecorder:
     """Logits processor: at each generated position, log P of every yes/no token (by token id)."""
 
     def __init__(self, token_ids: dict[int, str]):
-        import numpy as np  # noqa: PLC0415
+        import numpy as np
 
         self.np = np
         self.token_ids = token_ids
@@ -110,7 +110,7 @@ class LlamaCppBackend(Backend):
     def __init__(self, llm: LLMConfig, n_threads: int | None = None):
         super().__init__(llm)
         try:
-            from llama_cpp import Llama  # noqa: PLC0415
+            from llama_cpp import Llama
         except ImportError:
             raise BackendError(f"llama-cpp-python is not installed; install it with:\n  {INSTALL_HINT}") from None
         cfg = llm.llamacpp
@@ -142,8 +142,8 @@ class LlamaCppBackend(Backend):
             if name == "llamacpp":
                 self._scorer = self.engine
             else:
-                from cqg_ray.llm.bundled import hf_folder  # noqa: PLC0415
-                from cqg_ray.llm.torch_engine import TorchScorer  # noqa: PLC0415
+                from cqg_ray.llm.bundled import hf_folder
+                from cqg_ray.llm.torch_engine import TorchScorer
 
                 cfg = self.llm.llamacpp
                 self._scorer = TorchScorer(hf_folder(cfg.model, cfg.cache_dir), dtype=name.split("-", 1)[1], n_threads=self.n_threads,
@@ -163,7 +163,7 @@ class LlamaCppBackend(Backend):
         """The chat-templated prompt's tokens, exactly as ``create_chat_completion`` builds them (the GGUF's template),
         then a single-pass request's ``answer_prefix``."""
         if self._formatter is None:
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter  # noqa: PLC0415
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
             m = self.model
             template = m.metadata.get("tokenizer.chat_template")
@@ -227,7 +227,7 @@ class LlamaCppBackend(Backend):
             yield i, self.complete_one(requests[i])
 
     def grammar(self, n: int):
-        from llama_cpp import LlamaGrammar  # noqa: PLC0415
+        from llama_cpp import LlamaGrammar
 
         if n not in self._grammars:
             self._grammars[n] = LlamaGrammar.from_string(answer_gbnf(n), verbose=False)
@@ -245,7 +245,7 @@ class LlamaCppBackend(Backend):
         return self._yes_no_ids
 
     def complete_one(self, req: Request) -> Completion:
-        from llama_cpp import LogitsProcessorList  # noqa: PLC0415
+        from llama_cpp import LogitsProcessorList
 
         kwargs: dict[str, Any] = {
             "messages": req.messages,
@@ -329,7 +329,7 @@ class LlamaCppActorPool(Backend):
 
     def __init__(self, llm: LLMConfig, chunk_size: int = 4, num_cpus_per_actor: float = 1.0):
         super().__init__(llm)
-        import ray  # noqa: PLC0415
+        import ray
 
         cfg = llm.llamacpp
         if not ray.is_initialized():
@@ -368,7 +368,7 @@ class LlamaCppActorPool(Backend):
         return out
 
     def stream(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
-        import ray  # noqa: PLC0415
+        import ray
 
         chunks = self.chunks(requests)
         next_chunk = 0
@@ -408,7 +408,7 @@ class LlamaCppActorPool(Backend):
         return out  # type: ignore[return-value]
 
     def close(self) -> None:
-        import ray  # noqa: PLC0415
+        import ray
 
         for a in getattr(self, "actors", []):
             ray.kill(a)

@@ -184,7 +184,7 @@ def run_requests(
 
     bar = None
     if progress and pending and os.environ.get("CQG_RAY_PROGRESS", "1") != "0":
-        from tqdm.auto import tqdm  # noqa: PLC0415
+        from tqdm.auto import tqdm
 
         bar = tqdm(total=len(pending), desc=f"llm {stage}", unit="req")
     if owns_backend and pending:

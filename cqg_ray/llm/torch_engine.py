@@ -40,8 +40,8 @@ class TorchScorer:
     """A causal LM in torch that scores single-pass prompts as prefix trees."""
 
     def __init__(self, model_dir: str | Path, dtype: str = "auto", n_threads: int | None = None, max_seqs: int = 64, max_tokens: int = 2048):
-        import torch  # noqa: PLC0415
-        from transformers import AutoModelForCausalLM  # noqa: PLC0415
+        import torch
+        from transformers import AutoModelForCausalLM
 
         self.torch = torch
         if n_threads:

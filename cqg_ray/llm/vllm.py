@@ -168,8 +168,8 @@ class VLLMBackend(Backend):
     def stream(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
         if not requests:
             return
-        import ray  # noqa: PLC0415
-        from ray.data.llm import build_processor, vLLMEngineProcessorConfig  # noqa: PLC0415
+        import ray
+        from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
         rows = request_rows(self.llm, requests, self.temperature)
         for row, r in zip(rows, requests):

@@ -107,7 +107,7 @@ class InterpretableEmbedder:
     def encoder(self):
         """The sentence-transformers encoder, loaded on first use."""
         if self._encoder is None:
-            from cqg_ray.encoder import load_encoder  # noqa: PLC0415
+            from cqg_ray.encoder import load_encoder
 
             enc = load_encoder(self.encoder_name, device=self.device)
             self._check_encoder(enc)
@@ -115,7 +115,7 @@ class InterpretableEmbedder:
         return self._encoder
 
     def _check_encoder(self, enc) -> None:
-        from cqg_ray.encoder import embedding_dim  # noqa: PLC0415
+        from cqg_ray.encoder import embedding_dim
 
         dim = embedding_dim(enc)
         if dim is not None and dim != self.heads.d:
@@ -129,7 +129,7 @@ class InterpretableEmbedder:
         run.write_json("questions.json", self.question_records)
         if self.eval_report is not None:
             run.write_json("eval_report.json", self.eval_report)
-            from cqg_ray.mbqa.report import format_report, is_table6  # noqa: PLC0415
+            from cqg_ray.mbqa.report import format_report, is_table6
 
             if is_table6(self.eval_report):  # the paper's Table 6 form, for people
                 run.write_bytes("eval_report.md", (format_report(self.eval_report) + "\n").encode())
@@ -176,7 +176,7 @@ class InterpretableEmbedder:
         report = _read_json(run, "eval_report.json") if run.exists("eval_report.json") else None
         model = cls(cfg["encoder"], questions, heads, cfg["tau"], report, cfg.get("normalize", True), device, encoder)
         if load_encoder:
-            model.encoder  # noqa: B018 - load now, so that a wrong encoder fails at load time
+            model.encoder
         return model
 
     # ------------------------------------------------------------------ embedding
@@ -209,7 +209,7 @@ class InterpretableEmbedder:
         (the encoder batches them by `batch_size`); progress: a tqdm bar over texts (None = when > chunk_size texts).
         binary / packed: the old flags (deprecated): binary=False is output="probs", packed=True is output="packed".
         """
-        from tqdm import tqdm  # noqa: PLC0415
+        from tqdm import tqdm
 
         output = _output(output, binary, packed)
         if isinstance(texts, str):

@@ -93,7 +93,7 @@ class StackedHeads(nn.Module):
         try:
             tensors = st_load(data)
             meta = _read_metadata(data)
-        except Exception as e:  # noqa: BLE001 - safetensors raises several types for a bad file
+        except Exception as e:
             raise ValueError(f"{source} is not a valid safetensors file: {e}") from None
         try:
             cfg = json.loads(meta["config"])

@@ -33,9 +33,9 @@ log = logging.getLogger("cqg_ray")
 
 
 def _train_loop_per_worker(config: dict) -> None:
-    import ray  # noqa: PLC0415
-    import ray.train  # noqa: PLC0415
-    import ray.train.torch  # noqa: PLC0415
+    import ray
+    import ray.train
+    import ray.train.torch
 
     setup_logging()
     cfg = TrainConfig(**config["cfg"])
@@ -63,7 +63,7 @@ def _train_loop_per_worker(config: dict) -> None:
     def all_reduce(t: torch.Tensor) -> torch.Tensor:
         if world == 1:
             return t
-        import torch.distributed as dist  # noqa: PLC0415
+        import torch.distributed as dist
 
         t = t.to(device)
         dist.all_reduce(t)
@@ -96,7 +96,7 @@ class EpochBar:
         self.epochs = epochs
         self.queue = None
         if os.environ.get("CQG_RAY_PROGRESS", "1") != "0":
-            from ray.util.queue import Queue  # noqa: PLC0415
+            from ray.util.queue import Queue
 
             self.queue = Queue(actor_options={"num_cpus": 0})
 
@@ -107,7 +107,7 @@ class EpochBar:
         return self
 
     def _follow(self) -> None:
-        from tqdm.auto import tqdm  # noqa: PLC0415
+        from tqdm.auto import tqdm
 
         with tqdm(total=self.epochs, desc="train", unit="epoch") as bar:
             for p in iter(self.queue.get, None):  # None: fit() returned
@@ -146,9 +146,9 @@ def train_heads(
     first: `train_and_evaluate`). A run with the same storage_path and name resumes from its last checkpoint; a
     worker that dies is restarted from it (`cfg.max_failures` times).
     """
-    import ray  # noqa: PLC0415
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig  # noqa: PLC0415
-    from ray.train.torch import TorchTrainer  # noqa: PLC0415
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
 
     pairs = labels if isinstance(labels, LabelPairs) else LabelPairs.from_dense(labels)
     embeddings = np.asarray(embeddings)

@@ -95,7 +95,6 @@ def test_cqg_prompt_texts_are_the_samples(clustered_run, corpus_file):
 
     run = RunDir(str(clustered_run))
     s = run.read_table("questions/samples.parquet").to_pylist()
-    gens = run.read_table("questions/generations.parquet")
     texts = load_texts(run, [r["doc_id"] for r in s])
     assert len(texts) == len({r["doc_id"] for r in s})
 

@@ -1,6 +1,5 @@
 """The labelling stage with the scripted LLM: plan -> A.3 prompts -> labels table; a rerun sends nothing."""
 
-import numpy as np
 
 from cqg_ray.config import stage_hash
 from cqg_ray.rundir import RunDir, run_stage

@@ -38,7 +38,7 @@ def train_killing_a_worker(emb, dense, cfg, storage, name, after_epoch: int = 2)
     def run():
         try:
             out["result"] = train_heads(emb, dense, cfg, storage, name)
-        except Exception as e:  # noqa: BLE001 - handed to the test
+        except Exception as e:
             out["result"] = e
 
     t = threading.Thread(target=run, daemon=True)
