@@ -99,7 +99,8 @@ def single(b: LlamaCppBackend, texts: list[str], qs: list[str]) -> tuple[np.ndar
     p = np.array([o.p_yes[0] for o in outs]).reshape(len(texts), len(qs))
     computed = sum(o.prompt_tokens - o.cached_tokens for o in outs)
     return p, {"pairs": len(reqs), "wall_s": round(wall, 1), "pairs_per_s": round(len(reqs) / wall, 2),
-               "prompt_tokens_per_pair": round(computed / len(reqs), 1), "full_prompt_tokens_per_pair": round(sum(o.prompt_tokens for o in outs) / len(reqs), 1),
+               "prompt_tokens_per_pair": round(computed / len(reqs), 1),
+               "full_prompt_tokens_per_pair": round(sum(o.prompt_tokens for o in outs) / len(reqs), 1),
                "computed_tokens_per_s": round(computed / wall, 1)}
 
 

@@ -84,7 +84,8 @@ def main():
         t0 = time.time()
         acc, f1, rho = score(fit(train, cfg.train))
         rows.append(("hard", f, len(train) / m, acc, f1, rho))
-        print(f"hard   f={f:.2f}  {len(train) / m:6.1f} labels/question  held-out acc {acc:.3f}  macro F1 {f1:.3f}  STS-B {rho:.2f}  ({time.time() - t0:.0f} s)", flush=True)
+        print(f"hard   f={f:.2f}  {len(train) / m:6.1f} labels/question  held-out acc {acc:.3f}  "
+              f"macro F1 {f1:.3f}  STS-B {rho:.2f}  ({time.time() - t0:.0f} s)", flush=True)
     for v in args.variants:
         if v == "soft":
             if soft is None:

@@ -168,7 +168,8 @@ def main():
     serve.shutdown()
 
     load = os.getloadavg()
-    print(f"\nvia {a.via}: {a.requests} requests x {k} text(s), {a.clients} concurrent clients, 1 replica ({a.threads} CPU, {a.threads} torch thread(s), {a.gpus:g} GPU), "
+    print(f"\nvia {a.via}: {a.requests} requests x {k} text(s), {a.clients} concurrent clients, "
+          f"1 replica ({a.threads} CPU, {a.threads} torch thread(s), {a.gpus:g} GPU), "
           f"{int(ray.cluster_resources().get('CPU', 0))} CPUs, load average (1/15 min) {load[0]:.1f}/{load[2]:.1f}")
     print(f"{'batching':28} {'req/s':>8} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'mean batch':>11} {'errors':>7}")
     for name, res in best.items():

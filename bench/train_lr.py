@@ -77,7 +77,8 @@ def main():
                     pred = (heads.forward_pairs(x_held, q_held) > 0).numpy().astype(np.int8)
                 rep = classification_report(y_held, pred)
                 results[lr][epoch + 1] = rep["macro avg"]["f1-score"]
-                print(f"lr {lr:g}  epoch {epoch + 1:4d}  loss {metrics['loss']:.4f}  held-out accuracy {rep['accuracy']:.3f}  macro F1 {rep['macro avg']['f1-score']:.3f}", flush=True)
+                print(f"lr {lr:g}  epoch {epoch + 1:4d}  loss {metrics['loss']:.4f}  held-out accuracy {rep['accuracy']:.3f}  "
+                      f"macro F1 {rep['macro avg']['f1-score']:.3f}", flush=True)
 
         t0 = time.time()
         run_epochs(heads, opt, shard, steps_per_epoch([shard], m, cfg.pairs_per_head), cfg, train.auto_pos_weight(), 0, on_epoch_end)

@@ -92,7 +92,8 @@ class ClusterConfig(Section):
 class LlamaCppConfig(Section):
     """Embedded llama.cpp model."""
 
-    model: str = Field("bundled:qwen2.5-coder-0.5b", description="bundled:qwen2.5-coder-0.5b | bundled:qwen2.5-coder-1.5b | bundled:smollm2-135m (no model hub), a GGUF path, "
+    model: str = Field("bundled:qwen2.5-coder-0.5b",
+                       description="bundled:qwen2.5-coder-0.5b | bundled:qwen2.5-coder-1.5b | bundled:smollm2-135m (no model hub), a GGUF path, "
                        "or a hub repo and file, owner/repo:file.gguf (the file may be a glob, e.g. *q4_k_m.gguf)")
     n_ctx: int = Field(4096, ge=256)
     n_threads: int | None = Field(None, ge=1)
@@ -118,7 +119,8 @@ class OpenAIConfig(Section):
     backoff_s: float = Field(1.0, ge=0)
     send_grammar: bool = Field(False, description="send a llama.cpp GBNF grammar in extra_body (llama.cpp server)")
     send_structured_outputs: bool = Field(False, description="send vLLM structured_outputs regex in extra_body (vLLM serve)")
-    extra_body: dict[str, Any] = Field(default_factory=dict, description="extra JSON fields for every request, e.g. {repeat_penalty: 1.0} for the llama.cpp server")
+    extra_body: dict[str, Any] = Field(default_factory=dict,
+                                       description="extra JSON fields for every request, e.g. {repeat_penalty: 1.0} for the llama.cpp server")
 
 
 class VLLMConfig(Section):
@@ -207,7 +209,8 @@ class TrainConfig(Section):
     hidden: int = Field(8, ge=1, description="hidden size of each head: Linear(d, hidden) -> ReLU -> Linear(hidden, 1)")
     lr: float = Field(1e-4, gt=0, description="alpha: Adam learning rate (the paper's 1e-4)")
     epochs: int = Field(100, ge=1, description="passes over the labelled pairs; at lr 1e-4 held-out macro F1 levels off at ~100 (README, Training)")
-    pairs_per_head: int = Field(8, ge=1, description="labelled texts per head per training step (question-major steps: every step updates every head on its own texts)")
+    pairs_per_head: int = Field(8, ge=1, description="labelled texts per head per training step "
+                                "(question-major steps: every step updates every head on its own texts)")
     soft_labels: bool = Field(False, description="fit the heads to the LLM's P(yes) (single-pass answers) instead of its 0/1 answers; "
                               "held-out fidelity is still measured against the 0/1 answers")
     pos_weight: float | Literal["auto"] = Field("auto", description="BCE pos_weight; auto = #no / #yes over the training labels")
@@ -254,7 +257,8 @@ class ServeConfig(Section):
     max_ongoing_requests: int | None = Field(None, ge=1, description="in-flight requests per replica (None = 4 * max_batch_size, at least 16)")
     num_cpus_per_replica: float = Field(1.0, ge=0)
     torch_threads: int = Field(1, ge=1, description="torch threads per CPU replica")
-    encoder_batch_size: int | None = Field(None, ge=1, description="texts per encoder forward inside a served batch (None = 8 on CPU, 64 on GPU: texts are sorted by length first, so small CPU mini-batches waste little on padding)")
+    encoder_batch_size: int | None = Field(None, ge=1, description="texts per encoder forward inside a served batch (None = 8 on CPU, 64 on GPU: "
+                                           "texts are sorted by length first, so small CPU mini-batches waste little on padding)")
 
 
 class EvaluateConfig(Section):

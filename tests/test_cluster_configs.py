@@ -130,7 +130,8 @@ def test_rayjob_manifest_runs_the_pipeline_entrypoint():
     words = shlex.split(spec["entrypoint"])
     sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
     cfg = load_config(config, sets)
-    assert cfg.run_dir.startswith("s3://") and cfg.llm.vllm.replicas == max(g["maxReplicas"] for g in spec["rayClusterSpec"]["workerGroupSpecs"] if g["groupName"] == "gpu")
+    assert cfg.run_dir.startswith("s3://") and cfg.llm.vllm.replicas == max(g["maxReplicas"] for g in spec["rayClusterSpec"]["workerGroupSpecs"]
+                                                                            if g["groupName"] == "gpu")
 
 
 # ------------------------------------------------------------------------------------------------ cluster launcher

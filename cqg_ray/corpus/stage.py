@@ -85,7 +85,8 @@ def prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
     if cfg.dedup and read_rows:
         # Exact dedup at scale: hash-partition by text hash, dedup inside each group.
         ds = ds.add_column("bucket", lambda b: __import__("pyarrow.compute").compute.utf8_slice_codeunits(b["text_hash"], 0, 2), batch_format="pyarrow")
-        ds = ds.groupby("bucket", num_partitions=max(1, min(256, read_rows // 50_000))).map_groups(_dedup_bucket, batch_format="pyarrow").drop_columns(["bucket"])
+        ds = (ds.groupby("bucket", num_partitions=max(1, min(256, read_rows // 50_000)))
+              .map_groups(_dedup_bucket, batch_format="pyarrow").drop_columns(["bucket"]))
     ds = ds.drop_columns(["text_hash"]).materialize()
     n_docs = ds.count() if read_rows else 0
     if cfg.dedup:

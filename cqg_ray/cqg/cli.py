@@ -26,7 +26,8 @@ def cmd_questions(args) -> int:
     print(f"{len(rows)} question(s)" + (f" (showing {args.limit})" if len(rows) > args.limit else ""))
     for r in rows[: args.limit]:
         qv = r.get("quality")
-        print(f"{r['question_id']:>6}  c{r['cluster']:<5} q={qv:+.2f}  {r['text']}" if qv == qv and qv is not None else f"{r['question_id']:>6}  c{r['cluster']:<5} q=  n/a  {r['text']}")
+        print(f"{r['question_id']:>6}  c{r['cluster']:<5} q={qv:+.2f}  {r['text']}" if qv == qv and qv is not None
+              else f"{r['question_id']:>6}  c{r['cluster']:<5} q=  n/a  {r['text']}")
     return 0
 
 

@@ -48,7 +48,8 @@ def write_report(run: RunDir, stage: str, cfg, candidates: pa.Table, texts: dict
             lines.append(f"| {k} | {counts[k]} |")
     lines += ["", "## LLM usage", "", "| step | requests | prompt tokens | completion tokens | failures | retries |", "|---|---:|---:|---:|---:|---:|"]
     for step, s in llm.items():
-        lines.append(f"| {step} | {s.get('requests', '')} | {s.get('prompt_tokens', '')} | {s.get('completion_tokens', '')} | {s.get('failures', s.get('failed', ''))} | {s.get('retries', '')} |")
+        lines.append(f"| {step} | {s.get('requests', '')} | {s.get('prompt_tokens', '')} | {s.get('completion_tokens', '')} | "
+                     f"{s.get('failures', s.get('failed', ''))} | {s.get('retries', '')} |")
     lines += ["", "![quality histogram](quality_hist.png)", "", "## Sample clusters", ""]
     cl = candidates.column("cluster").to_numpy()
     by_cluster = {s.cluster: s for s in gen}
@@ -70,6 +71,7 @@ def write_report(run: RunDir, stage: str, cfg, candidates: pa.Table, texts: dict
         rows = candidates.filter(pa.compute.equal(candidates["cluster"], c)).sort_by([("quality", "descending")]).to_pylist()
         for r in rows:
             fmt = lambda v: "-" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.2f}"  # noqa: E731
-            lines.append(f"| {r['text']} | {fmt(r['quality'])} | {fmt(r['positive_yes_rate'])} | {fmt(r['negative_yes_rate'])} | {'yes' if r['kept'] else ''} |")
+            lines.append(f"| {r['text']} | {fmt(r['quality'])} | {fmt(r['positive_yes_rate'])} | {fmt(r['negative_yes_rate'])} | "
+                         f"{'yes' if r['kept'] else ''} |")
         lines.append("")
     run.write_bytes(f"{stage}/report.md", "\n".join(lines).encode())

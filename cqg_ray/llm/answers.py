@@ -25,7 +25,8 @@ def answer_requests(text: str, question_ids: Sequence[int], questions: Sequence[
     meta = meta or {}
     qids = [int(q) for q in question_ids]
     if mode == "single":
-        return [Request(single_answer_messages(text, questions[q]), max_tokens=1, yes_no=True, answer_prefix=SINGLE_ANSWER_PREFIX, meta={**meta, "question_ids": [q]}) for q in qids]
+        return [Request(single_answer_messages(text, questions[q]), max_tokens=1, yes_no=True, answer_prefix=SINGLE_ANSWER_PREFIX,
+                        meta={**meta, "question_ids": [q]}) for q in qids]
     if mode != "packed":
         raise ValueError(f"answer mode must be 'single' or 'packed', got {mode!r}")
     return [Request(answer_messages(text, [questions[q] for q in chunk]), max_tokens=max(max_tokens, 8 * len(chunk)), n_answers=len(chunk),

@@ -132,7 +132,8 @@ class _Slot:
 class BatchEngine:
     """llama.cpp contexts over an already loaded ``llama_cpp.Llama`` model, for batched scoring and generation."""
 
-    def __init__(self, llama, n_threads: int, score_seqs: int = 64, score_ctx: int = 8192, gen_seqs: int = 16, gen_ctx_per_seq: int = 4096, n_ubatch: int = 512):
+    def __init__(self, llama, n_threads: int, score_seqs: int = 64, score_ctx: int = 8192, gen_seqs: int = 16, gen_ctx_per_seq: int = 4096,
+                 n_ubatch: int = 512):
         import llama_cpp as lc
 
         self.lc = lc

@@ -203,7 +203,8 @@ class LlamaCppBackend(Backend):
         tokens = [self.prompt_tokens(r) for r in requests]
         ok = [i for i, t in enumerate(tokens) if len(t) + requests[i].max_tokens <= self.engine.gen_ctx_per_seq]
         for i in sorted(set(range(len(requests))) - set(ok)):
-            yield i, Completion("", len(tokens[i]), error=f"llama.cpp: {len(tokens[i])} prompt tokens + max_tokens={requests[i].max_tokens} exceed n_ctx={self.engine.gen_ctx_per_seq}", final=True)
+            yield i, Completion("", len(tokens[i]), error=f"llama.cpp: {len(tokens[i])} prompt tokens + max_tokens={requests[i].max_tokens} "
+                                                           f"exceed n_ctx={self.engine.gen_ctx_per_seq}", final=True)
         for j, out in self.engine.generate([tokens[i] for i in ok], [requests[i].max_tokens for i in ok]):
             i = ok[j]
             text = self.model.detokenize(out).decode("utf-8", errors="ignore")

@@ -98,7 +98,8 @@ def completion_from_json(data: Any, req: Request, want_p_yes: bool) -> Completio
         p = p_yes_from_top(tokens_from_openai_logprobs(choice.get("logprobs")))
         if p is None:
             return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                              error=f"single-pass answer without yes/no logprobs (does the server return top_logprobs?): {str(choice.get('logprobs'))[:300]}", cached_tokens=cached)
+                              error=f"single-pass answer without yes/no logprobs (does the server return top_logprobs?): "
+                                    f"{str(choice.get('logprobs'))[:300]}", cached_tokens=cached)
         return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), [p], cached_tokens=cached)
     p_yes = None
     if want_p_yes and req.n_answers is not None and choice.get("logprobs"):

@@ -197,7 +197,8 @@ def run_requests(
             if attempt > 1:
                 this_run["retries"] += len(pending)
                 log.info("llm %s: attempt %d for %d requests", stage, attempt, len(pending))
-            sent = [p.request if attempt == 1 else dataclasses.replace(p.request, temperature=max(llm.temperature, RETRY_TEMPERATURE), seed=attempt) for p in pending]
+            sent = [p.request if attempt == 1 else dataclasses.replace(p.request, temperature=max(llm.temperature, RETRY_TEMPERATURE), seed=attempt)
+                    for p in pending]
             again: list[_Pending] = []
             received: set[int] = set()
             for i, c in backend.stream(sent):  # type: ignore[union-attr]

@@ -28,9 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--docs", type=_count_arg, help="corpus size N after dedup, e.g. 6.8M (default: corpus.limit)")
     p.add_argument("--clusters", "-k", type=_count_arg, help="k (default: cluster.k)")
     p.add_argument("--questions-per-cluster", type=int, help="questions asked per generation prompt (default: cqg.questions_per_prompt = 10)")
-    p.add_argument("--dedup-survival", type=float, help="share of the top-t questions that survive dedup (default: the paper's 9,614/20,000 = 0.4807; QAEmb 10,654/20,000)")
+    p.add_argument("--dedup-survival", type=float,
+                   help="share of the top-t questions that survive dedup (default: the paper's 9,614/20,000 = 0.4807; QAEmb 10,654/20,000)")
     p.add_argument("--parse-rate", type=float, default=Workload.parse_rate, help="share of generated questions that parse (default 1.0)")
-    p.add_argument("--preset", choices=sorted(THROUGHPUTS), default="gpu", help="throughput figures: gpu (assumed H100-class) or cpu (measured on a 2-core machine)")
+    p.add_argument("--preset", choices=sorted(THROUGHPUTS), default="gpu",
+                   help="throughput figures: gpu (assumed H100-class) or cpu (measured on a 2-core machine)")
     p.add_argument("--llm-prompt-tokens-per-s", type=float, help="LLM prefill tokens/s per device")
     p.add_argument("--llm-completion-tokens-per-s", type=float, help="LLM generated tokens/s per device")
     p.add_argument("--llm-tokens-per-s", type=float, help="one figure for both prompt and generated tokens/s per device")
@@ -45,7 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpus", type=int, help="CPU cores for k-means (default: 16 with the gpu preset, 2 with cpu)")
     p.add_argument("--embed-docs", type=_count_arg, help="texts in the final embedding pass (default: the corpus)")
     p.add_argument("--dim", type=int, help="embedding size (default: from the encoder name, else 1024)")
-    p.add_argument("--simulate", action="store_true", help="also run the real labelling planner on a synthetic balanced clustering (exact packing counts; seconds to a minute, ~30 bytes per pair)")
+    p.add_argument("--simulate", action="store_true",
+                   help="also run the real labelling planner on a synthetic balanced clustering "
+                   "(exact packing counts; seconds to a minute, ~30 bytes per pair)")
     p.add_argument("--usd-per-m-tokens", type=float, nargs=2, metavar=("PROMPT", "OUTPUT"),
                    help="price an LLM API: USD per million prompt and output tokens (GPT-4o-mini batch, the paper's: 0.075 0.3)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

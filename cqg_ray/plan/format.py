@@ -47,7 +47,8 @@ def format_plan(p: dict) -> str:
     for r in p["stages"]:
         dev = "cpu" if r["cpu_core_hours"] is not None else f"{r['device_hours']:.2f}"
         lines.append(f"{r['stage']:<13} {cell(r['llm_requests']):>13} {cell(r['prompt_tokens'] and human(r['prompt_tokens']), '{}'):>11} "
-                     f"{cell(r['completion_tokens'] and human(r['completion_tokens']), '{}'):>11} {cell(r['texts_encoded'] and human(r['texts_encoded']), '{}'):>10} "
+                     f"{cell(r['completion_tokens'] and human(r['completion_tokens']), '{}'):>11} "
+                     f"{cell(r['texts_encoded'] and human(r['texts_encoded']), '{}'):>10} "
                      f"{dev:>9} {r['wall_hours']:>8.2f}")
     lines.append(f"{'total':<13} {t['llm_requests']:>13,} {human(t['prompt_tokens']):>11} {human(t['completion_tokens']):>11} "
                  f"{human(t['texts_encoded']):>10} {t['gpu_hours']:>9.2f} {t['wall_hours']:>8.2f}")
@@ -69,7 +70,8 @@ def format_plan(p: dict) -> str:
             v = tp_pair[name]
             star = lambda mode: "*" if (name == c["label_random_from"] and mode == c["label_answer_mode"]) else " "  # noqa: E731
             what = "random texts from the corpus (before)" if name == "corpus" else "random texts from the labelled ones"
-            lines.append(f"             {what:<40} {v['texts']:>11,} texts   packed {v['packed']:6.1f}{star('packed')}  single-pass {v['single']:6.1f}{star('single')}")
+            lines.append(f"             {what:<40} {v['texts']:>11,} texts   packed {v['packed']:6.1f}{star('packed')}  "
+                         f"single-pass {v['single']:6.1f}{star('single')}")
     if "floor" in tp_pair:
         f = tp_pair["floor"]
         lines.append(f"             floor of any plan with these quotas (each cluster with a question labels n_cluster texts of its own): "

@@ -90,8 +90,8 @@ def label_packing_estimate(n_docs: int, k: int, m: int, per_cluster: int, label:
 
         own_nb = with_random(own) if a > b else with_random(nbr)
         prompts = k * (lo * with_random(both) + (hi - lo) * own_nb)
-        return {"texts": int(round(front_texts)), "prompts": int(round(prompts)), "front_texts": int(round(front_texts)), "random_pool": int(round(front_texts)),
-                "min_texts": int(round(k * (1 - own[0]) * a))}
+        return {"texts": int(round(front_texts)), "prompts": int(round(prompts)), "front_texts": int(round(front_texts)),
+                "random_pool": int(round(front_texts)), "min_texts": int(round(k * (1 - own[0]) * a))}
     random_prompts = math.ceil(random_pairs / qpp) if r > 0 else 0
     texts = front_texts + pool * (1 - front_texts / n_docs)
     return {"texts": int(round(texts)), "prompts": int(round(front_prompts + random_prompts)),

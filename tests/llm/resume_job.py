@@ -14,11 +14,13 @@ CONCURRENCY = 2
 
 
 def llm_config(base_url: str) -> LLMConfig:
-    return LLMConfig(backend="openai", flush_every=FLUSH_EVERY, openai=OpenAIConfig(base_url=base_url, model="local", max_concurrency=CONCURRENCY, timeout_s=10, backoff_s=0.01))
+    return LLMConfig(backend="openai", flush_every=FLUSH_EVERY,
+                     openai=OpenAIConfig(base_url=base_url, model="local", max_concurrency=CONCURRENCY, timeout_s=10, backoff_s=0.01))
 
 
 def job_requests(n: int) -> list[Request]:
-    return [Request(answer_messages(f"document {i} about subject {i % 7}", [f"Is it about subject {j}?" for j in range(5)]), 40, 5, meta={"doc": i}) for i in range(n)]
+    return [Request(answer_messages(f"document {i} about subject {i % 7}", [f"Is it about subject {j}?" for j in range(5)]), 40, 5, meta={"doc": i})
+            for i in range(n)]
 
 
 if __name__ == "__main__":

@@ -59,7 +59,8 @@ def test_wrong_sha256_is_refused(fake_parts, tmp_path):
 
 def test_missing_package_names_the_pip_command(fake_parts, tmp_path):
     model, _ = fake_parts
-    missing = BundledModel(model.name, model.filename, (*model.parts, ("fake_model_part9", "data/part09.bin")), (*model.pip, "fake-model-part9==1.0"), model.sha256)
+    missing = BundledModel(model.name, model.filename, (*model.parts, ("fake_model_part9", "data/part09.bin")), (*model.pip, "fake-model-part9==1.0"),
+                           model.sha256)
     with pytest.raises(BundledModelError) as info:
         assemble(missing, str(tmp_path / "cache"))
     msg = str(info.value)

@@ -21,7 +21,8 @@ N = 40
 
 def start_job(run_dir: str, base_url: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.Popen([sys.executable, str(HERE / "resume_job.py"), run_dir, base_url, str(N)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, str(HERE / "resume_job.py"), run_dir, base_url, str(N)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for_requests(srv: FakeOpenAIServer, n: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:

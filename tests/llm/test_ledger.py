@@ -83,7 +83,8 @@ def test_backend_identity_keys_what_changes_replies(tmp_path):
     assert backend_identity(LLMConfig(backend="openai", openai=OpenAIConfig(model="local"))) == plain  # keys of plain configs unchanged
     sends = backend_identity(LLMConfig(backend="openai", openai=OpenAIConfig(model="local", send_grammar=True)))
     assert sends == {**plain, "sends": {"grammar": True, "structured_outputs": False}}
-    assert backend_identity(LLMConfig(backend="openai", constrained=False, openai=OpenAIConfig(model="local", send_grammar=True))) == {**plain, "constrained": False}
+    assert backend_identity(LLMConfig(backend="openai", constrained=False,
+                                      openai=OpenAIConfig(model="local", send_grammar=True))) == {**plain, "constrained": False}
 
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     a.write_bytes(b"GGUF" + b"\x00" * 3_000_000)

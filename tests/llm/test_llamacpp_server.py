@@ -125,7 +125,8 @@ def test_runner_rides_out_a_real_server_that_hangs_and_then_dies(tmp_path):
     base = f"http://127.0.0.1:{port}/v1"
     llm = LLMConfig(
         backend="openai",
-        openai=OpenAIConfig(base_url=base, model="local", send_grammar=True, extra_body={"repeat_penalty": 1.0}, max_concurrency=1, timeout_s=4, max_retries=10, backoff_s=0.5),
+        openai=OpenAIConfig(base_url=base, model="local", send_grammar=True, extra_body={"repeat_penalty": 1.0}, max_concurrency=1, timeout_s=4,
+                            max_retries=10, backoff_s=0.5),
     )
     texts = [f"{t} (note {i})" for i in range(4) for t in TEXTS]
     reqs = [Request(answer_messages(t, QUESTIONS), max_tokens=40, n_answers=3, meta={"t": i}) for i, t in enumerate(texts)]

@@ -66,7 +66,8 @@ def test_completion_from_json_reads_usage_and_logprobs():
                     "content": [
                         {"token": "1", "logprob": 0.0, "top_logprobs": []},
                         {"token": ".", "logprob": 0.0, "top_logprobs": []},
-                        {"token": " yes", "logprob": math.log(0.75), "top_logprobs": [{"token": " yes", "logprob": math.log(0.75)}, {"token": " no", "logprob": math.log(0.25)}]},
+                        {"token": " yes", "logprob": math.log(0.75),
+                         "top_logprobs": [{"token": " yes", "logprob": math.log(0.75)}, {"token": " no", "logprob": math.log(0.25)}]},
                         {"token": "\n", "logprob": 0.0, "top_logprobs": []},
                     ]
                 },
@@ -266,7 +267,8 @@ def test_single_pass_body_and_reply():
     req = answer_requests("A cat sat.", [0], ["Is it about an animal?"], "single", 20, 200)[0]
     body = chat_body(llm, req, 0.0)
     assert body["messages"] == [*req.messages, {"role": "assistant", "content": "1."}]
-    assert (body["max_tokens"], body["logprobs"], body["top_logprobs"], body["continue_final_message"], body["add_generation_prompt"]) == (1, True, 20, True, False)
+    assert (body["max_tokens"], body["logprobs"], body["top_logprobs"], body["continue_final_message"],
+            body["add_generation_prompt"]) == (1, True, 20, True, False)
     assert "grammar" not in body
     data = {"choices": [{"message": {"content": " No"}, "logprobs": {"content": [{"token": " No", "logprob": math.log(0.7),
             "top_logprobs": [{"token": " No", "logprob": math.log(0.7)}, {"token": " Yes", "logprob": math.log(0.1)}]}]}}],

@@ -12,7 +12,9 @@ from cqg_ray.llm.prompts import (
     qaemb_prompt,
 )
 
-GOLDEN_CQG = """Generate 10 simple yet insightful yes/no questions that determine the properties of an article, where for all questions, the answer will be "yes" for ALL the positive articles and "no" for ALL the negative articles. Keep questions concise and avoid using complex sentence structures with "and" or "or" unless necessary.
+GOLDEN_CQG = """Generate 10 simple yet insightful yes/no questions that determine the properties of an article, where for all questions, the answer \
+will be "yes" for ALL the positive articles and "no" for ALL the negative articles. Keep questions concise and avoid using complex sentence \
+structures with "and" or "or" unless necessary.
 
 Positive Articles:
 Positive 1. Whales use echolocation.
@@ -23,7 +25,10 @@ Negative 1. Sharks have cartilage.
 Negative 2. Eagles have sharp eyes.
 Negative 3. Deer eat leaves.
 
-Instruction: Based on the excerpts provided, generate 10 simple yet insightful yes/no questions that can accurately differentiate the positive articles from the negative articles. Each question should be concise and framed in such a way that it will elicit a "yes" response for ALL positive articles and a "no" response for ALL negative articles. Avoid using complex sentence structures with "and" or "or" unless absolutely necessary. Format the questions in a numbered list as shown below:
+Instruction: Based on the excerpts provided, generate 10 simple yet insightful yes/no questions that can accurately differentiate the positive \
+articles from the negative articles. Each question should be concise and framed in such a way that it will elicit a "yes" response for ALL positive \
+articles and a "no" response for ALL negative articles. Avoid using complex sentence structures with "and" or "or" unless absolutely necessary. \
+Format the questions in a numbered list as shown below:
 1. First simple yes/no question
 2. Second simple yes/no question"""
 
@@ -37,7 +42,8 @@ Example Questions:
 1. Does the input mention laughter?
 2. Does the input contain a number?
 
-Instruction: Based on the excerpts provided, generate 10 yes/no questions that can determine the properties of the articles. Format the questions in a numbered list as shown below:
+Instruction: Based on the excerpts provided, generate 10 yes/no questions that can determine the properties of the articles. Format the questions in \
+a numbered list as shown below:
 1. First yes/no question
 2. Second yes/no question"""
 

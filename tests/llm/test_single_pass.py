@@ -30,7 +30,8 @@ TEXTS = [
     "Add two cups of flour and a pinch of salt, then knead the dough for ten minutes.",
     "The striker scored twice in the second half and the home team won the cup.",
 ]
-QUESTIONS = ["Is the text about a building?", "Does the text mention a year?", "Is the text a recipe?", "Does the text mention food?", "Is the text about sports?"]
+QUESTIONS = ["Is the text about a building?", "Does the text mention a year?", "Is the text a recipe?", "Does the text mention food?",
+             "Is the text about sports?"]
 
 
 def full_vocab_p_yes(logits: np.ndarray, yes: list[int], no: list[int]) -> float:

@@ -109,7 +109,8 @@ def test_vllm_logprobs_to_p_yes():
     ]
     tokens = tokens_from_vllm_logprobs(gen, lps)
     assert [t for t, _, _ in tokens] == ["1", ".", " yes", "\n"]
-    out = postprocess({"idx": 0, "generated_text": "1. yes\n", "num_input_tokens": 1, "num_generated_tokens": 4, "n_answers": 1, "generated_tokens": gen, "logprobs": lps})
+    out = postprocess({"idx": 0, "generated_text": "1. yes\n", "num_input_tokens": 1, "num_generated_tokens": 4, "n_answers": 1,
+                       "generated_tokens": gen, "logprobs": lps})
     assert json.loads(out["p_yes_json"]) == [pytest.approx(0.9)]
 
 

@@ -49,7 +49,8 @@ if __name__ == "__main__":
         "RESULT "
         + json.dumps(
             {
-                "first": [{"ok": r.ok, "text": r.text, "answers": r.answers, "p_yes": r.p_yes, "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens, "error": r.error} for r in first],
+                "first": [{"ok": r.ok, "text": r.text, "answers": r.answers, "p_yes": r.p_yes, "prompt_tokens": r.prompt_tokens,
+                           "completion_tokens": r.completion_tokens, "error": r.error} for r in first],
                 "second_cached": [r.cached for r in second],
             }
         ),
