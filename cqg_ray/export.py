@@ -19,9 +19,10 @@ import os
 
 from cqg_ray.hardware import cpu_flags, cpu_model
 from cqg_ray.rundir import ArtifactError, RunDir
+from cqg_ray.stages import NAMES
 
 MODEL_FILES = ("heads.safetensors", "questions.json", "eval_report.json", "eval_report.md", "config.json")  # config.json last
-STAGES = ("prepare", "encode", "cluster", "questions", "labels", "model")
+BUILD_STAGES = tuple(n for n in NAMES if n != "evaluation")  # the stages that build a model
 
 
 def cpu_name() -> str:
@@ -33,7 +34,7 @@ def cpu_name() -> str:
 def build_record(run: RunDir) -> dict:
     """Wall time, counts and LLM usage of each finished stage of a run (from the stage manifests)."""
     stages = {}
-    for stage in STAGES:
+    for stage in BUILD_STAGES:
         man = run.manifest(stage)
         if man is None:
             continue

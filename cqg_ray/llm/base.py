@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from cqg_ray.config import LLMConfig, llm_identity
 from cqg_ray.hardware import pick_dtype
@@ -140,6 +140,14 @@ def backend_identity(llm: LLMConfig) -> dict[str, Any]:
         if engine:
             ident["engine"] = engine
     return ident
+
+
+def in_order(results: Iterable[tuple[int, Completion]], n: int) -> list[Completion]:
+    """The completions of a ``stream`` (index, completion pairs in any order) as a list in request order."""
+    out: list[Completion | None] = [None] * n
+    for i, c in results:
+        out[i] = c
+    return out  # type: ignore[return-value]
 
 
 class Backend:

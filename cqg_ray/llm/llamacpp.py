@@ -34,7 +34,7 @@ from typing import Any, Iterator, Sequence
 
 from cqg_ray.config import LLMConfig
 from cqg_ray.hardware import cpu_flags
-from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, resolve_score_engine
+from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, in_order, resolve_score_engine
 from cqg_ray.llm.batch import BatchEngine
 from cqg_ray.llm.bundled import resolve_model
 from cqg_ray.llm.parse import p_yes_from_tokens
@@ -287,10 +287,7 @@ class LlamaCppBackend(Backend):
         return out
 
     def complete(self, requests: Sequence[Request]) -> list[Completion]:
-        out: list[Completion | None] = [None] * len(requests)
-        for i, c in self.stream(requests):
-            out[i] = c
-        return out  # type: ignore[return-value]
+        return in_order(self.stream(requests), len(requests))
 
     def close(self) -> None:
         if getattr(self, "_scorer", None) is not None and self._scorer is not self._engine:
@@ -403,10 +400,7 @@ class LlamaCppActorPool(Backend):
                 ray.cancel(gen)
 
     def complete(self, requests: Sequence[Request]) -> list[Completion]:
-        out: list[Completion | None] = [None] * len(requests)
-        for i, c in self.stream(requests):
-            out[i] = c
-        return out  # type: ignore[return-value]
+        return in_order(self.stream(requests), len(requests))
 
     def close(self) -> None:
         import ray
