@@ -87,7 +87,11 @@ def test_stage_hash_changes_only_with_its_sections():
     assert stage_hash(a, "labels") == stage_hash(c, "labels")  # concurrency does not change answers
 
 
-def test_demo_config_loads():
-    cfg = load_config("demo")  # the packaged cqg_ray/configs/demo.yaml, by name
-    assert cfg.cluster.k == 30
-    assert cfg.llm.backend == "llamacpp"
+@pytest.mark.parametrize("name", ["demo", "reference", "paper"])
+def test_packaged_configs_are_possible_on_their_corpus_sample(name):
+    """Each packaged config validates and its sizes fit the corpus it samples (the paper's run: 6.8M texts)."""
+    cfg = load_config(name)
+    check_corpus_size(cfg, cfg.corpus.limit or 6_800_000)
+    if cfg.corpus.limit:
+        with pytest.raises(ConfigError, match="cluster.k"):
+            check_corpus_size(cfg, cfg.cluster.k - 1)
