@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED_META_KEY, EMBED_SETTINGS, embeddings_table
 from cqg_ray.config import CorpusConfig, EmbedConfig, RayConfig
-from cqg_ray.encode import UnitActor, actor_plan, limit_cpu_threads, pending_units, plan_units, run_units
+from cqg_ray.units import UnitActor, actor_plan, limit_cpu_threads, pending_units, plan_units, run_units
 from cqg_ray.rundir import ArtifactError, RunDir, hash_sections, resolve
 
 log = logging.getLogger("cqg_ray")

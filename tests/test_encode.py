@@ -6,7 +6,8 @@ from cqg_ray.artifacts import Clusters, load_corpus, load_embeddings
 from cqg_ray.cluster import cluster
 from cqg_ray.config import ClusterConfig, CorpusConfig, EncodeConfig
 from cqg_ray.corpus import prepare
-from cqg_ray.encode import actor_plan, encode, plan_units
+from cqg_ray.encode import encode
+from cqg_ray.units import actor_plan, plan_units
 from cqg_ray.rundir import RunDir, run_stage
 
 
