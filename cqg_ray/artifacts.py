@@ -126,7 +126,7 @@ def embedding_files(run: RunDir) -> list[str]:
 
 def load_embeddings(run: RunDir, doc_ids=None) -> tuple[np.ndarray, np.ndarray]:
     """(doc_ids, embeddings float32) sorted by doc_id; only the given ids when ``doc_ids`` is set (streamed per file)."""
-    wanted = None if doc_ids is None else pa.array(np.asarray(doc_ids, dtype=object), pa.string())
+    wanted = None if doc_ids is None else pa.array(sorted(set(np.asarray(doc_ids, dtype=object).tolist())), pa.string())
     parts = []
     for f in embedding_files(run):
         t = pq.read_table(f, filesystem=run.fs)
@@ -134,8 +134,8 @@ def load_embeddings(run: RunDir, doc_ids=None) -> tuple[np.ndarray, np.ndarray]:
             t = t.filter(pc.is_in(t.column("doc_id"), value_set=wanted))
         parts.append(t)
     table = pa.concat_tables(parts).sort_by("doc_id")
-    if wanted is not None and table.num_rows != len(set(np.asarray(doc_ids).tolist())):
-        raise ArtifactError(f"embeddings missing for {len(set(np.asarray(doc_ids).tolist())) - table.num_rows} requested documents in {run.uri('encode')}")
+    if wanted is not None and table.num_rows != len(wanted):
+        raise ArtifactError(f"embeddings missing for {len(wanted) - table.num_rows} requested documents in {run.uri('encode')}")
     ids = table.column("doc_id").to_numpy(zero_copy_only=False)
     return ids, embedding_matrix(table.column("embedding")).astype(np.float32, copy=False)
 

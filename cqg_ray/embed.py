@@ -126,13 +126,6 @@ def _clear(run: RunDir) -> None:
         run.rm(name)
 
 
-def _remove_partial(run: RunDir, folder: str = "") -> None:
-    """Temporary files of writes that a kill interrupted."""
-    for name in run.ls(folder):
-        if ".tmp-" in name:
-            run.rm(folder, name)
-
-
 def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig | None = None,
           corpus: CorpusConfig | None = None, force: bool = False, progress: bool = True) -> dict:
     """Embed every row of the corpus files with the model; returns the manifest (also written to OUT/_manifest.json).
@@ -179,8 +172,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     run.invalidate(ROOT)
     run.makedirs(EMBED_CORPUS)
     run.write_json(EMBED_SETTINGS, settings)
-    _remove_partial(run)
-    _remove_partial(run, EMBED_CORPUS)
+    run.remove_partial(EMBED_CORPUS)  # (OUT's own temp files: pending_units)
 
     # 1. snapshot of the input rows, one part per input file
     names = _relative_names([u for u, _ in files])
@@ -204,8 +196,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     # 2. embedding units
     units = plan_units(shards, cfg.unit_rows)
     todo_units = pending_units(run, ROOT, units)
-    n_actors, gpus = actor_plan(cfg, ray.cluster_resources())
-    n_actors = max(1, min(n_actors, len(todo_units)))
+    n_actors, gpus = actor_plan(cfg, ray.cluster_resources(), units=len(todo_units))
     log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, tau=%s, %d actor(s) x %s GPU",
              sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, tau, n_actors, gpus)
     t0 = time.time()

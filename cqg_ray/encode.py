@@ -56,8 +56,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     shards = [(p, pq.ParquetFile(p, filesystem=run.fs).metadata.num_rows) for p in corpus_shards(run)]
     units = plan_units(shards, unit_rows or cfg.unit_rows)
     todo = pending_units(run, ctx.stage, units)
-    n_actors, gpus = actor_plan(cfg, ray.cluster_resources())
-    n_actors = max(1, min(n_actors, len(todo)))
+    n_actors, gpus = actor_plan(cfg, ray.cluster_resources(), units=len(todo))
     log.info("encode: %d units (%d done before), %d rows, model %s, %d actor(s) x %s GPU", len(units), len(units) - len(todo),
              sum(n for _, n in shards), cfg.model, n_actors, gpus)
     t0 = time.time()

@@ -135,8 +135,15 @@ class RunDir:
         elif info.type == pafs.FileType.File:
             self.fs.delete_file(p)
 
+    def remove_partial(self, *parts: str) -> None:
+        """Delete the temp files of writes (``write_bytes``) that a kill interrupted, directly inside a folder."""
+        for name in self.ls(*parts):
+            if ".tmp-" in name:
+                self.rm(*parts, name)
+
     def write_bytes(self, rel: str, data: bytes) -> None:
-        """Write atomically where the filesystem allows (temp file + rename on local disks)."""
+        """Write atomically where the filesystem allows (temp file + rename on local disks; ``remove_partial``
+        deletes what a kill leaves)."""
         p = self.path(rel)
         self.fs.create_dir(os.path.dirname(p), recursive=True)
         if self.local:

@@ -37,7 +37,9 @@ def plan_units(shards: list[tuple[str, int]], unit_rows: int = UNIT_ROWS) -> lis
 
 
 def pending_units(run: RunDir, folder: str, units: list[dict]) -> list[dict]:
-    """The units whose file is not written yet; unit files of another plan (other unit size or inputs) are removed."""
+    """The units whose file is not written yet; unit files of another plan (other unit size or inputs) and the temp
+    files of interrupted writes are removed."""
+    run.remove_partial(folder)
     have = {n for n in run.ls(folder, suffix=".parquet") if n.startswith("emb-")}
     for stray in have - {u["name"] for u in units}:
         run.rm(folder, stray)
@@ -82,17 +84,19 @@ class UnitActor:
         return {k: np.array(v) for k, v in out.items()}
 
 
-def actor_plan(cfg: EncodeConfig | EmbedConfig, cluster_resources: dict) -> tuple[int, float]:
+def actor_plan(cfg: EncodeConfig | EmbedConfig, cluster_resources: dict, units: int | None = None) -> tuple[int, float]:
     """(number of actors, GPUs per actor) from the config and the cluster (pure); the encode stage and batch
-    embedding both size their pools with it (num_actors, num_gpus_per_actor, torch_threads)."""
+    embedding both size their pools with it (num_actors, num_gpus_per_actor, torch_threads). With ``units``, at
+    most one actor per unit (at least one)."""
     gpus = float(cluster_resources.get("GPU", 0))
     per = cfg.num_gpus_per_actor if cfg.num_gpus_per_actor is not None else (1.0 if gpus >= 1 else 0.0)
     if cfg.num_actors is not None:
-        return cfg.num_actors, per
-    if per > 0:
-        return max(1, int(gpus // per)), per
-    cpus = float(cluster_resources.get("CPU", 1))
-    return max(1, int(cpus // cfg.torch_threads)), 0.0
+        n = cfg.num_actors
+    elif per > 0:
+        n = max(1, int(gpus // per))
+    else:
+        n, per = max(1, int(float(cluster_resources.get("CPU", 1)) // cfg.torch_threads)), 0.0
+    return (n if units is None else max(1, min(n, units))), per
 
 
 def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, n_actors: int, gpus: float, threads: int,

@@ -22,6 +22,8 @@ def test_actor_plan():
     assert actor_plan(EncodeConfig(), {"CPU": 2}) == (2, 0.0)
     assert actor_plan(EncodeConfig(), {"CPU": 16, "GPU": 4}) == (4, 1.0)
     assert actor_plan(EncodeConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == (3, 0.5)
+    assert actor_plan(EncodeConfig(), {"CPU": 16}, units=3) == (3, 0.0)  # never more actors than units
+    assert actor_plan(EncodeConfig(), {"CPU": 16}, units=0) == (1, 0.0)
 
 
 def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file):

@@ -124,3 +124,26 @@ def test_format_status(tmp_path):
     assert lines[2].split() == ["prepare", "done", lines[2].split()[2], "v=1"]
     assert lines[3].split()[:2] == ["encode", "stale"] and lines[3].endswith("v=2  (config changed)")
     assert [ln.split()[:3] for ln in lines[4:]] == [[s, "missing", "-"] for s in ("cluster", "questions", "labels", "model", "evaluation")]
+
+
+def test_remove_partial_deletes_only_interrupted_writes(tmp_path):
+    run = RunDir(str(tmp_path))
+    run.write_json("encode/done.json", {"v": 1})
+    (tmp_path / "encode" / "emb-a.parquet.tmp-1a2b3c4d").write_bytes(b"half")
+    (tmp_path / "encode" / "_manifest.json.tmp-00ff00ff").write_bytes(b"{")
+    run.remove_partial("encode")
+    assert run.ls("encode") == ["done.json"]
+    run.remove_partial("missing")  # no folder: nothing to do
+
+
+def test_pending_units_skips_written_and_clears_strays_and_partial_writes(tmp_path):
+    from cqg_ray.units import pending_units, plan_units
+
+    run = RunDir(str(tmp_path))
+    units = plan_units([("prepare/part-0.parquet", 25)], unit_rows=10)
+    assert [u["name"] for u in units] == ["emb-part-0-000000000.parquet", "emb-part-0-000000010.parquet", "emb-part-0-000000020.parquet"]
+    run.write_bytes("encode/emb-part-0-000000000.parquet", b"x")  # written
+    run.write_bytes("encode/emb-part-0-000000005.parquet", b"x")  # another plan's unit
+    (tmp_path / "encode" / "emb-part-0-000000010.parquet.tmp-1a2b3c4d").write_bytes(b"half")  # interrupted
+    assert [u["name"] for u in pending_units(run, "encode", units)] == ["emb-part-0-000000010.parquet", "emb-part-0-000000020.parquet"]
+    assert run.ls("encode") == ["emb-part-0-000000000.parquet"]

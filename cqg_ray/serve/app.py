@@ -252,7 +252,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 async def _server_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return JSONResponse(ApiError(500, f"internal error: {type(exc).__name__}", type="server_error").body(), status_code=500)
+    return error_response(ApiError(500, f"internal error: {type(exc).__name__}", type="server_error"))
 
 
 def build_api(service: EmbeddingService, api_key: str | None = None, max_header_bytes: int = MAX_HEADER_BYTES) -> FastAPI:
