@@ -245,7 +245,7 @@ def _relative_names(uris: list[str]) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of `cqg-ray embed` (also used by jobs/embed.py)."""
+    """The arguments of `cqg-ray embed`."""
     p.add_argument("model", help="model folder (local path or URI) written by `cqg-ray train`")
     p.add_argument("corpus", nargs="+", help="corpus files, folders or globs (jsonl, parquet, csv, tsv, txt, optionally .gz)")
     p.add_argument("out", help="output folder (local path or URI, reachable from every node)")
@@ -259,18 +259,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--actors", type=int, default=None, help="actors (default: one per GPU, else one per CPU)")
     p.add_argument("--gpus-per-actor", type=float, default=None, help="default: 1 when the cluster has GPUs, else 0")
     p.add_argument("--threads", type=int, default=1, help="torch threads per CPU actor")
-    p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--address", default=None, help="Ray address (default: the job's RAY_ADDRESS under `ray job submit`, else a local Ray)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray")
     p.add_argument("--force", action="store_true", help="throw away OUT's previous results and start again")
 
 
 def run_from_args(args) -> dict:
-    from cqg_ray.pipeline import init_ray
+    from cqg_ray.pipeline import init_ray, ray_address
 
     cfg = EmbedConfig(output=args.output, tau=args.tau, batch_size=args.batch_size, num_actors=args.actors,
                       num_gpus_per_actor=args.gpus_per_actor, unit_rows=args.unit_rows, torch_threads=args.threads)
     corpus = CorpusConfig(format=args.format, text_column=args.text_column, id_column=args.id_column)
-    init_ray(RayConfig(address=args.address, num_cpus=args.num_cpus))
+    init_ray(RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus))
     m = embed(args.model, args.corpus, args.out, cfg, corpus, force=args.force,
               progress=os.environ.get("CQG_RAY_PROGRESS", "1") != "0")
     print(json.dumps({k: m[k] for k in ("format", "m", "output", "tau", "bytes_per_text", "counts", "texts_per_s", "seconds")}, indent=2))
@@ -280,6 +280,8 @@ def run_from_args(args) -> dict:
 def add_commands(sub) -> None:
     p = sub.add_parser("embed", help="embed a corpus with a trained model (Ray Data; Parquet of packed bits or probabilities)",
                        description="Embed every row of a corpus with a trained model into Parquet files under OUT "
-                                   "(doc_id, embedding). Resumable: run the same command again after a kill.")
+                                   "(doc_id, embedding). Resumable: run the same command again after a kill. On a cluster: "
+                                   "ray job submit --working-dir . -- python -m cqg_ray.cli embed MODEL CORPUS OUT "
+                                   "(MODEL, CORPUS and OUT reachable from every node: shared disk or s3://, gs://).")
     add_arguments(p)
     p.set_defaults(func=lambda args: 0 if run_from_args(args) else 1)

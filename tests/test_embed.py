@@ -180,7 +180,7 @@ TWO_NODES = textwrap.dedent('''
         ray.shutdown()
     else:  # the job entrypoint, joining the cluster through RAY_ADDRESS as `ray job submit` does
         env = {**os.environ, "RAY_ADDRESS": cluster.address, "CQG_RAY_PROGRESS": "0"}
-        job = subprocess.run([sys.executable, "jobs/embed.py", model, corpus, out, "--unit-rows", "25", "--batch-size", "32",
+        job = subprocess.run([sys.executable, "-m", "cqg_ray.cli", "embed", model, corpus, out, "--unit-rows", "25", "--batch-size", "32",
                               "--actors", "2"], env=env, capture_output=True, text=True, timeout=500)
         print(job.stderr[-2000:], file=sys.stderr)
         print("RESULT", json.dumps(json.loads(job.stdout[job.stdout.index("{"):])["counts"]), flush=True)
@@ -191,7 +191,7 @@ TWO_NODES = textwrap.dedent('''
 @pytest.mark.slow
 def test_two_nodes_killed_and_resumed(toy_model, model, corpus_file, tmp_path):
     """Run on a 2-node cluster, SIGKILL the whole run after a few units, then resume it through the job entrypoint
-    (jobs/embed.py joining a 2-node cluster by RAY_ADDRESS): it finishes the rest, and the output holds every input
+    (`python -m cqg_ray.cli embed` joining a 2-node cluster by RAY_ADDRESS): it finishes the rest, and the output holds every input
     row exactly once, equal to the model's own encode."""
     root = Path(__file__).resolve().parents[1]
     script = tmp_path / "two_nodes.py"

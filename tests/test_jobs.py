@@ -301,3 +301,38 @@ def test_submit_full_pipeline_with_the_embedded_llm(head, tmp_path, corpus_file,
     assert ex.cognitive_load == len(ex.shared_yes)
     assert (run_dir / "model" / "eval_report.json").exists()
 
+
+
+@pytest.mark.slow
+def test_submit_serve_deploys_and_returns(head, tmp_path):
+    """`ray job submit -- python -m cqg_ray.cli serve MODEL` on a cluster deploys the application and the job ends;
+    the application keeps answering over HTTP after the job, until `serve shutdown`."""
+    import httpx
+
+    from tests.serve.toy_model import build_toy_model
+
+    model = build_toy_model(str(tmp_path / "model"))
+    port = free_ports(1)[0]
+    sid = head.submit(runtime_env(), "python", "-m", "cqg_ray.cli", "serve", model, "--port", str(port),
+                      "--set", "num_cpus_per_replica=0.5")
+    status = head.wait(sid, timeout=600)
+    logs = head.logs(sid)
+    assert status == "SUCCEEDED", logs[-5000:]
+    assert f"serving {model} at http://127.0.0.1:{port}/ui  (application 'cqg-mbqa'" in logs
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/explain", json={"text_a": "a film with good actors", "text_b": "a movie I liked"},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["m"] == 32
+    finally:
+        down = subprocess.run([str(VENV_BIN / "serve"), "shutdown", "--address", head.dashboard, "--yes"], env=ENV,
+                              capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stderr[-3000:]
+    deadline = time.time() + 60  # the proxy stops shortly after the shutdown returns
+    while time.time() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+        except httpx.TransportError:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError("the application still answers after `serve shutdown`")

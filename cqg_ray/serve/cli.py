@@ -1,7 +1,11 @@
-"""`cqg-ray serve MODEL`: start Ray Serve on this machine (or join RAY_ADDRESS) and serve a model until Ctrl-C.
+"""`cqg-ray serve MODEL`: serve a model with Ray Serve.
 
-Settings come from the `serve` section of --config (a pipeline YAML) and then the flags; the defaults bind
-127.0.0.1:8000 with one replica. For a long-lived cluster deployment use `serve deploy cqg_ray/configs/serve.yaml`.
+On this machine (no --address, no RAY_ADDRESS) it starts a local Ray and serves until Ctrl-C. On a cluster
+(--address, or RAY_ADDRESS as inside `ray job submit -- python -m cqg_ray.cli serve MODEL --host 0.0.0.0`) it
+deploys the application and returns: Serve applications outlive the job (`serve status`, `serve shutdown`); --wait
+keeps it running until stopped, then deletes the application. Settings come from the `serve` section of --config (a
+pipeline YAML) and then the flags; the defaults bind 127.0.0.1:8000 with one replica. For a long-lived cluster
+deployment, `serve deploy cqg_ray/configs/serve.yaml` does the same from a Serve config file.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from cqg_ray.config import RayConfig, ServeConfig, load_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of `cqg-ray serve` (also used by jobs/serve.py)."""
+    """The arguments of `cqg-ray serve`."""
     p.add_argument("model", help="model folder (local path or URI reachable from the replicas)")
     p.add_argument("--config", "-c", help="pipeline YAML whose `serve` section to use")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a serve value, e.g. max_batch_size=64")
@@ -25,8 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--route-prefix", help="URL prefix of the app (default /)")
     p.add_argument("--api-key-env", help="environment variable holding a bearer token that clients must send")
     p.add_argument("--gpus-per-replica", type=float, help="GPUs per replica (default 0)")
-    p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a new local Ray)")
+    p.add_argument("--address", help="Ray address (default: the job's RAY_ADDRESS under `ray job submit`, else a new local Ray)")
     p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray")
+    p.add_argument("--name", default="cqg-mbqa", help="Serve application name (default cqg-mbqa)")
+    p.add_argument("--wait", action="store_true", help="on a cluster: keep running until stopped, then delete the application "
+                                                       "(default: deploy and return; the application stays up)")
 
 
 def serve_config(args) -> ServeConfig:
@@ -57,26 +64,29 @@ def start(model: str, cfg: ServeConfig, name: str = "cqg-mbqa") -> str:
 def cmd_serve(args) -> int:
     from ray import serve
 
-    from cqg_ray.pipeline import init_ray
-
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
+    from cqg_ray.pipeline import init_ray, ray_address
 
     cfg = serve_config(args)
     if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
         print(f"error: --api-key-env {cfg.api_key_env}: that environment variable is not set", file=sys.stderr)
         return 2
     InterpretableEmbedder.load(args.model, load_encoder=False, device="cpu")  # a bad folder fails before Ray starts
-    init_ray(RayConfig(address=args.address, num_cpus=args.num_cpus))
+    address = ray_address(args.address, None)
+    init_ray(RayConfig(address=address, num_cpus=args.num_cpus))
+    url = start(args.model, cfg, name=args.name)
+    print(f"serving {args.model} at {url}/ui  (application {args.name!r}; API: {url}/embed, {url}/explain, {url}/questions, "
+          f"{url}/v1/embeddings)", flush=True)
+    if address is not None and not args.wait:
+        return 0  # on a cluster the application outlives this process
     try:
-        url = start(args.model, cfg)
-        print(f"serving {args.model} at {url}/ui  (API: {url}/embed, {url}/explain, {url}/questions, {url}/v1/embeddings; "
-              f"Ctrl-C stops)", flush=True)
+        print("Ctrl-C stops", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         print("stopping", flush=True)
     finally:
-        serve.shutdown()
+        serve.delete(args.name) if address is not None else serve.shutdown()
     return 0
 
 
