@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED_META_KEY, EMBED_SETTINGS, embeddings_table
 from cqg_ray.config import CorpusConfig, EmbedConfig, RayConfig
-from cqg_ray.units import UnitActor, actor_plan, limit_cpu_threads, pending_units, plan_units, run_units
+from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, split_units, run_units
 from cqg_ray.rundir import ArtifactError, RunDir, hash_sections, resolve
 
 log = logging.getLogger("cqg_ray")
@@ -194,9 +194,9 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
             dropped[k] = dropped.get(k, 0) + int(v)
 
     # 2. embedding units
-    units = plan_units(shards, cfg.unit_rows)
+    units = split_units(shards, cfg.unit_rows)
     todo_units = pending_units(run, ROOT, units)
-    n_actors, gpus = actor_plan(cfg, ray.cluster_resources(), units=len(todo_units))
+    n_actors, gpus = actor_pool_size(cfg, ray.cluster_resources(), units=len(todo_units))
     log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, tau=%s, %d actor(s) x %s GPU",
              sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, tau, n_actors, gpus)
     t0 = time.time()

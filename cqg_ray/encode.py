@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from cqg_ray.artifacts import corpus_shards, embeddings_table
 from cqg_ray.config import EncodeConfig
 from cqg_ray.rundir import RunDir, StageContext
-from cqg_ray.units import UnitActor, actor_plan, limit_cpu_threads, pending_units, plan_units, run_units
+from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, split_units, run_units
 
 log = logging.getLogger("cqg_ray")
 
@@ -54,9 +54,9 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
 
     run = ctx.run
     shards = [(p, pq.ParquetFile(p, filesystem=run.fs).metadata.num_rows) for p in corpus_shards(run)]
-    units = plan_units(shards, unit_rows or cfg.unit_rows)
+    units = split_units(shards, unit_rows or cfg.unit_rows)
     todo = pending_units(run, ctx.stage, units)
-    n_actors, gpus = actor_plan(cfg, ray.cluster_resources(), units=len(todo))
+    n_actors, gpus = actor_pool_size(cfg, ray.cluster_resources(), units=len(todo))
     log.info("encode: %d units (%d done before), %d rows, model %s, %d actor(s) x %s GPU", len(units), len(units) - len(todo),
              sum(n for _, n in shards), cfg.model, n_actors, gpus)
     t0 = time.time()

@@ -3,8 +3,8 @@
 A unit is a slice of rows of one Parquet shard, written as one output file ``emb-<shard>-<start>.parquet``; a rerun
 skips the units whose file exists, so a killed pass resumes where it stopped and writes every row exactly once.
 
-    units = pending_units(run, folder, plan_units(shards, unit_rows))
-    rows, nodes = run_units(units, MyUnits, kwargs, *actor_plan(cfg, ray.cluster_resources()), threads, "encode")
+    units = pending_units(run, folder, split_units(shards, unit_rows))
+    rows, nodes = run_units(units, MyUnits, kwargs, *actor_pool_size(cfg, ray.cluster_resources()), threads, "encode")
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def unit_name(shard_path: str, start: int) -> str:
     return f"emb-{stem}-{start:09d}.parquet"
 
 
-def plan_units(shards: list[tuple[str, int]], unit_rows: int = UNIT_ROWS) -> list[dict]:
+def split_units(shards: list[tuple[str, int]], unit_rows: int = UNIT_ROWS) -> list[dict]:
     """Cut shards (path, rows) into units of at most unit_rows rows (pure)."""
     units = []
     for path, n in shards:
@@ -84,7 +84,7 @@ class UnitActor:
         return {k: np.array(v) for k, v in out.items()}
 
 
-def actor_plan(cfg: EncodeConfig | EmbedConfig, cluster_resources: dict, units: int | None = None) -> tuple[int, float]:
+def actor_pool_size(cfg: EncodeConfig | EmbedConfig, cluster_resources: dict, units: int | None = None) -> tuple[int, float]:
     """(number of actors, GPUs per actor) from the config and the cluster (pure); the encode stage and batch
     embedding both size their pools with it (num_actors, num_gpus_per_actor, torch_threads). With ``units``, at
     most one actor per unit (at least one)."""

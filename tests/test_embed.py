@@ -16,7 +16,7 @@ import pytest
 
 from cqg_ray.config import CorpusConfig, EmbedConfig
 from cqg_ray.artifacts import EMBED_CORPUS, read_embed_output
-from cqg_ray.embed import _relative_names, actor_plan, embed, model_fingerprint
+from cqg_ray.embed import _relative_names, actor_pool_size, embed, model_fingerprint
 from cqg_ray.rundir import ArtifactError, RunDir
 
 
@@ -48,11 +48,11 @@ def mixed_corpus(tmp_path_factory, corpus_file):
     return d
 
 
-def test_actor_plan():
-    assert actor_plan(EmbedConfig(), {"CPU": 2}) == (2, 0.0)
-    assert actor_plan(EmbedConfig(torch_threads=2), {"CPU": 8}) == (4, 0.0)
-    assert actor_plan(EmbedConfig(), {"CPU": 16, "GPU": 4}) == (4, 1.0)
-    assert actor_plan(EmbedConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == (3, 0.5)
+def test_actor_pool_size():
+    assert actor_pool_size(EmbedConfig(), {"CPU": 2}) == (2, 0.0)
+    assert actor_pool_size(EmbedConfig(torch_threads=2), {"CPU": 8}) == (4, 0.0)
+    assert actor_pool_size(EmbedConfig(), {"CPU": 16, "GPU": 4}) == (4, 1.0)
+    assert actor_pool_size(EmbedConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == (3, 0.5)
 
 
 def test_relative_names():

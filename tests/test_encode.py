@@ -7,23 +7,23 @@ from cqg_ray.cluster import cluster
 from cqg_ray.config import ClusterConfig, CorpusConfig, EncodeConfig
 from cqg_ray.corpus import prepare
 from cqg_ray.encode import encode
-from cqg_ray.units import actor_plan, plan_units
+from cqg_ray.units import actor_pool_size, split_units
 from cqg_ray.rundir import RunDir, run_stage
 
 
-def test_plan_units():
-    units = plan_units([("/c/part-a.parquet", 25), ("/c/part-b.parquet", 10)], unit_rows=10)
+def test_split_units():
+    units = split_units([("/c/part-a.parquet", 25), ("/c/part-b.parquet", 10)], unit_rows=10)
     assert [(u["start"], u["stop"]) for u in units] == [(0, 10), (10, 20), (20, 25), (0, 10)]
     assert units[1]["name"] == "emb-part-a-000000010.parquet"
     assert len({u["name"] for u in units}) == 4
 
 
-def test_actor_plan():
-    assert actor_plan(EncodeConfig(), {"CPU": 2}) == (2, 0.0)
-    assert actor_plan(EncodeConfig(), {"CPU": 16, "GPU": 4}) == (4, 1.0)
-    assert actor_plan(EncodeConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == (3, 0.5)
-    assert actor_plan(EncodeConfig(), {"CPU": 16}, units=3) == (3, 0.0)  # never more actors than units
-    assert actor_plan(EncodeConfig(), {"CPU": 16}, units=0) == (1, 0.0)
+def test_actor_pool_size():
+    assert actor_pool_size(EncodeConfig(), {"CPU": 2}) == (2, 0.0)
+    assert actor_pool_size(EncodeConfig(), {"CPU": 16, "GPU": 4}) == (4, 1.0)
+    assert actor_pool_size(EncodeConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == (3, 0.5)
+    assert actor_pool_size(EncodeConfig(), {"CPU": 16}, units=3) == (3, 0.0)  # never more actors than units
+    assert actor_pool_size(EncodeConfig(), {"CPU": 16}, units=0) == (1, 0.0)
 
 
 def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file):

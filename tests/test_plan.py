@@ -1,4 +1,4 @@
-"""Capacity planner: hand-computed small cases, the packing estimate against the real make_plan, the paper's setting."""
+"""Capacity planner: hand-computed small cases, the packing estimate against the real make_label_plan, the paper's setting."""
 
 import json
 import math

@@ -137,10 +137,10 @@ def test_remove_partial_deletes_only_interrupted_writes(tmp_path):
 
 
 def test_pending_units_skips_written_and_clears_strays_and_partial_writes(tmp_path):
-    from cqg_ray.units import pending_units, plan_units
+    from cqg_ray.units import pending_units, split_units
 
     run = RunDir(str(tmp_path))
-    units = plan_units([("prepare/part-0.parquet", 25)], unit_rows=10)
+    units = split_units([("prepare/part-0.parquet", 25)], unit_rows=10)
     assert [u["name"] for u in units] == ["emb-part-0-000000000.parquet", "emb-part-0-000000010.parquet", "emb-part-0-000000020.parquet"]
     run.write_bytes("encode/emb-part-0-000000000.parquet", b"x")  # written
     run.write_bytes("encode/emb-part-0-000000005.parquet", b"x")  # another plan's unit

@@ -1,7 +1,7 @@
 """The labelling stage (`cqg-ray label`): LLM answers that train the MBQA heads (Appendix C).
 
 Reads questions/ (the selected questions and their source clusters), cluster/ and prepare/; plans which
-texts each question is asked about (``cqg_ray.mbqa.plan``: own cluster / nearest clusters / random, grouped
+texts each question is asked about (``cqg_ray.mbqa.label_plan``: own cluster / nearest clusters / random, grouped
 by text) and asks them through the LLM layer (ledger stage ``labels``: a killed run repeats no finished call),
 in ``llm.answer_mode``: single-pass (one question per prompt, P(yes) from the logits, the text's prefix
 shared by its questions) or packed (the paper's A.3, 20 questions per prompt). Writes under labels/:
@@ -50,7 +50,7 @@ def label_requests(cfg: PipelineConfig, plan, questions: list[str], doc_ids: np.
 
 def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True) -> None:
     from cqg_ray.llm.runner import run_requests, stage_stats
-    from cqg_ray.mbqa.plan import make_plan
+    from cqg_ray.mbqa.label_plan import make_label_plan
 
     run = ctx.run
     t0 = time.time()
@@ -58,7 +58,7 @@ def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: b
     questions = qt.column("text").to_pylist()
     q_clusters = qt.column("cluster").to_numpy()
     cl = Clusters.load(run)
-    plan = make_plan(cl.labels, cl.neighbors, q_clusters, cfg.label)
+    plan = make_label_plan(cl.labels, cl.neighbors, q_clusters, cfg.label)
     n_pairs = len(plan.pair_question)
     texts = load_texts(run, cl.doc_ids[np.unique(plan.prompt_doc)])
     reqs, req_doc = label_requests(cfg, plan, questions, cl.doc_ids, texts)

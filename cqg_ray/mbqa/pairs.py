@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cqg_ray.mbqa.plan import holdout_docs
+from cqg_ray.mbqa.label_plan import holdout_docs
 
 
 @dataclass

@@ -17,7 +17,7 @@ How each count is derived (N texts, k clusters; paper symbols of Table 8 and App
   (default: the paper's 9,614 / 20,000 for CQG, 10,654 / 20,000 for QAEmb, Appendix E): m questions.
 - Labelling (Appendix C): m x min(n_cluster + n_neighbor + n_random, N) (text, question) pairs. The paper packs
   20 questions per prompt: pairs / 20 prompts at full packing (10M pairs -> 500k prompts). Our packing
-  (``cqg_ray.mbqa.plan``) groups a text's questions, so the prompts are "one per (text, 20 of its questions)"; its
+  (``cqg_ray.mbqa.label_plan``) groups a text's questions, so the prompts are "one per (text, 20 of its questions)"; its
   count is estimated by ``label_packing_estimate`` (derivation there) and can be checked exactly on a synthetic
   balanced clustering with ``simulate_label_packing`` (``--simulate``).
 - Encoder passes: the corpus (N texts), the k x 10 candidate questions (dedup), and the final embedding pass over

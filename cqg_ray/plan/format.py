@@ -77,7 +77,7 @@ def format_plan(p: dict) -> str:
         lines.append(f"             floor of any plan with these quotas (each cluster with a question labels n_cluster texts of its own): "
                      f"{f['texts']:,} texts -> single-pass >= {f['single']:.1f}; a question's own line alone costs {f['single_without_texts']:.1f}")
     if "label_prompts_simulated" in c:
-        lines.append(f"           our packing (simulated with make_plan on a balanced synthetic clustering): "
+        lines.append(f"           our packing (simulated with make_label_plan on a balanced synthetic clustering): "
                      f"{c['label_prompts_simulated']:,} prompts over {c['label_texts_simulated']:,} texts")
     if "usd" in t:
         lines.append(f"LLM API cost at {i['usd_per_m_tokens'][0]:g} / {i['usd_per_m_tokens'][1]:g} USD per million prompt / output tokens: "

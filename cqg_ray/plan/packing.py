@@ -1,7 +1,7 @@
-"""Texts and prompts of our labelling plan (``cqg_ray.mbqa.plan.make_plan``) on a balanced clustering.
+"""Texts and prompts of our labelling plan (``cqg_ray.mbqa.label_plan.make_label_plan``) on a balanced clustering.
 
 ``label_packing_estimate`` is the closed form the planner uses (instant at any scale); ``simulate_label_packing``
-runs the real ``make_plan`` on a synthetic clustering (``cqg-ray plan --simulate``, and the tests that check the
+runs the real ``make_label_plan`` on a synthetic clustering (``cqg-ray plan --simulate``, and the tests that check the
 estimate against it).
 """
 
@@ -35,7 +35,7 @@ def _expected_prompts(pmf: np.ndarray, per_prompt: int) -> tuple[float, float]:
 
 
 def label_packing_estimate(n_docs: int, k: int, m: int, per_cluster: int, label: LabelConfig) -> dict:
-    """Expected texts and prompts of our labelling plan (``cqg_ray.mbqa.plan.make_plan``) on a balanced clustering.
+    """Expected texts and prompts of our labelling plan (``cqg_ray.mbqa.label_plan.make_label_plan``) on a balanced clustering.
 
     Derivation. Clusters hold S = N/k texts. A question of cluster c takes the first a = min(n_cluster, S) texts of
     c's shared permutation, b = min(quota, J S) / J texts from the front of each of its J = neighbor_clusters
@@ -99,9 +99,9 @@ def label_packing_estimate(n_docs: int, k: int, m: int, per_cluster: int, label:
 
 
 def simulate_label_packing(n_docs: int, k: int, m: int, per_cluster: int, label: LabelConfig, seed: int = 0) -> dict:
-    """Run the real ``make_plan`` on a synthetic balanced clustering (random neighbour lists, Binomial questions per
+    """Run the real ``make_label_plan`` on a synthetic balanced clustering (random neighbour lists, Binomial questions per
     cluster rescaled to exactly m): exact counts of our packing for that layout. Memory ~ 30 bytes per pair."""
-    from cqg_ray.mbqa.plan import make_plan
+    from cqg_ray.mbqa.label_plan import make_label_plan
 
     rng = np.random.default_rng(seed)
     assignments = rng.permutation(np.arange(n_docs) % k)
@@ -115,6 +115,6 @@ def simulate_label_packing(n_docs: int, k: int, m: int, per_cluster: int, label:
         elif per.sum() > m and per[c] > 0:
             per[c] -= 1
     question_clusters = np.repeat(np.arange(k), per)
-    lp = make_plan(assignments, neighbors, question_clusters, label)
+    lp = make_label_plan(assignments, neighbors, question_clusters, label)
     c = lp.counts()
     return {"texts": c["docs"], "prompts": c["prompts"], "pairs": c["pairs"]}

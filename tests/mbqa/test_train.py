@@ -9,7 +9,7 @@ from cqg_ray.mbqa.checkpoint import load_checkpoint, save_checkpoint
 from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.mbqa.loop import epoch_layout, make_optimizer, make_shards, run_epochs, steps_per_epoch
 from cqg_ray.mbqa.pairs import LabelPairs, split_holdout
-from cqg_ray.mbqa.plan import holdout_docs
+from cqg_ray.mbqa.label_plan import holdout_docs
 from cqg_ray.mbqa.report import evaluate_heads, predict_pairs
 
 

@@ -2,13 +2,13 @@ import numpy as np
 import pytest
 
 from cqg_ray.config import LabelConfig
-from cqg_ray.mbqa.plan import (
+from cqg_ray.mbqa.label_plan import (
     SOURCE_CLUSTER,
     SOURCE_NEIGHBOR,
     SOURCE_RANDOM,
     _split_evenly,
     holdout_docs,
-    make_plan,
+    make_label_plan,
     pack_prompts,
 )
 
@@ -43,7 +43,7 @@ def allowed_neighbors(c):
 
 def test_every_question_gets_its_quota_from_the_right_sources_without_duplicates():
     assignments, qc = corpus(), question_clusters()
-    plan = make_plan(assignments, NEIGHBORS, qc, CFG)
+    plan = make_label_plan(assignments, NEIGHBORS, qc, CFG)
     total = CFG.n_cluster + CFG.n_neighbor + CFG.n_random
     for q, c in enumerate(qc):
         sel = plan.pair_question == q
@@ -65,7 +65,7 @@ def test_every_question_gets_its_quota_from_the_right_sources_without_duplicates
 
 
 def test_small_cluster_spills_to_neighbours():
-    plan = make_plan(corpus(), NEIGHBORS, np.array([3]), CFG)
+    plan = make_label_plan(corpus(), NEIGHBORS, np.array([3]), CFG)
     src = plan.pair_source
     # cluster 3 has 3 texts: 3 own, 12 + 17 = 29 from neighbours 2, 1, 0 (40 + 50 + 60 texts), 8 random
     assert [(src == s).sum() for s in (SOURCE_CLUSTER, SOURCE_NEIGHBOR, SOURCE_RANDOM)] == [3, 29, 8]
@@ -73,7 +73,7 @@ def test_small_cluster_spills_to_neighbours():
 
 def test_neighbour_quota_is_split_evenly_nearest_first():
     assignments = corpus()
-    plan = make_plan(assignments, NEIGHBORS, np.array([4]), CFG)
+    plan = make_label_plan(assignments, NEIGHBORS, np.array([4]), CFG)
     neigh = plan.pair_doc[plan.pair_source == SOURCE_NEIGHBOR]
     counts = [int((assignments[neigh] == j).sum()) for j in (2, 7, 6)]
     assert counts == [4, 4, 4]
@@ -87,7 +87,7 @@ def test_split_evenly():
 
 
 def test_packing_asks_every_planned_pair_exactly_once_and_at_most_qpp_per_prompt():
-    plan = make_plan(corpus(), NEIGHBORS, question_clusters(), CFG)
+    plan = make_label_plan(corpus(), NEIGHBORS, question_clusters(), CFG)
     sizes = np.diff(plan.prompt_offsets)
     assert sizes.max() <= CFG.questions_per_prompt and sizes.min() >= 1
     asked = list(zip(np.repeat(plan.prompt_doc, sizes).tolist(), plan.prompt_questions.tolist()))
@@ -105,7 +105,7 @@ def test_packing_asks_every_planned_pair_exactly_once_and_at_most_qpp_per_prompt
 
 
 def test_questions_of_one_cluster_share_texts_so_prompts_pack():
-    plan = make_plan(corpus(), NEIGHBORS, question_clusters(), CFG)
+    plan = make_label_plan(corpus(), NEIGHBORS, question_clusters(), CFG)
     # the 4 questions of cluster 0 ask about the same 20 own-cluster texts
     own = [set(plan.pair_doc[(plan.pair_question == q) & (plan.pair_source == SOURCE_CLUSTER)].tolist()) for q in range(4)]
     assert own[0] == own[1] == own[2] == own[3]
@@ -115,9 +115,9 @@ def test_questions_of_one_cluster_share_texts_so_prompts_pack():
 
 
 def test_plan_is_deterministic_by_seed():
-    a = make_plan(corpus(), NEIGHBORS, question_clusters(), CFG)
-    b = make_plan(corpus(), NEIGHBORS, question_clusters(), CFG)
-    c = make_plan(corpus(), NEIGHBORS, question_clusters(), CFG.model_copy(update={"seed": 4}))
+    a = make_label_plan(corpus(), NEIGHBORS, question_clusters(), CFG)
+    b = make_label_plan(corpus(), NEIGHBORS, question_clusters(), CFG)
+    c = make_label_plan(corpus(), NEIGHBORS, question_clusters(), CFG.model_copy(update={"seed": 4}))
     for name in ("pair_question", "pair_doc", "pair_source", "prompt_doc", "prompt_offsets", "prompt_questions"):
         assert np.array_equal(getattr(a, name), getattr(b, name))
     assert not np.array_equal(a.pair_doc, c.pair_doc)
@@ -126,16 +126,16 @@ def test_plan_is_deterministic_by_seed():
 def test_tiny_corpus_gives_every_question_all_texts():
     assignments = np.array([0, 0, 1, 1, 1, 2])
     neighbors = np.array([[1, 2], [0, 2], [1, 0]])
-    plan = make_plan(assignments, neighbors, np.array([0, 2]), CFG)
+    plan = make_label_plan(assignments, neighbors, np.array([0, 2]), CFG)
     for q in (0, 1):
         assert sorted(plan.pair_doc[plan.pair_question == q].tolist()) == [0, 1, 2, 3, 4, 5]
 
 
 def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="question_clusters"):
-        make_plan(corpus(), NEIGHBORS, np.array([8]), CFG)
+        make_label_plan(corpus(), NEIGHBORS, np.array([8]), CFG)
     with pytest.raises(ValueError, match="neighbors"):
-        make_plan(corpus(), NEIGHBORS[:3], np.array([0]), CFG)
+        make_label_plan(corpus(), NEIGHBORS[:3], np.array([0]), CFG)
 
 
 def test_pack_prompts_by_hand():
@@ -159,8 +159,8 @@ def test_holdout_is_by_document():
 
 def test_random_texts_come_from_the_labelled_pool_and_serve_more_questions():
     assignments, qc = corpus(), question_clusters()
-    labelled = make_plan(assignments, NEIGHBORS, qc, CFG)
-    whole = make_plan(assignments, NEIGHBORS, qc, CFG.model_copy(update={"random_from": "corpus"}))
+    labelled = make_label_plan(assignments, NEIGHBORS, qc, CFG)
+    whole = make_label_plan(assignments, NEIGHBORS, qc, CFG.model_copy(update={"random_from": "corpus"}))
     own_or_neighbor = set(labelled.pair_doc[labelled.pair_source != SOURCE_RANDOM].tolist())
     assert set(labelled.pair_doc[labelled.pair_source == SOURCE_RANDOM].tolist()) <= own_or_neighbor
     # the same pairs per question and per source, on fewer distinct texts

@@ -115,7 +115,7 @@ def _split_evenly(quota: int, sizes: np.ndarray) -> np.ndarray:
     return take
 
 
-def make_plan(
+def make_label_plan(
     assignments: np.ndarray,
     neighbors: np.ndarray,
     question_clusters: np.ndarray,
