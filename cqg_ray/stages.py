@@ -5,6 +5,9 @@ The CLI (a subcommand per stage), the config hash (``config.stage_hash``), the r
 
     stage = get("cqg")            # by command or by name
     stage.name, stage.reads       # 'questions', ('cluster', 'prepare', 'encode')
+
+A stage's name is the noun it writes (its folder: questions, labels, model, evaluation); its command is the verb
+that writes it (cqg, label, train, evaluate-run). Wherever a stage is named (--until, --force, status), either works.
 """
 
 from __future__ import annotations
