@@ -1,23 +1,53 @@
 import pytest
 
-from cqg_ray.config import ConfigError, PipelineConfig, check_corpus_size, config_from_dict, load_config, stage_hash
+from cqg_ray.config import ConfigError, PipelineConfig, check_corpus_size, config_from_dict, config_value, load_config, stage_hash
+from cqg_ray.configs import packaged
 
 
-def test_paper_defaults():
-    cfg = PipelineConfig()
-    assert cfg.cluster.k == 5000
-    assert (cfg.cqg.n_p, cfg.cqg.n_h, cfg.cqg.n_e) == (6, 18, 18)
-    assert (cfg.cqg.p_p, cfg.cqg.p_h, cfg.cqg.p_e) == (5, 3, 2)
-    assert cfg.cqg.theta_value == 0.8
-    assert cfg.cqg.t == 4
-    assert cfg.cqg.hard_neighbors == 3
-    assert cfg.train.lr == 1e-4
-    assert cfg.train.tau == 0.5
-    assert cfg.train.hidden == 8
-    assert (cfg.label.n_cluster, cfg.label.n_neighbor, cfg.label.n_random) == (500, 300, 200)
-    assert cfg.label.neighbor_clusters == 5
-    assert cfg.label.questions_per_prompt == 20
-    assert cfg.train.holdout == 0.1
+# The paper's settings, each with where cqg-mbqa-paper.tex states it. The defaults and cqg_ray/configs/paper.yaml must
+# keep them: a value that drifts is no longer the paper's method (the hidden size of a head, for one, is ours: the paper
+# says "MLP" and no more, so it is not here).
+HYPERPARAMETERS = "Appendix 'Implementation Details', Table 'Hyperparameters used in our experiments'"
+DATA_COLLECTION = "Appendix 'Training and Evaluation of the MBQA Model', paragraph Data Collection"
+PAPER = {
+    "cluster.k": (5000, HYPERPARAMETERS + " (k)"),
+    "cqg.n_p": (6, HYPERPARAMETERS + " (n_p)"),
+    "cqg.n_h": (18, HYPERPARAMETERS + " (n_h)"),
+    "cqg.n_e": (18, HYPERPARAMETERS + " (n_e)"),
+    "cqg.p_p": (5, HYPERPARAMETERS + " (p_p)"),
+    "cqg.p_h": (3, HYPERPARAMETERS + " (p_h)"),
+    "cqg.p_e": (2, HYPERPARAMETERS + " (p_e)"),
+    "cqg.theta_value": (0.8, HYPERPARAMETERS + " (theta)"),
+    "cqg.t": (4, HYPERPARAMETERS + " (t)"),
+    "train.lr": (1e-4, HYPERPARAMETERS + " (alpha)"),
+    "train.tau": (0.5, HYPERPARAMETERS + " (tau)"),
+    "cqg.hard_neighbors": (3, "Appendix 'Our CQG-MBQA Model': hard negatives from the three nearest clusters"),
+    "cqg.questions_per_prompt": (10, "Appendix 'Prompt: Contrastive Question Generation': 'Generate 10 simple yet insightful yes/no questions'"),
+    "label.n_cluster": (500, DATA_COLLECTION + ": 500 in-cluster samples"),
+    "label.n_neighbor": (300, DATA_COLLECTION + ": 300 neighboring cluster samples"),
+    "label.neighbor_clusters": (5, DATA_COLLECTION + ": from 5 nearest clusters"),
+    "label.n_random": (200, DATA_COLLECTION + ": 200 random samples"),
+    "label.questions_per_prompt": (20, DATA_COLLECTION + ": batched in groups of 20 questions (and the MBQA prompt's 'up to 20')"),
+    "train.holdout": (0.1, "Appendix 'Training and Evaluation of the MBQA Model': a 10% held-out document set"),
+}
+# paper.yaml also follows the paper where the defaults do otherwise (label.random_from and llm.answer_mode default to
+# the cheaper way, see their descriptions in config.py; the corpus format is the paper's data set)
+PAPER_RUN_ONLY = {
+    "label.random_from": ("corpus", DATA_COLLECTION + ": random samples from the entire corpus"),
+    "llm.answer_mode": ("packed", "Appendix 'Prompt: Multi-task Binary Question Answering': up to 20 questions per prompt"),
+    "corpus.format": ("medi2", "Appendix 'Our CQG-MBQA Model': trained on MEDI2"),
+    "corpus.dedup": (True, "Appendix 'Our CQG-MBQA Model': a simple exact deduplication"),
+}
+
+
+@pytest.mark.parametrize("source", ["defaults", "paper.yaml"])
+def test_the_paper_settings_are_the_papers(source):
+    cfg = PipelineConfig() if source == "defaults" else load_config("paper")
+    want = PAPER if source == "defaults" else {**PAPER, **PAPER_RUN_ONLY}
+    wrong = {path: (config_value(cfg, path), value, where) for path, (value, where) in want.items() if config_value(cfg, path) != value}
+    assert wrong == {}, "\n".join(f"{source}: {p} = {got!r}, the paper's is {value!r} ({where})" for p, (got, value, where) in wrong.items())
+    if source == "paper.yaml":  # Table 'Hyperparameters' names the encoder Enc: UAE-Large-V1
+        assert cfg.encode.model.rsplit("/", 1)[-1] == "UAE-Large-V1"
 
 
 def test_qaemb_theta_default():
@@ -87,9 +117,9 @@ def test_stage_hash_changes_only_with_its_sections():
     assert stage_hash(a, "labels") == stage_hash(c, "labels")  # concurrency does not change answers
 
 
-@pytest.mark.parametrize("name", ["demo", "reference", "paper"])
+@pytest.mark.parametrize("name", sorted(set(packaged()) - {"serve"}))  # serve.yaml is a Ray Serve file, not a pipeline config
 def test_packaged_configs_are_possible_on_their_corpus_sample(name):
-    """Each packaged config validates and its sizes fit the corpus it samples (the paper's run: 6.8M texts)."""
+    """Each packaged pipeline config validates and its sizes fit the corpus it samples (the paper's run: 6.8M texts)."""
     cfg = load_config(name)
     check_corpus_size(cfg, cfg.corpus.limit or 6_800_000)
     if cfg.corpus.limit:
