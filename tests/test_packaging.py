@@ -71,12 +71,17 @@ def test_the_wheel_holds_the_configs_and_the_page(wheel):
 
 
 def test_installed_package_comes_from_the_wheel_and_finds_its_configs(venv):
+    from cqg_ray.config import load_config
+    from cqg_ray.configs import packaged
+
+    pipeline = sorted(set(packaged()) - {"serve"})
     code = ("import cqg_ray, cqg_ray.configs as c; from cqg_ray.config import load_config; "
-            "print(cqg_ray.__file__); print(c.config_file('demo')); print(load_config('demo').cluster.k, load_config('paper').cluster.k)")
-    pkg, demo, ks = run(venv, str(venv / "bin" / "python"), "-c", code).stdout.splitlines()
+            "print(cqg_ray.__file__); print(c.config_file('demo')); "
+            f"[print(load_config(n).model_dump_json()) for n in {pipeline!r}]")
+    pkg, demo, *configs = run(venv, str(venv / "bin" / "python"), "-c", code).stdout.splitlines()
     assert pkg.startswith(str(venv)) and demo.startswith(str(venv)) and demo.endswith("cqg_ray/configs/demo.yaml")
     assert not pkg.startswith(str(ROOT))
-    assert ks == "30 5000"
+    assert configs == [load_config(n).model_dump_json() for n in pipeline]  # the wheel's configs read as the checkout's
 
 
 def test_cli_runs_from_the_wheel(venv):

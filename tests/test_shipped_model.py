@@ -26,7 +26,15 @@ def test_questions_config_and_heads_agree():
     cfg = json.loads((FOLDER / "config.json").read_text())
     qs = json.loads((FOLDER / "questions.json").read_text())
     assert cfg["m"] == len(qs) == EXPECTED["m"] >= 500
-    assert cfg["encoder"] == "bundled:all-MiniLM-L6-v2" and cfg["dims"] == 384
+    # it loads offline (its encoder is one an installed package bundles) and its heads read that encoder's vectors
+    from safetensors import safe_open
+
+    from cqg_ray.encoder import load_encoder
+
+    assert cfg["encoder"].startswith("bundled:")
+    assert cfg["dims"] == load_encoder(cfg["encoder"], device="cpu").get_sentence_embedding_dimension()
+    with safe_open(FOLDER / "heads.safetensors", "np") as heads:
+        assert heads.get_slice("w1").get_shape() == [cfg["m"], cfg["hidden"], cfg["dims"]]
     assert all(q["labels"] > 0 and 0.0 <= q["yes_rate"] <= 1.0 for q in qs)
     build = json.loads((FOLDER / "build.json").read_text())
     assert build["stages"]["model"]["counts"]["questions"] == cfg["m"]
