@@ -55,6 +55,8 @@ def _train_loop_per_worker(config: dict) -> None:
             _, start_epoch = load_checkpoint(folder, heads, opt)
         if rank == 0:
             log.info("train: resuming from the checkpoint after epoch %d", start_epoch)
+    if rank == 0 and config["progress"] is not None:
+        config["progress"].put({"epoch": start_epoch})  # the bar starts where the run does, 0 or a resumed epoch
     if start_epoch >= cfg.epochs:  # a finished run started again: nothing left to train
         ray.train.report({"epoch": start_epoch, "start_epoch": start_epoch})
         return
@@ -90,10 +92,12 @@ def _train_loop_per_worker(config: dict) -> None:
 
 
 class EpochBar:
-    """A tqdm bar on the driver that follows the epochs rank 0 puts in a Ray queue while `trainer.fit()` blocks."""
+    """A tqdm bar on the driver that follows the epochs rank 0 puts in a Ray queue while `trainer.fit()` blocks: the
+    epoch it starts at (0, or the checkpoint's when resuming), then each epoch as it ends."""
 
     def __init__(self, epochs: int):
         self.epochs = epochs
+        self.shown: list[int] = []  # the epoch counts the bar has shown, in order
         self.queue = None
         if os.environ.get("CQG_RAY_PROGRESS", "1") != "0":
             from ray.util.queue import Queue
@@ -112,8 +116,10 @@ class EpochBar:
         with tqdm(total=self.epochs, desc="train", unit="epoch") as bar:
             for p in iter(self.queue.get, None):  # None: fit() returned
                 bar.n = min(int(p["epoch"]), self.epochs)
-                bar.set_postfix(loss=f"{p['loss']:.4f}", refresh=False)
+                if "loss" in p:
+                    bar.set_postfix(loss=f"{p['loss']:.4f}", refresh=False)
                 bar.refresh()
+                self.shown.append(bar.n)
 
     def __exit__(self, *exc):
         if self.queue is not None:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from cqg_ray.config import TrainConfig
+from cqg_ray.mbqa import train
 from cqg_ray.mbqa.train import LabelPairs, TrainResult, train_and_evaluate, train_heads
 
 CFG = TrainConfig(epochs=4, lr=1e-2, num_workers=2, cpus_per_worker=0.5, checkpoint_every=1, seed=0)
@@ -96,6 +97,25 @@ def test_train_and_evaluate_holds_out_documents(ray_local, problem, tmp_path):
     assert report["no"]["support"] + report["yes"]["support"] == split["heldout_pairs"]
     assert report["accuracy"] > 0.85
     assert result.epochs == 12
+
+
+def test_the_epoch_bar_shows_where_a_resumed_run_starts(ray_local, problem, tmp_path, monkeypatch):
+    """The driver's bar follows rank 0's epochs; a run resumed from a checkpoint (here: one already finished, which
+    trains nothing) starts the bar at the checkpoint's epoch instead of leaving it at 0/N."""
+    bars = []
+
+    class KeptBar(train.EpochBar):
+        def __init__(self, epochs):
+            super().__init__(epochs)
+            bars.append(self)
+
+    monkeypatch.setenv("CQG_RAY_PROGRESS", "1")  # tests turn the bars off (conftest)
+    monkeypatch.setattr(train, "EpochBar", KeptBar)
+    emb, dense = problem()
+    cfg = CFG.model_copy(update={"num_workers": 1, "cpus_per_worker": 1.0, "epochs": 3, "checkpoint_every": 3})
+    assert train_heads(emb, dense, cfg, str(tmp_path), "bar").epochs == 3
+    assert train_heads(emb, dense, cfg, str(tmp_path), "bar").epochs == 3  # finished: resumed at epoch 3, nothing to train
+    assert [b.shown for b in bars] == [[0, 1, 2, 3], [3]]
 
 
 DRIVER = textwrap.dedent("""
