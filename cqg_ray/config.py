@@ -1,7 +1,9 @@
 """Typed configuration: one section per pipeline stage, the paper's defaults, YAML in, clear errors out.
 
 Every default below is the paper's (Table 8 and Appendix C of the CQG-MBQA paper) unless the
-docstring says otherwise; the paper's symbol is given in each field's description.
+description says otherwise; the paper's symbol is given in each field's description. Two defaults depart from the
+paper for speed, and `paper.yaml` sets them back: `llm.answer_mode` (single-pass, not A.3's packed prompt; see
+docs/answer-modes.md) and `label.random_from` (random texts from the labelled pool, not the whole corpus).
 
     cfg = load_config("demo")          # a config shipped in cqg_ray/configs, or a path; bad keys and values raise ConfigError
     cfg.cqg.n_p, cfg.cqg.theta, cfg.train.tau
@@ -149,7 +151,8 @@ class LLMConfig(Section):
     constrained: bool = Field(True, description="force the answer format (grammar / structured outputs) where supported")
     answer_mode: Literal["single", "packed"] = Field("single", description="how yes/no questions are answered (labelling and probing): "
                                                      "single = one question per prompt, P(yes) from one position's logits, the text's prefix shared; "
-                                                     "packed = the paper's A.3 prompt, questions_per_prompt numbered questions, answers decoded")
+                                                     "packed = the paper's A.3 prompt, questions_per_prompt numbered questions, answers decoded "
+                                                     "(the default departs from the paper: paper.yaml sets packed)")
     logprobs: bool = Field(False, description="record P(yes) where the backend gives logprobs (packed mode; single-pass always has it)")
     flush_every: int = Field(32, ge=1, description="results per ledger shard (each result is journalled the moment it finishes)")
     retry_failed: bool = Field(False, description="on a rerun, ask again the requests the ledger holds as failed (after fixing a server, say)")
@@ -197,7 +200,8 @@ class LabelConfig(Section):
     n_random: int = Field(200, ge=0, description="random texts per question (paper: 200)")
     neighbor_clusters: int = Field(5, ge=1, description="nearest clusters used for neighbour texts (paper: 5)")
     random_from: Literal["labelled", "corpus"] = Field("labelled", description="where a question's random texts come from: texts already labelled "
-                                                       "for other questions (each text then serves more questions) or the whole corpus")
+                                                       "for other questions (each text then serves more questions) or the whole corpus "
+                                                       "(the paper's; paper.yaml sets it)")
     questions_per_prompt: int = Field(20, ge=1, le=100, description="questions answered per LLM prompt (paper: 20)")
     max_text_chars: int = Field(1500, ge=16)
     seed: int = 0
