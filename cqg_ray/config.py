@@ -1,6 +1,6 @@
 """Typed configuration: one section per pipeline stage, the paper's defaults, YAML in, clear errors out.
 
-Every default below is the paper's (Table 8 and Appendix C of the CQG-MBQA paper) unless the
+Every default below is the paper's (Table 8 and Appendix B of the CQG-MBQA paper) unless the
 description says otherwise; the paper's symbol is given in each field's description. Two defaults depart from the
 paper for speed, and `paper.yaml` sets them back: `llm.answer_mode` (single-pass, not A.3's packed prompt; see
 docs/answer-modes.md) and `label.random_from` (random texts from the labelled pool, not the whole corpus).
@@ -193,7 +193,7 @@ class CQGConfig(Section):
 
 
 class LabelConfig(Section):
-    """LLM labelling for MBQA training data (Appendix C)."""
+    """LLM labelling for MBQA training data (Appendix B)."""
 
     n_cluster: int = Field(500, ge=0, description="texts per question from its own cluster (paper: 500)")
     n_neighbor: int = Field(300, ge=0, description="texts per question from its nearest clusters (paper: 300)")

@@ -141,13 +141,13 @@ def test_packing_estimate_close_to_make_plan():
 
 def test_paper_setting_matches_appendix_c_d():
     cfg = load_config("paper")
-    p = capacity_plan(cfg, docs=parse_count("6.8M"), prices=(0.075, 0.3))  # GPT-4o-mini batch prices (Appendix D)
+    p = capacity_plan(cfg, docs=parse_count("6.8M"), prices=(0.075, 0.3))  # GPT-4o-mini batch prices (Appendix C)
     c = p["counts"]
     assert c["clusters"] == 5000 and c["candidates"] == 50_000
     assert stage(p, "cqg-generate")["llm_requests"] == 5000  # one A.1 prompt per cluster, 6 + 18 + 18 texts
     assert stage(p, "cqg-probe")["llm_requests"] == 5000 * 10  # 5 + 3 + 2 probe texts per cluster
-    assert c["selected_top_t"] == 20_000 and c["questions"] == 9_614  # Appendix E: 9,614 after dedup
-    assert c["label_pairs"] == 9_614_000  # ~10M pairs (Appendix C/D)
+    assert c["selected_top_t"] == 20_000 and c["questions"] == 9_614  # Appendix D: 9,614 after dedup
+    assert c["label_pairs"] == 9_614_000  # ~10M pairs (Appendix B/C)
     assert c["label_prompts_full_packing"] == 480_700  # 20 questions per prompt -> ~500k prompts
     assert c["holdout_pairs"] == 961_400  # the paper's held-out support: 958,734 pairs (Table 9)
     assert abs(c["holdout_pairs"] - 958_734) / 958_734 < 0.01
@@ -166,7 +166,7 @@ def test_paper_setting_matches_appendix_c_d():
 def test_qaemb_uses_its_own_prompt_and_survival():
     cfg = config_from_dict({"cqg": {"method": "qaemb"}})
     p = capacity_plan(cfg, docs=6_800_000)
-    assert p["counts"]["questions"] == 10_654  # Appendix E: QAEmb-MBQA has 10,654 questions
+    assert p["counts"]["questions"] == 10_654  # Appendix D: QAEmb-MBQA has 10,654 questions
 
 
 def test_limits_and_errors():

@@ -211,7 +211,7 @@ def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
         for m in matched:
             base = os.path.basename(m)
             if fmt == "medi2":
-                if base.startswith("task"):  # paper, Appendix E: files starting with `task` are not corpus material
+                if base.startswith("task"):  # paper, Appendix D: files starting with `task` are not corpus material
                     continue
                 out.append((prefix + m if prefix and not m.startswith(prefix) else m, "medi2"))
             else:

@@ -1,4 +1,4 @@
-"""The labelling stage (`cqg-ray label`): LLM answers that train the MBQA heads (Appendix C).
+"""The labelling stage (`cqg-ray label`): LLM answers that train the MBQA heads (Appendix B).
 
 Reads questions/ (the selected questions and their source clusters), cluster/ and prepare/; plans which
 texts each question is asked about (``cqg_ray.mbqa.label_plan``: own cluster / nearest clusters / random, grouped

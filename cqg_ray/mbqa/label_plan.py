@@ -1,4 +1,4 @@
-"""The labelling plan of Appendix C (pure numpy): which texts each question is asked about, packed into prompts.
+"""The labelling plan of Appendix B (pure numpy): which texts each question is asked about, packed into prompts.
 
 For each selected question q with source cluster c(q), the paper labels n_cluster texts from c(q), n_neighbor texts
 from the `neighbor_clusters` nearest clusters of c(q), and n_random texts from the whole corpus (500/300/200), and

@@ -5,7 +5,7 @@ A pure function of the config (plus a few workload and throughput figures):
     p = capacity_plan(cfg, docs=6_800_000)              # cfg: a PipelineConfig (load_config("paper") for the paper)
     p["counts"]["questions"], p["counts"]["label_pairs"], p["stages"][i]["prompt_tokens"], p["totals"]["gpu_hours"]
 
-How each count is derived (N texts, k clusters; paper symbols of Table 8 and Appendix C):
+How each count is derived (N texts, k clusters; paper symbols of Table 8 and Appendix B):
 
 - CQG generation (A.1): one prompt per cluster (``cqg.max_clusters`` caps k) with n_p + n_h + n_e texts
   (QAEmb: ``qaemb_articles`` texts), asking for ``cqg.questions_per_prompt`` questions (paper: 10), so the
@@ -14,8 +14,8 @@ How each count is derived (N texts, k clusters; paper symbols of Table 8 and App
   cluster's questions, one A.3 prompt per probe text with the cluster's candidates (in chunks of
   ``label.questions_per_prompt``): k x (p_p + p_h + p_e) x ceil(10 / 20) prompts.
 - Selection: top t per cluster -> k x t, then dedup at theta keeps a fraction ``dedup_survival`` of them
-  (default: the paper's 9,614 / 20,000 for CQG, 10,654 / 20,000 for QAEmb, Appendix E): m questions.
-- Labelling (Appendix C): m x min(n_cluster + n_neighbor + n_random, N) (text, question) pairs. The paper packs
+  (default: the paper's 9,614 / 20,000 for CQG, 10,654 / 20,000 for QAEmb, Appendix D): m questions.
+- Labelling (Appendix B): m x min(n_cluster + n_neighbor + n_random, N) (text, question) pairs. The paper packs
   20 questions per prompt: pairs / 20 prompts at full packing (10M pairs -> 500k prompts). Our packing
   (``cqg_ray.mbqa.label_plan``) groups a text's questions, so the prompts are "one per (text, 20 of its questions)"; its
   count is estimated by ``label_packing_estimate`` (derivation there) and can be checked exactly on a synthetic

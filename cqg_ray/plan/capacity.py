@@ -11,7 +11,7 @@ from cqg_ray.plan.packing import label_packing_estimate, simulate_label_packing
 from cqg_ray.plan.throughput import THROUGHPUTS, Throughput
 from cqg_ray.plan.tokens import Workload, answer_prompt_tokens, clipped_text_tokens, generation_prompt_tokens, single_pass_tokens
 
-# The paper's selected -> deduplicated question counts (Appendix E): 4 questions x 5,000 clusters = 20,000 selected.
+# The paper's selected -> deduplicated question counts (Appendix D): 4 questions x 5,000 clusters = 20,000 selected.
 PAPER_DEDUP_SURVIVAL = {"cqg": 9_614 / 20_000, "qaemb": 10_654 / 20_000}
 
 # Embedding sizes of known encoders (used for the k-means flop count; --dim for others).
@@ -40,7 +40,7 @@ def capacity_plan(
     """Requests, tokens, encoder passes and device hours of every stage. ``docs`` defaults to corpus.limit.
 
     ``prices``: (USD per million prompt tokens, USD per million completion tokens) of an LLM API, to price the LLM
-    stages (and the labelling at full packing) as the paper's cost analysis does (Appendix D)."""
+    stages (and the labelling at full packing) as the paper's cost analysis does (Appendix C)."""
     N = docs if docs is not None else cfg.corpus.limit
     if N is None:
         raise ValueError("the corpus size is unknown: give docs (--docs 6.8M) or set corpus.limit")
