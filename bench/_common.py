@@ -41,7 +41,7 @@ def cqg_prompts(n_prompts: int, seed: int = 0, n_pos: int = 6, n_neg: int = 12, 
 
     k = k or n_prompts
     texts = corpus_sample(max(2000, 40 * k), seed)
-    emb = np.asarray(load_encoder("bundled:all-MiniLM-L6-v2").encode(texts, batch_size=64, normalize_embeddings=True), dtype=np.float32)
+    emb = load_encoder("bundled:all-MiniLM-L6-v2").encode(texts, batch_size=64)
     km = faiss.Kmeans(emb.shape[1], k, niter=20, seed=seed, spherical=True)
     km.train(emb)
     labels = km.index.search(emb, 1)[1][:, 0]

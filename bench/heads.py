@@ -118,7 +118,7 @@ def main():
 
     dev = torch.device(a.device)
     encoder = load_encoder(a.encoder, device=a.device)
-    a.d = a.d or encoder.get_embedding_dimension()
+    a.d = a.d or encoder.dim
     sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
     print(f"device {dev} | torch {torch.__version__} | threads {torch.get_num_threads()} | load average {os.getloadavg()[0]:.2f}")
     torch.manual_seed(0)
@@ -132,7 +132,7 @@ def main():
         texts = read_texts(a.texts)
         questions = [{"id": f"q{i}", "text": f"question {i}"} for i in range(a.m)]
         model = InterpretableEmbedder(a.encoder, questions, heads.cpu(), device=a.device, encoder=encoder)
-        bare = lambda t: encoder.encode(t, batch_size=a.encode_batch, normalize_embeddings=True, convert_to_numpy=True)  # noqa: E731
+        bare = lambda t: encoder.encode(t, batch_size=a.encode_batch)  # noqa: E731
         full = lambda t: model.encode(t, batch_size=a.encode_batch, progress=False)  # noqa: E731
         bare(texts[:128])
         bits = full(texts[:128])

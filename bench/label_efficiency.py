@@ -32,7 +32,7 @@ def main():
 
     from cqg_ray.artifacts import load_embeddings, load_labels, load_questions
     from cqg_ray.config import load_config
-    from cqg_ray.encoder import encode, load_encoder
+    from cqg_ray.encoder import load_encoder
     from cqg_ray.evaluate.data import load_sts
     from cqg_ray.evaluate.metrics import sts_spearman
     from cqg_ray.mbqa.heads import StackedHeads
@@ -55,8 +55,8 @@ def main():
     soft = None if p_yes.null_count else split_holdout(LabelPairs(*columns, p_yes.to_numpy(zero_copy_only=False)),
                                                        cfg.train.holdout, cfg.train.seed)[0]
     sts = load_sts(args.sts)
-    enc = load_encoder(cfg.encode.model, device="cpu")
-    e1, e2 = encode(enc, sts.sentence1), encode(enc, sts.sentence2)
+    enc = load_encoder(cfg.encode.model, backend=cfg.encode.backend, device="cpu")
+    e1, e2 = enc.encode(sts.sentence1), enc.encode(sts.sentence2)
     print(f"{m} questions, {len(train_all)} training pairs ({len(train_all) / m:.1f} per question), {len(test)} held out; "
           f"STS-B {len(sts.scores)} pairs; {cfg.train.epochs} epochs at lr {cfg.train.lr:g}, K={cfg.train.pairs_per_head}", flush=True)
 

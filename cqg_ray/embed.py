@@ -103,11 +103,12 @@ def _snapshot_file(row: dict, cfg_json: str, out_uri: str) -> dict:
 class EmbedUnits(UnitActor):
     """Ray Data actor: the model loaded once; embeds whole units and writes their files."""
 
-    def __init__(self, model_path: str, out_uri: str, output: str, tau: float | None, batch_size: int, threads: int):
+    def __init__(self, model_path: str, out_uri: str, output: str, tau: float | None, batch_size: int, threads: int,
+                 backend: str = "auto"):
         limit_cpu_threads(threads)
         from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
-        self.model = InterpretableEmbedder.load(model_path)
+        self.model = InterpretableEmbedder.load(model_path, backend=backend)
         self.tau = self.model.tau if tau is None else tau
         self.run = RunDir(out_uri)
         self.output, self.batch_size = output, batch_size
@@ -202,7 +203,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     t0 = time.time()
     rows_now, nodes = run_units(todo_units, EmbedUnits,
                                 {"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output, "tau": tau,
-                                 "batch_size": cfg.batch_size, "threads": cfg.torch_threads},
+                                 "batch_size": cfg.batch_size, "threads": cfg.torch_threads, "backend": cfg.backend},
                                 n_actors, gpus, cfg.torch_threads, "embed", progress)
     wall = time.time() - t0
 
@@ -255,6 +256,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-column", default="text")
     p.add_argument("--id-column", default=None, help="column with document ids (default: a hash of file, line and text)")
     p.add_argument("--batch-size", type=int, default=256, help="texts per encoder call")
+    p.add_argument("--backend", default="auto", choices=["auto", "torch-float32", "torch-bfloat16", "onnx", "onnx-int8", "openvino"],
+                   help="encoder backend (default auto: openvino/onnx on CPU where installed, else torch float32)")
     p.add_argument("--unit-rows", type=int, default=10_000, help="rows per work unit (the resume granularity)")
     p.add_argument("--actors", type=int, default=None, help="actors (default: one per GPU, else one per CPU)")
     p.add_argument("--gpus-per-actor", type=float, default=None, help="default: 1 when the cluster has GPUs, else 0")
@@ -268,7 +271,8 @@ def run_from_args(args) -> dict:
     from cqg_ray.pipeline import init_ray, ray_address
 
     cfg = EmbedConfig(output=args.output, tau=args.tau, batch_size=args.batch_size, num_actors=args.actors,
-                      num_gpus_per_actor=args.gpus_per_actor, unit_rows=args.unit_rows, torch_threads=args.threads)
+                      num_gpus_per_actor=args.gpus_per_actor, unit_rows=args.unit_rows, torch_threads=args.threads,
+                      backend=args.backend)
     corpus = CorpusConfig(format=args.format, text_column=args.text_column, id_column=args.id_column)
     init_ray(RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus))
     m = embed(args.model, args.corpus, args.out, cfg, corpus, force=args.force,

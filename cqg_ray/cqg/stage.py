@@ -186,8 +186,8 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     order = priority_order(q, chosen)
     from cqg_ray.encoder import load_encoder
 
-    enc = load_encoder(cfg.encode.model)
-    emb = np.asarray(enc.encode(cand_text, batch_size=128, normalize_embeddings=True, show_progress_bar=False), dtype=np.float32)
+    enc = load_encoder(cfg.encode.model, backend=cfg.encode.backend)
+    emb = enc.encode(cand_text, batch_size=128)
     kept, dup_of = dedup(emb, order, c.theta_value)
 
     rate = lambda y, n: np.where(n > 0, y / np.maximum(n, 1), np.nan)  # noqa: E731

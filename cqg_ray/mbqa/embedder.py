@@ -73,7 +73,8 @@ def _auto_device(device: str | None) -> str:
 
 class InterpretableEmbedder:
     def __init__(self, encoder_name: str, questions: list[dict], heads: StackedHeads, tau: float = 0.5,
-                 eval_report: dict | None = None, normalize: bool = True, device: str | None = None, encoder=None):
+                 eval_report: dict | None = None, normalize: bool = True, device: str | None = None, encoder=None,
+                 backend: str = "auto"):
         if len(questions) != heads.m:
             raise ModelError(f"{len(questions)} questions but {heads.m} heads")
         if not 0 < tau < 1:
@@ -84,6 +85,7 @@ class InterpretableEmbedder:
         self.eval_report = eval_report
         self.normalize = normalize
         self.device = _auto_device(device)
+        self.backend = backend  # the encoder backend (cqg_ray.encoder); the heads stay torch
         self.heads = heads.to(self.device).eval()
         self._encoder = encoder
         if encoder is not None:
@@ -105,20 +107,18 @@ class InterpretableEmbedder:
 
     @property
     def encoder(self):
-        """The sentence-transformers encoder, loaded on first use."""
+        """The frozen sentence encoder (`cqg_ray.encoder.Encoder`), loaded on first use."""
         if self._encoder is None:
             from cqg_ray.encoder import load_encoder
 
-            enc = load_encoder(self.encoder_name, device=self.device)
+            enc = load_encoder(self.encoder_name, backend=self.backend, device=self.device)
             self._check_encoder(enc)
             self._encoder = enc
         return self._encoder
 
     def _check_encoder(self, enc) -> None:
-        from cqg_ray.encoder import embedding_dim
-
-        dim = embedding_dim(enc)
-        if dim is not None and dim != self.heads.d:
+        dim = enc.dim
+        if dim != self.heads.d:
             raise ModelError(f"encoder {self.encoder_name!r} gives {dim} dims but the heads expect d={self.heads.d}")
 
     # ------------------------------------------------------------------ folder
@@ -140,9 +140,11 @@ class InterpretableEmbedder:
         })
 
     @classmethod
-    def load(cls, path: str, device: str | None = None, encoder=None, load_encoder: bool = True) -> "InterpretableEmbedder":
-        """Load and check a model folder. `encoder`: an already loaded SentenceTransformer to use instead;
-        `load_encoder=False` defers loading the encoder to the first `encode` (heads-only use)."""
+    def load(cls, path: str, device: str | None = None, encoder=None, load_encoder: bool = True,
+             backend: str = "auto") -> "InterpretableEmbedder":
+        """Load and check a model folder. `encoder`: an already loaded `Encoder` to use instead; `backend`: the
+        encoder backend otherwise (cqg_ray.encoder); `load_encoder=False` defers loading the encoder to the first
+        `encode` (heads-only use)."""
         path = resolve_model(path)
         run = RunDir(path)
         if not run.exists("config.json"):
@@ -174,7 +176,7 @@ class InterpretableEmbedder:
         if len(questions) != heads.m:
             raise ModelError(f"{path}: questions.json has {len(questions)} questions but there are {heads.m} heads")
         report = _read_json(run, "eval_report.json") if run.exists("eval_report.json") else None
-        model = cls(cfg["encoder"], questions, heads, cfg["tau"], report, cfg.get("normalize", True), device, encoder)
+        model = cls(cfg["encoder"], questions, heads, cfg["tau"], report, cfg.get("normalize", True), device, encoder, backend)
         if load_encoder:
             model.encoder
         return model
@@ -221,9 +223,7 @@ class InterpretableEmbedder:
         with tqdm(total=len(texts), disable=not show, desc="encode", unit="text") as bar:
             for i in range(0, len(texts), chunk_size):
                 chunk = texts[i : i + chunk_size]
-                emb = enc.encode(chunk, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=self.normalize,
-                                 show_progress_bar=False)
-                outs.append(self._probs(emb))
+                outs.append(self._probs(torch.from_numpy(enc.encode(chunk, batch_size=batch_size, normalize=self.normalize))))
                 bar.update(len(chunk))
         probs = torch.cat(outs) if outs else torch.zeros(0, self.m)
         return self._finish(probs, output, threshold)
@@ -236,7 +236,8 @@ class InterpretableEmbedder:
         return explanation(p[0], p[1], tau, self.question_records)
 
     def __repr__(self) -> str:
-        return f"InterpretableEmbedder(encoder={self.encoder_name!r}, d={self.dims}, m={self.m}, tau={self.tau}, device={self.device!r})"
+        return (f"InterpretableEmbedder(encoder={self.encoder_name!r}, d={self.dims}, m={self.m}, tau={self.tau}, "
+                f"device={self.device!r}, backend={self.backend!r})")
 
 
 def _read_json(run: RunDir, name: str):

@@ -285,7 +285,7 @@ class EmbedderServer(EmbeddingService):
         if not torch.cuda.is_available():
             torch.set_num_threads(cfg.torch_threads)
         self.api_key = read_api_key(cfg)
-        super().__init__(InterpretableEmbedder.load(model_path), cfg)
+        super().__init__(InterpretableEmbedder.load(model_path, backend=cfg.encoder_backend), cfg)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Ray Serve's hook for an app built in the replica, after __init__."""

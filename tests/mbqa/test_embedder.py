@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from cqg_ray.encoder import encode as encode_texts
 from cqg_ray.encoder import load_encoder
 from cqg_ray.mbqa.embedder import InterpretableEmbedder, ModelError
 from cqg_ray.mbqa.heads import StackedHeads
@@ -105,14 +104,14 @@ def test_encode_old_flags_still_work_with_a_deprecation_warning(saved, encoder):
         np.testing.assert_array_equal(model.encode(TEXTS, binary=True, threshold=0.9), (probs > 0.9).astype(np.uint8))
     with pytest.warns(DeprecationWarning):
         np.testing.assert_array_equal(model.encode(TEXTS, False), probs)  # the old positional `binary`
-    emb = encode_texts(encoder, TEXTS)
+    emb = encoder.encode(TEXTS)
     with pytest.warns(DeprecationWarning):
         np.testing.assert_array_equal(model.encode_embeddings(emb, binary=False), model.encode_embeddings(emb, output="probs"))
 
 
 def test_heads_on_precomputed_embeddings(saved, encoder):
     model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
-    emb = encode_texts(encoder, TEXTS)  # the shared encode helper: L2-normalised, as in training
+    emb = encoder.encode(TEXTS)  # the shared encoder: L2-normalised, as in training
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
     np.testing.assert_allclose(model.encode_embeddings(emb, output="probs"), model.encode(TEXTS, output="probs"), rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="384"):

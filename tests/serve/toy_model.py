@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from cqg_ray.encoder import encode, load_encoder
+from cqg_ray.encoder import load_encoder
 from cqg_ray.mbqa.embedder import InterpretableEmbedder
 from cqg_ray.mbqa.heads import StackedHeads
 
@@ -78,7 +78,7 @@ def build_toy_model(path: str, questions: list[str] | None = None, encoder: str 
     """Write a model folder at `path` (question ids q000, q001, ...) and return `path`."""
     questions = list(questions or TOY_QUESTIONS)
     enc = encoder_model if encoder_model is not None else load_encoder(encoder, device="cpu")
-    q_emb = torch.from_numpy(encode(enc, questions))
+    q_emb = torch.from_numpy(enc.encode(questions))
     heads = toy_heads(q_emb, cut=cut, scale=scale)
     records = [{"id": f"q{i:03d}", "text": q, "cluster": i} for i, q in enumerate(questions)]
     InterpretableEmbedder(encoder, records, heads, tau=tau, device="cpu", encoder=enc).save(path)
