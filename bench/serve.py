@@ -11,6 +11,15 @@ MiniLM encoder, 32 hand-set heads; the encoder dominates the cost).
 Before Serve starts, the model alone is timed one text per call and `--batch` texts per call: the most batching
 can buy on this hardware (on a 2-core CPU about 1.5x for MiniLM; on a GPU far more).
 Last line: `serve_batching_speedup: X` (requests/s batched divided by requests/s unbatched; target >= 3).
+
+    python bench/serve.py --peer infinity [--clients 64] [--requests 1500] [--replicas N] [--threads T]
+
+The yardstick run: our app (encoder on its `auto` backend plus the heads, `--replicas` replicas of `--threads` CPU
+each, default one per core) on POST /v1/embeddings against infinity-emb serving the same encoder folder (encoder
+only, its torch engine on the CPU, every core) on POST /embeddings, both OpenAI-compatible, same texts, same
+`drive` load generator. infinity-emb runs as a subprocess from its own virtualenv (`--infinity-bin`, default
+/work/.venv-infinity/bin/infinity_emb; its pins clash with ours, see docs/serving.md). Each side keeps its best of
+`--rounds`. Last line: `ours_vs_infinity: X` (our requests/s divided by infinity's; target >= 1).
 """
 
 import argparse
@@ -31,7 +40,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from _common import DATA, read_texts
 
 
-async def drive(url: str, bodies: list[dict], clients: int) -> dict:
+async def drive(url: str, bodies: list[dict], clients: int, route: str = "/embed", counters: bool = True) -> dict:
+    """`clients` concurrent httpx clients POSTing `bodies` to `route`; counters: read our /healthz before and after
+    (texts seen, batches), which a peer server does not have."""
     import httpx
 
     latencies, errors = [], 0
@@ -41,19 +52,20 @@ async def drive(url: str, bodies: list[dict], clients: int) -> dict:
         nonlocal errors
         for body in todo:
             t0 = time.perf_counter()
-            r = await c.post("/embed", json=body)
+            r = await c.post(route, json=body)
             latencies.append(time.perf_counter() - t0)
             errors += r.status_code != 200
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as c:
-        before = (await c.get("/healthz")).json()
+        zero = {"texts_seen": 0, "batches": 0}
+        before = (await c.get("/healthz")).json() if counters else zero
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(c) for _ in range(clients)))
         wall = time.perf_counter() - t0
-        after = (await c.get("/healthz")).json()
+        after = (await c.get("/healthz")).json() if counters else zero
     lat = np.array(latencies) * 1000
-    texts = after["texts_seen"] - before["texts_seen"]
+    texts = after["texts_seen"] - before["texts_seen"] if counters else sum(len(b.get("input", b.get("texts", []))) for b in bodies)
     return {"rps": len(bodies) / wall, "texts_per_s": texts / wall, "p50": float(np.percentile(lat, 50)),
             "p95": float(np.percentile(lat, 95)), "errors": errors, "mean_batch": texts / max(1, after["batches"] - before["batches"]),
             "seconds": wall}
@@ -109,6 +121,99 @@ def encoder_ceiling(model_path: str, texts: list[str], batch: int, threads: int,
     return {"one": rates[1], "batched": rates[batch], "ratio": rates[batch] / rates[1]}
 
 
+def wait_http(url: str, seconds: float, proc=None) -> None:
+    """Poll GET url until it answers 200 (or the process dies, or `seconds` pass)."""
+    import httpx
+
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the peer server exited with code {proc.returncode} before answering {url}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"no answer from {url} after {seconds:.0f} s")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_peer(a, model_path: str, texts: list[str]) -> None:
+    """Ours (/v1/embeddings, encoder + heads) vs infinity-emb (/embeddings, encoder only), same load."""
+    import json
+    import subprocess
+
+    import ray
+    from ray import serve
+
+    from cqg_ray.config import ServeConfig
+    from cqg_ray.encoder import resolve_encoder_path
+    from cqg_ray.serve.app import build_app
+
+    if not os.path.exists(a.infinity_bin):
+        sys.exit(f"infinity-emb not found at {a.infinity_bin}: make a separate venv and pip install 'infinity-emb[server]' "
+                 "(see docs/serving.md), or pass --infinity-bin")
+    encoder = json.load(open(os.path.join(model_path, "config.json")))["encoder"]
+    k = a.texts_per_request
+    chunks = [texts[i * k : (i + 1) * k] for i in range(a.requests)]
+    results = {}
+
+    port = free_port()
+    cmd = [a.infinity_bin, "v2", "--model-id", resolve_encoder_path(encoder), "--served-model-name", "enc", "--engine", "torch",
+           "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), "--batch-size", str(a.batch), "--no-bettertransformer"]
+    log = open(os.path.join(tempfile.mkdtemp(prefix="bench-infinity-"), "infinity.log"), "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"})
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 300, proc)
+        bodies = [{"model": "enc", "input": c} for c in chunks]
+        url = f"http://127.0.0.1:{port}"
+        asyncio.run(drive(url, bodies[:200], a.clients, "/embeddings", counters=False))  # warm-up
+        for r in range(a.rounds):
+            res = asyncio.run(drive(url, bodies, a.clients, "/embeddings", counters=False))
+            print(f"round {r + 1} infinity-emb: {res['rps']:.1f} req/s  p50 {res['p50']:.0f} ms  errors {res['errors']}", flush=True)
+            if "infinity" not in results or res["rps"] > results["infinity"]["rps"]:
+                results["infinity"] = res
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+    print(f"infinity log: {log.name}")
+
+    replicas = a.replicas or max(1, (os.cpu_count() or 1) // a.threads)
+    cfg = ServeConfig(num_replicas=replicas, torch_threads=a.threads, num_cpus_per_replica=a.threads, max_batch_size=a.batch,
+                      batch_wait_timeout_s=a.wait, max_ongoing_requests=max(a.clients, 4 * a.batch))
+    ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"enable_access_log": False})
+    serve.run(build_app(model_path, cfg), name="bench", route_prefix="/")
+    url = f"http://127.0.0.1:{port}"
+    bodies = [{"model": cfg.model_name, "input": c} for c in chunks]
+    asyncio.run(drive(url, bodies[:200], a.clients, "/v1/embeddings"))  # warm-up
+    for r in range(a.rounds):
+        res = asyncio.run(drive(url, bodies, a.clients, "/v1/embeddings"))
+        print(f"round {r + 1} ours: {res['rps']:.1f} req/s  p50 {res['p50']:.0f} ms  mean batch {res['mean_batch']:.1f}  errors {res['errors']}", flush=True)
+        if "ours" not in results or res["rps"] > results["ours"]["rps"]:
+            results["ours"] = res
+    serve.shutdown()
+
+    from _common import cpu_line
+
+    print(f"\n{cpu_line()}; load average (1/15 min) {os.getloadavg()[0]:.1f}/{os.getloadavg()[2]:.1f}")
+    print(f"{a.requests} requests x {k} text(s), {a.clients} concurrent clients; ours: {replicas} replica(s) x {a.threads} CPU, "
+          f"encoder backend {cfg.encoder_backend}, max_batch_size {a.batch}; infinity-emb: torch engine, CPU, batch {a.batch}")
+    print(f"{'server':34} {'req/s':>8} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'errors':>7}")
+    for name, label in (("ours", "ours /v1/embeddings (enc + heads)"), ("infinity", "infinity-emb /embeddings (enc)")):
+        res = results[name]
+        print(f"{label:34} {res['rps']:8.1f} {res['texts_per_s']:9.1f} {res['p50']:8.0f} {res['p95']:8.0f} {res['errors']:7d}")
+    print(f"ours_vs_infinity: {results['ours']['rps'] / results['infinity']['rps']:.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=64)
@@ -125,6 +230,9 @@ def main():
     ap.add_argument("--via", choices=["http", "handle"], default="http",
                     help="http: httpx clients through Serve's HTTP proxy (what users see); handle: the same load through a "
                          "DeploymentHandle from the driver (the replica and its batch queue without the proxy's per-request cost)")
+    ap.add_argument("--peer", choices=["infinity"], default=None, help="instead of batching on/off: ours against this embedding server")
+    ap.add_argument("--infinity-bin", default=os.environ.get("INFINITY_BIN", "/work/.venv-infinity/bin/infinity_emb"))
+    ap.add_argument("--replicas", type=int, default=None, help="--peer: our replicas (default: CPUs // --threads)")
     a = ap.parse_args()
 
     import ray
@@ -138,6 +246,8 @@ def main():
     texts = read_texts(a.corpus, a.requests * a.texts_per_request, min_chars=20, max_chars=300)
     k = a.texts_per_request
     bodies = [{"texts": texts[i * k : (i + 1) * k]} for i in range(a.requests)]
+    if a.peer:
+        return run_peer(a, model_path, texts)
 
     ceiling = encoder_ceiling(model_path, texts[:256], a.batch, a.threads, a.gpus)
     ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
