@@ -69,4 +69,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     ctx.counts.update({"documents": total, "dim": dim, "units": len(units), "units_resumed": len(units) - len(todo),
                        "encoded_now": rows_done, "nodes_used": len(nodes), "texts_per_s": round(rows_done / wall, 1) if rows_done else None})
     ctx.extra["model"] = cfg.model
+    from cqg_ray.encoder import resolve_backend
+
+    ctx.extra["backend"] = resolve_backend(cfg.backend, "cuda" if gpus else "cpu")  # auto as resolved on this (the driver's) machine
 

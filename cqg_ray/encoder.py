@@ -75,23 +75,28 @@ def installed_backends() -> set[str]:
 
 
 def pick_backend(flags: set[str], cuda: bool, installed: set[str]) -> tuple[str, str]:
-    """(backend, reason) for `auto` (pure). From bench/encoder.py on the bundled MiniLM (docs/performance.md):
+    """(backend, reason) for `auto` (pure). From bench/encoder.py and the same measurement on a GPU machine, bundled
+    MiniLM (docs/performance.md), texts/s relative to torch float32 on the same machine:
 
-    GPU       torch-float32 (onnxruntime and openvino are installed here as CPU builds)
-    any CPU   openvino, else onnx, else torch-float32. On the AVX-512-BF16 EPYC (Zen 4) openvino ran ~7x torch
-              float32 with cosine 0.99999 to it; onnx-int8 was no faster and moves embeddings more (cosine ~0.992),
-              torch-bfloat16 ~2x. AMX Xeons and AVX2-only EPYCs were not available: auto assumes the same order there
-              (OpenVINO's CPU plugin has AMX and AVX2 kernels; torch bfloat16 is emulated on AVX2).
-    auto picks only backends that keep float32's answers (cosine >= 0.9999 to torch float32: STS-B and the heads'
-    bits unchanged within the tolerance bench/encoder.py checks); int8 is opt-in (`backend: onnx-int8`).
+    H100 GPU                     torch-float32 (bfloat16 ran at 0.58x; onnxruntime/openvino here are CPU builds)
+    Intel Xeon, AMX, 16 cores    openvino 2.25x, torch-bfloat16 1.42x, onnx 0.84x
+    AMD EPYC Zen 4, AVX-512-BF16 openvino 4.2x, onnx 2.7x, torch-bfloat16 1.26x
+    So: openvino where installed; without it torch-bfloat16 on AMX and onnx elsewhere (AVX2-only EPYCs were not
+    available: auto assumes Zen 4's order there, and torch bfloat16 is emulated on AVX2). auto picks only backends
+    that keep float32's answers (STS-B within 0.3 points, <= 0.5% of the heads' bits flipped; all of these do);
+    int8 is opt-in (`backend: onnx-int8`).
     """
     if cuda:
-        return "torch-float32", "GPU: torch float32 (onnxruntime/openvino here are CPU builds)"
+        return "torch-float32", "GPU: torch float32 (bfloat16 was slower on an H100; onnxruntime/openvino here are CPU builds)"
     kind = "AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "other"
-    for backend in ("openvino", "onnx"):
-        if backend in installed:
-            return backend, f"{kind} CPU: {backend} is the fastest installed backend that keeps float32's answers"
-    return "torch-float32", (f"{kind} CPU: openvino would be ~7x faster but is not installed "
+    if "openvino" in installed:
+        return "openvino", f"{kind} CPU: openvino is the fastest backend measured that keeps float32's answers"
+    if kind == "AMX":
+        return "torch-bfloat16", ("AMX CPU: torch bfloat16 on the matrix units (openvino would be faster: "
+                                  "pip install 'cqg-ray[fast-encoder]'; onnx was slower than torch here)")
+    if "onnx" in installed:
+        return "onnx", f"{kind} CPU: onnx (openvino would be faster but is not installed)"
+    return "torch-float32", (f"{kind} CPU: openvino would be ~2-4x faster but is not installed "
                              "(pip install 'cqg-ray[fast-encoder]'); using torch-float32")
 
 
