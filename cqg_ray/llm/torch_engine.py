@@ -10,8 +10,9 @@ its position its depth, and a 4D attention mask that lets a token see only its o
 the final hidden state at each prompt's last token times the yes/no rows of the output matrix (softmax over
 the two answers needs no other logits).
 
-Generation runs static batches of ``gen_seqs`` prompts of similar length (sorted, so left padding is small): one
-forward pass reads the batch's prompts into a KV cache, then each step feeds every running sequence its last token
+Generation runs static batches of ``gen_seqs`` prompts of similar length (sorted, so left padding is small): the
+batch's common prefix (chat template, instruction) is read once and its KV cache copied to every row, one forward
+pass reads the rest of the prompts, left-padded, then each step feeds every running sequence its last token
 (one matrix product over the batch, not one per sequence); a sequence that emits an end token or reaches its
 ``max_tokens`` leaves the batch at once (its cache rows dropped) and is yielded. Greedy, no repeat penalty, as the
 llama.cpp paths. bfloat16 reaches the matrix units of CPUs with AVX-512-BF16 or AMX; on
@@ -26,7 +27,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from cqg_ray.hardware import pick_dtype
-from cqg_ray.llm.batch import p_yes_from_logits, tree_batches
+from cqg_ray.llm.batch import common_prefix, p_yes_from_logits, tree_batches
 
 
 def tree_mask(token_lists: Sequence[Sequence[int]], lcp: Sequence[int], n_entries: int) -> np.ndarray:
@@ -61,6 +62,7 @@ class TorchEngine:
         self.out = self.model.get_output_embeddings().weight
         self.max_seqs, self.max_tokens = max_seqs, max_tokens
         self.gen_seqs = gen_seqs
+        self.min_shared_prefix = 16  # a batch's common prefix shorter than this is read with the rest
         self.eos_ids = list(eos_ids) or [int(t) for t in np.atleast_1d(self.model.generation_config.eos_token_id or self.model.config.eos_token_id)]
 
     def score(self, token_lists: Sequence[Sequence[int]], yes_ids: Sequence[int], no_ids: Sequence[int], share_prefix: bool = True) -> list[tuple[float, int]]:
@@ -97,21 +99,33 @@ class TorchEngine:
                 yield batch[j], out
 
     def _generate_batch(self, prompts: list[Sequence[int]], max_tokens: list[int]) -> Iterator[tuple[int, list[int]]]:
-        """One static batch: the prompts left-padded into one prefill, then one token per running sequence per step."""
+        """One static batch: the prompts' common prefix (chat template and instruction) read once and its cache copied to
+        every row, their rest left-padded into one forward pass, then one token per running sequence per step."""
         torch = self.torch
         from transformers import DynamicCache
 
-        n, width = len(prompts), max(len(p) for p in prompts)
+        n = len(prompts)
+        shared = min(common_prefix(prompts[0], p) for p in prompts[1:]) if n > 1 else 0
+        shared = min(shared, min(len(p) for p in prompts) - 1)  # every row keeps a token of its own to read
+        cache = DynamicCache(config=self.model.config)
+        with torch.inference_mode():
+            if shared >= self.min_shared_prefix:
+                self.model.model(input_ids=torch.tensor([list(prompts[0][:shared])]), position_ids=torch.arange(shared)[None], past_key_values=cache,
+                                 use_cache=True)
+                cache.batch_repeat_interleave(n)
+            else:
+                shared = 0
+        width = max(len(p) for p in prompts) - shared
         ids = torch.zeros((n, width), dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
+        own = torch.zeros((n, width), dtype=torch.long)  # 1 where a row has a token of its own, 0 on its left padding
         for j, p in enumerate(prompts):
-            ids[j, width - len(p):] = torch.as_tensor(list(p))
-            mask[j, width - len(p):] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            ids[j, width - len(p) + shared:] = torch.as_tensor(list(p[shared:]))
+            own[j, width - len(p) + shared:] = 1
+        pos = shared + (own.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.cat([own.new_ones((n, shared)), own], dim=1)  # the cache's columns: shared prefix, padding, own tokens
         eos = torch.as_tensor(self.eos_ids, dtype=torch.long)
         rows = list(range(n))  # batch row -> index into prompts, for the sequences still running
         outs: list[list[int]] = [[] for _ in range(n)]
-        cache = DynamicCache(config=self.model.config)
         with torch.inference_mode():
             hidden = self.model.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state
             nxt = (hidden[:, -1] @ self.out.T).argmax(-1)
