@@ -37,7 +37,7 @@ from cqg_ray.llm.prompts import clip_text  # noqa: E402
 
 from cqg_ray.config import LLMConfig, LlamaCppConfig  # noqa: E402
 from cqg_ray.llm.answers import answer_requests  # noqa: E402
-from cqg_ray.llm.base import Request, resolve_score_engine  # noqa: E402
+from cqg_ray.llm.base import Request, resolve_engine  # noqa: E402
 from cqg_ray.llm.llamacpp import LlamaCppBackend  # noqa: E402
 from cqg_ray.llm.parse import ParseError, parse_answers, parse_questions  # noqa: E402
 
@@ -138,7 +138,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     print(cpu_line())
-    default_engine = resolve_score_engine("auto")
+    default_engine = resolve_engine("auto")
     print(f"single-pass engine picked by auto on this CPU: {default_engine}")
 
     small = backend(SMALL)

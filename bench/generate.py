@@ -1,13 +1,17 @@
-"""Question generation: cluster prompts decoded together (continuous batching) against one at a time.
+"""Question generation: cluster prompts decoded together against one at a time, on each embedded engine.
 
     python bench/generate.py                      # 32 CQG prompts on clusters of the shared corpus, bundled 0.5B model
-    python bench/generate.py --prompts 8 --batch 8
+    python bench/generate.py --prompts 8 --batch 8 --engines torch-float32
 
-Both sides run the same A.1 prompts (6 positives, 12 negatives, texts clipped at 200 characters, as the demo) on
-the same llama.cpp model with greedy decoding and at most 260 new tokens: one at a time through
-``create_chat_completion`` (the path before batching), and ``--batch`` sequences at a time through
-``BatchEngine.generate``. Printed: wall time, prompt and generated tokens, how many replies are identical and how
-many questions each side parsed. Last line: generation_batch_speedup.
+Every side runs the same A.1 prompts (6 positives, 12 negatives, texts clipped at 200 characters, as the demo) with
+greedy decoding and at most 260 new tokens: one at a time through llama.cpp's ``create_chat_completion`` (the path
+before batching, the baseline), and ``--batch`` sequences at a time on each of ``--engines`` (``llamacpp``:
+``BatchEngine.generate``, continuous batching; ``torch-<dtype>``: ``TorchEngine.generate`` on the GGUF's weights
+dequantised once, static batches of similar length; default dtype: bfloat16 where the CPU has AVX-512-BF16 or AMX,
+float32 elsewhere). Printed per side: wall time (model loading excluded), prompt and generated tokens, how many
+questions it parsed and how many replies are identical to the baseline's; then the prefill ceiling: the time the
+torch engine needs only to read the prompts (``max_tokens=1``), the floor of any batched run on it. Last line:
+generation_batch_speedup (the fastest batched side against the baseline).
 """
 
 from __future__ import annotations
@@ -24,9 +28,18 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _common import cpu_line, cqg_prompts  # noqa: E402
 
 from cqg_ray.config import LLMConfig, LlamaCppConfig  # noqa: E402
-from cqg_ray.llm.base import Request  # noqa: E402
+from cqg_ray.hardware import pick_dtype  # noqa: E402
+from cqg_ray.llm.base import Request, resolve_engine  # noqa: E402
 from cqg_ray.llm.llamacpp import LlamaCppBackend  # noqa: E402
 from cqg_ray.llm.parse import parse_questions  # noqa: E402
+
+
+def report(name: str, outs, wall: float, one=None) -> None:
+    pt, ct = sum(o.prompt_tokens for o in outs), sum(o.completion_tokens for o in outs)
+    nq = sum(len(parse_questions(o.text)) for o in outs)
+    same = f"  {sum(a.text == b.text for a, b in zip(outs, one))} of {len(outs)} replies identical to one at a time" if one else ""
+    print(f"{name:>24}: {wall:7.1f} s  {len(outs)} prompts  {pt} prompt + {ct} generated tokens  {ct / wall:6.1f} generated tok/s  "
+          f"{nq} questions parsed{same}", flush=True)
 
 
 def main() -> None:
@@ -35,26 +48,50 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16, help="sequences decoded together (llamacpp.batch_generate)")
     ap.add_argument("--max-tokens", type=int, default=260)
     ap.add_argument("--model", default="bundled:qwen2.5-coder-0.5b")
+    ap.add_argument("--engines", default=f"llamacpp,torch-{pick_dtype()}", help="batched engines to compare (llamacpp, torch-float32, torch-bfloat16)")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the prompt-reading-only run")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     print(cpu_line())
+    print(f"llamacpp.generate_engine auto -> {resolve_engine('auto')} on this CPU", flush=True)
     reqs = [Request(m, max_tokens=args.max_tokens) for m in cqg_prompts(args.prompts, args.seed)]
     b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(model=args.model, batch_generate=args.batch)))
 
-    t0 = time.perf_counter()
-    batched = dict(b.generate_batched(reqs))
-    t_batch = time.perf_counter() - t0
+    batched: dict[str, tuple[list, float]] = {}
+    for engine in args.engines.split(","):
+        if engine.startswith("torch-"):
+            t0 = time.perf_counter()
+            b._generator = b.torch_engine(engine.split("-", 1)[1])
+            print(f"{engine}: model loaded in {time.perf_counter() - t0:.1f} s (not counted)", flush=True)
+        else:
+            b._generator = b.engine
+        t0 = time.perf_counter()
+        got = dict(b.generate_batched(reqs))
+        batched[engine] = ([got[i] for i in range(len(reqs))], time.perf_counter() - t0)
+        report(f"{engine} batched x{args.batch}", *batched[engine])
+
+    ceiling = None
+    torch_engines = [e for e in batched if e.startswith("torch-")]
+    if torch_engines and not args.no_ceiling:  # prompt reading only: one new token per prompt
+        b._generator = b.torch_engine(torch_engines[0].split("-", 1)[1])
+        t0 = time.perf_counter()
+        got = dict(b.generate_batched([Request(r.messages, max_tokens=1) for r in reqs]))
+        ceiling = time.perf_counter() - t0
+        pt = sum(c.prompt_tokens for c in got.values())
+        print(f"{torch_engines[0]} prompt reading only (max_tokens=1): {ceiling:.1f} s, {pt / ceiling:.0f} prompt tok/s", flush=True)
+
     t0 = time.perf_counter()
     one = [b.complete_one(r) for r in reqs]
     t_one = time.perf_counter() - t0
-
-    for name, outs, wall in (("one at a time", one, t_one), (f"batched x{args.batch}", [batched[i] for i in range(len(reqs))], t_batch)):
-        pt, ct = sum(o.prompt_tokens for o in outs), sum(o.completion_tokens for o in outs)
-        nq = sum(len(parse_questions(o.text)) for o in outs)
-        print(f"{name:>14}: {wall:7.1f} s  {len(outs)} prompts  {pt} prompt + {ct} generated tokens  {ct / wall:6.1f} generated tok/s  {nq} questions parsed")
-    same = sum(one[i].text == batched[i].text for i in range(len(reqs)))
-    print(f"identical replies: {same} of {len(reqs)} (batched matrix shapes round differently; greedy choices may then part)")
-    print(f"generation_batch_speedup: {t_one / t_batch:.2f}")
+    report("llamacpp one at a time", one, t_one)
+    for engine, (outs, wall) in batched.items():
+        report(f"{engine} batched x{args.batch}", outs, wall, one)
+    if ceiling:
+        print(f"ceiling: {t_one / ceiling:.2f}x if decoding cost nothing on {torch_engines[0]} (one at a time {t_one:.1f} s / prompt reading {ceiling:.1f} s)")
+    best = min(batched, key=lambda e: batched[e][1])
+    print(f"fastest batched: {best}")
+    print(f"generation_batch_speedup: {t_one / batched[best][1]:.2f}")
+    b.close()
 
 
 if __name__ == "__main__":

@@ -113,6 +113,10 @@ class LlamaCppConfig(Section):
     score_engine: Literal["auto", "llamacpp", "torch-float32", "torch-bfloat16"] = Field(
         "auto", description="engine for single-pass answers: llama.cpp on the GGUF, or torch on its weights dequantised once (cached); "
         "auto = torch-bfloat16 on CPUs with AVX-512-BF16 or AMX, llama.cpp elsewhere (README: Answer modes, measured per machine kind)")
+    generate_engine: Literal["auto", "llamacpp", "torch-float32", "torch-bfloat16"] = Field(
+        "auto", description="engine for batched greedy generation (batch_generate > 1): llama.cpp on the GGUF (continuous batching), or torch on "
+        "its weights dequantised once (static batches of similar length); auto = torch-bfloat16 on CPUs with AVX-512-BF16 or AMX, "
+        "llama.cpp elsewhere (docs/answer-modes.md: Batched generation)")
 
 
 class OpenAIConfig(Section):

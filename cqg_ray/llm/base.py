@@ -109,11 +109,13 @@ def file_fingerprint(path: str, chunk: int = 1 << 20) -> str:
     return f"{size}:{h.hexdigest()[:32]}"
 
 
-def resolve_score_engine(name: str) -> str:
-    """``auto`` -> the measured fastest single-pass engine for this CPU (torch-bfloat16 where bfloat16 is native)."""
+def resolve_engine(name: str, flags: set[str] | None = None) -> str:
+    """``auto`` -> the measured fastest embedded engine for this CPU, for single-pass scoring and for batched generation
+    alike: torch-bfloat16 where bfloat16 is native (AVX-512-BF16 or AMX), llama.cpp elsewhere."""
     if name != "auto":
         return name
-    return "torch-bfloat16" if pick_dtype() == "bfloat16" else "llamacpp"
+    return "torch-bfloat16" if pick_dtype(flags) == "bfloat16" else "llamacpp"
+
 
 
 def backend_identity(llm: LLMConfig) -> dict[str, Any]:
@@ -129,7 +131,10 @@ def backend_identity(llm: LLMConfig) -> dict[str, Any]:
         if os.path.isfile(path):
             ident["gguf"] = file_fingerprint(path)
     if llm.backend == "llamacpp":  # the engine that answers single-pass requests (request_key keeps it for those only)
-        ident["score_engine"] = resolve_score_engine(llm.llamacpp.score_engine)
+        ident["score_engine"] = resolve_engine(llm.llamacpp.score_engine)
+        gen = resolve_engine(llm.llamacpp.generate_engine)
+        if gen != "llamacpp":  # the engine that decodes generation requests (request_key keeps it for those only)
+            ident["generate_engine"] = gen
     if llm.backend == "openai":
         if llm.openai.extra_body:
             ident["extra_body"] = llm.openai.extra_body

@@ -59,6 +59,8 @@ def request_key(identity: dict[str, Any], req: Request, logprobs: bool = False) 
     """sha256 of what decides a reply: model identity (backend, model, temperature, constrained), prompt, limits."""
     if not req.yes_no and "score_engine" in identity:  # the single-pass engine decides single-pass answers only
         identity = {k: v for k, v in identity.items() if k != "score_engine"}
+    if (req.yes_no or req.n_answers is not None) and "generate_engine" in identity:  # the generation engine: generation requests only
+        identity = {k: v for k, v in identity.items() if k != "generate_engine"}
     payload = {
         "model": identity,
         "messages": req.messages,

@@ -21,7 +21,8 @@
 - Single-pass requests (``Request.yes_no``) never decode: ``BatchEngine.score`` (``cqg_ray.llm.batch``) evaluates
   each group of prompts sharing a text once, with every question's suffix in the same batch, and reads P(yes)
   from the logits after each suffix. Greedy generation requests (temperature 0, no grammar) are decoded
-  ``llamacpp.batch_generate`` at a time by ``BatchEngine.generate``; the rest (packed answers under a grammar,
+  ``llamacpp.batch_generate`` at a time by the ``llamacpp.generate_engine``: ``BatchEngine.generate`` (llama.cpp,
+  continuous batching) or ``TorchEngine.generate`` (torch on the dequantised weights, static batches); the rest (packed answers under a grammar,
   retries at a higher temperature) go one at a time through ``create_chat_completion``.
 """
 
@@ -34,7 +35,7 @@ from typing import Any, Iterator, Sequence
 
 from cqg_ray.config import LLMConfig
 from cqg_ray.hardware import cpu_flags
-from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, in_order, resolve_score_engine
+from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, in_order, resolve_engine
 from cqg_ray.llm.batch import BatchEngine
 from cqg_ray.llm.bundled import resolve_model
 from cqg_ray.llm.parse import p_yes_from_tokens
@@ -131,24 +132,46 @@ class LlamaCppBackend(Backend):
         self._yes_no_ids: dict[int, str] | None = None
         self._engine: BatchEngine | None = None
         self._scorer: Any = None
+        self._generator: Any = None
+        self._torch: dict[str, Any] = {}  # dtype -> TorchEngine, one per dtype (scoring and generation share it)
+        self._eog: list[int] | None = None
         self._formatter: Any = None
+
+    def torch_engine(self, dtype: str) -> Any:
+        """A ``TorchEngine`` on this model's weights dequantised once into the cache (``bundled.hf_folder``), one per dtype."""
+        if dtype not in self._torch:
+            from cqg_ray.llm.bundled import hf_folder
+            from cqg_ray.llm.torch_engine import TorchEngine
+
+            cfg = self.llm.llamacpp
+            self._torch[dtype] = TorchEngine(hf_folder(cfg.model, cfg.cache_dir), dtype=dtype, n_threads=self.n_threads, max_seqs=cfg.score_batch,
+                                             gen_seqs=cfg.batch_generate, eos_ids=self.eog_ids())
+        return self._torch[dtype]
 
     @property
     def scorer(self) -> Any:
-        """The single-pass engine (``llamacpp.score_engine``): this model's ``BatchEngine``, or a ``TorchScorer`` on its
-        weights dequantised once into the cache (``bundled.hf_folder``)."""
+        """The single-pass engine (``llamacpp.score_engine``): this model's ``BatchEngine`` or a ``TorchEngine``."""
         if self._scorer is None:
-            name = resolve_score_engine(self.llm.llamacpp.score_engine)
-            if name == "llamacpp":
-                self._scorer = self.engine
-            else:
-                from cqg_ray.llm.bundled import hf_folder
-                from cqg_ray.llm.torch_engine import TorchScorer
-
-                cfg = self.llm.llamacpp
-                self._scorer = TorchScorer(hf_folder(cfg.model, cfg.cache_dir), dtype=name.split("-", 1)[1], n_threads=self.n_threads,
-                                           max_seqs=cfg.score_batch)
+            name = resolve_engine(self.llm.llamacpp.score_engine)
+            self._scorer = self.engine if name == "llamacpp" else self.torch_engine(name.split("-", 1)[1])
         return self._scorer
+
+    @property
+    def generator(self) -> Any:
+        """The batched generation engine (``llamacpp.generate_engine``): this model's ``BatchEngine`` or a ``TorchEngine``."""
+        if self._generator is None:
+            name = resolve_engine(self.llm.llamacpp.generate_engine)
+            self._generator = self.engine if name == "llamacpp" else self.torch_engine(name.split("-", 1)[1])
+        return self._generator
+
+    def eog_ids(self) -> list[int]:
+        """The model's end-of-generation tokens (llama.cpp's ``is_eog``: end of text, end of turn, ...)."""
+        if self._eog is None:
+            import llama_cpp as lc
+
+            vocab = lc.llama_model_get_vocab(self.model._model.model)
+            self._eog = [t for t in range(int(lc.llama_vocab_n_tokens(vocab))) if lc.llama_vocab_is_eog(vocab, t)]
+        return self._eog
 
     @property
     def engine(self) -> BatchEngine:
@@ -205,7 +228,7 @@ class LlamaCppBackend(Backend):
         for i in sorted(set(range(len(requests))) - set(ok)):
             yield i, Completion("", len(tokens[i]), error=f"llama.cpp: {len(tokens[i])} prompt tokens + max_tokens={requests[i].max_tokens} "
                                                            f"exceed n_ctx={self.engine.gen_ctx_per_seq}", final=True)
-        for j, out in self.engine.generate([tokens[i] for i in ok], [requests[i].max_tokens for i in ok]):
+        for j, out in self.generator.generate([tokens[i] for i in ok], [requests[i].max_tokens for i in ok]):
             i = ok[j]
             text = self.model.detokenize(out).decode("utf-8", errors="ignore")
             yield i, Completion(text, len(tokens[i]), len(out))
@@ -290,9 +313,9 @@ class LlamaCppBackend(Backend):
         return in_order(self.stream(requests), len(requests))
 
     def close(self) -> None:
-        if getattr(self, "_scorer", None) is not None and self._scorer is not self._engine:
-            self._scorer.close()
-        self._scorer = None
+        for engine in getattr(self, "_torch", {}).values():
+            engine.close()
+        self._torch, self._scorer, self._generator = {}, None, None
         if getattr(self, "_engine", None) is not None:
             self._engine.close()
             self._engine = None

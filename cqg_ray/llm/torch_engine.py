@@ -1,24 +1,33 @@
-"""Single-pass yes/no scoring in torch (transformers), on the bundled model's weights dequantised once.
+"""Single-pass yes/no scoring and batched greedy generation in torch (transformers), on the bundled model's weights
+dequantised once.
 
-    scorer = TorchScorer("~/.cache/cqg-ray/models/qwen2.5-coder-0.5b-hf", dtype="bfloat16", n_threads=2)
-    scorer.score([tokens, ...], yes_ids, no_ids)            # -> [(p_yes, shared_tokens), ...], like BatchEngine.score
+    engine = TorchEngine("~/.cache/cqg-ray/models/qwen2.5-coder-0.5b-hf", dtype="bfloat16", n_threads=2)
+    engine.score([tokens, ...], yes_ids, no_ids)            # -> [(p_yes, shared_tokens), ...], like BatchEngine.score
+    for i, tokens in engine.generate([prompt_tokens, ...], [260, ...]): ...  # like BatchEngine.generate
 
 The same prefix tree as the llama.cpp engine (``batch.tree_entries``), run as one sequence: each tree token once,
 its position its depth, and a 4D attention mask that lets a token see only its own ancestors; P(yes) comes from
 the final hidden state at each prompt's last token times the yes/no rows of the output matrix (softmax over
-the two answers needs no other logits). bfloat16 reaches the matrix units of CPUs with AVX-512-BF16 or AMX; on
+the two answers needs no other logits).
+
+Generation runs static batches of ``gen_seqs`` prompts of similar length (sorted, so left padding is small): the
+batch's common prefix (chat template, instruction) is read once and its KV cache copied to every row, one forward
+pass reads the rest of the prompts, left-padded, then each step feeds every running sequence its last token
+(one matrix product over the batch, not one per sequence); a sequence that emits an end token or reaches its
+``max_tokens`` leaves the batch at once (its cache rows dropped) and is yielded. Greedy, no repeat penalty, as the
+llama.cpp paths. bfloat16 reaches the matrix units of CPUs with AVX-512-BF16 or AMX; on
 others it is emulated and float32 is the fast choice (``hardware.pick_dtype``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from cqg_ray.hardware import pick_dtype
-from cqg_ray.llm.batch import p_yes_from_logits, tree_batches
+from cqg_ray.llm.batch import common_prefix, p_yes_from_logits, tree_batches
 
 
 def tree_mask(token_lists: Sequence[Sequence[int]], lcp: Sequence[int], n_entries: int) -> np.ndarray:
@@ -36,10 +45,11 @@ def tree_mask(token_lists: Sequence[Sequence[int]], lcp: Sequence[int], n_entrie
     return mask
 
 
-class TorchScorer:
-    """A causal LM in torch that scores single-pass prompts as prefix trees."""
+class TorchEngine:
+    """A causal LM in torch that scores single-pass prompts as prefix trees and decodes greedy batches."""
 
-    def __init__(self, model_dir: str | Path, dtype: str = "auto", n_threads: int | None = None, max_seqs: int = 64, max_tokens: int = 2048):
+    def __init__(self, model_dir: str | Path, dtype: str = "auto", n_threads: int | None = None, max_seqs: int = 64, max_tokens: int = 2048,
+                 gen_seqs: int = 16, eos_ids: Sequence[int] = ()):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -51,6 +61,9 @@ class TorchScorer:
         self.model = AutoModelForCausalLM.from_pretrained(str(Path(model_dir).expanduser()), dtype=self.dtype, attn_implementation="sdpa").eval()
         self.out = self.model.get_output_embeddings().weight
         self.max_seqs, self.max_tokens = max_seqs, max_tokens
+        self.gen_seqs = gen_seqs
+        self.min_shared_prefix = 16  # a batch's common prefix shorter than this is read with the rest
+        self.eos_ids = list(eos_ids) or [int(t) for t in np.atleast_1d(self.model.generation_config.eos_token_id or self.model.config.eos_token_id)]
 
     def score(self, token_lists: Sequence[Sequence[int]], yes_ids: Sequence[int], no_ids: Sequence[int], share_prefix: bool = True) -> list[tuple[float, int]]:
         """(P(yes) at the position after each prompt, prompt tokens shared with another prompt of its batch) per prompt."""
@@ -69,6 +82,76 @@ class TorchScorer:
             for j, i in enumerate(indices):
                 out[i] = (p_yes_from_logits(logits[j], yes_cols, no_cols), shared[j])
         return out
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> Iterator[tuple[int, list[int]]]:
+        """(index, generated tokens without the end token) per prompt, as each finishes (greedy); ``gen_seqs`` at a time,
+        shortest prompts first; a sequence ends at any of ``eos_ids`` (the GGUF's end-of-generation tokens when the
+        llama.cpp backend made this engine, else the model's generation config's)."""
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError("an empty prompt cannot be generated from")
+            if max_tokens[i] < 1:
+                raise ValueError(f"prompt {i}: max_tokens must be >= 1, got {max_tokens[i]}")
+        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+        for s in range(0, len(order), self.gen_seqs):
+            batch = order[s : s + self.gen_seqs]
+            for j, out in self._generate_batch([prompts[i] for i in batch], [int(max_tokens[i]) for i in batch]):
+                yield batch[j], out
+
+    def _generate_batch(self, prompts: list[Sequence[int]], max_tokens: list[int]) -> Iterator[tuple[int, list[int]]]:
+        """One static batch: the prompts' common prefix (chat template and instruction) read once and its cache copied to
+        every row, their rest left-padded into one forward pass, then one token per running sequence per step."""
+        torch = self.torch
+        from transformers import DynamicCache
+
+        n = len(prompts)
+        shared = min(common_prefix(prompts[0], p) for p in prompts[1:]) if n > 1 else 0
+        shared = min(shared, min(len(p) for p in prompts) - 1)  # every row keeps a token of its own to read
+        cache = DynamicCache(config=self.model.config)
+        with torch.inference_mode():
+            if shared >= self.min_shared_prefix:
+                self.model.model(input_ids=torch.tensor([list(prompts[0][:shared])]), position_ids=torch.arange(shared)[None], past_key_values=cache,
+                                 use_cache=True)
+                cache.batch_repeat_interleave(n)
+            else:
+                shared = 0
+        width = max(len(p) for p in prompts) - shared
+        ids = torch.zeros((n, width), dtype=torch.long)
+        own = torch.zeros((n, width), dtype=torch.long)  # 1 where a row has a token of its own, 0 on its left padding
+        for j, p in enumerate(prompts):
+            ids[j, width - len(p) + shared:] = torch.as_tensor(list(p[shared:]))
+            own[j, width - len(p) + shared:] = 1
+        pos = shared + (own.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.cat([own.new_ones((n, shared)), own], dim=1)  # the cache's columns: shared prefix, padding, own tokens
+        eos = torch.as_tensor(self.eos_ids, dtype=torch.long)
+        rows = list(range(n))  # batch row -> index into prompts, for the sequences still running
+        outs: list[list[int]] = [[] for _ in range(n)]
+        with torch.inference_mode():
+            hidden = self.model.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state
+            nxt = (hidden[:, -1] @ self.out.T).argmax(-1)
+            last_pos = pos[:, -1]
+            while rows:
+                done = torch.isin(nxt, eos)
+                keep = []
+                for r, j in enumerate(rows):
+                    if not done[r]:
+                        outs[j].append(int(nxt[r]))
+                    if done[r] or len(outs[j]) >= max_tokens[j]:
+                        yield j, outs[j]
+                    else:
+                        keep.append(r)
+                if not keep:
+                    break
+                if len(keep) < len(rows):  # finished sequences leave the batch: their cache rows and mask rows go
+                    sel = torch.as_tensor(keep)
+                    cache.batch_select_indices(sel)
+                    mask, nxt, last_pos = mask[sel], nxt[sel], last_pos[sel]
+                    rows = [rows[r] for r in keep]
+                mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+                last_pos = last_pos + 1
+                hidden = self.model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos[:, None], past_key_values=cache,
+                                          use_cache=True).last_hidden_state
+                nxt = (hidden[:, -1] @ self.out.T).argmax(-1)
 
     def close(self) -> None:
         self.model = None

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from cqg_ray.config import LLMConfig
+from cqg_ray.config import LLMConfig, LlamaCppConfig
 from cqg_ray.llm.answers import answer_requests
-from cqg_ray.llm.base import Completion, Request
+from cqg_ray.llm.base import Completion, Request, backend_identity, resolve_engine
 from cqg_ray.llm.batch import common_prefix, p_yes_from_logits, prefix_groups, tree_entries
 from cqg_ray.llm.ledger import request_key
 from cqg_ray.llm.parse import p_yes_from_top
@@ -107,6 +107,26 @@ def test_single_pass_request_validation_and_key():
     plain = Request(msg, 1)  # the single-pass engine does not key other requests
     assert request_key(ident, plain) == request_key({k: v for k, v in ident.items() if k != "score_engine"}, plain)
     assert request_key(ident, single) != request_key(ident, Request(msg, 1, yes_no=True, answer_prefix="A:"))
+    gen_ident = {**ident, "generate_engine": "torch-bfloat16"}  # the generation engine keys generation requests only
+    assert request_key(gen_ident, plain) != request_key(ident, plain)
+    assert request_key(gen_ident, single) == request_key(ident, single)
+    packed = Request(msg, 40, n_answers=2)
+    assert request_key(gen_ident, packed) == request_key(ident, packed)
+
+
+def test_engine_choice_follows_the_cpu():
+    avx512_bf16 = {"avx2", "avx512f", "avx512_bf16"}  # AMD EPYC Zen 4
+    amx = {"avx2", "avx512f", "amx_tile", "amx_bf16"}  # Intel Xeon (Sapphire Rapids and later)
+    avx2 = {"avx2", "fma"}  # AMD EPYC Zen 2/3
+    assert resolve_engine("auto", avx512_bf16) == resolve_engine("auto", amx) == "torch-bfloat16"
+    assert resolve_engine("auto", avx2) == resolve_engine("auto", set()) == "llamacpp"
+    assert resolve_engine("torch-float32", avx512_bf16) == "torch-float32"  # a named engine is taken as named
+    ident = backend_identity(LLMConfig(llamacpp=LlamaCppConfig(generate_engine="llamacpp", score_engine="torch-float32")))
+    assert ident["score_engine"] == "torch-float32" and "generate_engine" not in ident  # llama.cpp generation keys as before
+    ident = backend_identity(LLMConfig(llamacpp=LlamaCppConfig(generate_engine="torch-bfloat16")))
+    assert ident["generate_engine"] == "torch-bfloat16"
+    with pytest.raises(ValueError):
+        LlamaCppConfig(generate_engine="torch-float16")
 
 
 def test_judge_single_pass():
