@@ -48,7 +48,7 @@ from _common import DATA, read_texts
 
 async def drive(url: str, bodies: list[dict], clients: int, route: str = "/embed", counters: bool = True) -> dict:
     """`clients` concurrent httpx clients POSTing `bodies` to `route`; counters: read our /healthz before and after
-    (texts seen, batches), which a peer server does not have."""
+    (texts seen, batches), which a peer server does not have (and which count one replica only: off for several)."""
     import httpx
 
     latencies, errors = [], 0
@@ -73,8 +73,8 @@ async def drive(url: str, bodies: list[dict], clients: int, route: str = "/embed
     lat = np.array(latencies) * 1000
     texts = after["texts_seen"] - before["texts_seen"] if counters else sum(len(b.get("input", b.get("texts", []))) for b in bodies)
     return {"rps": len(bodies) / wall, "texts_per_s": texts / wall, "p50": float(np.percentile(lat, 50)),
-            "p95": float(np.percentile(lat, 95)), "errors": errors, "mean_batch": texts / max(1, after["batches"] - before["batches"]),
-            "seconds": wall}
+            "p95": float(np.percentile(lat, 95)), "errors": errors,
+            "mean_batch": texts / max(1, after["batches"] - before["batches"]) if counters else float("nan"), "seconds": wall}
 
 
 async def drive_handle(handle, bodies: list[dict], clients: int) -> dict:
@@ -200,9 +200,9 @@ def run_peer(a, model_path: str, texts: list[str]) -> None:
     serve.run(build_app(model_path, cfg), name="bench", route_prefix="/")
     url = f"http://127.0.0.1:{port}"
     bodies = [{"model": cfg.model_name, "input": c} for c in chunks]
-    asyncio.run(drive(url, bodies[:200], a.clients, "/v1/embeddings"))  # warm-up
+    asyncio.run(drive(url, bodies[:200], a.clients, "/v1/embeddings", counters=replicas == 1))  # warm-up
     for r in range(a.rounds):
-        res = asyncio.run(drive(url, bodies, a.clients, "/v1/embeddings"))
+        res = asyncio.run(drive(url, bodies, a.clients, "/v1/embeddings", counters=replicas == 1))
         print(f"round {r + 1} ours: {res['rps']:.1f} req/s  p50 {res['p50']:.0f} ms  mean batch {res['mean_batch']:.1f}  errors {res['errors']}", flush=True)
         if "ours" not in results or res["rps"] > results["ours"]["rps"]:
             results["ours"] = res
@@ -248,8 +248,8 @@ def run_tune(a, model_path: str, texts: list[str]) -> None:
                               batch_wait_timeout_s=a.wait, encoder_batch_size=enc_batch, max_ongoing_requests=max(a.clients, 4 * batch))
             serve.run(build_app(model_path, cfg), name="bench", route_prefix="/")
             bodies = [{"model": cfg.model_name, "input": texts[i * k : (i + 1) * k]} for i in range(a.requests)]
-            asyncio.run(drive(url, bodies[:200], a.clients, "/v1/embeddings"))  # warm-up
-            res = asyncio.run(drive(url, bodies, a.clients, "/v1/embeddings"))
+            asyncio.run(drive(url, bodies[:200], a.clients, "/v1/embeddings", counters=replicas == 1))  # warm-up
+            res = asyncio.run(drive(url, bodies, a.clients, "/v1/embeddings", counters=replicas == 1))
             print(f"round {r + 1} {name}: {res['rps']:.1f} req/s  p50 {res['p50']:.0f} ms  mean batch {res['mean_batch']:.1f}  "
                   f"errors {res['errors']}", flush=True)
             if name not in best or res["rps"] > best[name]["rps"]:
