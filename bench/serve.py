@@ -193,7 +193,7 @@ def run_peer(a, model_path: str, texts: list[str]) -> None:
 
     replicas = a.replicas or max(1, (os.cpu_count() or 1) // a.threads)
     cfg = ServeConfig(num_replicas=replicas, torch_threads=a.threads, num_cpus_per_replica=a.threads, max_batch_size=a.batch,
-                      batch_wait_timeout_s=a.wait, max_ongoing_requests=max(a.clients, 4 * a.batch))
+                      batch_wait_timeout_s=a.wait, max_ongoing_requests=max(a.clients, 4 * a.batch), encoder_batch_size=a.encoder_batch)
     ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"enable_access_log": False})
@@ -212,7 +212,8 @@ def run_peer(a, model_path: str, texts: list[str]) -> None:
 
     print(f"\n{cpu_line()}; load average (1/15 min) {os.getloadavg()[0]:.1f}/{os.getloadavg()[2]:.1f}")
     print(f"{a.requests} requests x {k} text(s), {a.clients} concurrent clients; ours: {replicas} replica(s) x {a.threads} CPU, "
-          f"encoder backend {cfg.encoder_backend}, max_batch_size {a.batch}; infinity-emb: torch engine, CPU, batch {a.batch}")
+          f"encoder backend {cfg.encoder_backend}, max_batch_size {a.batch}, encoder_batch_size {a.encoder_batch or 'default'}; "
+          f"infinity-emb: torch engine, CPU, batch {a.batch}")
     print(f"{'server':34} {'req/s':>8} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'errors':>7}")
     for name, label in (("ours", "ours /v1/embeddings (enc + heads)"), ("infinity", "infinity-emb /embeddings (enc)")):
         res = results[name]
@@ -289,6 +290,7 @@ def main():
     ap.add_argument("--peer", choices=["infinity"], default=None, help="instead of batching on/off: ours against this embedding server")
     ap.add_argument("--infinity-bin", default=os.environ.get("INFINITY_BIN", "/work/.venv-infinity/bin/infinity_emb"))
     ap.add_argument("--replicas", type=int, default=None, help="--peer: our replicas (default: CPUs // --threads)")
+    ap.add_argument("--encoder-batch", type=int, default=None, help="--peer: our encoder_batch_size (default: the config's)")
     ap.add_argument("--tune", default=None, help="instead of batching on/off: our /v1/embeddings at each of these comma-separated "
                     "layouts REPLICASxTHREADS:MAX_BATCH:ENCODER_BATCH (e.g. 1x2:32:8,2x1:32:8,2x1:32:32); last line serve_tuned_vs_first")
     a = ap.parse_args()
