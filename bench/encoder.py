@@ -1,8 +1,11 @@
 """The encoder's backends side by side: texts/s on the same corpus texts, STS-B, and what the trained heads answer.
 
     python bench/encoder.py [--n 20000] [--backends torch-float32,torch-bfloat16,onnx,onnx-int8,openvino]
+                            [--device cpu|cuda] [--texts FILE.json] [--sts STSBenchmark.test.tsv]
 
-Texts: n texts drawn (seeded) from ../shared/data/corpus/sentences.jsonl.gz (40-300 characters, `corpus_sample`).
+Texts: n texts drawn (seeded) from ../shared/data/corpus/sentences.jsonl.gz (40-300 characters, `corpus_sample`), or
+the first n of `--texts` (a JSON list of strings: the same sample written out, for a machine without ../shared/data).
+`--device cuda` runs the torch backends on the GPU (the exported ones are CPU builds and are skipped there).
 Each backend (`cqg_ray.encoder.load_encoder(name, backend=...)`, the bundled MiniLM) encodes all of them in one
 process with every CPU thread, batch 32 (the encode stage's CPU default), after a warm-up; the load time includes the
 one-off ONNX export/quantisation when the machine's cache (~/.cache/cqg-ray/encoders) is empty. Quality, per backend:
@@ -17,6 +20,7 @@ Last line: `best_backend_vs_torch_fp32: X` = texts/s of the fastest backend that
 
 import argparse
 import csv
+import json
 import os
 import sys
 import time
@@ -47,6 +51,9 @@ def main():
     ap.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated; torch-float32 (the yardstick) is always run first")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--model", default="bundled:all-MiniLM-L6-v2")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--texts", default=None, help="a JSON list of texts (default: the shared corpus sample)")
+    ap.add_argument("--sts", default=STSB, help="STS-B test TSV (sentence1, sentence2, score columns)")
     a = ap.parse_args()
 
     import numpy as np
@@ -58,12 +65,20 @@ def main():
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
     backends = ["torch-float32"] + [b for b in a.backends.split(",") if b and b != "torch-float32"]
-    texts = corpus_sample(a.n)
-    s1, s2, gold = read_sts(STSB)
+    if a.texts:
+        with open(a.texts, encoding="utf-8") as f:
+            texts = json.load(f)[: a.n]
+        if not (isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts)):
+            sys.exit(f"--texts {a.texts}: expected a non-empty JSON list of strings")
+    else:
+        texts = corpus_sample(a.n)
+    s1, s2, gold = read_sts(a.sts)
+    cuda = a.device == "cuda"
     heads = InterpretableEmbedder.load(REF_MODEL, load_encoder=False, device="cpu")
     print(cpu_line())
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; texts: {len(texts)} (mean {np.mean([len(t) for t in texts]):.0f} chars), "
-          f"batch {a.batch_size}; load average {os.getloadavg()[0]:.2f}; auto here: {pick_backend(cpu_flags(), False, installed_backends())[0]}")
+          f"batch {a.batch_size}; device {a.device}{' (' + torch.cuda.get_device_name() + ')' if cuda else ''}; "
+          f"load average {os.getloadavg()[0]:.2f}; auto here: {pick_backend(cpu_flags(), cuda, installed_backends())[0]}")
     print(f"{'backend':15s} {'load s':>7s} {'texts/s':>8s} {'STS-B':>6s} {'cos mean':>9s} {'cos min':>8s} {'flips %':>8s}  holds quality")
     ref_emb = ref_bits = ref_sts = None
     rates = {}
@@ -71,8 +86,11 @@ def main():
         if backend not in installed_backends():
             print(f"{backend:15s} skipped: not installed (pip install 'cqg-ray[fast-encoder]')")
             continue
+        if cuda and backend not in ("torch-float32", "torch-bfloat16"):
+            print(f"{backend:15s} skipped: a CPU build, not run with --device cuda")
+            continue
         t0 = time.perf_counter()
-        enc = load_encoder(a.model, backend=backend, device="cpu")
+        enc = load_encoder(a.model, backend=backend, device=a.device)
         t_load = time.perf_counter() - t0
         enc.encode(texts[:256], batch_size=a.batch_size)  # warm-up
         t0 = time.perf_counter()

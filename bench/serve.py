@@ -20,6 +20,12 @@ only, its torch engine on the CPU, every core) on POST /embeddings, both OpenAI-
 `drive` load generator. infinity-emb runs as a subprocess from its own virtualenv (`--infinity-bin`, default
 /work/.venv-infinity/bin/infinity_emb; its pins clash with ours, see docs/serving.md). Each side keeps its best of
 `--rounds`. Last line: `ours_vs_infinity: X` (our requests/s divided by infinity's; target >= 1).
+
+    python bench/serve.py --tune 2x1:32:8,1x2:32:8,2x1:32:32 [--model MODEL] [--rounds 2]
+
+Tuning: our POST /v1/embeddings (encoder on its `auto` backend) at each layout REPLICASxTHREADS:MAX_BATCH:ENCODER_BATCH
+(replicas, CPUs and encoder threads per replica, `max_batch_size`, `encoder_batch_size`), same load, in turns.
+Last line: `serve_tuned_vs_first: X` (the fastest layout's requests/s divided by the first layout's).
 """
 
 import argparse
@@ -42,7 +48,7 @@ from _common import DATA, read_texts
 
 async def drive(url: str, bodies: list[dict], clients: int, route: str = "/embed", counters: bool = True) -> dict:
     """`clients` concurrent httpx clients POSTing `bodies` to `route`; counters: read our /healthz before and after
-    (texts seen, batches), which a peer server does not have."""
+    (texts seen, batches), which a peer server does not have (and which count one replica only: off for several)."""
     import httpx
 
     latencies, errors = [], 0
@@ -67,8 +73,8 @@ async def drive(url: str, bodies: list[dict], clients: int, route: str = "/embed
     lat = np.array(latencies) * 1000
     texts = after["texts_seen"] - before["texts_seen"] if counters else sum(len(b.get("input", b.get("texts", []))) for b in bodies)
     return {"rps": len(bodies) / wall, "texts_per_s": texts / wall, "p50": float(np.percentile(lat, 50)),
-            "p95": float(np.percentile(lat, 95)), "errors": errors, "mean_batch": texts / max(1, after["batches"] - before["batches"]),
-            "seconds": wall}
+            "p95": float(np.percentile(lat, 95)), "errors": errors,
+            "mean_batch": texts / max(1, after["batches"] - before["batches"]) if counters else float("nan"), "seconds": wall}
 
 
 async def drive_handle(handle, bodies: list[dict], clients: int) -> dict:
@@ -187,16 +193,16 @@ def run_peer(a, model_path: str, texts: list[str]) -> None:
 
     replicas = a.replicas or max(1, (os.cpu_count() or 1) // a.threads)
     cfg = ServeConfig(num_replicas=replicas, torch_threads=a.threads, num_cpus_per_replica=a.threads, max_batch_size=a.batch,
-                      batch_wait_timeout_s=a.wait, max_ongoing_requests=max(a.clients, 4 * a.batch))
+                      batch_wait_timeout_s=a.wait, max_ongoing_requests=max(a.clients, 4 * a.batch), encoder_batch_size=a.encoder_batch)
     ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"enable_access_log": False})
     serve.run(build_app(model_path, cfg), name="bench", route_prefix="/")
     url = f"http://127.0.0.1:{port}"
     bodies = [{"model": cfg.model_name, "input": c} for c in chunks]
-    asyncio.run(drive(url, bodies[:200], a.clients, "/v1/embeddings"))  # warm-up
+    asyncio.run(drive(url, bodies[:200], a.clients, "/v1/embeddings", counters=replicas == 1))  # warm-up
     for r in range(a.rounds):
-        res = asyncio.run(drive(url, bodies, a.clients, "/v1/embeddings"))
+        res = asyncio.run(drive(url, bodies, a.clients, "/v1/embeddings", counters=replicas == 1))
         print(f"round {r + 1} ours: {res['rps']:.1f} req/s  p50 {res['p50']:.0f} ms  mean batch {res['mean_batch']:.1f}  errors {res['errors']}", flush=True)
         if "ours" not in results or res["rps"] > results["ours"]["rps"]:
             results["ours"] = res
@@ -206,12 +212,63 @@ def run_peer(a, model_path: str, texts: list[str]) -> None:
 
     print(f"\n{cpu_line()}; load average (1/15 min) {os.getloadavg()[0]:.1f}/{os.getloadavg()[2]:.1f}")
     print(f"{a.requests} requests x {k} text(s), {a.clients} concurrent clients; ours: {replicas} replica(s) x {a.threads} CPU, "
-          f"encoder backend {cfg.encoder_backend}, max_batch_size {a.batch}; infinity-emb: torch engine, CPU, batch {a.batch}")
+          f"encoder backend {cfg.encoder_backend}, max_batch_size {a.batch}, encoder_batch_size {a.encoder_batch or 'default'}; "
+          f"infinity-emb: torch engine, CPU, batch {a.batch}")
     print(f"{'server':34} {'req/s':>8} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'errors':>7}")
     for name, label in (("ours", "ours /v1/embeddings (enc + heads)"), ("infinity", "infinity-emb /embeddings (enc)")):
         res = results[name]
         print(f"{label:34} {res['rps']:8.1f} {res['texts_per_s']:9.1f} {res['p50']:8.0f} {res['p95']:8.0f} {res['errors']:7d}")
     print(f"ours_vs_infinity: {results['ours']['rps'] / results['infinity']['rps']:.2f}")
+
+
+def run_tune(a, model_path: str, texts: list[str]) -> None:
+    """Our /v1/embeddings under the same load for each `--tune` layout (replicas x threads, max_batch_size,
+    encoder_batch_size), in turns for `--rounds` rounds; each keeps its best round."""
+    import ray
+    from ray import serve
+
+    from cqg_ray.config import ServeConfig
+    from cqg_ray.serve.app import build_app
+
+    specs = []
+    for spec in a.tune.split(","):
+        try:
+            layout, batch, enc_batch = spec.strip().split(":")
+            replicas, threads = (int(x) for x in layout.split("x"))
+            specs.append((spec.strip(), replicas, threads, int(batch), int(enc_batch)))
+        except ValueError:
+            sys.exit(f"--tune: {spec!r} is not REPLICASxTHREADS:MAX_BATCH:ENCODER_BATCH (e.g. 1x2:32:8)")
+    k = a.texts_per_request
+    ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"enable_access_log": False})
+    url, best = f"http://127.0.0.1:{port}", {}
+    for r in range(a.rounds):
+        for name, replicas, threads, batch, enc_batch in specs:
+            cfg = ServeConfig(num_replicas=replicas, torch_threads=threads, num_cpus_per_replica=threads, max_batch_size=batch,
+                              batch_wait_timeout_s=a.wait, encoder_batch_size=enc_batch, max_ongoing_requests=max(a.clients, 4 * batch))
+            serve.run(build_app(model_path, cfg), name="bench", route_prefix="/")
+            bodies = [{"model": cfg.model_name, "input": texts[i * k : (i + 1) * k]} for i in range(a.requests)]
+            asyncio.run(drive(url, bodies[:200], a.clients, "/v1/embeddings", counters=replicas == 1))  # warm-up
+            res = asyncio.run(drive(url, bodies, a.clients, "/v1/embeddings", counters=replicas == 1))
+            print(f"round {r + 1} {name}: {res['rps']:.1f} req/s  p50 {res['p50']:.0f} ms  mean batch {res['mean_batch']:.1f}  "
+                  f"errors {res['errors']}", flush=True)
+            if name not in best or res["rps"] > best[name]["rps"]:
+                best[name] = res
+            serve.delete("bench")
+    serve.shutdown()
+
+    from _common import cpu_line
+
+    print(f"\n{cpu_line()}; load average (1/15 min) {os.getloadavg()[0]:.1f}/{os.getloadavg()[2]:.1f}")
+    print(f"POST /v1/embeddings, {a.requests} requests x {k} text(s), {a.clients} concurrent clients, encoder backend "
+          f"{ServeConfig().encoder_backend}, batch_wait_timeout_s {a.wait}; best of {a.rounds} round(s)")
+    print(f"{'replicas x threads:max_batch:encoder_batch':44} {'req/s':>8} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'mean batch':>11} {'errors':>7}")
+    for name, res in best.items():
+        print(f"{name:44} {res['rps']:8.1f} {res['texts_per_s']:9.1f} {res['p50']:8.0f} {res['p95']:8.0f} {res['mean_batch']:11.1f} {res['errors']:7d}")
+    first, top = specs[0][0], max(best, key=lambda n: best[n]["rps"])
+    print(f"fastest: {top}; the first layout ({first}) is the yardstick")
+    print(f"serve_tuned_vs_first: {best[top]['rps'] / best[first]['rps']:.2f}")
 
 
 def main():
@@ -233,6 +290,9 @@ def main():
     ap.add_argument("--peer", choices=["infinity"], default=None, help="instead of batching on/off: ours against this embedding server")
     ap.add_argument("--infinity-bin", default=os.environ.get("INFINITY_BIN", "/work/.venv-infinity/bin/infinity_emb"))
     ap.add_argument("--replicas", type=int, default=None, help="--peer: our replicas (default: CPUs // --threads)")
+    ap.add_argument("--encoder-batch", type=int, default=None, help="--peer: our encoder_batch_size (default: the config's)")
+    ap.add_argument("--tune", default=None, help="instead of batching on/off: our /v1/embeddings at each of these comma-separated "
+                    "layouts REPLICASxTHREADS:MAX_BATCH:ENCODER_BATCH (e.g. 1x2:32:8,2x1:32:8,2x1:32:32); last line serve_tuned_vs_first")
     a = ap.parse_args()
 
     import ray
@@ -248,6 +308,8 @@ def main():
     bodies = [{"texts": texts[i * k : (i + 1) * k]} for i in range(a.requests)]
     if a.peer:
         return run_peer(a, model_path, texts)
+    if a.tune:
+        return run_tune(a, model_path, texts)
 
     ceiling = encoder_ceiling(model_path, texts[:256], a.batch, a.threads, a.gpus)
     ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")

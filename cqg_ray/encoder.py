@@ -24,6 +24,7 @@ so the embeddings the heads were trained on and the ones they see at inference a
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import importlib
@@ -33,8 +34,10 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import warnings
+import weakref
 
 import numpy as np
 
@@ -158,6 +161,11 @@ class Encoder:
                 feats = _tokenize(self.st, [texts[j] for j in idx])
                 out[idx] = self._run({k: v.numpy().astype(np.int64, copy=False) for k, v in feats.items() if hasattr(v, "numpy")})
         return normalise(out) if normalize else out.astype(np.float32, copy=False)
+
+    def close(self) -> None:
+        """Release an exported backend's native session now (later `encode` calls raise); torch backends: no-op."""
+        if self._run is not None:
+            self._run.close()
 
     def __repr__(self) -> str:
         return f"Encoder({self.name!r}, backend={self.backend!r}, device={self.device!r}, dim={self.dim})"
@@ -334,26 +342,64 @@ def _export_onnx(st, out: str) -> None:
                           dynamic_axes=axes, opset_version=17, dynamo=False)
 
 
-def _runner(backend: str, model_file: str, threads: int):
-    """A function (feeds: dict of int64 arrays) -> (b, d) float32 for an exported model."""
-    try:
-        if backend == "openvino":
-            import openvino as ov
+class Runner:
+    """An exported model, loaded: (feeds: dict of int64 arrays) -> (b, d) float32. Safe to call from several threads
+    (an OpenVINO InferRequest is not: callers take turns on it; an onnxruntime session is). `close()` releases the
+    native session; live runners are also closed by an atexit hook, so OpenVINO's and onnxruntime's objects (and
+    their thread pools) are never left to the garbage collector of an interpreter that is shutting down."""
 
-            compiled = ov.Core().compile_model(model_file, "CPU", {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
-            names = {p.get_any_name() for p in compiled.inputs}
-            request = compiled.create_infer_request()
-            return lambda feeds: np.asarray(request.infer({k: v for k, v in feeds.items() if k in names})[compiled.output(0)], dtype=np.float32)
-        import onnxruntime as ort
+    def __init__(self, backend: str, model_file: str, threads: int):
+        self.backend, self.model_file, self._lock = backend, model_file, threading.Lock()
+        try:
+            if backend == "openvino":
+                import openvino as ov
 
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-        sess = ort.InferenceSession(model_file, opts, providers=["CPUExecutionProvider"])
-        names = {i.name for i in sess.get_inputs()}
-        return lambda feeds: sess.run(None, {k: v for k, v in feeds.items() if k in names})[0].astype(np.float32, copy=False)
-    except Exception as e:  # a cached file that passed its checksum but does not load: say where it is
-        raise RuntimeError(f"the exported encoder {model_file} does not load ({type(e).__name__}: {e}); "
-                           f"delete {os.path.dirname(model_file)} to rebuild it") from e
+                self._compiled = ov.Core().compile_model(model_file, "CPU", {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
+                self._names = {p.get_any_name() for p in self._compiled.inputs}
+                self._request, self._output = self._compiled.create_infer_request(), self._compiled.output(0)
+            else:
+                import onnxruntime as ort
+
+                opts = ort.SessionOptions()
+                opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+                self._session = ort.InferenceSession(model_file, opts, providers=["CPUExecutionProvider"])
+                self._names = {i.name for i in self._session.get_inputs()}
+        except Exception as e:  # a cached file that passed its checksum but does not load: say where it is
+            raise RuntimeError(f"the exported encoder {model_file} does not load ({type(e).__name__}: {e}); "
+                               f"delete {os.path.dirname(model_file)} to rebuild it") from e
+        _LIVE_RUNNERS.add(self)
+
+    def __call__(self, feeds: dict) -> np.ndarray:
+        feeds = {k: v for k, v in feeds.items() if k in self._names}
+        with self._lock:
+            if self.backend == "openvino":
+                if self._request is None:
+                    raise RuntimeError("this encoder was closed")
+                return np.asarray(self._request.infer(feeds)[self._output], dtype=np.float32)
+            session = self._session
+        if session is None:
+            raise RuntimeError("this encoder was closed")
+        return session.run(None, feeds)[0].astype(np.float32, copy=False)
+
+    def close(self) -> None:
+        """Release the native session now (the request before the compiled model, as OpenVINO wants)."""
+        with self._lock:
+            self._request = self._output = None
+            self._compiled = self._session = None
+        _LIVE_RUNNERS.discard(self)
+
+
+_LIVE_RUNNERS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_runners() -> None:
+    for runner in list(_LIVE_RUNNERS):
+        runner.close()
+
+
+def _runner(backend: str, model_file: str, threads: int) -> Runner:
+    return Runner(backend, model_file, threads)
 
 
 def clear_cache(path: str) -> None:

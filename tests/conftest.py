@@ -39,6 +39,13 @@ def pytest_collection_modifyitems(config, items):
                     break
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """Release the exported encoders' native sessions (OpenVINO, onnxruntime, with their thread pools) explicitly
+    before pytest's end-of-session garbage collection, instead of leaving them to the collector (or to teardown)."""
+    if "cqg_ray.encoder" in sys.modules:
+        sys.modules["cqg_ray.encoder"]._close_runners()
+
+
 def _refuse_ray(*args, **kwargs):
     raise RuntimeError("this test starts Ray but is not marked `ray` (quick tier: pytest -m 'not ray and not slow')")
 

@@ -130,3 +130,44 @@ def test_corrupt_cache_is_rebuilt(cache, caplog, reference):
     assert "does not load" in caplog.text and "rebuilding" in caplog.text
     assert (enc.encode(TEXTS) * reference).sum(axis=1).min() >= MIN_COSINE["onnx"]
     assert os.path.getsize(model) > 1_000_000
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_one_encoder_shared_by_threads(backend, tmp_path_factory, monkeypatch):
+    """A Serve replica runs its encoder in worker threads: concurrent callers of one Encoder get their own answers."""
+    if backend not in installed_backends():
+        pytest.skip(f"{backend} needs the fast-encoder extra")
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path_factory.getbasetemp() / "shared-cache"))
+    enc = load_encoder(NAME, backend=backend, device="cpu", threads=1)
+    jobs = [TEXTS[i:] + TEXTS[:i] for i in range(len(TEXTS))] * 4  # different batches (lengths, order) at once
+    alone = [enc.encode(t, batch_size=2) for t in jobs]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda t: enc.encode(t, batch_size=2), jobs))
+    for a, b in zip(alone, together):
+        np.testing.assert_allclose(b, a, atol=1e-6)
+
+
+def test_close_releases_and_the_process_exits_promptly(tmp_path_factory):
+    """Exported backends hold native sessions with their own thread pools: `close()` releases one, and a process that
+    leaves encoders (in reference cycles) to the end exits at once (an atexit hook closes them before teardown)."""
+    import subprocess
+    import sys
+
+    have = [b for b in ("openvino", "onnx") if b in installed_backends()]
+    if not have:
+        pytest.skip("needs the fast-encoder extra")
+    cache = str(tmp_path_factory.getbasetemp() / "shared-cache")
+    enc = load_encoder(NAME, backend=have[0], device="cpu")
+    enc.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        enc.encode(TEXTS)
+    script = ("import sys\nfrom cqg_ray.encoder import load_encoder, _LIVE_RUNNERS\nkeep = []\n"
+              f"for b in {have!r}:\n"
+              f"    e = load_encoder({NAME!r}, backend=b, device='cpu', threads=2); e.encode(['a text', 'a longer text'])\n"
+              "    c = {'e': e}; c['c'] = c; keep.append(c)\n"
+              f"assert len(_LIVE_RUNNERS) == {len(have)}\nprint('loaded', flush=True)\n")
+    env = {**os.environ, "CQG_RAY_CACHE": cache, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "loaded", r.stderr[-2000:]

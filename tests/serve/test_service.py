@@ -107,3 +107,32 @@ def test_limits_checked_before_the_model(model):
     assert error_of(svc.check_texts, [" "], "input").message == "input is empty or only whitespace"
     assert error_of(svc.check_texts, [], "input").status == 422
     assert svc.texts_seen == 0
+
+
+def test_counting_tokens_does_not_disturb_a_batch_in_the_worker_thread(model):
+    """/v1/embeddings counts tokens on the event loop while another batch tokenises in the worker thread: the two
+    must not share one fast tokenizer (its padding setting flips per call; shared, a batch lost its padding)."""
+    import threading
+
+    from cqg_ray.encoder import _tokenize
+
+    svc = EmbeddingService(model, ServeConfig())
+    texts = ["a cat sat on the mat", "Stock markets fell sharply on Tuesday after the central bank raised rates."] * 4
+    want = svc.count_tokens(texts)
+    enc, errors, counts = model.encoder, [], []
+
+    def batches():
+        for _ in range(1500):
+            try:
+                _tokenize(enc.st, texts)  # what Encoder.encode runs in the worker thread
+            except Exception as e:
+                errors.append(repr(e))
+
+    def usage():
+        for _ in range(1500):
+            counts.append(svc.count_tokens(texts))
+
+    threads = [threading.Thread(target=batches), threading.Thread(target=usage)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert errors == [] and set(counts) == {want}
