@@ -32,7 +32,7 @@ def test_questions_config_and_heads_agree():
     from cqg_ray.encoder import load_encoder
 
     assert cfg["encoder"].startswith("bundled:")
-    assert cfg["dims"] == load_encoder(cfg["encoder"], device="cpu").get_sentence_embedding_dimension()
+    assert cfg["dims"] == load_encoder(cfg["encoder"], backend="torch-float32", device="cpu").dim
     with safe_open(FOLDER / "heads.safetensors", "np") as heads:
         assert heads.get_slice("w1").get_shape() == [cfg["m"], cfg["hidden"], cfg["dims"]]
     assert all(q["labels"] > 0 and 0.0 <= q["yes_rate"] <= 1.0 for q in qs)
