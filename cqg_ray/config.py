@@ -273,8 +273,8 @@ class ServeConfig(Section):
     num_cpus_per_replica: float = Field(1.0, ge=0)
     torch_threads: int = Field(1, ge=1, description="torch threads per CPU replica")
     encoder_backend: EncoderBackend = Field("auto", description=BACKEND_HELP)
-    encoder_batch_size: int | None = Field(None, ge=1, description="texts per encoder forward inside a served batch (None = 8 on CPU, 64 on GPU: "
-                                           "texts are sorted by length first, so small CPU mini-batches waste little on padding)")
+    encoder_batch_size: int | None = Field(None, ge=1, description="texts per encoder forward inside a served batch (None = 64 on GPU; on CPU 32 "
+                                           "for openvino/onnx, 8 for torch; texts are sorted by length first)")
 
 
 class EvaluateConfig(Section):

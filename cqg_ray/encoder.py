@@ -83,7 +83,7 @@ def pick_backend(flags: set[str], cuda: bool, installed: set[str]) -> tuple[str,
 
     H100 GPU                     torch-float32 (bfloat16 ran at 0.58x; onnxruntime/openvino here are CPU builds)
     Intel Xeon, AMX, 16 cores    openvino 2.25x, torch-bfloat16 1.42x, onnx 0.84x
-    AMD EPYC Zen 4, AVX-512-BF16 openvino 4.2x, onnx 2.7x, torch-bfloat16 1.26x
+    AMD EPYC Zen 4, AVX-512-BF16 openvino 2.14x, torch-bfloat16 1.63x, onnx 1.05x (2 cores, quiet; beside other jobs 4.2x, 1.26x, 2.7x)
     So: openvino where installed; without it torch-bfloat16 on AMX and onnx elsewhere (AVX2-only EPYCs were not
     available: auto assumes Zen 4's order there, and torch bfloat16 is emulated on AVX2). auto picks only backends
     that keep float32's answers (STS-B within 0.3 points, <= 0.5% of the heads' bits flipped; all of these do);

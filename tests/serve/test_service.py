@@ -136,3 +136,11 @@ def test_counting_tokens_does_not_disturb_a_batch_in_the_worker_thread(model):
     [t.start() for t in threads]
     [t.join() for t in threads]
     assert errors == [] and set(counts) == {want}
+
+
+def test_encoder_batch_size_follows_the_backend_unless_set(model):
+    from cqg_ray.encoder import EXPORTED
+
+    on_cpu = EmbeddingService(model, ServeConfig()).encoder_batch_size
+    assert on_cpu == (32 if model.encoder.backend in EXPORTED else 8)
+    assert EmbeddingService(model, ServeConfig(encoder_batch_size=5)).encoder_batch_size == 5
