@@ -67,8 +67,9 @@ class CorpusConfig(Section):
 
 
 EncoderBackend = Literal["auto", "torch-float32", "torch-bfloat16", "onnx", "onnx-int8", "openvino"]
-BACKEND_HELP = ("encoder backend (cqg_ray.encoder): auto = openvino/onnx on CPU when the fast-encoder extra is installed, "
-                "torch-float32 on GPU or without it; onnx-int8 is opt-in (moves embeddings by cosine ~0.99)")
+BACKEND_HELP = ("encoder backend (cqg_ray.encoder): auto = openvino on CPU when the fast-encoder extra is installed, else "
+                "torch-bfloat16 on CPUs with native bfloat16, else onnx or torch-float32; torch-float32 on GPU; "
+                "onnx-int8 is opt-in (moves embeddings by cosine ~0.99)")
 
 
 class EncodeConfig(Section):

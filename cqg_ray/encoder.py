@@ -84,8 +84,9 @@ def pick_backend(flags: set[str], cuda: bool, installed: set[str]) -> tuple[str,
     H100 GPU                     torch-float32 (bfloat16 ran at 0.58x; onnxruntime/openvino here are CPU builds)
     Intel Xeon, AMX, 16 cores    openvino 2.25x, torch-bfloat16 1.42x, onnx 0.84x
     AMD EPYC Zen 4, AVX-512-BF16 openvino 2.14x, torch-bfloat16 1.63x, onnx 1.05x (2 cores, quiet; beside other jobs 4.2x, 1.26x, 2.7x)
-    So: openvino where installed; without it torch-bfloat16 on AMX and onnx elsewhere (AVX2-only EPYCs were not
-    available: auto assumes Zen 4's order there, and torch bfloat16 is emulated on AVX2). auto picks only backends
+    So: openvino where installed; without it torch-bfloat16 where the CPU multiplies bfloat16 natively (AMX,
+    AVX-512-BF16: faster than onnx on both machines, quiet), onnx elsewhere (AVX2-only EPYCs were not available: torch
+    bfloat16 is emulated there, so auto never picks it). auto picks only backends
     that keep float32's answers (STS-B within 0.3 points, <= 0.5% of the heads' bits flipped; all of these do);
     int8 is opt-in (`backend: onnx-int8`).
     """
@@ -94,9 +95,9 @@ def pick_backend(flags: set[str], cuda: bool, installed: set[str]) -> tuple[str,
     kind = "AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "other"
     if "openvino" in installed:
         return "openvino", f"{kind} CPU: openvino is the fastest backend measured that keeps float32's answers"
-    if kind == "AMX":
-        return "torch-bfloat16", ("AMX CPU: torch bfloat16 on the matrix units (openvino would be faster: "
-                                  "pip install 'cqg-ray[fast-encoder]'; onnx was slower than torch here)")
+    if "amx_tile" in flags or "avx512_bf16" in flags:
+        return "torch-bfloat16", (f"{kind} CPU with native bfloat16: torch bfloat16 (openvino would be faster: "
+                                  "pip install 'cqg-ray[fast-encoder]'; onnx measured slower than bfloat16 here)")
     if "onnx" in installed:
         return "onnx", f"{kind} CPU: onnx (openvino would be faster but is not installed)"
     return "torch-float32", (f"{kind} CPU: openvino would be ~2-4x faster but is not installed "

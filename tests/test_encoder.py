@@ -73,6 +73,7 @@ def test_auto_picks_by_gpu_and_cpu_flags():
     # on AMX onnx was slower than torch float32: without openvino, bfloat16 on the matrix units
     assert pick_backend({"avx2", "avx512f", "amx_tile"}, False, everything - {"openvino"})[0] == "torch-bfloat16"
     assert pick_backend({"avx2", "avx512f", "amx_tile"}, False, {"torch-float32", "torch-bfloat16"})[0] == "torch-bfloat16"
+    assert pick_backend({"avx2", "avx512f", "avx512_bf16"}, False, everything - {"openvino"})[0] == "torch-bfloat16"  # Zen 4, quiet
     backend, why = pick_backend({"avx2", "avx512f"}, False, {"torch-float32", "torch-bfloat16"})
     assert backend == "torch-float32" and "not installed" in why and "fast-encoder" in why
     assert "AVX-512" in why

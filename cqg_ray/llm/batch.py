@@ -16,7 +16,7 @@ memory-bound one sequence at a time; a finished sequence's slot takes the next p
 stays per sequence. Greedy (temperature 0, no repeat penalty), as the sequential path samples.
 
 The grouping (``prefix_groups``, ``tree_entries``, ``tree_batches``) and the yes/no arithmetic (``p_yes_from_logits``)
-are pure functions; the torch engine (``torch_engine.TorchScorer``) uses the same ones.
+are pure functions; the torch engine (``torch_engine.TorchEngine``) uses the same ones.
 """
 
 from __future__ import annotations

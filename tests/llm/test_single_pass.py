@@ -49,7 +49,7 @@ def backend():
         resolve_model("bundled:qwen2.5-coder-0.5b")
     except BundledModelError as e:
         pytest.skip(str(e))
-    b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(score_engine="llamacpp")))
+    b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(score_engine="llamacpp", generate_engine="llamacpp")))
     yield b
     b.close()
 
@@ -86,9 +86,9 @@ def test_llamacpp_prefix_reuse_gives_the_same_answers(backend):
 def test_torch_engine_p_yes_is_the_full_vocabulary_probability(backend):
     torch = pytest.importorskip("torch")
     from cqg_ray.llm.bundled import hf_folder
-    from cqg_ray.llm.torch_engine import TorchScorer
+    from cqg_ray.llm.torch_engine import TorchEngine
 
-    scorer = TorchScorer(hf_folder("bundled:qwen2.5-coder-0.5b"), dtype="float32", n_threads=2)
+    scorer = TorchEngine(hf_folder("bundled:qwen2.5-coder-0.5b"), dtype="float32", n_threads=2)
     yes, no = backend.yes_no_token_sets()
     tokens = [backend.prompt_tokens(r) for r in requests()]
     tree = scorer.score(tokens, yes, no)
