@@ -25,6 +25,9 @@ def summary_counts(results: dict) -> dict[str, Any]:
 
 def run_evaluation(cfg: PipelineConfig, ctx: StageContext) -> None:
     from cqg_ray.evaluate.report import evaluate_model
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
-    results = evaluate_model(ctx.run.uri("model"), cfg.evaluate, ctx.uri, seed=cfg.seed, print_table=True)
+    # the heads read embeddings made as the run's encode stage made them: the same encoder backend
+    model = InterpretableEmbedder.load(ctx.run.uri("model"), backend=cfg.encode.backend)
+    results = evaluate_model(model, cfg.evaluate, ctx.uri, seed=cfg.seed, print_table=True)
     ctx.counts.update(summary_counts(results))
