@@ -2,12 +2,7 @@
 probability of the same prompt, prefix reuse changes no answer, batched generation decodes like one at a time,
 and a labelling run killed with SIGKILL resumes without asking any finished pair again."""
 
-import os
-import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,11 +15,11 @@ from cqg_ray.llm.ledger import Ledger
 from cqg_ray.llm.prompts import cqg_messages
 from cqg_ray.rundir import RunDir
 
+from .jobs import job, sigkill_after_finished
+
 pytestmark = pytest.mark.slow
 pytest.importorskip("llama_cpp")
 
-HERE = Path(__file__).parent
-ROOT = HERE.parents[1]
 TEXTS = [
     "The Eiffel Tower in Paris was completed in 1889 and is made of wrought iron.",
     "Add two cups of flour and a pinch of salt, then knead the dough for ten minutes.",
@@ -125,17 +120,9 @@ def test_sigkill_during_single_pass_labelling_repeats_no_finished_pair(tmp_path)
     except BundledModelError as e:
         pytest.skip(str(e))
     run_dir = str(tmp_path / "run")
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, str(HERE / "single_pass_job.py"), run_dir]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd, env = job("single_pass_job.py", run_dir)
     ledger = Ledger(RunDir(run_dir), "labels")
-    t0 = time.time()
-    while len(ledger.journal_rows()) < 8:  # two batches of four finished, then kill it wherever it is
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() - t0 < 300, "job too slow"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
+    sigkill_after_finished(cmd, env, ledger, 8, timeout=300)  # two batches of four finished, then killed wherever it is
     finished = ledger.load()
     assert ledger.shards() == [] and 8 <= len(finished) < 40
     before = {k: v["finished_at"] for k, v in finished.items()}

@@ -2,12 +2,7 @@
 decodes exactly like one prompt at a time (float32), replies parse into questions, sequences stop at an end token or
 at max_tokens, and a generation run killed with SIGKILL resumes without asking any finished prompt again."""
 
-import os
-import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -19,12 +14,12 @@ from cqg_ray.llm.parse import parse_questions
 from cqg_ray.llm.prompts import cqg_messages
 from cqg_ray.rundir import RunDir
 
+from .jobs import job, sigkill_after_finished
+
 pytestmark = pytest.mark.slow
 pytest.importorskip("llama_cpp")
 pytest.importorskip("torch")
 
-HERE = Path(__file__).parent
-ROOT = HERE.parents[1]
 TEXTS = [
     "The Eiffel Tower in Paris was completed in 1889 and is made of wrought iron.",
     "Add two cups of flour and a pinch of salt, then knead the dough for ten minutes.",
@@ -111,17 +106,9 @@ def test_sigkill_during_torch_generation_repeats_no_finished_prompt(tmp_path):
     except BundledModelError as e:
         pytest.skip(str(e))
     run_dir = str(tmp_path / "run")
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, str(HERE / "generate_job.py"), run_dir]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd, env = job("generate_job.py", run_dir)
     ledger = Ledger(RunDir(run_dir), "questions")
-    t0 = time.time()
-    while len(ledger.journal_rows()) < 2:  # the first batch of two finished, then kill it wherever it is
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() - t0 < 600, "job too slow"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
+    sigkill_after_finished(cmd, env, ledger, 2, timeout=600)  # the first batch of two finished, then killed wherever it is
     finished = ledger.load()
     assert ledger.shards() == [] and 2 <= len(finished) < 6
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
