@@ -45,7 +45,7 @@ def report(name: str, outs, wall: float, one=None) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--batch", type=int, default=16, help="sequences decoded together (llamacpp.batch_generate)")
+    ap.add_argument("--batch", type=int, default=LlamaCppConfig().batch_generate, help="sequences decoded together (llamacpp.batch_generate)")
     ap.add_argument("--max-tokens", type=int, default=260)
     ap.add_argument("--model", default="bundled:qwen2.5-coder-0.5b")
     ap.add_argument("--engines", default=f"llamacpp,torch-{pick_dtype()}", help="batched engines to compare (llamacpp, torch-float32, torch-bfloat16)")

@@ -109,7 +109,7 @@ class LlamaCppConfig(Section):
     n_batch: int = Field(512, ge=1)
     num_actors: int = Field(1, ge=1)
     cache_dir: str | None = Field(None, description="where bundled models are assembled (default ~/.cache/cqg-ray)")
-    batch_generate: int = Field(16, ge=1, description="greedy generation prompts decoded together (continuous batching); 1 = one at a time")
+    batch_generate: int = Field(32, ge=1, description="greedy generation prompts decoded together (batched; 32 decodes 1.4x the tokens/s of 16 in torch on 2 cores); 1 = one at a time")
     score_batch: int = Field(64, ge=1, le=256, description="single-pass prompts evaluated in one batch as a prefix tree (shared tokens once)")
     score_engine: Literal["auto", "llamacpp", "torch-float32", "torch-bfloat16"] = Field(
         "auto", description="engine for single-pass answers: llama.cpp on the GGUF, or torch on its weights dequantised once (cached); "

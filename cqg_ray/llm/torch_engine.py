@@ -15,7 +15,9 @@ batch's common prefix (chat template, instruction) is read once and its KV cache
 pass reads the rest of the prompts, left-padded, then each step feeds every running sequence its last token
 (one matrix product over the batch, not one per sequence); a sequence that emits an end token or reaches its
 ``max_tokens`` leaves the batch at once (its cache rows dropped) and is yielded. Greedy, no repeat penalty, as the
-llama.cpp paths. bfloat16 reaches the matrix units of CPUs with AVX-512-BF16 or AMX; on
+llama.cpp paths. A decoding step attends with ``decode_attention`` (each key/value head against its group of query
+heads, no copies; torch's CPU flash-attention kernel spent more than half of a step on one query row) into a
+cache allocated once per batch (``preallocated_cache``: written in place, not concatenated every step). bfloat16 reaches the matrix units of CPUs with AVX-512-BF16 or AMX; on
 others it is emulated and float32 is the fast choice (``hardware.pick_dtype``).
 """
 
@@ -28,6 +30,75 @@ import numpy as np
 
 from cqg_ray.hardware import pick_dtype
 from cqg_ray.llm.batch import common_prefix, p_yes_from_logits, tree_batches
+
+
+def decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention for one query position (a decoding step): query (b, h, 1, d) against key/value (b, kvh, L, d) as
+    (b, kvh, h / kvh, d) groups, softmax in float32; longer queries (prompts, prefix trees) go to torch's SDPA."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.shape[2] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    b, h, _, d = query.shape
+    kvh = key.shape[1]
+    scores = torch.matmul(query.reshape(b, kvh, h // kvh, d), key.transpose(-1, -2)).float() * (d**-0.5 if scaling is None else scaling)
+    if attention_mask is not None:  # SDPA's mask: bool (True = attend) or additive, (b or 1, 1, 1, L)
+        scores = scores.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool else scores + attention_mask
+    out = torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)  # (b, kvh, h / kvh, d)
+    return out.reshape(b, 1, h, d), None
+
+
+def register_decode_attention() -> str:
+    """Register ``decode_attention`` (with SDPA's masks) with transformers under the name it returns."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register("cqg_decode", decode_attention)
+    AttentionMaskInterface.register("cqg_decode", sdpa_mask)
+    return "cqg_decode"
+
+
+def preallocated_cache(config, capacity: int):
+    """A transformers ``DynamicCache`` whose layers hold ``capacity`` positions from the start and write each token's
+    keys and values in place. A one-token step attends over the whole buffer, unwritten positions masked out (so the
+    2D attention mask passed with it must span ``capacity`` columns, 0 beyond the written ones): the buffer stays one
+    contiguous block that the attention's matrix products read without a copy (a grown or sliced cache is copied
+    every step)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                shape = (*key_states.shape[:2], capacity, key_states.shape[-1])
+                self._k, self._v, self.length = key_states.new_zeros(shape), value_states.new_zeros(shape), 0
+            n, q = self.length, key_states.shape[-2]
+            if n + q > capacity:
+                raise ValueError(f"the cache holds {capacity} positions; {n} + {q} asked")
+            self._k[..., n : n + q, :], self._v[..., n : n + q, :] = key_states, value_states
+            self.length = n + q
+            self.keys, self.values = self._k[..., : n + q, :], self._v[..., : n + q, :]
+            return (self._k, self._v) if q == 1 else (self.keys, self.values)
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return (capacity, 0) if query_length == 1 and self.is_initialized else super().get_mask_sizes(query_length)
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            self._select(lambda t: t.repeat_interleave(repeats, dim=0))
+
+        def batch_select_indices(self, indices) -> None:
+            self._select(lambda t: t[indices])
+
+        def _select(self, f) -> None:
+            if self.is_initialized:
+                self._k, self._v = f(self._k), f(self._v)
+                self.keys, self.values = self._k[..., : self.length, :], self._v[..., : self.length, :]
+
+    cache = DynamicCache(config=config)
+    cache.layers = [PreallocatedLayer() for _ in cache.layers]
+    return cache
 
 
 def tree_mask(token_lists: Sequence[Sequence[int]], lcp: Sequence[int], n_entries: int) -> np.ndarray:
@@ -58,7 +129,8 @@ class TorchEngine:
             torch.set_num_threads(n_threads)
         self.dtype_name = pick_dtype() if dtype == "auto" else dtype
         self.dtype = getattr(torch, self.dtype_name)
-        self.model = AutoModelForCausalLM.from_pretrained(str(Path(model_dir).expanduser()), dtype=self.dtype, attn_implementation="sdpa").eval()
+        self.model = AutoModelForCausalLM.from_pretrained(str(Path(model_dir).expanduser()), dtype=self.dtype,
+                                                          attn_implementation=register_decode_attention()).eval()
         self.out = self.model.get_output_embeddings().weight
         self.max_seqs, self.max_tokens = max_seqs, max_tokens
         self.gen_seqs = gen_seqs
@@ -102,27 +174,28 @@ class TorchEngine:
         """One static batch: the prompts' common prefix (chat template and instruction) read once and its cache copied to
         every row, their rest left-padded into one forward pass, then one token per running sequence per step."""
         torch = self.torch
-        from transformers import DynamicCache
-
         n = len(prompts)
         shared = min(common_prefix(prompts[0], p) for p in prompts[1:]) if n > 1 else 0
         shared = min(shared, min(len(p) for p in prompts) - 1)  # every row keeps a token of its own to read
-        cache = DynamicCache(config=self.model.config)
-        with torch.inference_mode():
-            if shared >= self.min_shared_prefix:
+        if shared < self.min_shared_prefix:
+            shared = 0
+        width = max(len(p) for p in prompts) - shared
+        capacity = shared + width + max(max_tokens)
+        cache = preallocated_cache(self.model.config, capacity)
+        if shared:
+            with torch.inference_mode():
                 self.model.model(input_ids=torch.tensor([list(prompts[0][:shared])]), position_ids=torch.arange(shared)[None], past_key_values=cache,
                                  use_cache=True)
-                cache.batch_repeat_interleave(n)
-            else:
-                shared = 0
-        width = max(len(p) for p in prompts) - shared
+            cache.batch_repeat_interleave(n)
         ids = torch.zeros((n, width), dtype=torch.long)
         own = torch.zeros((n, width), dtype=torch.long)  # 1 where a row has a token of its own, 0 on its left padding
         for j, p in enumerate(prompts):
             ids[j, width - len(p) + shared:] = torch.as_tensor(list(p[shared:]))
             own[j, width - len(p) + shared:] = 1
         pos = shared + (own.cumsum(-1) - 1).clamp(min=0)
-        mask = torch.cat([own.new_ones((n, shared)), own], dim=1)  # the cache's columns: shared prefix, padding, own tokens
+        mask = torch.zeros((n, capacity), dtype=torch.long)  # the cache's columns: shared prefix, padding, own tokens, generated
+        mask[:, :shared], mask[:, shared : shared + width] = 1, own
+        filled = shared + width
         eos = torch.as_tensor(self.eos_ids, dtype=torch.long)
         rows = list(range(n))  # batch row -> index into prompts, for the sequences still running
         outs: list[list[int]] = [[] for _ in range(n)]
@@ -147,7 +220,8 @@ class TorchEngine:
                     cache.batch_select_indices(sel)
                     mask, nxt, last_pos = mask[sel], nxt[sel], last_pos[sel]
                     rows = [rows[r] for r in keep]
-                mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+                mask[:, filled] = 1
+                filled += 1
                 last_pos = last_pos + 1
                 hidden = self.model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos[:, None], past_key_values=cache,
                                           use_cache=True).last_hidden_state

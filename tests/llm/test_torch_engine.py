@@ -60,6 +60,22 @@ def test_torch_batched_generation_equals_one_at_a_time_in_float32(backend):
     assert all(len(one[i]) == 16 for i in one)
 
 
+def test_torch_batched_generation_equals_transformers_generate_in_float32(backend):
+    """The engine's own decoding (its attention for one query row, its preallocated cache, the shared prefix read once,
+    left padding) against transformers' ``generate`` with SDPA attention on the same weights, one prompt at a time."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    engine = backend.generator
+    tokens = [backend.prompt_tokens(r) for r in cqg_requests(12)[:4]]
+    ours = dict(engine.generate(tokens, [12] * len(tokens)))
+    ref = AutoModelForCausalLM.from_pretrained(engine.model.name_or_path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    for i, t in enumerate(tokens):
+        with torch.inference_mode():
+            out = ref.generate(torch.tensor([t]), max_new_tokens=12, do_sample=False, eos_token_id=engine.eos_ids, pad_token_id=engine.eos_ids[0])
+        assert ours[i] == out[0, len(t) :].tolist()
+
+
 def test_torch_batched_generation_in_bfloat16_stays_close():
     """bfloat16: a batch's left padding changes the sums' lengths, so greedy choices may part after a while; the replies
     still start alike. (Measured on the bench's 32 CQG prompts: docs/answer-modes.md.)"""

@@ -1,0 +1,69 @@
+"""The torch engine's decoding step parts, on random tensors: ``decode_attention`` equals torch's SDPA (with the
+key/value heads repeated) under a padding mask, and a ``preallocated_cache`` layer returns what a growing
+``DynamicCache`` layer holds, through batch repeat and row selection."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from cqg_ray.llm.torch_engine import decode_attention, preallocated_cache  # noqa: E402
+
+
+class Attn:  # what decode_attention reads of an attention module (nothing but what SDPA's path reads)
+    is_causal, num_key_value_groups, training = True, 7, False
+
+
+def test_decode_attention_equals_sdpa_with_repeated_heads():
+    g = torch.Generator().manual_seed(0)
+    b, kvh, groups, n, d = 3, 2, 7, 11, 64
+    q = torch.randn(b, kvh * groups, 1, d, generator=g)
+    k, v = torch.randn(b, kvh, n, d, generator=g), torch.randn(b, kvh, n, d, generator=g)
+    mask = torch.ones(b, 1, 1, n, dtype=torch.bool)
+    mask[0, ..., :4] = False  # row 0 left-padded by 4, row 2 by 1
+    mask[2, ..., :1] = False
+    out, weights = decode_attention(Attn(), q, k, v, mask, scaling=d**-0.5)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), attn_mask=mask)
+    assert weights is None and out.shape == (b, 1, kvh * groups, d)
+    assert torch.allclose(out, ref.transpose(1, 2), atol=1e-5)
+    # the padding is really left out: changing a padded key changes nothing
+    k2 = k.clone()
+    k2[0, :, :4] = 100.0
+    assert torch.equal(decode_attention(Attn(), q, k2, v, mask, scaling=d**-0.5)[0][0], out[0])
+
+
+def test_decode_attention_passes_longer_queries_to_sdpa():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(1, 14, 5, 64, generator=g), torch.randn(1, 2, 5, 64, generator=g), torch.randn(1, 2, 5, 64, generator=g)
+    out, _ = decode_attention(Attn(), q, k, v, None, scaling=0.125)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(7, 1), v.repeat_interleave(7, 1), is_causal=True, scale=0.125)
+    assert torch.allclose(out, ref.transpose(1, 2), atol=1e-5)
+
+
+def test_preallocated_cache_holds_what_a_growing_cache_holds():
+    from transformers import DynamicCache, Qwen2Config
+
+    config = Qwen2Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64)
+    g = torch.Generator().manual_seed(2)
+    ours, ref = preallocated_cache(config, capacity=12), DynamicCache(config=config)
+    kv = lambda b, n: (torch.randn(b, 2, n, 16, generator=g), torch.randn(b, 2, n, 16, generator=g))  # noqa: E731
+    steps = [("update", kv(1, 4)), ("repeat", 3), ("update", kv(3, 3)), ("update", kv(3, 1)), ("select", torch.tensor([0, 2])), ("update", kv(2, 1))]
+    for op, arg in steps:
+        if op == "update":
+            returned = [layer.update(*arg) for layer in ours.layers]
+            for layer in ref.layers:
+                layer.update(*arg)
+            if arg[0].shape[-2] == 1:  # a one-token step gets the whole buffer back, unwritten positions zero
+                keys = returned[0][0]
+                assert keys.shape[-2] == 12 and torch.count_nonzero(keys[..., ours.get_seq_length() :, :]) == 0
+        for cache in (ours, ref):
+            if op == "repeat":
+                cache.batch_repeat_interleave(arg)
+            elif op == "select":
+                cache.batch_select_indices(arg)
+        for a, r in zip(ours.layers, ref.layers):
+            assert torch.equal(a.keys, r.keys) and torch.equal(a.values, r.values)
+    assert ours.get_seq_length() == ref.get_seq_length() == 9
+    assert ours.layers[0].get_mask_sizes(1) == (12, 0) and ours.layers[0].get_mask_sizes(2) == (11, 0)
+    with pytest.raises(ValueError, match="holds 12 positions"):
+        ours.layers[0].update(*kv(2, 4))
