@@ -26,6 +26,9 @@ only, its torch engine on the CPU, every core) on POST /embeddings, both OpenAI-
 Tuning: our POST /v1/embeddings (encoder on its `auto` backend) at each layout REPLICASxTHREADS:MAX_BATCH:ENCODER_BATCH
 (replicas, CPUs and encoder threads per replica, `max_batch_size`, `encoder_batch_size`), same load, in turns.
 Last line: `serve_tuned_vs_first: X` (the fastest layout's requests/s divided by the first layout's).
+
+Every mode starts Ray with the throughput settings `cqg-ray serve` uses (`THROUGHPUT_ENV`); `--plain-ray` leaves Ray
+Serve's defaults.
 """
 
 import argparse
@@ -44,6 +47,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from _common import DATA, read_texts
+
+from cqg_ray.config import ServeConfig
 
 
 async def drive(url: str, bodies: list[dict], clients: int, route: str = "/embed", counters: bool = True) -> dict:
@@ -158,7 +163,6 @@ def run_peer(a, model_path: str, texts: list[str]) -> None:
     import ray
     from ray import serve
 
-    from cqg_ray.config import ServeConfig
     from cqg_ray.encoder import resolve_encoder_path
     from cqg_ray.serve.app import build_app
 
@@ -212,7 +216,8 @@ def run_peer(a, model_path: str, texts: list[str]) -> None:
 
     print(f"\n{cpu_line()}; load average (1/15 min) {os.getloadavg()[0]:.1f}/{os.getloadavg()[2]:.1f}")
     print(f"{a.requests} requests x {k} text(s), {a.clients} concurrent clients; ours: {replicas} replica(s) x {a.threads} CPU, "
-          f"encoder backend {cfg.encoder_backend}, max_batch_size {a.batch}, encoder_batch_size {a.encoder_batch or 'default'}; "
+          f"encoder backend {cfg.encoder_backend}, max_batch_size {a.batch}, encoder_batch_size {a.encoder_batch or 'default'}, "
+          f"{'Ray Serve defaults' if a.plain_ray else 'throughput settings'}; "
           f"infinity-emb: torch engine, CPU, batch {a.batch}")
     print(f"{'server':34} {'req/s':>8} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'errors':>7}")
     for name, label in (("ours", "ours /v1/embeddings (enc + heads)"), ("infinity", "infinity-emb /embeddings (enc)")):
@@ -227,7 +232,6 @@ def run_tune(a, model_path: str, texts: list[str]) -> None:
     import ray
     from ray import serve
 
-    from cqg_ray.config import ServeConfig
     from cqg_ray.serve.app import build_app
 
     specs = []
@@ -277,7 +281,7 @@ def main():
     ap.add_argument("--requests", type=int, default=1500)
     ap.add_argument("--texts-per-request", type=int, default=1)
     ap.add_argument("--batch", type=int, default=32, help="max_batch_size of the batched configuration")
-    ap.add_argument("--wait", type=float, default=0.01, help="batch_wait_timeout_s of the batched configuration")
+    ap.add_argument("--wait", type=float, default=ServeConfig().batch_wait_timeout_s, help="batch_wait_timeout_s of the batched configuration")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ongoing", type=int, default=None, help="max_ongoing_requests of both (default max(clients, 4*batch); 0: defaults)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (and CPUs) of the replica")
@@ -291,14 +295,19 @@ def main():
     ap.add_argument("--infinity-bin", default=os.environ.get("INFINITY_BIN", "/work/.venv-infinity/bin/infinity_emb"))
     ap.add_argument("--replicas", type=int, default=None, help="--peer: our replicas (default: CPUs // --threads)")
     ap.add_argument("--encoder-batch", type=int, default=None, help="--peer: our encoder_batch_size (default: the config's)")
+    ap.add_argument("--plain-ray", action="store_true", help="Ray Serve's own defaults instead of the throughput settings that "
+                    "`cqg-ray serve` starts a local Ray with (cqg_ray.serve.cli.THROUGHPUT_ENV)")
     ap.add_argument("--tune", default=None, help="instead of batching on/off: our /v1/embeddings at each of these comma-separated "
                     "layouts REPLICASxTHREADS:MAX_BATCH:ENCODER_BATCH (e.g. 1x2:32:8,2x1:32:8,2x1:32:32); last line serve_tuned_vs_first")
     a = ap.parse_args()
+    if not a.plain_ray:
+        from cqg_ray.serve.cli import use_throughput_env
+
+        use_throughput_env()  # before any ray.init: the local Ray's processes inherit it, as under `cqg-ray serve`
 
     import ray
     from ray import serve
 
-    from cqg_ray.config import ServeConfig
     from cqg_ray.serve.app import build_app
     from tests.serve.toy_model import build_toy_model
 

@@ -109,7 +109,8 @@ class LlamaCppConfig(Section):
     n_batch: int = Field(512, ge=1)
     num_actors: int = Field(1, ge=1)
     cache_dir: str | None = Field(None, description="where bundled models are assembled (default ~/.cache/cqg-ray)")
-    batch_generate: int = Field(32, ge=1, description="greedy generation prompts decoded together (batched; 32 decodes 1.4x the tokens/s of 16 in torch on 2 cores); 1 = one at a time")
+    batch_generate: int = Field(32, ge=1, description="greedy generation prompts decoded together (32 decodes 1.4x the tokens/s of 16 "
+                                                       "in torch on 2 cores); 1 = one at a time")
     score_batch: int = Field(64, ge=1, le=256, description="single-pass prompts evaluated in one batch as a prefix tree (shared tokens once)")
     score_engine: Literal["auto", "llamacpp", "torch-float32", "torch-bfloat16"] = Field(
         "auto", description="engine for single-pass answers: llama.cpp on the GGUF, or torch on its weights dequantised once (cached); "
@@ -263,7 +264,8 @@ class ServeConfig(Section):
     max_replicas: int = Field(4, ge=1)
     num_gpus_per_replica: float = Field(0.0, ge=0)
     max_batch_size: int = Field(32, ge=1)
-    batch_wait_timeout_s: float = Field(0.01, ge=0)
+    batch_wait_timeout_s: float = Field(0.03, ge=0, description="how long a batch waits to fill (a lone request waits this long; "
+                                        "under load fuller batches: 30 ms serves 1.15x the requests/s of 10 ms on 2 cores)")
     max_texts_per_request: int = Field(256, ge=1)
     max_chars_per_text: int = Field(20_000, ge=1)
     max_request_bytes: int = Field(4_000_000, ge=1024)

@@ -16,9 +16,9 @@ pass reads the rest of the prompts, left-padded, then each step feeds every runn
 (one matrix product over the batch, not one per sequence); a sequence that emits an end token or reaches its
 ``max_tokens`` leaves the batch at once (its cache rows dropped) and is yielded. Greedy, no repeat penalty, as the
 llama.cpp paths. A decoding step attends with ``decode_attention`` (each key/value head against its group of query
-heads, no copies; torch's CPU flash-attention kernel spent more than half of a step on one query row) into a
-cache allocated once per batch (``preallocated_cache``: written in place, not concatenated every step). bfloat16 reaches the matrix units of CPUs with AVX-512-BF16 or AMX; on
-others it is emulated and float32 is the fast choice (``hardware.pick_dtype``).
+heads, no copies; torch's CPU flash-attention kernel spent more than half of a step on one query row) into a cache
+allocated once per batch (``preallocated_cache``: written in place, not concatenated every step). bfloat16 reaches
+the matrix units of CPUs with AVX-512-BF16 or AMX; on others it is emulated and float32 is the fast choice (``hardware.pick_dtype``).
 """
 
 from __future__ import annotations

@@ -130,8 +130,9 @@ def check_bearer(header: str | None, key: str | None) -> None:
         raise ApiError(401, "invalid bearer token", type="authentication_error", code="invalid_token")
 
 
-def require_key(request: Request) -> None:
-    """The auth dependency: the server's bearer key (app.state.api_key), if it has one."""
+async def require_key(request: Request) -> None:
+    """The auth dependency: the server's bearer key (app.state.api_key), if it has one. Async, so that FastAPI runs it
+    on the event loop instead of handing every request to its thread pool."""
     check_bearer(request.headers.get("authorization"), request.app.state.api_key)
 
 

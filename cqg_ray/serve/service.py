@@ -77,7 +77,7 @@ class EmbeddingService:
         self.batches += 1
         return p
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.03)
     async def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         p = await asyncio.to_thread(self.probabilities, texts)
         return list(p)

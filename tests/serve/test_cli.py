@@ -27,6 +27,16 @@ def test_serve_cli_config(tmp_path):
     assert (cfg.port, cfg.num_replicas, cfg.max_batch_size) == (9100, "auto", 64)
 
 
+def test_throughput_env_keeps_the_users_values():
+    from cqg_ray.serve.cli import THROUGHPUT_ENV, use_throughput_env
+
+    env = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "1", "PATH": "/bin"}
+    added = use_throughput_env(env)
+    assert "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD" not in added and env["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "1"
+    assert env == {**THROUGHPUT_ENV, "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "1", "PATH": "/bin"}
+    assert added == {k: v for k, v in THROUGHPUT_ENV.items() if k != "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"}
+
+
 def test_serve_refuses_a_bad_model_folder(tmp_path):
     from cqg_ray.cli import main
 
