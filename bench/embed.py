@@ -30,7 +30,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=20_000, help="texts (default 20000)")
     ap.add_argument("--model", default=None, help="model folder (default: a toy model built in a temp folder)")
-    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=32, help="texts per encoder call on both sides (default 32: embed's CPU default)")
     ap.add_argument("--unit-rows", type=int, default=None, help="rows per unit (default n/16)")
     ap.add_argument("--corpus", default=DATA)
     a = ap.parse_args()

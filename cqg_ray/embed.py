@@ -103,7 +103,7 @@ def _snapshot_file(row: dict, cfg_json: str, out_uri: str) -> dict:
 class EmbedUnits(UnitActor):
     """Ray Data actor: the model loaded once; embeds whole units and writes their files."""
 
-    def __init__(self, model_path: str, out_uri: str, output: str, tau: float | None, batch_size: int, threads: int,
+    def __init__(self, model_path: str, out_uri: str, output: str, tau: float | None, batch_size: int | None, threads: int,
                  backend: str = "auto"):
         limit_cpu_threads(threads)
         from cqg_ray.mbqa.embedder import InterpretableEmbedder
@@ -111,7 +111,7 @@ class EmbedUnits(UnitActor):
         self.model = InterpretableEmbedder.load(model_path, backend=backend)
         self.tau = self.model.tau if tau is None else tau
         self.run = RunDir(out_uri)
-        self.output, self.batch_size = output, batch_size
+        self.output, self.batch_size = output, batch_size or (128 if str(self.model.device).startswith("cuda") else 32)
 
     def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
         emb = self.model.encode(texts, output="packed" if self.output == "bits" else "probs", threshold=self.tau,
@@ -255,7 +255,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="auto", choices=["auto", "jsonl", "parquet", "csv", "tsv", "txt", "medi2"])
     p.add_argument("--text-column", default="text")
     p.add_argument("--id-column", default=None, help="column with document ids (default: a hash of file, line and text)")
-    p.add_argument("--batch-size", type=int, default=256, help="texts per encoder call")
+    p.add_argument("--batch-size", type=int, default=None, help="texts per encoder call (default 32 on CPU, 128 on GPU)")
     p.add_argument("--backend", default="auto", choices=["auto", "torch-float32", "torch-bfloat16", "onnx", "onnx-int8", "openvino"],
                    help="encoder backend (default auto: openvino/onnx on CPU where installed, else torch float32)")
     p.add_argument("--unit-rows", type=int, default=10_000, help="rows per work unit (the resume granularity)")

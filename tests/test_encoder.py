@@ -150,6 +150,17 @@ def test_one_encoder_shared_by_threads(backend, tmp_path_factory, monkeypatch):
         np.testing.assert_allclose(b, a, atol=1e-6)
 
 
+def test_openvino_threads_are_not_pinned(tmp_path_factory, monkeypatch):
+    """Several single-thread encoders on one machine (Ray actors, Serve replicas) must not all be pinned to core 0."""
+    if "openvino" not in installed_backends():
+        pytest.skip("openvino needs the fast-encoder extra")
+    monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path_factory.getbasetemp() / "shared-cache"))
+    enc = load_encoder(NAME, backend="openvino", device="cpu", threads=1)
+    compiled = enc._run._compiled
+    assert compiled.get_property("ENABLE_CPU_PINNING") is False
+    assert int(compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+
+
 def test_close_releases_and_the_process_exits_promptly(tmp_path_factory):
     """Exported backends hold native sessions with their own thread pools: `close()` releases one, and a process that
     leaves encoders (in reference cycles) to the end exits at once (an atexit hook closes them before teardown)."""
