@@ -32,6 +32,7 @@ def main():
     ap.add_argument("--model", default=None, help="model folder (default: a toy model built in a temp folder)")
     ap.add_argument("--batch-size", type=int, default=32, help="texts per encoder call on both sides (default 32: embed's CPU default)")
     ap.add_argument("--unit-rows", type=int, default=None, help="rows per unit (default n/16)")
+    ap.add_argument("--threads", type=int, default=None, help="encoder threads per Ray actor (default: embed's, 1; actors = CPUs / threads)")
     ap.add_argument("--corpus", default=DATA)
     a = ap.parse_args()
 
@@ -59,7 +60,7 @@ def main():
 
     ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     ray.data.DataContext.get_current().enable_progress_bars = False
-    cfg = EmbedConfig(batch_size=a.batch_size, unit_rows=a.unit_rows or max(250, len(texts) // 16))
+    cfg = EmbedConfig(batch_size=a.batch_size, unit_rows=a.unit_rows or max(250, len(texts) // 16), torch_threads=a.threads or EmbedConfig().torch_threads)
     t0 = time.perf_counter()
     m = embed(model_path, [corpus], os.path.join(tmp, "out"), cfg, progress=False)
     t_ray = time.perf_counter() - t0
