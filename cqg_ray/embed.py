@@ -38,13 +38,14 @@ import json
 import logging
 import os
 import time
+from typing import get_args
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED_META_KEY, EMBED_SETTINGS, embeddings_table
-from cqg_ray.config import CorpusConfig, EmbedConfig, RayConfig
+from cqg_ray.config import BACKEND_HELP, CorpusConfig, EmbedConfig, EncoderBackend, RayConfig
 from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, split_units, run_units
 from cqg_ray.rundir import ArtifactError, RunDir, hash_sections, resolve
 
@@ -106,12 +107,13 @@ class EmbedUnits(UnitActor):
     def __init__(self, model_path: str, out_uri: str, output: str, tau: float | None, batch_size: int | None, threads: int,
                  backend: str = "auto"):
         limit_cpu_threads(threads)
+        from cqg_ray.encoder import default_batch_size
         from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
         self.model = InterpretableEmbedder.load(model_path, backend=backend)
         self.tau = self.model.tau if tau is None else tau
         self.run = RunDir(out_uri)
-        self.output, self.batch_size = output, batch_size or (128 if str(self.model.device).startswith("cuda") else 32)
+        self.output, self.batch_size = output, batch_size or default_batch_size(self.model.device)
 
     def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
         emb = self.model.encode(texts, output="packed" if self.output == "bits" else "probs", threshold=self.tau,
@@ -256,8 +258,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-column", default="text")
     p.add_argument("--id-column", default=None, help="column with document ids (default: a hash of file, line and text)")
     p.add_argument("--batch-size", type=int, default=None, help="texts per encoder call (default 32 on CPU, 128 on GPU)")
-    p.add_argument("--backend", default="auto", choices=["auto", "torch-float32", "torch-bfloat16", "onnx", "onnx-int8", "openvino"],
-                   help="encoder backend (default auto: openvino/onnx on CPU where installed, else torch float32)")
+    p.add_argument("--backend", default="auto", choices=get_args(EncoderBackend), help=BACKEND_HELP)
     p.add_argument("--unit-rows", type=int, default=10_000, help="rows per work unit (the resume granularity)")
     p.add_argument("--actors", type=int, default=None, help="actors (default: one per GPU, else one per CPU)")
     p.add_argument("--gpus-per-actor", type=float, default=None, help="default: 1 when the cluster has GPUs, else 0")

@@ -34,10 +34,10 @@ class EncodeUnits(UnitActor):
 
         self.cfg = EncodeConfig.model_validate_json(cfg_json)
         limit_cpu_threads(self.cfg.torch_threads)
-        from cqg_ray.encoder import load_encoder
+        from cqg_ray.encoder import default_batch_size, load_encoder
 
         self.model = load_encoder(self.cfg.model, backend=self.cfg.backend, device="cuda" if torch.cuda.is_available() else "cpu")
-        self.batch_size = self.cfg.batch_size or (128 if torch.cuda.is_available() else 32)
+        self.batch_size = self.cfg.batch_size or default_batch_size(self.model.device)
         if self.cfg.max_seq_length:
             self.model.max_seq_length = self.cfg.max_seq_length
         self.run = RunDir(run_uri)

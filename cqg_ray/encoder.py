@@ -183,6 +183,13 @@ def _dim(st) -> int:
     return int(get_dim())
 
 
+def default_batch_size(device: str) -> int:
+    """Texts per encoder call in the corpus passes (encode, embed) when the config leaves it open: 128 on a GPU, 32 on
+    a CPU (length-sorted mini-batches pad little: 1.2-1.5x the throughput of 128 with torch, 1.45x that of 256 with
+    openvino)."""
+    return 128 if str(device).startswith("cuda") else 32
+
+
 def normalise(x: np.ndarray) -> np.ndarray:
     """Rows scaled to unit L2 norm (float32; zero rows stay zero)."""
     x = np.asarray(x, dtype=np.float32)
@@ -341,7 +348,6 @@ def _export_onnx(st, out: str) -> None:
         warnings.simplefilter("ignore")  # tracer warnings about Python bools: the traced branches hold for every input
         torch.onnx.export(model, tuple(feats[k] for k in names), out, input_names=names, output_names=["sentence_embedding"],
                           dynamic_axes=axes, opset_version=17, dynamo=False)
-
 
 
 # OpenVINO's CPU settings. No thread pinning: OpenVINO pins each process's threads to the first cores, so two
