@@ -16,7 +16,10 @@ Backends (`encode.backend`):
 onnx / onnx-int8 / openvino need the `fast-encoder` extra (onnxruntime, onnx, openvino). The exported model is
 written once per machine under ~/.cache/cqg-ray/encoders/ (or $CQG_RAY_CACHE/encoders/), keyed by the encoder's
 folder (file names, sizes, mtimes); a cache that fails its checksum or does not load is rebuilt. Tokenisation stays
-sentence-transformers' own (same truncation as torch), so every backend sees the same tokens.
+sentence-transformers' own (same truncation as torch), so every backend sees the same tokens: the export also saves
+the model's fast tokenizer (`TextTokenizer`, checked to give sentence-transformers' tokens), and a later load of an
+exported backend runs from the cache alone, without importing sentence-transformers or transformers (~4.5 s of every
+process start: Ray actors, Serve replicas, the CLI).
 
 Every stage that embeds texts for the heads (encode, train, embed, serve, evaluate) goes through `Encoder.encode`,
 so the embeddings the heads were trained on and the ones they see at inference are made the same way.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import hashlib
 import importlib
 import importlib.util
@@ -124,24 +128,49 @@ def resolve_backend(backend: str, device: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- the encoder
 class Encoder:
-    """The frozen sentence encoder on one backend. `encode(texts)` -> (n, dim) float32, L2-normalised."""
+    """The frozen sentence encoder on one backend. `encode(texts)` -> (n, dim) float32, L2-normalised.
 
-    def __init__(self, name: str, st_model, backend: str, device: str, runner=None):
+    Torch backends hold the sentence-transformers model (`st`); exported ones hold a runner and either that model (for
+    its tokenizer) or, loaded from the cache, only a `TextTokenizer` (`st` is None)."""
+
+    def __init__(self, name: str, st_model, backend: str, device: str, runner=None, tokenizer: "TextTokenizer | None" = None,
+                 dim: int | None = None):
         self.name, self.st, self.backend, self.device = name, st_model, backend, device
         self._run = runner  # exported backends: (input dict of int64 arrays) -> (b, d) float32
-        self.dim = _dim(st_model)
-
-    @property
-    def tokenizer(self):
-        return self.st.tokenizer
+        self._tokenizer = tokenizer
+        self._count_tokenizer = None  # count_tokens' own copy of the model's tokenizer (sentence-transformers path)
+        self.dim = int(dim) if dim is not None else _dim(st_model)
 
     @property
     def max_seq_length(self) -> int:
-        return self.st.max_seq_length
+        return self._tokenizer.max_seq_length if self._tokenizer is not None else self.st.max_seq_length
 
     @max_seq_length.setter
     def max_seq_length(self, n: int) -> None:  # exported models have dynamic sequence axes: truncation is the tokenizer's
-        self.st.max_seq_length = n
+        if self._tokenizer is not None:
+            self._tokenizer.max_seq_length = n
+        else:
+            self.st.max_seq_length = n
+            self._count_tokenizer = None
+
+    def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
+        """The model's inputs for `texts` as int64 arrays (input_ids, attention_mask, token_type_ids where the model has
+        them), padded to the longest, truncated at max_seq_length."""
+        if self._tokenizer is not None:
+            return self._tokenizer(texts)
+        return {k: v.numpy().astype(np.int64, copy=False) for k, v in _tokenize(self.st, texts).items() if hasattr(v, "numpy")}
+
+    def count_tokens(self, texts: list[str]) -> int:
+        """Tokens of `texts` as the encoder reads them (special tokens included, truncated at max_seq_length). Safe beside
+        `encode` in another thread: a Hugging Face fast tokenizer switches its padding per call, so sharing the model's
+        one with a running batch can strip that batch's padding (measured: 27 failed calls in 6,000 in two threads);
+        this counts with a copy."""
+        if self._tokenizer is not None:
+            return self._tokenizer.count(texts)
+        if self._count_tokenizer is None:
+            self._count_tokenizer = copy.deepcopy(self.st.tokenizer)
+        ids = self._count_tokenizer(list(texts), add_special_tokens=True, truncation=True, max_length=self.max_seq_length)["input_ids"]
+        return int(sum(len(x) for x in ids))
 
     def encode(self, texts: list[str], batch_size: int = 32, progress: bool = False, normalize: bool = True) -> np.ndarray:
         """(n, dim) float32 embeddings, L2-normalised (unless normalize=False: as the model outputs them); texts are
@@ -159,8 +188,7 @@ class Encoder:
             out = np.empty((len(texts), self.dim), dtype=np.float32)
             for i in range(0, len(texts), batch_size):
                 idx = order[i : i + batch_size]
-                feats = _tokenize(self.st, [texts[j] for j in idx])
-                out[idx] = self._run({k: v.numpy().astype(np.int64, copy=False) for k, v in feats.items() if hasattr(v, "numpy")})
+                out[idx] = self._run(self.tokenize([texts[j] for j in idx]))
         return normalise(out) if normalize else out.astype(np.float32, copy=False)
 
     def close(self) -> None:
@@ -170,6 +198,40 @@ class Encoder:
 
     def __repr__(self) -> str:
         return f"Encoder({self.name!r}, backend={self.backend!r}, device={self.device!r}, dim={self.dim})"
+
+
+class TextTokenizer:
+    """A sentence-transformers model's fast (Rust) tokenizer on its own, from the `tokenizers` package: truncation at
+    max_seq_length (longest first) and padding to the longest text of a call, as sentence-transformers tokenises.
+    Saved beside an exported model (`save_tokenizer`, which checks it against the model's own tokens)."""
+
+    def __init__(self, spec: str, max_seq_length: int, pad_id: int, pad_token: str, padding_side: str = "right"):
+        from tokenizers import Tokenizer
+
+        self._pad = {"pad_id": int(pad_id), "pad_token": pad_token, "direction": padding_side}
+        self._tok, self._count = Tokenizer.from_str(spec), Tokenizer.from_str(spec)  # count: no padding, never shared with a batch
+        self.max_seq_length = max_seq_length
+
+    @property
+    def max_seq_length(self) -> int:
+        return self._max
+
+    @max_seq_length.setter
+    def max_seq_length(self, n: int) -> None:
+        self._max = int(n)
+        for t in (self._tok, self._count):
+            t.no_padding()
+            t.enable_truncation(max_length=self._max, strategy="longest_first")
+        self._tok.enable_padding(**self._pad)
+
+    def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
+        enc = self._tok.encode_batch(list(texts))
+        return {"input_ids": np.array([e.ids for e in enc], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64),
+                "token_type_ids": np.array([e.type_ids for e in enc], dtype=np.int64)}
+
+    def count(self, texts: list[str]) -> int:
+        return int(sum(len(e.ids) for e in self._count.encode_batch(list(texts))))
 
 
 def _tokenize(st, texts: list[str]) -> dict:
@@ -201,11 +263,16 @@ def load_encoder(name: str, backend: str = "auto", device: str | None = None, th
     (see the module doc; "auto" picks for this machine). device None = cuda when there is one; threads: CPU threads
     of an exported backend (None = torch's current setting, which the stages set per actor/replica)."""
     import torch
-    from sentence_transformers import SentenceTransformer
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     backend = resolve_backend(backend, device)
     path = resolve_encoder_path(name)
+    if backend in EXPORTED:
+        threads = threads or torch.get_num_threads()
+        if (enc := _from_cache(name, path, backend, threads)) is not None:
+            return enc
+    from sentence_transformers import SentenceTransformer
+
     if os.path.isdir(path):  # a local folder needs no hub: do not let the library try to reach it
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     st = SentenceTransformer(path, device=device)
@@ -214,7 +281,6 @@ def load_encoder(name: str, backend: str = "auto", device: str | None = None, th
         st.to(torch.bfloat16)
     if backend not in EXPORTED:
         return Encoder(name, st, backend, device)
-    threads = threads or torch.get_num_threads()
     model_file = exported_model(st, path, backend)
     try:
         runner = _runner(backend, model_file, threads)
@@ -223,7 +289,64 @@ def load_encoder(name: str, backend: str = "auto", device: str | None = None, th
         with _lock(os.path.dirname(model_file)):
             os.remove(model_file)
         runner = _runner(backend, exported_model(st, path, backend), threads)
+    folder = cache_dir(path)
+    if "tokenizer" not in _read_meta(folder) or _cached(folder, TOKENIZER_FILE) is None:  # an older or torn cache
+        save_tokenizer(st, folder)
     return Encoder(name, st, backend, "cpu", runner=runner)
+
+
+def _from_cache(name: str, path: str, backend: str, threads: int) -> Encoder | None:
+    """An exported backend loaded from the cache alone (model file and saved tokenizer, both matching their checksums),
+    or None when anything is missing or does not load (the caller then loads sentence-transformers and repairs it)."""
+    folder = cache_dir(path)
+    meta = _read_meta(folder)
+    spec = meta.get("tokenizer")
+    if not isinstance(spec, dict) or "dim" not in meta:
+        return None
+    model_file, tok_file = _cached(folder, EXPORTED[backend]), _cached(folder, TOKENIZER_FILE)
+    if model_file is None or tok_file is None:
+        return None
+    try:
+        with open(tok_file, encoding="utf-8") as f:
+            tokenizer = TextTokenizer(f.read(), spec["max_seq_length"], spec["pad_id"], spec["pad_token"], spec["padding_side"])
+        runner = _runner(backend, model_file, threads)
+    except Exception as e:
+        log.info("encoder cache %s not usable alone (%s: %s); loading sentence-transformers", folder, type(e).__name__, e)
+        return None
+    return Encoder(name, None, backend, "cpu", runner=runner, tokenizer=tokenizer, dim=int(meta["dim"]))
+
+
+TOKENIZER_FILE = "tokenizer.json"
+# texts on which a saved tokenizer must give the model's own tokens: empty, spaces, accents, CJK, emoji, a long text
+TOKENIZER_CHECK = ["", "  leading and trailing spaces  ", "Tabs\tand\nnew lines", "Ünïcödé, 中文 and 😀 emoji",
+                   "A short sentence.", "word " * 600]
+
+
+def save_tokenizer(st, folder: str) -> bool:
+    """Save the model's fast tokenizer and its settings into an encoder's cache folder (under its lock), so later loads
+    need no sentence-transformers; only when `TextTokenizer` gives the model's own tokens on `TOKENIZER_CHECK`.
+    Returns whether it was saved."""
+    tok = st.tokenizer
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None or tok.pad_token is None or not st.max_seq_length:
+        return False
+    settings = {"max_seq_length": int(st.max_seq_length), "pad_id": int(tok.pad_token_id), "pad_token": tok.pad_token,
+                "padding_side": tok.padding_side}
+    spec = backend.to_str()
+    mine = TextTokenizer(spec, **settings)(TOKENIZER_CHECK)
+    theirs = {k: v.numpy() for k, v in _tokenize(st, TOKENIZER_CHECK).items() if hasattr(v, "numpy")}
+    if any(k not in mine or not np.array_equal(mine[k], v) for k, v in theirs.items()):
+        log.info("encoder %s: its tokenizer alone does not reproduce sentence-transformers' tokens; loads keep using the library", folder)
+        return False
+    with _lock(folder):
+        meta = _read_meta(folder)
+        with open(os.path.join(folder, TOKENIZER_FILE + ".tmp"), "w", encoding="utf-8") as f:
+            f.write(spec)
+        os.replace(os.path.join(folder, TOKENIZER_FILE + ".tmp"), os.path.join(folder, TOKENIZER_FILE))
+        meta["sha256"][TOKENIZER_FILE] = _sha256(os.path.join(folder, TOKENIZER_FILE))
+        meta.update({"tokenizer": settings, "dim": _dim(st)})
+        _write_meta(folder, meta)
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- export and cache
@@ -308,11 +431,15 @@ def exported_model(st, path: str, backend: str) -> str:
                 meta["sha256"][f] = _sha256(os.path.join(tmp, f))
                 os.replace(os.path.join(tmp, f), os.path.join(folder, f))
         meta.update({"encoder": path, "format": CACHE_FORMAT, "dim": _dim(st)})
-        with open(os.path.join(folder, "meta.json.tmp"), "w") as f:
-            json.dump(meta, f, indent=1)
-        os.replace(os.path.join(folder, "meta.json.tmp"), os.path.join(folder, "meta.json"))
+        _write_meta(folder, meta)
         log.info("encoder %s exported for %s in %.1f s to %s", path, backend, time.time() - t0, folder)
         return os.path.join(folder, file)
+
+
+def _write_meta(folder: str, meta: dict) -> None:
+    with open(os.path.join(folder, "meta.json.tmp"), "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(os.path.join(folder, "meta.json.tmp"), os.path.join(folder, "meta.json"))
 
 
 def _read_meta(folder: str) -> dict:

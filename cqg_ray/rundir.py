@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import platform
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -64,14 +65,27 @@ def _hash(*parts: Any) -> str:
     return h.hexdigest()[:16]
 
 
+# module name in a manifest -> its distributions (the first one installed counts)
+VERSIONED = {"cqg_ray": ("cqg-ray",), "ray": ("ray",), "torch": ("torch",), "numpy": ("numpy",), "pyarrow": ("pyarrow",),
+             "faiss": ("faiss-cpu", "faiss-gpu", "faiss"), "sentence_transformers": ("sentence-transformers",)}
+
+
 def versions() -> dict[str, str]:
+    """Python's and the main packages' versions, from the installed distributions' metadata (importing them would
+    cost seconds: sentence-transformers alone ~4.5 s)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     out = {"python": platform.python_version()}
-    for mod in ("cqg_ray", "ray", "torch", "numpy", "pyarrow", "faiss", "sentence_transformers"):
-        try:
-            m = __import__(mod)
-            out[mod] = str(getattr(m, "__version__", "?"))
-        except Exception:
-            pass
+    for mod, dists in VERSIONED.items():
+        for dist in dists:
+            try:
+                out[mod] = version(dist)
+                break
+            except PackageNotFoundError:
+                pass
+        else:  # not installed as a distribution (a source checkout on sys.path): the module's own, if imported
+            if (m := sys.modules.get(mod)) is not None:
+                out[mod] = str(getattr(m, "__version__", "?"))
     return out
 
 

@@ -92,18 +92,111 @@ def test_resolve_backend_checks_names_and_devices():
 def test_export_is_cached_and_reused(cache, monkeypatch, reference):
     if "onnx" not in installed_backends():
         pytest.skip("onnx needs the fast-encoder extra")
+    import sentence_transformers
+
     first = load_encoder(NAME, backend="onnx", device="cpu")
     folder = encoder_mod.cache_dir(resolve_encoder_path(NAME))
-    assert folder.startswith(str(cache)) and sorted(os.listdir(folder)) == ["meta.json", "model.onnx"]
+    assert folder.startswith(str(cache)) and sorted(os.listdir(folder)) == ["meta.json", "model.onnx", "tokenizer.json"]
     meta = json.loads(open(os.path.join(folder, "meta.json")).read())
-    assert meta["sha256"]["model.onnx"] == hashlib.sha256(open(os.path.join(folder, "model.onnx"), "rb").read()).hexdigest()
+    for f in ("model.onnx", "tokenizer.json"):
+        assert meta["sha256"][f] == hashlib.sha256(open(os.path.join(folder, f), "rb").read()).hexdigest()
+    assert meta["tokenizer"] == {"max_seq_length": 256, "pad_id": 0, "pad_token": "[PAD]", "padding_side": "right"}
+    assert meta["dim"] == 384 and first.st is not None
 
     def no_second_export(*a, **k):
         raise AssertionError("exported again although the cache holds the model")
 
+    def no_library(*a, **k):
+        raise AssertionError("sentence-transformers loaded although the cache holds the model and its tokenizer")
+
     monkeypatch.setattr(encoder_mod, "_export_onnx", no_second_export)
+    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", no_library)
     second = load_encoder(NAME, backend="onnx", device="cpu")
+    assert second.st is None and (second.dim, second.backend, second.max_seq_length) == (384, "onnx", 256)
     np.testing.assert_array_equal(second.encode(TEXTS), first.encode(TEXTS))
+
+
+EDGE_TEXTS = TEXTS + ["", "   ", "  leading and trailing  ", "tabs\tand\nnew lines", "é ü 中文 😀 \u200b zero width",
+                      "x" * 3000, "many words " * 400, "A" * 10 + "\x00" + "b", "Ĳ ﬁ ½ ligatures"]
+
+
+def test_cache_only_tokens_equal_sentence_transformers(cache):
+    """The tokenizer saved with an export gives sentence-transformers' own tokens (ids, mask, types; truncation at
+    max_seq_length, padding to the longest), also after max_seq_length changes, and counts tokens the same way."""
+    if "onnx" not in installed_backends():
+        pytest.skip("onnx needs the fast-encoder extra")
+    full = load_encoder(NAME, backend="onnx", device="cpu")
+    light = load_encoder(NAME, backend="onnx", device="cpu")
+    assert full.st is not None and light.st is None
+    for max_len in (256, 16):
+        full.max_seq_length = light.max_seq_length = max_len
+        for batch in (EDGE_TEXTS, EDGE_TEXTS[:1], EDGE_TEXTS[-4:]):
+            a, b = full.tokenize(batch), light.tokenize(batch)
+            assert sorted(a) == sorted(b) == ["attention_mask", "input_ids", "token_type_ids"]
+            for k in a:
+                assert a[k].dtype == b[k].dtype == np.int64 and np.array_equal(a[k], b[k]), (max_len, k)
+            assert a["input_ids"].shape[1] <= max_len
+            assert full.count_tokens(batch) == light.count_tokens(batch) == int(a["attention_mask"].sum())
+    full.max_seq_length = light.max_seq_length = 256
+    np.testing.assert_array_equal(light.encode(EDGE_TEXTS, batch_size=4), full.encode(EDGE_TEXTS, batch_size=4))
+
+
+def test_a_cache_without_its_tokenizer_is_completed(cache):
+    """A cache written before tokenizers were saved (or with a torn tokenizer.json) loads through sentence-transformers
+    once and gets its tokenizer; a tokenizer that does not reproduce the model's tokens is never saved."""
+    if "onnx" not in installed_backends():
+        pytest.skip("onnx needs the fast-encoder extra")
+    load_encoder(NAME, backend="onnx", device="cpu")
+    folder = encoder_mod.cache_dir(resolve_encoder_path(NAME))
+    meta = json.loads(open(os.path.join(folder, "meta.json")).read())
+    del meta["tokenizer"], meta["sha256"]["tokenizer.json"]
+    open(os.path.join(folder, "meta.json"), "w").write(json.dumps(meta))
+    os.remove(os.path.join(folder, "tokenizer.json"))
+    assert load_encoder(NAME, backend="onnx", device="cpu").st is not None  # the old layout: the library, then saved
+    assert load_encoder(NAME, backend="onnx", device="cpu").st is None
+    with open(os.path.join(folder, "tokenizer.json"), "r+b") as f:  # torn: its checksum no longer matches
+        f.truncate(100)
+    enc = load_encoder(NAME, backend="onnx", device="cpu")
+    assert enc.st is not None and enc.encode(TEXTS).shape == (len(TEXTS), 384)
+    assert load_encoder(NAME, backend="onnx", device="cpu").st is None  # saved again
+
+
+def test_a_tokenizer_that_differs_is_not_saved(cache, monkeypatch):
+    if "onnx" not in installed_backends():
+        pytest.skip("onnx needs the fast-encoder extra")
+    enc = load_encoder(NAME, backend="onnx", device="cpu")
+    folder = encoder_mod.cache_dir(resolve_encoder_path(NAME))
+    real = encoder_mod._tokenize
+
+    def shifted_first(st, texts):  # a library whose tokens differ from the saved tokenizer's on some text
+        feats = real(st, texts)
+        feats["input_ids"][0, 1] += 1
+        return feats
+
+    monkeypatch.setattr(encoder_mod, "_tokenize", shifted_first)
+    os.remove(os.path.join(folder, "tokenizer.json"))
+    assert encoder_mod.save_tokenizer(enc.st, folder) is False
+    assert not os.path.exists(os.path.join(folder, "tokenizer.json"))
+
+
+def test_a_cached_encoder_loads_without_sentence_transformers(cache):
+    """A fresh process (a Ray actor, a Serve replica) loading an exported backend from a warm cache imports neither
+    sentence-transformers nor transformers (~4.5 s of its start), and encodes as the full load does."""
+    import subprocess
+    import sys
+
+    have = [b for b in ("openvino", "onnx") if b in installed_backends()]
+    if not have:
+        pytest.skip("needs the fast-encoder extra")
+    want = load_encoder(NAME, backend=have[0], device="cpu").encode(TEXTS)
+    code = ("import sys, json, numpy as np; from cqg_ray.encoder import load_encoder; "
+            f"e = load_encoder({NAME!r}, backend={have[0]!r}, device='cpu'); x = e.encode({TEXTS!r}); "
+            "print(json.dumps([e.st is None, 'sentence_transformers' in sys.modules, 'transformers' in sys.modules, x.tolist()]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         env={**os.environ, "CQG_RAY_CACHE": str(cache.parent)})
+    no_st, st_imported, tf_imported, got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (no_st, st_imported, tf_imported) == (True, False, False)
+    np.testing.assert_allclose(np.array(got, dtype=np.float32), want, atol=1e-6)
 
 
 def test_corrupt_cache_is_rebuilt(cache, caplog, reference):

@@ -106,7 +106,11 @@ def test_openai_route_raw(client, model):
     vecs = np.array([d["embedding"] for d in body["data"]])
     assert vecs.shape == (2, 32)
     assert_bits_match(vecs, p, 0.5)
-    tokens = sum(len(x) for x in model.encoder.tokenizer([A, B])["input_ids"])
+    from transformers import AutoTokenizer
+
+    from cqg_ray.encoder import resolve_encoder_path
+
+    tokens = sum(len(x) for x in AutoTokenizer.from_pretrained(resolve_encoder_path(model.encoder.name))([A, B])["input_ids"])
     assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
 
     b64 = client.post("/v1/embeddings", json={"model": "cqg-mbqa", "input": A, "encoding_format": "base64"}).json()

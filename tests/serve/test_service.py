@@ -114,8 +114,6 @@ def test_counting_tokens_does_not_disturb_a_batch_in_the_worker_thread(model):
     must not share one fast tokenizer (its padding setting flips per call; shared, a batch lost its padding)."""
     import threading
 
-    from cqg_ray.encoder import _tokenize
-
     svc = EmbeddingService(model, ServeConfig())
     texts = ["a cat sat on the mat", "Stock markets fell sharply on Tuesday after the central bank raised rates."] * 4
     want = svc.count_tokens(texts)
@@ -124,7 +122,7 @@ def test_counting_tokens_does_not_disturb_a_batch_in_the_worker_thread(model):
     def batches():
         for _ in range(1500):
             try:
-                _tokenize(enc.st, texts)  # what Encoder.encode runs in the worker thread
+                enc.tokenize(texts)  # what Encoder.encode runs in the worker thread
             except Exception as e:
                 errors.append(repr(e))
 
