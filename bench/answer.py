@@ -57,10 +57,13 @@ def bench_pairs(b: LlamaCppBackend, n_texts: int, n_questions: int, seed: int, c
     prompts, texts, labels = cqg_prompts(clusters, seed, k=k, with_clusters=True)
     per = -(-n_questions // clusters)
     qs: list[str] = []
-    for _, c in sorted(b.stream([Request(m, max_tokens=260) for m in prompts]), key=lambda x: x[0]):
-        qs += [q for q in parse_questions(c.text) if q not in qs][:per]
+    replies = [parse_questions(c.text) for _, c in sorted(b.stream([Request(m, max_tokens=260) for m in prompts]), key=lambda x: x[0])]
+    for found in replies:
+        qs += [q for q in dict.fromkeys(found) if q not in qs][:per]
+    for found in replies:  # a reply with fewer distinct questions: the others' next ones fill the gap
+        qs += [q for q in dict.fromkeys(found) if q not in qs][: max(0, n_questions - len(qs))]
     if len(qs) < n_questions:
-        raise SystemExit(f"only {len(qs)} questions were generated; ask for fewer (--questions)")
+        raise SystemExit(f"only {len(qs)} distinct questions were generated; ask for fewer (--questions)")
     rng = np.random.default_rng(seed + 7)
     picked: list[str] = []
     for c in range(clusters):
