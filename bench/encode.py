@@ -5,8 +5,9 @@
 The single-process baseline is `load_encoder(model)` (the `auto` backend, as the stage) `.encode` over all texts with
 torch's default threads and the same batch size. The Ray side is the encode stage end to end (actor start-up and Parquet writes included;
 `ray.init` and corpus preparation excluded) on a local Ray with every CPU. The stage's start-up (spawning
-the actors, loading the model in each) is a fixed cost of ~8 s here, so small n understates the steady state:
-measured 0.854-0.896 at 20,000 texts and 0.998 at 60,000 (the default). Last line:
+the actors, loading the model in each) is a fixed cost (~8 s with torch; ~4-5 s with an exported backend loaded from
+the encoder cache), so small n understates the steady state: with torch, 0.854-0.896 at 20,000 texts and 0.998 at
+60,000 (the default); with openvino, 0.975 at 60,000. Last line:
 `encode_ray_vs_single: X` (Ray texts/s divided by single-process texts/s).
 """
 
