@@ -151,14 +151,11 @@ class Encoder:
             self._tokenizer.max_seq_length = n
         else:
             self.st.max_seq_length = n
-            self._count_tokenizer = None
 
     def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
         """The model's inputs for `texts` as int64 arrays (input_ids, attention_mask, token_type_ids where the model has
         them), padded to the longest, truncated at max_seq_length."""
-        if self._tokenizer is not None:
-            return self._tokenizer(texts)
-        return {k: v.numpy().astype(np.int64, copy=False) for k, v in _tokenize(self.st, texts).items() if hasattr(v, "numpy")}
+        return self._tokenizer(texts) if self._tokenizer is not None else _st_inputs(self.st, texts)
 
     def count_tokens(self, texts: list[str]) -> int:
         """Tokens of `texts` as the encoder reads them (special tokens included, truncated at max_seq_length). Safe beside
@@ -209,7 +206,7 @@ class TextTokenizer:
         from tokenizers import Tokenizer
 
         self._pad = {"pad_id": int(pad_id), "pad_token": pad_token, "direction": padding_side}
-        self._tok, self._count = Tokenizer.from_str(spec), Tokenizer.from_str(spec)  # count: no padding, never shared with a batch
+        self._tok = Tokenizer.from_str(spec)  # set up once; encode_batch never changes it, so threads may share it
         self.max_seq_length = max_seq_length
 
     @property
@@ -219,9 +216,7 @@ class TextTokenizer:
     @max_seq_length.setter
     def max_seq_length(self, n: int) -> None:
         self._max = int(n)
-        for t in (self._tok, self._count):
-            t.no_padding()
-            t.enable_truncation(max_length=self._max, strategy="longest_first")
+        self._tok.enable_truncation(max_length=self._max, strategy="longest_first")
         self._tok.enable_padding(**self._pad)
 
     def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
@@ -231,12 +226,17 @@ class TextTokenizer:
                 "token_type_ids": np.array([e.type_ids for e in enc], dtype=np.int64)}
 
     def count(self, texts: list[str]) -> int:
-        return int(sum(len(e.ids) for e in self._count.encode_batch(list(texts))))
+        return int(self(texts)["attention_mask"].sum())
 
 
 def _tokenize(st, texts: list[str]) -> dict:
     """sentence-transformers' own tokenisation (its truncation at max_seq_length): `preprocess` in 6.x, `tokenize` before."""
     return st.preprocess(texts) if hasattr(st, "preprocess") else st.tokenize(texts)
+
+
+def _st_inputs(st, texts: list[str]) -> dict[str, np.ndarray]:
+    """`_tokenize`'s tensors as int64 arrays (its non-tensor entries, such as the modality, left out)."""
+    return {k: v.numpy().astype(np.int64, copy=False) for k, v in _tokenize(st, texts).items() if hasattr(v, "numpy")}
 
 
 def _dim(st) -> int:
@@ -334,7 +334,7 @@ def save_tokenizer(st, folder: str) -> bool:
                 "padding_side": tok.padding_side}
     spec = backend.to_str()
     mine = TextTokenizer(spec, **settings)(TOKENIZER_CHECK)
-    theirs = {k: v.numpy() for k, v in _tokenize(st, TOKENIZER_CHECK).items() if hasattr(v, "numpy")}
+    theirs = _st_inputs(st, TOKENIZER_CHECK)
     if any(k not in mine or not np.array_equal(mine[k], v) for k, v in theirs.items()):
         log.info("encoder %s: its tokenizer alone does not reproduce sentence-transformers' tokens; loads keep using the library", folder)
         return False
