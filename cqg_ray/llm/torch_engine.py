@@ -69,11 +69,16 @@ def preallocated_cache(config, capacity: int):
     from transformers.cache_utils import DynamicLayer
 
     class PreallocatedLayer(DynamicLayer):
+        def allocate(self, rows: int, like, length: int = 0) -> None:
+            """Zeros for ``rows`` sequences shaped like ``like`` (b, kv heads, L, d); the first ``length`` positions count as written."""
+            self.lazy_initialization(like, like)
+            shape = (rows, like.shape[1], capacity, like.shape[-1])
+            self._k, self._v, self.length = like.new_zeros(shape), like.new_zeros(shape), length
+            self.keys, self.values = self._k[..., :length, :], self._v[..., :length, :]
+
         def update(self, key_states, value_states, *args, **kwargs):
             if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-                shape = (*key_states.shape[:2], capacity, key_states.shape[-1])
-                self._k, self._v, self.length = key_states.new_zeros(shape), value_states.new_zeros(shape), 0
+                self.allocate(key_states.shape[0], key_states)
             n, q = self.length, key_states.shape[-2]
             if n + q > capacity:
                 raise ValueError(f"the cache holds {capacity} positions; {n} + {q} asked")
@@ -171,38 +176,50 @@ class TorchEngine:
                 yield batch[j], out
 
     def _generate_batch(self, prompts: list[Sequence[int]], max_tokens: list[int]) -> Iterator[tuple[int, list[int]]]:
-        """One static batch: the prompts' common prefix (chat template and instruction) read once and its cache copied to
-        every row, their rest left-padded into one forward pass, then one token per running sequence per step."""
+        """One static batch: the prompts' common prefix (chat template and instruction) read once, then each prompt's rest
+        read on its own (no padding to compute) and its keys and values written into its row of the batch's cache,
+        right-aligned; then one token per running sequence per step."""
+        from transformers import DynamicCache
+
         torch = self.torch
         n = len(prompts)
         shared = min(common_prefix(prompts[0], p) for p in prompts[1:]) if n > 1 else 0
         shared = min(shared, min(len(p) for p in prompts) - 1)  # every row keeps a token of its own to read
         if shared < self.min_shared_prefix:
             shared = 0
-        width = max(len(p) for p in prompts) - shared
-        capacity = shared + width + max(max_tokens)
+        filled = max(len(p) for p in prompts)  # the cache's columns: shared prefix, left padding, own tokens, then generated
+        capacity = filled + max(max_tokens)
         cache = preallocated_cache(self.model.config, capacity)
-        if shared:
-            with torch.inference_mode():
-                self.model.model(input_ids=torch.tensor([list(prompts[0][:shared])]), position_ids=torch.arange(shared)[None], past_key_values=cache,
-                                 use_cache=True)
-            cache.batch_repeat_interleave(n)
-        ids = torch.zeros((n, width), dtype=torch.long)
-        own = torch.zeros((n, width), dtype=torch.long)  # 1 where a row has a token of its own, 0 on its left padding
-        for j, p in enumerate(prompts):
-            ids[j, width - len(p) + shared:] = torch.as_tensor(list(p[shared:]))
-            own[j, width - len(p) + shared:] = 1
-        pos = shared + (own.cumsum(-1) - 1).clamp(min=0)
-        mask = torch.zeros((n, capacity), dtype=torch.long)  # the cache's columns: shared prefix, padding, own tokens, generated
-        mask[:, :shared], mask[:, shared : shared + width] = 1, own
-        filled = shared + width
+        prefix = DynamicCache(config=self.model.config)
+        mask = torch.zeros((n, capacity), dtype=torch.long)
+        mask[:, :shared] = 1
+        last_hidden = []
+        with torch.inference_mode():
+            if shared:
+                self.model.model(input_ids=torch.tensor([list(prompts[0][:shared])]), position_ids=torch.arange(shared)[None],
+                                 past_key_values=prefix, use_cache=True)
+            for j, p in enumerate(prompts):
+                row = DynamicCache(config=self.model.config)
+                for own, pre in zip(row.layers, prefix.layers):
+                    if shared:
+                        own.lazy_initialization(pre.keys, pre.values)
+                        own.keys, own.values = pre.keys, pre.values
+                hidden = self.model.model(input_ids=torch.tensor([list(p[shared:])]), position_ids=torch.arange(shared, len(p))[None],
+                                          past_key_values=row, use_cache=True).last_hidden_state
+                last_hidden.append(hidden[0, -1])
+                start = filled - (len(p) - shared)
+                for layer, own in zip(cache.layers, row.layers):
+                    if j == 0:
+                        layer.allocate(n, own.keys, filled)
+                        layer._k[:, :, :shared], layer._v[:, :, :shared] = own.keys[:, :, :shared], own.values[:, :, :shared]
+                    layer._k[j, :, start:filled], layer._v[j, :, start:filled] = own.keys[0, :, shared:], own.values[0, :, shared:]
+                mask[j, start:filled] = 1
+            nxt = (torch.stack(last_hidden) @ self.out.T).argmax(-1)
+        last_pos = torch.as_tensor([len(p) - 1 for p in prompts])
         eos = torch.as_tensor(self.eos_ids, dtype=torch.long)
         rows = list(range(n))  # batch row -> index into prompts, for the sequences still running
         outs: list[list[int]] = [[] for _ in range(n)]
         with torch.inference_mode():
-            hidden = self.model.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state
-            nxt = (hidden[:, -1] @ self.out.T).argmax(-1)
-            last_pos = pos[:, -1]
             while rows:
                 done = torch.isin(nxt, eos)
                 keep = []
