@@ -10,15 +10,16 @@ its position its depth, and a 4D attention mask that lets a token see only its o
 the final hidden state at each prompt's last token times the yes/no rows of the output matrix (softmax over
 the two answers needs no other logits).
 
-Generation runs static batches of ``gen_seqs`` prompts of similar length (sorted, so left padding is small): the
-batch's common prefix (chat template, instruction) is read once and its KV cache copied to every row, one forward
-pass reads the rest of the prompts, left-padded, then each step feeds every running sequence its last token
-(one matrix product over the batch, not one per sequence); a sequence that emits an end token or reaches its
-``max_tokens`` leaves the batch at once (its cache rows dropped) and is yielded. Greedy, no repeat penalty, as the
-llama.cpp paths. A decoding step attends with ``decode_attention`` (each key/value head against its group of query
-heads, no copies; torch's CPU flash-attention kernel spent more than half of a step on one query row) into a cache
-allocated once per batch (``preallocated_cache``: written in place, not concatenated every step). bfloat16 reaches
-the matrix units of CPUs with AVX-512-BF16 or AMX; on others it is emulated and float32 is the fast choice (``hardware.pick_dtype``).
+Generation runs static batches of ``gen_seqs`` prompts of similar length (sorted): the batch's common prefix (chat
+template, instruction) is read once, then each prompt's own tokens are read on their own (no padding to compute) and
+their keys and values written into the prompt's row of the batch's cache, right-aligned; then each step feeds every
+running sequence its last token (one matrix product over the batch, not one per sequence); a sequence that emits an
+end token or reaches its ``max_tokens`` leaves the batch at once (its cache rows dropped) and is yielded. Greedy, no
+repeat penalty, as the llama.cpp paths. A decoding step attends with ``decode_attention`` (each key/value head against
+its group of query heads, no copies; torch's CPU flash-attention kernel spent more than half of a step on one query
+row) into a cache allocated once per batch (``preallocated_cache``: written in place, not concatenated every step).
+The model's linear layers run on weights reordered once for oneDNN (``pack_linears``). bfloat16 reaches the matrix
+units of CPUs with AVX-512-BF16 or AMX; on others it is emulated and float32 is the fast choice (``hardware.pick_dtype``).
 """
 
 from __future__ import annotations
@@ -106,6 +107,45 @@ def preallocated_cache(config, capacity: int):
     return cache
 
 
+def greedy(logits):
+    """Each row's greedy token: the first index of its largest logit, as ``argmax`` (``max`` finds it ~4x faster over a
+    bfloat16 vocabulary: 2.3 against 9.0 ms for 32 rows of 151,936)."""
+    return logits.max(-1).indices
+
+
+def pack_linears(model, rows: int) -> int:
+    """Replace the model's ``nn.Linear`` layers (decoder and output) by ``PackedLinear`` (oneDNN's blocked weight layout for
+    about ``rows`` input rows; same products, 10-50% faster at 32 rows in bfloat16 on a 2-core AVX-512-BF16 CPU).
+    Returns how many were packed: 0 where this torch has no oneDNN linear (the model is left as it was)."""
+    import torch
+
+    class PackedLinear(torch.nn.Module):
+        """``F.linear`` on a weight reordered once for oneDNN (``torch.ops.mkldnn``, what inductor's freezing uses)."""
+
+        def __init__(self, linear):
+            super().__init__()
+            self.in_features, self.out_features = linear.in_features, linear.out_features
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
+            self.bias = None if linear.bias is None else linear.bias.detach()
+
+        def forward(self, x):
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+    if not torch.backends.mkldnn.is_available():
+        return 0
+    try:
+        probe = torch.nn.Linear(8, 4, dtype=model.dtype)
+        torch.testing.assert_close(PackedLinear(probe)(torch.ones(2, 8, dtype=model.dtype)), probe(torch.ones(2, 8, dtype=model.dtype)))
+    except (RuntimeError, AssertionError):
+        return 0
+    names = [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        setattr(owner, child, PackedLinear(getattr(owner, child)))
+    return len(names)
+
+
 def tree_mask(token_lists: Sequence[Sequence[int]], lcp: Sequence[int], n_entries: int) -> np.ndarray:
     """(n, n) bool: entry a may attend to entry b, i.e. b is on the path from the root to a (a included).
 
@@ -136,7 +176,9 @@ class TorchEngine:
         self.dtype = getattr(torch, self.dtype_name)
         self.model = AutoModelForCausalLM.from_pretrained(str(Path(model_dir).expanduser()), dtype=self.dtype,
                                                           attn_implementation=register_decode_attention()).eval()
-        self.out = self.model.get_output_embeddings().weight
+        self.out = self.model.get_output_embeddings().weight  # dense: scoring reads its yes and no rows
+        self.packed = pack_linears(self.model, gen_seqs)
+        self.lm_head = self.model.get_output_embeddings()
         self.max_seqs, self.max_tokens = max_seqs, max_tokens
         self.gen_seqs = gen_seqs
         self.min_shared_prefix = 16  # a batch's common prefix shorter than this is read with the rest
@@ -214,7 +256,7 @@ class TorchEngine:
                         layer._k[:, :, :shared], layer._v[:, :, :shared] = own.keys[:, :, :shared], own.values[:, :, :shared]
                     layer._k[j, :, start:filled], layer._v[j, :, start:filled] = own.keys[0, :, shared:], own.values[0, :, shared:]
                 mask[j, start:filled] = 1
-            nxt = (torch.stack(last_hidden) @ self.out.T).argmax(-1)
+            nxt = greedy(self.lm_head(torch.stack(last_hidden)))
         last_pos = torch.as_tensor([len(p) - 1 for p in prompts])
         eos = torch.as_tensor(self.eos_ids, dtype=torch.long)
         rows = list(range(n))  # batch row -> index into prompts, for the sequences still running
@@ -242,7 +284,7 @@ class TorchEngine:
                 last_pos = last_pos + 1
                 hidden = self.model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos[:, None], past_key_values=cache,
                                           use_cache=True).last_hidden_state
-                nxt = (hidden[:, -1] @ self.out.T).argmax(-1)
+                nxt = greedy(self.lm_head(hidden[:, -1]))
 
     def close(self) -> None:
         self.model = None

@@ -67,3 +67,48 @@ def test_preallocated_cache_holds_what_a_growing_cache_holds():
     assert ours.layers[0].get_mask_sizes(1) == (12, 0) and ours.layers[0].get_mask_sizes(2) == (11, 0)
     with pytest.raises(ValueError, match="holds 12 positions"):
         ours.layers[0].update(*kv(2, 4))
+
+
+def test_greedy_takes_the_first_of_equal_maxima_as_argmax():
+    from cqg_ray.llm.torch_engine import greedy
+
+    logits = torch.tensor([[0.5, 2.0, 2.0, -1.0], [3.0, 3.0, 3.0, 3.0], [-2.0, -1.0, -3.0, -1.0]], dtype=torch.bfloat16)
+    assert greedy(logits).tolist() == logits.argmax(-1).tolist() == [1, 0, 1]
+
+
+def tiny_qwen(dtype):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, tie_word_embeddings=False)
+    return Qwen2ForCausalLM(config).to(dtype).eval()
+
+
+def test_packed_linears_give_the_dense_layers_logits():
+    from cqg_ray.llm.torch_engine import pack_linears
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    model = tiny_qwen(torch.bfloat16)
+    ids = torch.randint(0, 300, (3, 17), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        dense = model(input_ids=ids).logits
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert n_linear == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer; the output matrix
+    assert pack_linears(model, rows=4) == n_linear
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    with torch.inference_mode():
+        ours = model(input_ids=ids).logits
+    assert ours.dtype == torch.bfloat16
+    torch.testing.assert_close(ours, dense, atol=2e-2, rtol=2e-2)
+    assert torch.equal(ours.argmax(-1), dense.argmax(-1))
+
+
+def test_without_onednn_nothing_is_packed(monkeypatch):
+    from cqg_ray.llm.torch_engine import pack_linears
+
+    model = tiny_qwen(torch.bfloat16)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert pack_linears(model, rows=4) == 0
+    assert sum(type(m) is torch.nn.Linear for m in model.modules()) == 15

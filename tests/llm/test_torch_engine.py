@@ -48,7 +48,7 @@ def test_torch_batched_generation_equals_one_at_a_time_in_float32(backend):
     engine = backend.generator
     assert engine.dtype_name == "float32" and engine.gen_seqs == 4
     tokens = [backend.prompt_tokens(r) for r in cqg_requests(16)[:4]]
-    assert len({len(t) for t in tokens}) > 1  # prompts of different lengths: the batch is left-padded
+    assert len({len(t) for t in tokens}) > 1  # prompts of different lengths: right-aligned in the batch cache, masked on the left
     batched = dict(engine.generate(tokens, [16] * len(tokens)))
     engine.gen_seqs = 1
     try:
@@ -77,7 +77,7 @@ def test_torch_batched_generation_equals_transformers_generate_in_float32(backen
 
 
 def test_torch_batched_generation_in_bfloat16_stays_close():
-    """bfloat16: a batch's left padding changes the sums' lengths, so greedy choices may part after a while; the replies
+    """bfloat16: the shared prefix read apart and the batch size change the sums, so greedy choices may part after a while; the replies
     still start alike. (Measured on the bench's 32 CQG prompts: docs/answer-modes.md.)"""
     from cqg_ray.llm.llamacpp import LlamaCppBackend
 
