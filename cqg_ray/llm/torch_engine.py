@@ -77,6 +77,11 @@ def preallocated_cache(config, capacity: int):
             self._k, self._v, self.length = like.new_zeros(shape), like.new_zeros(shape), length
             self.keys, self.values = self._k[..., :length, :], self._v[..., :length, :]
 
+        def put(self, rows, start: int, key_states, value_states) -> None:
+            """Write keys and values (kv heads, L, d) at positions ``start`` .. ``start + L`` of ``rows`` (an index or a slice)."""
+            end = start + key_states.shape[-2]
+            self._k[rows, :, start:end], self._v[rows, :, start:end] = key_states, value_states
+
         def update(self, key_states, value_states, *args, **kwargs):
             if not self.is_initialized:
                 self.allocate(key_states.shape[0], key_states)
@@ -242,8 +247,8 @@ class TorchEngine:
                                  past_key_values=prefix, use_cache=True)
             for j, p in enumerate(prompts):
                 row = DynamicCache(config=self.model.config)
-                for own, pre in zip(row.layers, prefix.layers):
-                    if shared:
+                if shared:  # the row's cache starts as the prefix's (``update`` concatenates: the prefix's tensors stay as they are)
+                    for own, pre in zip(row.layers, prefix.layers):
                         own.lazy_initialization(pre.keys, pre.values)
                         own.keys, own.values = pre.keys, pre.values
                 hidden = self.model.model(input_ids=torch.tensor([list(p[shared:])]), position_ids=torch.arange(shared, len(p))[None],
@@ -253,8 +258,8 @@ class TorchEngine:
                 for layer, own in zip(cache.layers, row.layers):
                     if j == 0:
                         layer.allocate(n, own.keys, filled)
-                        layer._k[:, :, :shared], layer._v[:, :, :shared] = own.keys[:, :, :shared], own.values[:, :, :shared]
-                    layer._k[j, :, start:filled], layer._v[j, :, start:filled] = own.keys[0, :, shared:], own.values[0, :, shared:]
+                        layer.put(slice(None), 0, own.keys[0, :, :shared], own.values[0, :, :shared])
+                    layer.put(j, start, own.keys[0, :, shared:], own.values[0, :, shared:])
                 mask[j, start:filled] = 1
             nxt = greedy(self.lm_head(torch.stack(last_hidden)))
         last_pos = torch.as_tensor([len(p) - 1 for p in prompts])
