@@ -19,6 +19,7 @@ import traceback
 from cqg_ray import stages
 from cqg_ray.config import ConfigError, PipelineConfig, load_config
 from cqg_ray.corpus import CorpusError
+from cqg_ray.lease import LeaseHeld, take_lease
 from cqg_ray.log import setup_logging
 from cqg_ray.rundir import ArtifactError, RunDir
 
@@ -40,8 +41,11 @@ again resumes where the last one stopped (`ray job stop` included).
 Which Ray: --address, else RAY_ADDRESS (set by `ray job submit` for the entrypoint), else the config's ray.address
 (none: a local Ray on this machine). On a cluster the run directory must be reachable from every node: an object
 store URI (s3://, gs://) or a shared filesystem path. Exit status: 0 done, 1 a stage failed, 2 a bad config or
-input, 130/143 interrupted or stopped.
+input, 3 the run directory is in use by another run (its lease; --break-lease), 130/143 interrupted or stopped.
 """
+
+LEASE_HELP = ("take the run directory even if another live run holds its lease (that run stops at its next heartbeat); "
+              "a lease whose run is gone goes stale by itself")
 
 
 def _common(p: argparse.ArgumentParser, force: bool = True) -> None:
@@ -50,6 +54,7 @@ def _common(p: argparse.ArgumentParser, force: bool = True) -> None:
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. cluster.k=50")
     if force:
         p.add_argument("--force", action="store_true", help="run again even if the stage is done")
+    p.add_argument("--break-lease", action="store_true", help=LEASE_HELP)
 
 
 def resolve_config(args) -> PipelineConfig:
@@ -72,8 +77,9 @@ def cmd_stage(args) -> int:
     from cqg_ray.pipeline import init_ray, run_one
 
     cfg = resolve_config(args)
-    init_ray(cfg.ray)
-    m = run_one(cfg, args.stage, force=args.force)
+    with take_lease(cfg.run_dir, f"cqg-ray {stages.get(args.stage).command}", args.break_lease):
+        init_ray(cfg.ray)
+        m = run_one(cfg, args.stage, force=args.force)
     print(json.dumps({"stage": m["stage"], "counts": m["counts"], "seconds": m["seconds"]}, indent=2))
     return 0
 
@@ -91,9 +97,7 @@ def cmd_run(args) -> int:
 
 
 def _run(args) -> int:
-    import ray
-
-    from cqg_ray.pipeline import init_ray, ray_address, run_pipeline
+    from cqg_ray.pipeline import ray_address
 
     cfg = resolve_config(args)
     until = stages.get(args.until).name if args.until else None
@@ -102,6 +106,19 @@ def _run(args) -> int:
         force = [f for group in args.force for f in group] or list(stages.NAMES)
     address = ray_address(args.address, cfg.ray.address)
     run = RunDir(cfg.run_dir)
+    try:
+        with take_lease(cfg.run_dir, "cqg-ray run", args.break_lease):
+            return _run_held(args, cfg, run, until, force, address)
+    except LeaseHeld as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+
+
+def _run_held(args, cfg: PipelineConfig, run: RunDir, until: str | None, force: list[str] | None, address: str | None) -> int:
+    import ray
+
+    from cqg_ray.pipeline import init_ray, run_pipeline
+
     t0 = time.time()
     try:
         init_ray(cfg.ray.model_copy(update={"address": address}))
@@ -156,11 +173,17 @@ def _print_status(run: RunDir) -> None:
 def cmd_status(args) -> int:
     from cqg_ray.pipeline import run_status
 
+    from cqg_ray.lease import current, describe, stale_reason
+
     run = RunDir(args.run_dir)
     if not run.exists():
         print(f"no run directory at {args.run_dir}", file=sys.stderr)
         return 2
     print(run_status(run))
+    lease = current(args.run_dir)
+    if lease is not None:
+        reason = stale_reason(lease)
+        print(f"lease: {'stale (' + reason + ')' if reason else 'held'} by {describe(lease)}")
     return 0
 
 
@@ -206,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ArtifactError, CorpusError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except LeaseHeld as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("interrupted: run the same command again to resume", file=sys.stderr)
         return 130

@@ -47,14 +47,16 @@ def example_pairs(sts_file: str) -> list[tuple[str, str, float]]:
     return [rows[0], rows[-1]]
 
 
-def run_demo(config: str | None = None, overrides: list[str] | None = None) -> int:
+def run_demo(config: str | None = None, overrides: list[str] | None = None, break_lease: bool = False) -> int:
+    from cqg_ray.lease import take_lease
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
     from cqg_ray.pipeline import run_pipeline, run_status
     from cqg_ray.rundir import RunDir
 
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
-    print(f"cqg-ray demo: run directory {cfg.run_dir} (interrupt any time; the same command resumes)", flush=True)
-    run_pipeline(cfg)
+    with take_lease(cfg.run_dir, "cqg-ray demo", break_lease):  # LeaseHeld: the CLI says who holds it (exit 3)
+        print(f"cqg-ray demo: run directory {cfg.run_dir} (interrupt any time; the same command resumes)", flush=True)
+        run_pipeline(cfg)
     run = RunDir(cfg.run_dir)
     print()
     print(run_status(run))
@@ -80,7 +82,8 @@ def add_commands(sub) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--config", "-c", default=None, help="a packaged config by name or a YAML path (default: demo, i.e. cqg_ray/configs/demo.yaml)")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE")
-    p.set_defaults(func=lambda a: run_demo(a.config, a.set))
+    p.add_argument("--break-lease", action="store_true", help="take the run directory even if another live run holds its lease")
+    p.set_defaults(func=lambda a: run_demo(a.config, a.set, a.break_lease))
 
 
 if __name__ == "__main__":

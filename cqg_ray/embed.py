@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED_META_KEY, EMBED_SETTINGS, embeddings_table
 from cqg_ray.config import BACKEND_HELP, CorpusConfig, EmbedConfig, EncoderBackend, RayConfig
+from cqg_ray.lease import take_lease
 from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, split_units, run_units
 from cqg_ray.rundir import ArtifactError, RunDir, hash_sections, resolve
 
@@ -266,6 +267,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None, help="Ray address (default: the job's RAY_ADDRESS under `ray job submit`, else a local Ray)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray")
     p.add_argument("--force", action="store_true", help="throw away OUT's previous results and start again")
+    p.add_argument("--break-lease", action="store_true", help="write OUT even if another live `cqg-ray embed` holds its lease (that one stops)")
 
 
 def run_from_args(args) -> dict:
@@ -275,9 +277,10 @@ def run_from_args(args) -> dict:
                       num_gpus_per_actor=args.gpus_per_actor, unit_rows=args.unit_rows, torch_threads=args.threads,
                       backend=args.backend)
     corpus = CorpusConfig(format=args.format, text_column=args.text_column, id_column=args.id_column)
-    init_ray(RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus))
-    m = embed(args.model, args.corpus, args.out, cfg, corpus, force=args.force,
-              progress=os.environ.get("CQG_RAY_PROGRESS", "1") != "0")
+    with take_lease(args.out, "cqg-ray embed", args.break_lease):  # one writer per OUT (LeaseHeld: exit 3)
+        init_ray(RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus))
+        m = embed(args.model, args.corpus, args.out, cfg, corpus, force=args.force,
+                  progress=os.environ.get("CQG_RAY_PROGRESS", "1") != "0")
     print(json.dumps({k: m[k] for k in ("format", "m", "output", "tau", "bytes_per_text", "counts", "texts_per_s", "seconds")}, indent=2))
     return m
 

@@ -1,0 +1,196 @@
+"""The run directory's lease: one writer at a time, stale leases taken over, --break-lease, and every writing command
+refused fast (before Ray, before any LLM call) while another run holds the directory."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import fsspec
+import pytest
+
+from cqg_ray import lease as L
+from tests.conftest import ROOT
+
+SHIPPED = ROOT / "models" / "cqg-minilm-ref"
+
+
+def _snapshot(path) -> dict:
+    """Every file under path with its size and mtime (what "nothing changed" compares)."""
+    out = {}
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            st = os.stat(p)
+            out[os.path.relpath(p, path)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def test_a_second_writer_is_refused_and_named(tmp_path):
+    first = L.acquire(str(tmp_path), "cqg-ray run")
+    with pytest.raises(L.LeaseHeld) as e:
+        L.acquire(str(tmp_path), "cqg-ray demo")
+    msg = str(e.value)
+    assert "in use by another run" in msg
+    assert "`cqg-ray run`" in msg and f"pid {os.getpid()}" in msg and socket.gethostname() in msg
+    first.release()
+    assert not (tmp_path / L.LEASE).exists()
+    second = L.acquire(str(tmp_path), "cqg-ray demo")  # free again
+    assert json.loads((tmp_path / L.LEASE).read_text())["holder"]["command"] == "cqg-ray demo"
+    second.release()
+
+
+def test_lease_file_names_its_holder_and_beats(tmp_path):
+    with L.take_lease(str(tmp_path), "cqg-ray prepare") as lease:
+        rec = json.loads((tmp_path / L.LEASE).read_text())
+        assert set(rec["holder"]) == {"host", "boot_id", "pid", "pid_start", "command", "started_at"}
+        assert rec["holder"]["pid"] == os.getpid() and rec["holder"]["command"] == "cqg-ray prepare"
+        assert rec["token"] == lease.token and rec["ttl_s"] == L.DEFAULT_TTL_S
+        before = rec["heartbeat_at"]
+        time.sleep(0.01)
+        assert lease.heartbeat() is True
+        assert json.loads((tmp_path / L.LEASE).read_text())["heartbeat_at"] > before
+    assert not (tmp_path / L.LEASE).exists()
+
+
+def _write_lease(path, **holder) -> dict:
+    rec = {"holder": {"host": "elsewhere", "boot_id": "x", "pid": 1, "pid_start": "", "command": "cqg-ray run",
+                      "started_at": "2026-11-25T00:00:00Z", **holder},
+           "token": "old", "heartbeat_at": time.time(), "ttl_s": 60.0}
+    (path / L.LEASE).write_text(json.dumps(rec))
+    return rec
+
+
+def test_a_lease_without_heartbeat_goes_stale_and_is_taken_over(tmp_path, caplog):
+    rec = _write_lease(tmp_path)
+    with pytest.raises(L.LeaseHeld):  # another machine, fresh heartbeat: live
+        L.acquire(str(tmp_path), "cqg-ray run")
+    rec["heartbeat_at"] = time.time() - 61
+    (tmp_path / L.LEASE).write_text(json.dumps(rec))
+    assert L.stale_reason(rec).startswith("no heartbeat for 61 s")
+    with caplog.at_level("INFO", logger="cqg_ray"):
+        lease = L.acquire(str(tmp_path), "cqg-ray run")
+    assert "taking over the stale lease" in caplog.text and "no heartbeat" in caplog.text
+    assert json.loads((tmp_path / L.LEASE).read_text())["token"] == lease.token
+    lease.release()
+
+
+def test_a_killed_holder_on_this_machine_is_stale_at_once(tmp_path):
+    code = f"import time; from cqg_ray import lease as L; L.acquire({str(tmp_path)!r}, 'cqg-ray run'); print('held', flush=True); time.sleep(60)"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert p.stdout.readline().strip() == "held"
+    with pytest.raises(L.LeaseHeld):
+        L.acquire(str(tmp_path), "cqg-ray run")
+    p.kill()  # kill -9: the lease stays on disk with a fresh heartbeat
+    p.wait()
+    rec = json.loads((tmp_path / L.LEASE).read_text())
+    assert rec["holder"]["pid"] == p.pid and L.stale_reason(rec) == "its process is gone"
+    t0 = time.time()
+    lease = L.acquire(str(tmp_path), "cqg-ray run")  # no waiting for the heartbeat timeout
+    assert time.time() - t0 < 2
+    lease.release()
+
+
+def test_break_lease_takes_a_live_one_and_the_holder_stops(tmp_path):
+    code = textwrap.dedent(f"""
+        import time
+        from cqg_ray import lease as L
+        try:
+            with L.take_lease({str(tmp_path)!r}, 'cqg-ray run') as lease:
+                lease._stop.set(); lease._thread.join(); lease.start_heartbeat(every=0.2)
+                print('held', flush=True)
+                time.sleep(30)
+            print('not stopped', flush=True)
+        except KeyboardInterrupt:
+            print('stopped:', lease.lost, flush=True)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    assert p.stdout.readline().strip() == "held"
+    with pytest.raises(L.LeaseHeld):
+        L.acquire(str(tmp_path), "cqg-ray demo")
+    mine = L.acquire(str(tmp_path), "cqg-ray demo", break_lease=True)
+    out, err = p.communicate(timeout=20)
+    assert out.startswith("stopped: `cqg-ray demo`")
+    assert "lease on" in err and "lost" in err
+    assert json.loads((tmp_path / L.LEASE).read_text())["token"] == mine.token  # the old holder did not delete ours
+    mine.release()
+
+
+def test_two_writers_started_together_exactly_one_proceeds(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys, time
+        from cqg_ray import lease as L
+        while time.time() < float(sys.argv[1]):
+            pass
+        try:
+            L.acquire({str(tmp_path)!r}, 'writer')
+            print('got', flush=True)
+            time.sleep(3)
+        except L.LeaseHeld:
+            print('refused', flush=True)
+    """)
+    for _ in range(3):
+        start = time.time() + 1.5
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(start)], stdout=subprocess.PIPE, text=True, cwd=ROOT) for _ in range(4)]
+        outs = sorted(p.communicate(timeout=30)[0].strip() for p in procs)
+        assert outs == ["got", "refused", "refused", "refused"]
+
+
+def test_object_store_conditional_create_one_winner():
+    fs = fsspec.filesystem("memory")
+    fs.rm("/leasetest", recursive=True) if fs.exists("/leasetest") else None
+    first = L.acquire("memory://leasetest/run", "cqg-ray run")
+    assert first.store.kind == "fsspec"
+    with pytest.raises(L.LeaseHeld):
+        L.acquire("memory://leasetest/run", "cqg-ray demo")
+    # a stale one (no heartbeat for long) is taken over; the conditional create decides
+    rec = json.loads(fs.cat("/leasetest/run/" + L.LEASE))
+    rec["heartbeat_at"] -= 3600
+    fs.pipe("/leasetest/run/" + L.LEASE, json.dumps(rec).encode())
+    second = L.acquire("memory://leasetest/run", "cqg-ray demo")
+    assert json.loads(fs.cat("/leasetest/run/" + L.LEASE))["token"] == second.token
+    assert first.heartbeat() is False and "cqg-ray demo" in first.lost
+    second.release()
+    assert not fs.exists("/leasetest/run/" + L.LEASE)
+
+
+def _cli(*args, timeout=30):
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "cqg_ray.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    return p, time.time() - t0
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--config", "demo", "--run-dir", "{run}"],
+    ["prepare", "--config", "demo", "--run-dir", "{run}"],
+    ["cqg", "--config", "demo", "--run-dir", "{run}", "--force"],
+    ["label", "--config", "demo", "--run-dir", "{run}"],
+    ["demo", "--set", "run_dir={run}"],
+    ["embed", str(SHIPPED), str(ROOT / "tests" / "fixtures" / "corpus_400.jsonl"), "{run}"],
+])
+def test_every_writing_command_is_refused_fast_and_changes_nothing(tmp_path, argv):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("run_dir: x\n")
+    held = L.acquire(str(run), "cqg-ray run (the first one)")
+    before = _snapshot(run)
+    p, seconds = _cli(*[a.format(run=run) for a in argv])
+    assert p.returncode == 3, p.stderr
+    assert seconds < 10
+    assert f"the run directory {run} is in use by another run: `cqg-ray run (the first one)` (pid {os.getpid()}" in p.stderr
+    assert "--break-lease" in p.stderr
+    assert _snapshot(run) == before  # no config written, no stage folder, no ledger
+    held.release()
+
+
+def test_readers_take_no_lease(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    held = L.acquire(str(run), "cqg-ray run")
+    p, _ = _cli("status", str(run))
+    assert p.returncode == 0, p.stderr
+    assert "lease: held by `cqg-ray run`" in p.stdout
+    held.release()
