@@ -135,6 +135,10 @@ class OpenAIConfig(Section):
     send_structured_outputs: bool = Field(False, description="send vLLM structured_outputs regex in extra_body (vLLM serve)")
     extra_body: dict[str, Any] = Field(default_factory=dict,
                                        description="extra JSON fields for every request, e.g. {repeat_penalty: 1.0} for the llama.cpp server")
+    max_model_len: int | None = Field(None, ge=256, description="the server's context length in tokens, for the prompt-length guard "
+                                      "(None: asked of the server, vLLM's /v1/models; unknown: prompts are not checked, a warning says so)")
+    tokenizer: str | None = Field(None, description="a Hugging Face tokenizer (name or folder) that counts prompts as the server does "
+                                  "(None: the server's /tokenize where it has one, as vLLM does, else UTF-8 bytes as an upper bound)")
 
 
 class VLLMConfig(Section):

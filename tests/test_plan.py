@@ -276,3 +276,41 @@ def test_prompt_tokens_per_labelled_pair_for_both_plans_and_answer_modes():
     packed = capacity_plan(config_from_dict({"llm": {"answer_mode": "packed"}}), docs=6_800_000, clusters=5000)
     assert stage(packed, "label")["llm_requests"] == 2_359_182
     assert "single-pass   57.5*" in format_plan(p)
+
+
+def test_prompt_length_against_the_context_by_hand():
+    """The default config's A.1 prompt (42 texts of up to 1,000 characters) against the embedded engine's n_ctx."""
+    from cqg_ray.plan.tokens import context_check
+
+    cfg = config_from_dict({})
+    w = Workload()
+    rows = {r["stage"]: r for r in context_check(cfg, w)}
+    gen = rows["cqg-generate"]
+    template = len(cqg_prompt([""] * 6, [""] * 36, 10))
+    base = w.chat_overhead_tokens + template / 4
+    assert gen["context"] == 4096 and gen["reply_tokens"] == 400 and gen["source"] == "llm.llamacpp.n_ctx"
+    assert gen["prompt_tokens_mean"] == round(base + 42 * 128) and gen["prompt_tokens_longest"] == round(base + 42 * 250)
+    assert gen["text_chars_that_fit"] == int((4096 - 400 - base) / 42 * 4)
+    assert gen["verdict"] == f"every prompt clipped: texts cut to ~{gen['text_chars_that_fit']:,} characters"
+    assert rows["labels"]["verdict"] == "fits" and rows["labels"]["reply_tokens"] == 1
+    small = {r["stage"]: r for r in context_check(config_from_dict({"llm": {"llamacpp": {"n_ctx": 400}}}), w)}
+    assert small["cqg-generate"]["verdict"] == "does not fit even without texts: the stage stops with an error"
+    assert small["labels"]["verdict"].startswith("prompts with long texts clipped: texts cut to ~")
+    server = {r["stage"]: r for r in context_check(config_from_dict({"llm": {"backend": "openai"}}), w)}
+    assert server["labels"]["context"] is None and server["labels"]["verdict"] == "checked at run time against the server's context"
+    text = format_plan(capacity_plan(cfg, docs=100_000))
+    assert "prompt length against the engine's context (llm.llamacpp.n_ctx: 4,096 tokens, minus the reply):" in text
+    assert f"cqg-generate  mean ~{gen['prompt_tokens_mean']:,} tokens, longest ~{gen['prompt_tokens_longest']:,} (+400 reply): every prompt clipped" in text
+
+
+def test_calibrate_shows_what_the_guard_clipped(tmp_path, capsys):
+    from cqg_ray.rundir import RunDir
+
+    root = fake_run(tmp_path, {"labels": (2000, 100, 30.0)})
+    run = RunDir(root)
+    run.write_manifest("questions", "h", [], {"generation_prompts_checked": 8, "generation_prompts_clipped": 8, "generation_texts_dropped": 3,
+                                             "generation_chars_cut": 9000, "probe_prompts_checked": 40, "probe_prompts_clipped": 0,
+                                             "probe_texts_dropped": 0, "probe_chars_cut": 0}, 1.0)
+    assert main(["plan", "--docs", "10k", "-k", "100", "--calibrate", root]) == 0
+    out = capsys.readouterr().out
+    assert "cqg-generate 8 of 8 prompts clipped, 3 texts dropped, 9,000 characters cut; cqg-probe 0 of 40 prompts clipped" in out

@@ -49,33 +49,44 @@ def _samples_rows(samples: list[Sample], doc_ids: np.ndarray, kind: str) -> dict
     return rows
 
 
-def generation_requests(cfg: PipelineConfig, samples: list[Sample], texts: dict[str, str], doc_ids: np.ndarray):
+def generation_requests(cfg: PipelineConfig, samples: list[Sample], texts: dict[str, str], doc_ids: np.ndarray, fitter=None):
+    """One generation request per cluster (A.1, or A.2 for qaemb), its texts clipped to cqg.max_text_chars and, with a
+    ``fitter`` (``cqg_ray.llm.fit.PromptFitter``), clipped further or dropped until the prompt fits the engine."""
     from cqg_ray.llm.base import Request
+    from cqg_ray.llm.fit import PromptFitter
     from cqg_ray.llm.prompts import clip_text, cqg_messages, qaemb_messages
 
     c = cfg.cqg
+    fitter = fitter or PromptFitter(None, f"{c.method}-generate")
     reqs = []
     for s in samples:
         clip = lambda idx: [clip_text(texts[str(doc_ids[i])], c.max_text_chars) for i in idx]  # noqa: E731
+        meta = {"cluster": int(s.cluster)}
         if c.method == "cqg":
             neg = np.concatenate([s.hard, s.easy])
             neg = np.random.default_rng([c.seed, 3, s.cluster]).permutation(neg)  # hard and easy mixed, as one list
             if len(s.positives) == 0 or len(neg) == 0:
                 continue
-            msgs = cqg_messages(clip(s.positives), clip(neg), c.questions_per_prompt)
+            build = lambda pos, ng: Request(cqg_messages(pos, ng, c.questions_per_prompt), max_tokens=cfg.llm.max_tokens_generate, meta=meta)  # noqa: E731
+            req, _, _ = fitter.contrast(clip(s.positives), clip(neg), build, what=f"cluster {s.cluster}")
         else:
             if len(s.positives) == 0:
                 continue
-            msgs = qaemb_messages(clip(s.positives), n_questions=c.questions_per_prompt)
-        reqs.append(Request(msgs, max_tokens=cfg.llm.max_tokens_generate, meta={"cluster": int(s.cluster)}))
+            build = lambda pos, ng: Request(qaemb_messages(pos, n_questions=c.questions_per_prompt), max_tokens=cfg.llm.max_tokens_generate, meta=meta)  # noqa: E731
+            req, _, _ = fitter.contrast(clip(s.positives), [], build, what=f"cluster {s.cluster}")
+        reqs.append(req)
     return reqs
 
 
 def probe_requests(cfg: PipelineConfig, probes: list[Sample], cand: dict[int, list[int]], cand_text: list[str],
-                   texts: dict[str, str], doc_ids: np.ndarray):
+                   texts: dict[str, str], doc_ids: np.ndarray, fitter=None):
+    """The probe requests (every candidate of a cluster asked about each of its probe texts); with a ``fitter`` a
+    text too long for the engine is clipped."""
     from cqg_ray.llm.answers import answer_requests
+    from cqg_ray.llm.fit import PromptFitter
     from cqg_ray.llm.prompts import clip_text
 
+    fitter = fitter or PromptFitter(None, f"{cfg.cqg.method}-probe")
     reqs = []
     for s in probes:
         qids = cand.get(s.cluster, [])
@@ -84,8 +95,10 @@ def probe_requests(cfg: PipelineConfig, probes: list[Sample], cand: dict[int, li
         for role, arr in zip(ROLES, (s.positives, s.hard, s.easy)):
             for i in arr:
                 text = clip_text(texts[str(doc_ids[i])], cfg.cqg.max_text_chars)
-                reqs.extend(answer_requests(text, qids, cand_text, cfg.llm.answer_mode, cfg.label.questions_per_prompt, cfg.llm.max_tokens_answer,
-                                            meta={"cluster": int(s.cluster), "doc_id": str(doc_ids[i]), "role": role}))
+                meta = {"cluster": int(s.cluster), "doc_id": str(doc_ids[i]), "role": role}
+                build = lambda t: answer_requests(t, qids, cand_text, cfg.llm.answer_mode, cfg.label.questions_per_prompt,  # noqa: E731
+                                                  cfg.llm.max_tokens_answer, meta=meta)
+                reqs.extend(fitter.text(text, build, what=f"probe text {doc_ids[i]} (cluster {s.cluster})"))
     return reqs
 
 
@@ -104,6 +117,7 @@ def probe_counts(results, n_cand: int) -> dict[str, np.ndarray]:
 
 def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True) -> None:
     """The whole stage. ``backend``: an LLM backend to use instead of building one from cfg.llm (tests)."""
+    from cqg_ray.llm.fit import PromptFitter, budget_summary, stage_budget
     from cqg_ray.llm.parse import parse_questions
     from cqg_ray.llm.runner import run_requests, stage_stats
 
@@ -128,7 +142,10 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     run.write_table(f"{ctx.stage}/samples.parquet", pa.table(_samples_rows(gen, cl.doc_ids, c.method)))
 
     # 2. generation
-    greqs = generation_requests(cfg, gen, texts, cl.doc_ids)
+    budget = stage_budget(cfg.llm, backend)
+    gfit = PromptFitter(budget, f"{c.method}-generate")
+    greqs = generation_requests(cfg, gen, texts, cl.doc_ids, gfit)
+    gfit.log()
     log.info("cqg: %d clusters, %d generation prompts (%s)", len(clusters), len(greqs), c.method)
     gres = run_requests(greqs, cfg.llm, run, f"{c.method}-generate", progress=progress, backend=backend)
     cand_text: list[str] = []
@@ -161,7 +178,9 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
         raise RuntimeError("cqg: the LLM produced no usable question (see questions/generations.parquet and the llm ledger)")
 
     # 3. probing (Equation 1)
-    preqs = probe_requests(cfg, probes, cand, cand_text, texts, cl.doc_ids)
+    pfit = PromptFitter(budget, f"{c.method}-probe")
+    preqs = probe_requests(cfg, probes, cand, cand_text, texts, cl.doc_ids, pfit)
+    pfit.log()
     log.info("cqg: %d candidate questions, %d probe prompts", n_cand, len(preqs))
     pres = run_requests(preqs, cfg.llm, run, f"{c.method}-probe", progress=progress, backend=backend)
     counts = probe_counts(pres, n_cand)
@@ -215,7 +234,9 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
         "probe_prompts": len(preqs), "probe_failed": int(sum(not r.ok for r in pres)),
         "probed": int(np.sum(~np.isnan(q))), "selected_top_t": int(len(chosen)), "deduped": int(len(chosen) - len(kept)), "questions": int(len(kept)),
         "mean_quality_selected": round(float(np.nanmean(q[kept])), 4) if len(kept) else None,
+        **{f"generation_{k}": v for k, v in gfit.report().items()}, **{f"probe_{k}": v for k, v in pfit.report().items()},
     })
+    ctx.extra["prompt_budget"] = budget_summary(budget)
     ctx.extra["llm"] = {"generate": gstats.get("totals", gstats), "probe": pstats.get("totals", pstats)}
     ctx.extra["wall_s"] = round(time.time() - t0, 1)
     run.write_json(f"{ctx.stage}/stats.json", {"counts": ctx.counts, "llm": ctx.extra["llm"]})

@@ -185,6 +185,12 @@ class Backend:
             for i, c in enumerate(self.complete(requests[start : start + self.batch_size])):
                 yield start + i, c
 
+    def prompt_budget(self) -> Any:
+        """The engine's context and prompt-token counter (``cqg_ray.llm.fit.PromptBudget``; None when unknown)."""
+        from cqg_ray.llm.fit import prompt_budget
+
+        return prompt_budget(self.llm)
+
     def counters(self) -> dict[str, int]:
         """Backend-level accounting beyond requests and tokens (e.g. HTTP retries), running totals."""
         return {}

@@ -2,7 +2,8 @@
 
 Default replies are deterministic: an answer request gets "i. yes|no" lines chosen by a hash of the prompt
 and the line number; a single-pass request gets P(yes) from a hash of the prompt; any other request gets a
-numbered list of three yes/no questions. Pass ``reply`` to
+numbered list of three yes/no questions. Its context is ``n_ctx`` (default: the embedded engine's, ``llm.llamacpp.n_ctx``)
+and a prompt counts characters / 4 + 1 tokens (``prompt_budget``). Pass ``reply`` to
 script anything else (a function of the request returning text or a ``Completion``). Every request sent is
 appended to ``calls``.
 """
@@ -35,12 +36,22 @@ def default_reply(req: Request) -> "str | Completion":
 class FakeBackend(Backend):
     name = "fake"
 
-    def __init__(self, llm: LLMConfig | None = None, reply: Callable[[Request], "str | Completion"] | None = None, delay_s: float = 0.0, batch_size: int = 8):
+    def __init__(self, llm: LLMConfig | None = None, reply: Callable[[Request], "str | Completion"] | None = None, delay_s: float = 0.0, batch_size: int = 8,
+                 n_ctx: int | None = None):
         super().__init__(llm or LLMConfig(backend="fake"))
+        self.n_ctx = n_ctx or self.llm.llamacpp.n_ctx  # the context it stands in for (the prompt-length guard's budget)
         self.reply = reply or default_reply
         self.delay_s = delay_s
         self.batch_size = batch_size
         self.calls: list[Request] = []
+
+    def prompt_budget(self):
+        """Its context ``n_ctx`` and its own token count (characters / 4 + 1, as it reports prompt tokens)."""
+        from dataclasses import replace
+
+        from cqg_ray.llm.fit import fake_budget
+
+        return replace(fake_budget(self.llm), context=self.n_ctx)
 
     def complete(self, requests: Sequence[Request]) -> list[Completion]:
         out = []

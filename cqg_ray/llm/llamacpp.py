@@ -104,6 +104,39 @@ def batch_decoded(llm: LLMConfig, req: Request) -> bool:
             and not (llm.constrained and packed) and not (llm.logprobs and packed))
 
 
+class ChatTokens:
+    """A llama.cpp model's chat-templated prompt tokens, as ``create_chat_completion`` builds them (the GGUF's template),
+    then a reply's start (``answer_prefix``). ``vocab_only`` loads the tokenizer alone (~0.2 s, no weights)."""
+
+    def __init__(self, model: Any, name: Any = ""):
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = model.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise BackendError(f"{name} has no chat template; chat prompts need one")
+        eos, bos = model.token_eos(), model.token_bos()
+        self.model = model
+        self.formatter = Jinja2ChatFormatter(template=template, eos_token=model._model.token_get_text(eos) if eos != -1 else "",
+                                             bos_token=model._model.token_get_text(bos) if bos != -1 else "", stop_token_ids=[eos])
+
+    @classmethod
+    def vocab_only(cls, cfg: Any) -> "ChatTokens":
+        """From a ``LlamaCppConfig``: the model's vocabulary and template only."""
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            raise BackendError(f"llama-cpp-python is not installed; install it with:\n  {INSTALL_HINT}") from None
+        path = resolve_model(cfg.model, cfg.cache_dir)
+        return cls(Llama(model_path=str(path), vocab_only=True, verbose=False), path)
+
+    def __call__(self, messages: list[dict[str, str]], answer_prefix: str = "") -> list[int]:
+        res = self.formatter(messages=messages)
+        tokens = self.model.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True)
+        if answer_prefix:  # the start of the reply, after the template's assistant header
+            tokens += self.model.tokenize(answer_prefix.encode("utf-8"), add_bos=False, special=False)
+        return tokens
+
+
 class LlamaCppBackend(Backend):
     name = "llamacpp"
     batch_size = 1
@@ -189,20 +222,15 @@ class LlamaCppBackend(Backend):
         """The chat-templated prompt's tokens, exactly as ``create_chat_completion`` builds them (the GGUF's template),
         then a single-pass request's ``answer_prefix``."""
         if self._formatter is None:
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+            self._formatter = ChatTokens(self.model, self.model_path)
+        return self._formatter(req.messages, req.answer_prefix)
 
-            m = self.model
-            template = m.metadata.get("tokenizer.chat_template")
-            if not template:
-                raise BackendError(f"{self.model_path} has no chat template; single-pass answering needs one")
-            eos, bos = m.token_eos(), m.token_bos()
-            self._formatter = Jinja2ChatFormatter(template=template, eos_token=m._model.token_get_text(eos) if eos != -1 else "",
-                                                  bos_token=m._model.token_get_text(bos) if bos != -1 else "", stop_token_ids=[eos])
-        res = self._formatter(messages=req.messages)
-        tokens = self.model.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True)
-        if req.answer_prefix:  # the start of the reply, after the template's assistant header
-            tokens += self.model.tokenize(req.answer_prefix.encode("utf-8"), add_bos=False, special=False)
-        return tokens
+    def prompt_budget(self) -> Any:
+        """n_ctx and this model's own tokens (``cqg_ray.llm.fit``)."""
+        from cqg_ray.llm.fit import PromptBudget, template_overhead
+
+        count = lambda req: len(self.prompt_tokens(req))  # noqa: E731
+        return PromptBudget(self.llm.llamacpp.n_ctx, count, f"llama.cpp tokenizer of {self.llm.llamacpp.model}", overhead=template_overhead(count))
 
     def yes_no_token_sets(self) -> tuple[list[int], list[int]]:
         ids = self.yes_no_ids()

@@ -120,6 +120,46 @@ def backoff_delay(attempt: int, base_s: float, retry_after: str | None = None) -
     return delay
 
 
+def _headers(llm: LLMConfig) -> dict[str, str]:
+    key = os.environ.get(llm.openai.api_key_env) if llm.openai.api_key_env else None
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _server_root(base_url: str) -> str:
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def server_context(llm: LLMConfig) -> int | None:
+    """The served model's context length, where the server says it (vLLM: ``max_model_len`` in /v1/models); else None."""
+    cfg = llm.openai
+    try:
+        r = httpx.get(cfg.base_url.rstrip("/") + "/models", headers=_headers(llm), timeout=min(cfg.timeout_s, 10.0))
+        models = r.json().get("data", []) if r.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    for m in models:
+        if isinstance(m, dict) and m.get("id") == cfg.model and isinstance(m.get("max_model_len"), int):
+            return int(m["max_model_len"])
+    lens = [m.get("max_model_len") for m in models if isinstance(m, dict) and isinstance(m.get("max_model_len"), int)]
+    return int(lens[0]) if len(lens) == 1 else None
+
+
+def server_count(llm: LLMConfig, req: Request) -> int | None:
+    """The prompt's tokens as the server counts them (vLLM's ``POST /tokenize`` with the chat messages); None where the
+    server has no such route."""
+    cfg = llm.openai
+    body = {"model": cfg.model, "messages": req.messages, "add_generation_prompt": True}
+    try:
+        r = httpx.post(_server_root(cfg.base_url) + "/tokenize", json=body, headers=_headers(llm), timeout=min(cfg.timeout_s, 30.0))
+        count = r.json().get("count") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if not isinstance(count, int):
+        return None
+    return count + (len(req.answer_prefix) if req.answer_prefix else 0)  # the reply's start: at most a token a character
+
+
 class OpenAIBackend(Backend):
     name = "openai"
 

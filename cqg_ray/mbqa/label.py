@@ -29,26 +29,31 @@ log = logging.getLogger("cqg_ray")
 SOURCES = np.array(["cluster", "neighbor", "random"])
 
 
-def label_requests(cfg: PipelineConfig, plan, questions: list[str], doc_ids: np.ndarray, texts: dict[str, str]):
+def label_requests(cfg: PipelineConfig, plan, questions: list[str], doc_ids: np.ndarray, texts: dict[str, str], fitter=None):
     """The requests of the plan (pure: plan + texts in, requests out) and, aligned, the text (row index) each asks about.
 
     ``llm.answer_mode`` single: one single-pass request per planned pair; packed: one A.3 request per planned prompt.
+    With a ``fitter`` (``cqg_ray.llm.fit.PromptFitter``) a text too long for the engine's context is clipped.
     """
     from cqg_ray.llm.answers import answer_requests
+    from cqg_ray.llm.fit import PromptFitter
     from cqg_ray.llm.prompts import clip_text
 
+    fitter = fitter or PromptFitter(None, "labels")
     reqs, req_doc = [], []
     for i, d in enumerate(plan.prompt_doc):
         qids = plan.prompt_questions[plan.prompt_offsets[i]: plan.prompt_offsets[i + 1]].tolist()
         doc_id = str(doc_ids[d])
-        new = answer_requests(clip_text(texts[doc_id], cfg.label.max_text_chars), qids, questions, cfg.llm.answer_mode,
-                              cfg.label.questions_per_prompt, cfg.llm.max_tokens_answer, meta={"doc_id": doc_id})
+        build = lambda t: answer_requests(t, qids, questions, cfg.llm.answer_mode, cfg.label.questions_per_prompt,  # noqa: E731
+                                          cfg.llm.max_tokens_answer, meta={"doc_id": doc_id})
+        new = fitter.text(clip_text(texts[doc_id], cfg.label.max_text_chars), build, what=f"text {doc_id}")
         reqs.extend(new)
         req_doc.extend([int(d)] * len(new))
     return reqs, np.asarray(req_doc, dtype=np.int64)
 
 
 def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True) -> None:
+    from cqg_ray.llm.fit import PromptFitter, budget_summary, stage_budget
     from cqg_ray.llm.runner import run_requests, stage_stats
     from cqg_ray.mbqa.label_plan import make_label_plan
 
@@ -61,7 +66,10 @@ def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: b
     plan = make_label_plan(cl.labels, cl.neighbors, q_clusters, cfg.label)
     n_pairs = len(plan.pair_question)
     texts = load_texts(run, cl.doc_ids[np.unique(plan.prompt_doc)])
-    reqs, req_doc = label_requests(cfg, plan, questions, cl.doc_ids, texts)
+    budget = stage_budget(cfg.llm, backend)
+    fitter = PromptFitter(budget, "labels")
+    reqs, req_doc = label_requests(cfg, plan, questions, cl.doc_ids, texts, fitter)
+    fitter.log()
     log.info("label: %d questions, %d texts, %d (text, question) pairs in %d prompts (%s answers, %.1f questions per prompt)",
              len(questions), len(np.unique(plan.pair_doc)), n_pairs, len(reqs), cfg.llm.answer_mode, n_pairs / max(1, len(reqs)))
     results = run_requests(reqs, cfg.llm, run, "labels", progress=progress, backend=backend)
@@ -107,7 +115,8 @@ def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: b
     llm = stage_stats(run, "labels")
     ctx.counts.update({"questions": m, "texts": int(len(np.unique(plan.pair_doc))), "pairs_planned": int(n_pairs), "prompts": len(reqs),
                        "pairs_labelled": int(labels.num_rows), "prompts_failed": len(fails["doc_id"]),
-                       "yes_rate": round(float(ans.mean()), 4) if len(ans) else None})
+                       "yes_rate": round(float(ans.mean()), 4) if len(ans) else None, **fitter.report()})
+    ctx.extra["prompt_budget"] = budget_summary(budget)
     ctx.extra["llm"] = llm.get("totals", llm)
     ctx.extra["wall_s"] = round(time.time() - t0, 1)
     run.write_json(f"{ctx.stage}/stats.json", {"counts": ctx.counts, "llm": ctx.extra["llm"]})

@@ -9,7 +9,7 @@ from cqg_ray.config import PipelineConfig
 from cqg_ray.plan.format import human
 from cqg_ray.plan.packing import label_packing_estimate, simulate_label_packing
 from cqg_ray.plan.throughput import THROUGHPUTS, Throughput
-from cqg_ray.plan.tokens import Workload, answer_prompt_tokens, clipped_text_tokens, generation_prompt_tokens, single_pass_tokens
+from cqg_ray.plan.tokens import Workload, answer_prompt_tokens, clipped_text_tokens, context_check, generation_prompt_tokens, single_pass_tokens
 
 # The paper's selected -> deduplicated question counts (Appendix D): 4 questions x 5,000 clusters = 20,000 selected.
 PAPER_DEDUP_SURVIVAL = {"cqg": 9_614 / 20_000, "qaemb": 10_654 / 20_000}
@@ -180,6 +180,7 @@ def capacity_plan(
         "workload": asdict(w),
         "throughput": asdict(tp),
         "counts": counts,
+        "context": context_check(cfg, w),
         "stages": stages,
         "totals": totals,
     }

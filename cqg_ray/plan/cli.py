@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--encoder-texts-per-s", type=float, help="encoder texts/s per device")
     p.add_argument("--train-pairs-per-s", type=float, help="MBQA training (text, question) pairs/s per device")
     p.add_argument("--calibrate", metavar="RUN_DIR", help="take the throughputs from a finished (small) run on your hardware: "
-                   "its encode manifest, LLM ledgers and training metrics")
+                   "its encode manifest, LLM ledgers and training metrics; also shows how many of its prompts were clipped to fit")
     p.add_argument("--prompt-tokens-per-text", type=float, default=Workload.prompt_tokens_per_text, help="mean tokens of a corpus text (default 128)")
     p.add_argument("--question-tokens", type=float, default=Workload.question_tokens, help="tokens per question (default 15)")
     p.add_argument("--answer-tokens", type=float, default=Workload.answer_tokens, help="tokens per answer line (default 4)")
@@ -84,8 +84,24 @@ def cmd_plan(args) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.calibrate:
+        p["measured"] = measured_clipping(args.calibrate)
     print(json.dumps(p, indent=2) if args.json else format_plan(p))
     return 0
+
+
+def measured_clipping(run_dir: str) -> dict:
+    """What the prompt-length guard did in a finished run: prompts checked and clipped, texts dropped, characters cut,
+    per LLM stage (from the questions and labels manifests)."""
+    from cqg_ray.rundir import RunDir
+
+    run, out = RunDir(run_dir), {}
+    keys = ("prompts_checked", "prompts_clipped", "texts_dropped", "chars_cut")
+    for stage, manifest, prefix in (("cqg-generate", "questions", "generation_"), ("cqg-probe", "questions", "probe_"), ("labels", "labels", "")):
+        counts = (run.manifest(manifest) or {}).get("counts", {})
+        if f"{prefix}prompts_checked" in counts:
+            out[stage] = {k: int(counts.get(prefix + k, 0)) for k in keys}
+    return {"run": run.root_uri, "stages": out}
 
 
 def add_commands(sub) -> None:

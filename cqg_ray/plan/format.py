@@ -82,6 +82,17 @@ def format_plan(p: dict) -> str:
     if "usd" in t:
         lines.append(f"LLM API cost at {i['usd_per_m_tokens'][0]:g} / {i['usd_per_m_tokens'][1]:g} USD per million prompt / output tokens: "
                      f"{t['usd']:,.2f} USD for all LLM stages; the labelling at full packing alone {c['label_usd_full_packing']:,.2f} USD")
+    ctx = p.get("context") or []
+    if ctx:
+        lines.append(f"prompt length against the engine's context ({ctx[0]['source']}: "
+                     f"{'unknown until the run' if ctx[0]['context'] is None else format(ctx[0]['context'], ',') + ' tokens'}, minus the reply):")
+        for r in ctx:
+            lines.append(f"           {r['stage']:<13} mean ~{r['prompt_tokens_mean']:,} tokens, longest ~{r['prompt_tokens_longest']:,} "
+                         f"(+{r['reply_tokens']:,} reply): {r['verdict']}")
+        if "measured" in p:
+            lines.append(f"           measured in {p['measured']['run']}: " + "; ".join(
+                f"{k} {v['prompts_clipped']:,} of {v['prompts_checked']:,} prompts clipped, {v['texts_dropped']:,} texts dropped, "
+                f"{v['chars_cut']:,} characters cut" for k, v in p["measured"]["stages"].items()))
     lines += [
         f"throughput per device: LLM {tp['llm_prompt_tokens_per_s']:,.0f} prompt tok/s + {tp['llm_completion_tokens_per_s']:,.0f} "
         f"output tok/s, encoder {tp['encoder_texts_per_s']:,.0f} texts/s, heads {tp['train_pairs_per_s']:,.0f} pairs/s",

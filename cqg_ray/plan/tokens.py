@@ -64,3 +64,57 @@ def generation_prompt_tokens(cfg: PipelineConfig, w: Workload) -> tuple[float, i
         n_texts = c.qaemb_articles
         template = len(qaemb_prompt([""] * n_texts, n_questions=c.questions_per_prompt))
     return w.chat_overhead_tokens + _tokens(template, w) + n_texts * clipped_text_tokens(w, c.max_text_chars), n_texts
+
+
+def engine_context(cfg: PipelineConfig) -> tuple[int | None, str]:
+    """(context length in tokens, where it comes from) of the configured engine; None for a server that says it at run time."""
+    llm = cfg.llm
+    if llm.backend in ("llamacpp", "fake"):
+        return llm.llamacpp.n_ctx, "llm.llamacpp.n_ctx"
+    if llm.backend == "vllm":
+        return llm.vllm.max_model_len, "llm.vllm.max_model_len"
+    return llm.openai.max_model_len, "llm.openai.max_model_len" if llm.openai.max_model_len else "the server's (asked at run time)"
+
+
+def context_check(cfg: PipelineConfig, w: Workload) -> list[dict]:
+    """Per LLM stage: the prompt's tokens at the workload's mean text and at texts of max_text_chars, against the context
+    minus the reply; whether the guard (``cqg_ray.llm.fit``) will clip, and to how many characters a text is cut."""
+    from cqg_ray.llm.prompts import cqg_prompt, qaemb_prompt, single_answer_prompt
+
+    context, source = engine_context(cfg)
+    c, lab = cfg.cqg, cfg.label
+    rows = []
+    n_texts = c.n_p + c.n_h + c.n_e if c.method == "cqg" else c.qaemb_articles
+    template = len(cqg_prompt([""] * c.n_p, [""] * (c.n_h + c.n_e), c.questions_per_prompt) if c.method == "cqg"
+                   else qaemb_prompt([""] * n_texts, n_questions=c.questions_per_prompt))
+    gen_base = w.chat_overhead_tokens + _tokens(template, w)
+    single = cfg.llm.answer_mode == "single"
+    answer_q = 1 if single else lab.questions_per_prompt
+    answer_base = (w.chat_overhead_tokens + _tokens(len(single_answer_prompt("", "x")), w) + w.question_tokens if single
+                   else answer_prompt_tokens(answer_q, 0.0, w))
+    answer_reply = 1 if single else max(cfg.llm.max_tokens_answer, 8 * answer_q)
+    for stage, base, texts, max_chars, reply in (
+        ("cqg-generate", gen_base, n_texts, c.max_text_chars, cfg.llm.max_tokens_generate),
+        ("cqg-probe", answer_base, 1, c.max_text_chars, answer_reply),
+        ("labels", answer_base, 1, lab.max_text_chars, answer_reply),
+    ):
+        mean = base + texts * clipped_text_tokens(w, max_chars)
+        longest = base + texts * max_chars / w.chars_per_token
+        row = {"stage": stage, "context": context, "reply_tokens": reply, "prompt_tokens_mean": int(round(mean)),
+               "prompt_tokens_longest": int(round(longest)), "source": source}
+        if context is None:
+            row["verdict"] = "checked at run time against the server's context"
+        else:
+            limit = context - reply
+            fit_chars = int(max(0.0, (limit - base) / texts * w.chars_per_token))
+            row["text_chars_that_fit"] = fit_chars
+            if base >= limit:
+                row["verdict"] = "does not fit even without texts: the stage stops with an error"
+            elif longest <= limit:
+                row["verdict"] = "fits"
+            else:
+                share = "every prompt" if mean > limit else "prompts with long texts"
+                cut = f"texts cut to ~{fit_chars:,} characters" + (" and some dropped" if stage == "cqg-generate" and fit_chars < 200 else "")
+                row["verdict"] = f"{share} clipped: {cut}"
+        rows.append(row)
+    return rows

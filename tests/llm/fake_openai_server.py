@@ -8,6 +8,8 @@ Behaviours: "ok"; "500" / "503" / "429" / "400" / "404" (status with a JSON erro
 when ``retry_after`` is set); "hang:<s>" (sleep s seconds, then answer ok); "close" (drop the connection
 without a reply); "garbage" (200 with a body that is not a chat completion). Answers are deterministic:
 for an A.3 prompt with n questions, "i. yes|no" lines from a hash of the prompt; otherwise three questions.
+With ``max_model_len`` set it also answers like vLLM's ``GET /v1/models`` (the model's ``max_model_len``) and
+``POST /tokenize`` (``count``: prompt characters / 4 + 10); without it both are 404, as on a server without them.
 Also runnable as a script for subprocess tests: ``python fake_openai_server.py PORT_FILE LOG_FILE [DELAY_S]``.
 """
 
@@ -36,8 +38,11 @@ def reply_for(prompt: str) -> str:
 
 
 class FakeOpenAIServer:
-    def __init__(self, script: list[str] | None = None, delay_s: float = 0.0, retry_after: str | None = None, log_path: str | None = None, port: int = 0):
+    def __init__(self, script: list[str] | None = None, delay_s: float = 0.0, retry_after: str | None = None, log_path: str | None = None, port: int = 0,
+                 max_model_len: int | None = None):
         self.script = list(script or [])
+        self.max_model_len = max_model_len
+        self.tokenize_calls = 0
         self.delay_s = delay_s
         self.retry_after = retry_after
         self.log_path = log_path
@@ -64,9 +69,23 @@ class FakeOpenAIServer:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def do_GET(self):
+                if self.path.rstrip("/") == "/v1/models" and server.max_model_len:
+                    self._send(200, {"object": "list", "data": [{"id": "local", "object": "model", "max_model_len": server.max_model_len}]})
+                else:
+                    self._send(404, {"error": {"message": "not found"}})
+
             def do_POST(self):
                 length = int(self.headers.get("Content-Length", 0))
                 body = json.loads(self.rfile.read(length) or b"{}")
+                if self.path == "/tokenize":
+                    if not server.max_model_len:
+                        self._send(404, {"error": {"message": "not found"}})
+                        return
+                    server.tokenize_calls += 1
+                    chars = sum(len(m["content"]) for m in body["messages"])
+                    self._send(200, {"count": chars // 4 + 10, "max_model_len": server.max_model_len, "tokens": []})
+                    return
                 with server.lock:
                     server.requests.append(body)
                     server.headers.append(dict(self.headers))

@@ -140,3 +140,34 @@ def test_label_stage_single_pass(clustered_run, corpus_file, tmp_path):
     fake2 = FakeBackend(cfg.llm, reply=reply)
     run_stage(run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, backend=fake2, progress=False), force=True)
     assert fake2.calls == []
+
+
+def test_cqg_and_label_prompts_fitted_to_a_small_context(clustered_run, corpus_file, tmp_path):
+    """Fake engines with small contexts (600 tokens for generation, 90 for single-pass labels): every prompt sent
+    fits, counted as the engine counts, and the manifests say how many were clipped and by how much."""
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.mbqa.label import run_labels
+    from tests.cqg.test_stage import scripted
+
+    d = copy_clustered(clustered_run, tmp_path / "run")
+    cfg = small_config(d, corpus_file, max_clusters=3, max_text_chars=1000, extra={"label": {"max_text_chars": 1000}})
+    assert cfg.llm.answer_mode == "single" and cfg.llm.max_tokens_generate == 200
+    run = RunDir(str(d))
+    fake = FakeBackend(cfg.llm, reply=scripted, n_ctx=600)
+    budget = fake.prompt_budget()
+    q = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))
+    gen = [r for r in fake.calls if not r.yes_no]
+    assert len(gen) == 3 and all(budget.count(r) <= 600 - 200 for r in gen)
+    c = q["counts"]
+    assert c["generation_prompts_checked"] == 3 and c["generation_prompts_clipped"] == 3 and c["generation_texts_dropped"] > 0
+    assert c["generation_chars_cut"] > 0 and c["generation_longest_prompt_tokens"] > 600 - 200
+    assert q["prompt_budget"] == {"context": 600, "counted_by": "fake (characters / 4)"}
+    probes = [r for r in fake.calls if r.yes_no]
+    assert all(budget.count(r) <= 600 - 1 for r in probes) and c["probe_prompts_checked"] == len(probes) == c["probe_prompts"]
+    small = FakeBackend(cfg.llm, reply=scripted, n_ctx=90)
+    lab = run_stage(run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, backend=small, progress=False))
+    assert small.calls and all(small.prompt_budget().count(r) <= 90 - 1 for r in small.calls)
+    lc = lab["counts"]
+    assert lc["prompts_checked"] == lc["prompts"] == len(small.calls) and lc["prompts_clipped"] >= 1 and lc["chars_cut"] > 0
+    assert lc["longest_prompt_tokens"] > 89 and lc["pairs_labelled"] == lc["pairs_planned"]
