@@ -135,7 +135,10 @@ def load_embeddings(run: RunDir, doc_ids=None) -> tuple[np.ndarray, np.ndarray]:
         parts.append(t)
     table = pa.concat_tables(parts).sort_by("doc_id")
     if wanted is not None and table.num_rows != len(wanted):
-        raise ArtifactError(f"embeddings missing for {len(wanted) - table.num_rows} requested documents in {run.uri('encode')}")
+        found = len(set(table.column("doc_id").to_pylist()))
+        what = (f"embeddings missing for {len(wanted) - found:,} of {len(wanted):,} requested documents" if found < len(wanted) else
+                f"{table.num_rows - found:,} documents embedded more than once")
+        raise ArtifactError(f"{run.uri('encode')}: {what}; redo it: `cqg-ray run --force encode` (or `cqg-ray encode --force`)")
     ids = table.column("doc_id").to_numpy(zero_copy_only=False)
     return ids, embedding_matrix(table.column("embedding")).astype(np.float32, copy=False)
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from cqg_ray.artifacts import embedding_files, embedding_matrix, load_doc_ids, load_embeddings
 from cqg_ray.config import ClusterConfig
-from cqg_ray.rundir import StageContext
+from cqg_ray.rundir import StageContext, documents_digest
 from cqg_ray.search import top_k
 
 log = logging.getLogger("cqg_ray")
@@ -118,6 +118,9 @@ def cluster(cfg: ClusterConfig, ctx: StageContext) -> None:
     ds = ds.map_batches(_assign_batch, fn_kwargs={"centroids_ref": ref, "spherical": cfg.spherical}, batch_format="pyarrow", batch_size=20_000)
     table = pa.concat_tables(list(ds.iter_batches(batch_format="pyarrow", batch_size=None))).sort_by("doc_id")
     assign_s = time.time() - t0
+    digest = documents_digest(table.column("doc_id").to_pylist())
+    run.check_documents(ctx.stage, digest, "encode")
+    ctx.extra["documents_digest"] = digest
     labels = table.column("cluster").to_numpy()
     labels, centroids, removed = drop_empty(labels, centroids)
     if removed:

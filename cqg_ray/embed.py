@@ -171,6 +171,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     config_hash = hash_sections(settings)
     done = run.state(ROOT, config_hash, deps=[])
     if done.state == "done":
+        run.verify(ROOT, done.manifest)  # StageMismatch when OUT was changed behind its manifest
         log.info("embed: %s is done (skipped; manifest matches)", out)
         return done.manifest
     run.invalidate(ROOT)

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import corpus_shards, embeddings_table
 from cqg_ray.config import EncodeConfig
-from cqg_ray.rundir import RunDir, StageContext
+from cqg_ray.rundir import RunDir, StageContext, documents_digest
 from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, split_units, run_units
 
 log = logging.getLogger("cqg_ray")
@@ -66,6 +66,10 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     files = run.ls(ctx.stage, suffix=".parquet")
     total = sum(pq.ParquetFile(run.path(ctx.stage, f), filesystem=run.fs).metadata.num_rows for f in files)
     dim = pq.ParquetFile(run.path(ctx.stage, files[0]), filesystem=run.fs).schema_arrow.field("embedding").type.list_size
+    digest = documents_digest(d for f in files for d in pq.read_table(run.path(ctx.stage, f), columns=["doc_id"], filesystem=run.fs)
+                              .column("doc_id").to_pylist())
+    run.check_documents(ctx.stage, digest, "prepare")  # every prepared document embedded once, no other
+    ctx.extra["documents_digest"] = digest
     ctx.counts.update({"documents": total, "dim": dim, "units": len(units), "units_resumed": len(units) - len(todo),
                        "encoded_now": rows_done, "nodes_used": len(nodes), "texts_per_s": round(rows_done / wall, 1) if rows_done else None})
     ctx.extra["model"] = cfg.model

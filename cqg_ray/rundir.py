@@ -44,6 +44,26 @@ class ArtifactError(RuntimeError):
     """A missing or corrupt artifact in the run directory."""
 
 
+class StageMismatch(ArtifactError):
+    """A finished stage's folder no longer matches its manifest (files or rows added, removed or changed)."""
+
+
+def redo_hint(stage: str) -> str:
+    if not stage:  # the output folder of `cqg-ray embed`
+        return "redo it: the same `cqg-ray embed ...` command with --force"
+    command = getattr(stages.find(stage), "command", stage)
+    return f"redo it: `cqg-ray run --force {command}` (or `cqg-ray {command} --force`)"
+
+
+def documents_digest(doc_ids: Iterable[str]) -> str:
+    """An order-independent digest of a set of document ids (the sum of their 64-bit blake2b hashes, and the count)."""
+    total, n = 0, 0
+    for d in doc_ids:
+        total += int.from_bytes(hashlib.blake2b(str(d).encode(), digest_size=8).digest(), "big")
+        n += 1
+    return f"{n}:{total % (1 << 64):016x}"
+
+
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path) for a local path or URI."""
     if "://" not in uri:
@@ -92,7 +112,7 @@ def versions() -> dict[str, str]:
 @dataclass
 class StageState:
     stage: str
-    state: str  # done | stale | missing
+    state: str  # done | stale | missing | changed (done, but its folder no longer matches its manifest)
     reason: str = ""
     manifest: dict | None = None
 
@@ -116,6 +136,7 @@ class RunDir:
         self.root_uri = root.rstrip("/")
         self.fs, self.root = resolve(self.root_uri)
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self._verified: dict[str, str] = {}  # stage -> the manifest fingerprint its folder was last checked against
 
     # ------------------------------------------------------------------ paths
     def path(self, *parts: str) -> str:
@@ -234,6 +255,40 @@ class RunDir:
                 return StageState(stage, "stale", f"input '{dep}' changed", m)
         return StageState(stage, "done", "", m)
 
+    def parquet_rows(self, stage: str) -> dict[str, int]:
+        """Rows of each Parquet file directly in a stage's folder (from the files' footers)."""
+        out = {}
+        for name in self.ls(stage, suffix=".parquet"):
+            try:
+                out[name] = pq.ParquetFile(self.path(stage, name), filesystem=self.fs).metadata.num_rows
+            except (pa.ArrowInvalid, OSError) as e:
+                raise ArtifactError(f"corrupt Parquet artifact {self.uri(stage, name)}: {e}") from None
+        return out
+
+    def verify(self, stage: str, manifest: dict | None = None) -> None:
+        """StageMismatch when a finished stage's Parquet files (names and row counts) differ from what its manifest
+        recorded; a manifest from before outputs were recorded is trusted as it is."""
+        m = manifest if manifest is not None else self.manifest(stage)
+        recorded = (m or {}).get("outputs", {}).get("parquet_rows")
+        if recorded is None or self._verified.get(stage) == m.get("fingerprint"):  # type: ignore[union-attr]
+            return
+        now = self.parquet_rows(stage)
+        extra, missing = sorted(set(now) - set(recorded)), sorted(set(recorded) - set(now))
+        rows = sorted(n for n in set(now) & set(recorded) if now[n] != recorded[n])
+        problems = []
+        if extra:
+            problems.append(f"{len(extra)} Parquet file(s) not in its manifest ({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''})")
+        if missing:
+            problems.append(f"{len(missing)} file(s) of its manifest missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+        for n in rows[:3]:
+            problems.append(f"{n} has {now[n]:,} rows, its manifest {recorded[n]:,}")
+        if problems:
+            label = stage or self.root_uri
+            raise StageMismatch(f"stage '{label}' in {self.uri(stage)} does not match its manifest: {'; '.join(problems)} "
+                                f"({sum(now.values()):,} rows now, {sum(recorded.values()):,} when it finished). The folder was "
+                                f"changed after the stage finished (two runs writing at once, or a hand edit); {redo_hint(stage)}")
+        self._verified[stage] = m.get("fingerprint")  # type: ignore[union-attr]
+
     def write_manifest(self, stage: str, config_hash: str, deps: Iterable[str], counts: dict, seconds: float, extra: dict | None = None) -> dict:
         inputs = {d: self.fingerprint(d) for d in deps}
         m = {
@@ -246,8 +301,10 @@ class RunDir:
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "versions": versions(),
             **(extra or {}),
+            "outputs": {"parquet_rows": self.parquet_rows(stage)},
         }
         self.write_json(f"{stage}/{MANIFEST}", m)
+        self._verified[stage] = m["fingerprint"]
         return m
 
     def invalidate(self, stage: str) -> None:
@@ -255,12 +312,22 @@ class RunDir:
             self.rm(stage, MANIFEST)
 
     def require(self, stage: str) -> dict:
-        """The manifest of a finished input stage, or a clear error."""
+        """The manifest of a finished input stage whose folder still matches it, or a clear error."""
         m = self.manifest(stage)
         if m is None:
             command = getattr(stages.find(stage), "command", stage)
             raise ArtifactError(f"stage '{stage}' has not finished in {self.root_uri}: run `cqg-ray {command} ...` first")
+        self.verify(stage, m)
         return m
+
+    def check_documents(self, stage: str, digest: str, source: str) -> None:
+        """ArtifactError when the documents a stage wrote are not the set its input stage ``source`` recorded."""
+        want = (self.manifest(source) or {}).get("documents_digest")
+        if want is not None and want != digest:
+            n_want, n_got = int(want.split(":")[0]), int(digest.split(":")[0])
+            raise ArtifactError(f"stage '{stage}' wrote {n_got:,} documents, not the {n_want:,} that '{source}' holds"
+                                f"{' (the same count, other documents)' if n_want == n_got else ''}: {source}/ or {stage}/ was changed "
+                                f"behind its manifest; {redo_hint(source)}, then {stage}")
 
 
 def reads(stage: str) -> tuple[str, ...]:
@@ -289,6 +356,7 @@ def run_stage(
     deps = list(reads(stage) if deps is None else deps)
     st = run.state(stage, config_hash, deps)
     if st.state == "done" and not force:
+        run.verify(stage, st.manifest)  # StageMismatch when its folder was changed behind the manifest
         log.info("%s: done (skipped; manifest matches)", stage)
         return st.manifest  # type: ignore[return-value]
     for d in deps:
@@ -311,6 +379,11 @@ def status_table(run: RunDir, config_hashes: dict[str, str] | None = None) -> li
     rows = []
     for s in stages.STAGES:
         st = run.state(s.name, (config_hashes or {}).get(s.name), s.reads)
+        if st.state == "done":
+            try:
+                run.verify(s.name, st.manifest)
+            except ArtifactError as e:
+                st = StageState(s.name, "changed", str(e).split(" does not match its manifest: ")[-1].split(" (")[0], st.manifest)
         m = st.manifest or {}
         rows.append({"stage": s.name, "state": st.state, "reason": st.reason, "counts": m.get("counts", {}), "seconds": m.get("seconds")})
     return rows
@@ -319,9 +392,12 @@ def status_table(run: RunDir, config_hashes: dict[str, str] | None = None) -> li
 def format_status(run: RunDir, config_hashes: dict[str, str] | None = None) -> str:
     """The table `cqg-ray status` prints: one line per stage (state, seconds, the first counts, why stale)."""
     lines = [f"run: {run.root_uri}", f"{'stage':<12} {'state':<8} {'seconds':>9}  counts"]
-    for r in status_table(run, config_hashes):
+    rows = status_table(run, config_hashes)
+    for r in rows:
         counts = ", ".join(f"{k}={v}" for k, v in list(r["counts"].items())[:6])
         secs = f"{r['seconds']:.1f}" if r["seconds"] is not None else "-"
-        stale = f"  ({r['reason']})" if r["state"] == "stale" else ""
+        stale = f"  ({r['reason']})" if r["state"] in ("stale", "changed") else ""
         lines.append(f"{r['stage']:<12} {r['state']:<8} {secs:>9}  {counts}{stale}")
+    if any(r["state"] == "changed" for r in rows):
+        lines.append("changed: the stage's folder no longer matches its manifest; " + redo_hint(next(r["stage"] for r in rows if r["state"] == "changed")))
     return "\n".join(lines)

@@ -93,7 +93,7 @@ def test_readers(run):
     assert emb.tolist() == np.arange(12, dtype=np.float32).reshape(6, 2).tolist()
     sub_ids, sub = load_embeddings(run, ["d5", "d1"])
     assert sub_ids.tolist() == ["d1", "d5"] and sub.tolist() == [[2.0, 3.0], [10.0, 11.0]]
-    with pytest.raises(ArtifactError, match="missing for 1 requested"):
+    with pytest.raises(ArtifactError, match="embeddings missing for 1 of 2 requested documents; redo it: `cqg-ray run --force encode`"):
         load_embeddings(run, ["d1", "nope"])
     assert load_doc_ids(run).tolist() == [f"d{i}" for i in range(6)]
     cl = Clusters.load(run)

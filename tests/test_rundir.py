@@ -147,3 +147,93 @@ def test_pending_units_skips_written_and_clears_strays_and_partial_writes(tmp_pa
     (tmp_path / "encode" / "emb-part-0-000000010.parquet.tmp-1a2b3c4d").write_bytes(b"half")  # interrupted
     assert [u["name"] for u in pending_units(run, "encode", units)] == ["emb-part-0-000000010.parquet", "emb-part-0-000000020.parquet"]
     assert run.ls("encode") == ["emb-part-0-000000000.parquet"]
+
+
+def _units(n_files, rows=5):
+    def fn(ctx):
+        for i in range(n_files):
+            ctx.run.write_table(f"{ctx.stage}/emb-part-{i:06d}-000000000.parquet", pa.table({"doc_id": [f"{i}-{j}" for j in range(rows)]}))
+        ctx.counts["units"] = n_files
+    return fn
+
+
+def test_manifest_records_the_parquet_outputs(tmp_path):
+    run = RunDir(str(tmp_path / "r"))
+    m = run_stage(run, "encode", "e1", _units(2), deps=[])
+    assert m["outputs"] == {"parquet_rows": {"emb-part-000000-000000000.parquet": 5, "emb-part-000001-000000000.parquet": 5}}
+    assert RunDir(str(tmp_path / "r")).require("encode")["fingerprint"] == m["fingerprint"]
+
+
+def test_extra_units_behind_the_manifest_are_named(tmp_path):
+    from cqg_ray.rundir import StageMismatch
+
+    run = RunDir(str(tmp_path / "r"))
+    run_stage(run, "encode", "e1", _units(2), deps=[])
+    _units(4)(type("C", (), {"run": run, "stage": "encode", "counts": {}})())  # a second writer's units
+    fresh = RunDir(str(tmp_path / "r"))
+    with pytest.raises(StageMismatch) as e:
+        fresh.require("encode")
+    msg = str(e.value)
+    assert msg.startswith(f"stage 'encode' in {tmp_path / 'r' / 'encode'} does not match its manifest: 2 Parquet file(s) not in its manifest "
+                          "(emb-part-000002-000000000.parquet, emb-part-000003-000000000.parquet) (20 rows now, 10 when it finished).")
+    assert msg.endswith("redo it: `cqg-ray run --force encode` (or `cqg-ray encode --force`)")
+    with pytest.raises(StageMismatch):  # a rerun does not skip it as done either
+        run_stage(fresh, "encode", "e1", _units(2), deps=[])
+    rows = {r["stage"]: r for r in status_table(fresh)}
+    assert rows["encode"]["state"] == "changed" and rows["encode"]["reason"].startswith("2 Parquet file(s) not in its manifest")
+    assert "changed: the stage's folder no longer matches its manifest; redo it: `cqg-ray run --force encode`" in format_status(fresh)
+    m = run_stage(fresh, "encode", "e1", _units(2), deps=[], force=True)  # --force: redone, the manifest records the folder anew
+    assert len(m["outputs"]["parquet_rows"]) == 4  # (the real encode removes stray units first: cqg_ray.units.pending_units)
+    assert RunDir(str(tmp_path / "r")).require("encode")["fingerprint"] == m["fingerprint"]
+
+
+def test_missing_rows_and_missing_files_are_named(tmp_path):
+    from cqg_ray.rundir import StageMismatch
+
+    run = RunDir(str(tmp_path / "r"))
+    run_stage(run, "prepare", "p1", _units(3, rows=7), deps=[])
+    run.write_table("prepare/emb-part-000001-000000000.parquet", pa.table({"doc_id": ["a", "b"]}))
+    run.rm("prepare", "emb-part-000002-000000000.parquet")
+    with pytest.raises(StageMismatch) as e:
+        RunDir(str(tmp_path / "r")).require("prepare")
+    assert ("does not match its manifest: 1 file(s) of its manifest missing (emb-part-000002-000000000.parquet); "
+            "emb-part-000001-000000000.parquet has 2 rows, its manifest 7 (9 rows now, 21 when it finished)") in str(e.value)
+    assert "`cqg-ray run --force prepare` (or `cqg-ray prepare --force`)" in str(e.value)
+
+
+def test_a_manifest_without_outputs_is_trusted(tmp_path):
+    import json
+
+    run = RunDir(str(tmp_path / "r"))
+    run_stage(run, "encode", "e1", _units(1), deps=[])
+    p = tmp_path / "r" / "encode" / "_manifest.json"
+    m = json.loads(p.read_text())
+    del m["outputs"]
+    p.write_text(json.dumps(m))
+    _units(3)(type("C", (), {"run": run, "stage": "encode", "counts": {}})())
+    assert RunDir(str(tmp_path / "r")).require("encode")["stage"] == "encode"  # written by an older cqg-ray: not checked
+
+
+def test_documents_digest_and_check(tmp_path):
+    from cqg_ray.rundir import documents_digest
+
+    assert documents_digest(["a", "b", "c"]) == documents_digest(["c", "a", "b"])
+    assert documents_digest(["a", "b"]).startswith("2:") and documents_digest(["a", "b"]) != documents_digest(["a", "c"])
+    run = RunDir(str(tmp_path / "r"))
+    run.write_manifest("prepare", "h", [], {}, 1.0, extra={"documents_digest": documents_digest(["a", "b", "c"])})
+    run.check_documents("encode", documents_digest(["b", "c", "a"]), "prepare")
+    with pytest.raises(ArtifactError, match=r"^stage 'encode' wrote 6 documents, not the 3 that 'prepare' holds: prepare/ or encode/ was changed"):
+        run.check_documents("encode", documents_digest(list("abcabc")), "prepare")
+    with pytest.raises(ArtifactError, match=r"not the 3 that 'prepare' holds \(the same count, other documents\)"):
+        run.check_documents("encode", documents_digest(list("abd")), "prepare")
+
+
+def test_embed_output_changed_behind_its_manifest(tmp_path):
+    from cqg_ray.rundir import StageMismatch
+
+    run = RunDir(str(tmp_path / "out"))
+    run.write_table("emb-part-000000-000000000.parquet", pa.table({"doc_id": ["a"]}))
+    run.write_manifest("", "h", [], {}, 1.0)
+    run.write_table("emb-part-000001-000000000.parquet", pa.table({"doc_id": ["b"]}))
+    with pytest.raises(StageMismatch, match=r"redo it: the same `cqg-ray embed \.\.\.` command with --force$"):
+        RunDir(str(tmp_path / "out")).verify("")

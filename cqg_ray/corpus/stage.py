@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from cqg_ray.config import CorpusConfig
 from cqg_ray.corpus.clean import dedup_table, sample_key
 from cqg_ray.corpus.read import MAX_REPORTED_ERRORS, CorpusError, list_files, parse_file, read_bytes, rows_table
-from cqg_ray.rundir import RunDir, StageContext
+from cqg_ray.rundir import RunDir, StageContext, documents_digest
 
 log = logging.getLogger("cqg_ray")
 
@@ -112,7 +112,10 @@ def prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
         run.rm(ctx.stage, name)
     ds.write_parquet(ctx.uri, filesystem=None if run.local else run.fs, min_rows_per_file=cfg.rows_per_shard,
                      max_rows_per_file=cfg.rows_per_shard, filename_provider=_ShardNames())
-    n_out = sum(pq.ParquetFile(run.path(ctx.stage, n), filesystem=run.fs).metadata.num_rows for n in run.ls(ctx.stage, suffix=".parquet"))
+    shards = run.ls(ctx.stage, suffix=".parquet")
+    n_out = sum(pq.ParquetFile(run.path(ctx.stage, n), filesystem=run.fs).metadata.num_rows for n in shards)
+    ctx.extra["documents_digest"] = documents_digest(
+        d for n in shards for d in pq.read_table(run.path(ctx.stage, n), columns=["doc_id"], filesystem=run.fs).column("doc_id").to_pylist())
     n_before_limit, table_rows = n_docs, n_out
     run.rm(parts_rel)
     ctx.counts.update({
