@@ -285,3 +285,22 @@ def test_make_backend_dispatch():
 
 def test_no_requests(tmp_path):
     assert run_requests([], fake_llm(), RunDir(str(tmp_path)), "labels", backend=FakeBackend(fake_llm()), progress=False) == []
+
+
+def test_the_run_log_says_what_was_planned_read_and_sent(tmp_path, caplog):
+    """One line per LLM stage before anything is sent: a user reads from it that nothing was paid twice."""
+    run = RunDir(str(tmp_path))
+    llm = fake_llm()
+    reqs = answer_requests()  # 8 requests
+    with caplog.at_level("INFO", logger="cqg_ray"):
+        run_requests(reqs[:5], llm, run, "labels", backend=FakeBackend(llm), progress=False)
+        run_requests(reqs, llm, run, "labels", backend=FakeBackend(llm), progress=False)
+        again = FakeBackend(llm)
+        run_requests(reqs, llm, run, "labels", backend=again, progress=False)
+    lines = [r.getMessage() for r in caplog.records if "to send" in r.getMessage()]
+    assert lines == ["llm labels: 5 requests, 5 unique, 0 from the ledger, 5 to send",
+                     "llm labels: 8 requests, 8 unique, 5 from the ledger, 3 to send",
+                     "llm labels: 8 requests, 8 unique, 8 from the ledger, 0 to send"]
+    assert again.calls == []
+    runs = stage_stats(run, "labels")["runs"]
+    assert [(r["requests"], r["from_ledger"], r["to_send"], r["sent"]) for r in runs] == [(5, 0, 5, 5), (8, 5, 3, 3), (8, 8, 0, 0)]
