@@ -77,15 +77,20 @@ def run_pipeline(cfg: PipelineConfig, until: str | None = None, force: list[str]
     return out
 
 
+def saved_config(run: RunDir) -> PipelineConfig | None:
+    """The config a run last used (its config.yaml); None when it has none or this version cannot read it."""
+    if not run.exists("config.yaml"):
+        return None
+    import yaml
+
+    try:
+        return config_from_dict(yaml.safe_load(run.read_bytes("config.yaml")), run.uri("config.yaml"))
+    except ConfigError:
+        return None
+
+
 def run_status(run: RunDir) -> str:
     """The table `cqg-ray status` prints: each stage done / stale / missing, judged against the run's saved config."""
-    hashes = None
-    if run.exists("config.yaml"):
-        import yaml
-
-        try:
-            cfg = config_from_dict(yaml.safe_load(run.read_bytes("config.yaml")), run.uri("config.yaml"))
-            hashes = {s.name: stage_hash(cfg, s.name) for s in stages.STAGES}
-        except ConfigError:
-            pass  # a config this version cannot read: judge by manifests and inputs alone
+    cfg = saved_config(run)  # None: judge by manifests and inputs alone
+    hashes = {s.name: stage_hash(cfg, s.name) for s in stages.STAGES} if cfg is not None else None
     return format_status(run, hashes)

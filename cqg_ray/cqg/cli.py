@@ -1,12 +1,78 @@
-"""`cqg-ray questions RUN_DIR`: print or search the selected questions."""
+"""`cqg-ray questions RUN_DIR`: print or search the selected questions; `--quality` measures them (``cqg_ray.cqg.quality``)
+for a run directory or a model folder / shipped model name."""
 
 from __future__ import annotations
+
+import os
+
+
+def _is_model(target: str) -> bool:
+    from cqg_ray.mbqa.embedder import shipped_models
+
+    return target in shipped_models() or os.path.exists(os.path.join(target, "questions.json"))
+
+
+def _corpus_texts(paths: list[str], base: str | None = None):
+    """Every text of the corpus files, streamed file by file; a relative path that does not exist here is tried
+    against ``base`` (a model's checkout: models/<name>/../..)."""
+    from cqg_ray.config import CorpusConfig
+    from cqg_ray.corpus import list_files, parse_file, read_bytes
+
+    found = []
+    for p in paths:
+        if "://" not in p and not os.path.exists(p) and base and os.path.exists(os.path.join(base, p)):
+            p = os.path.join(base, p)
+        found.append(p)
+    cfg = CorpusConfig(paths=found)
+    for uri, fmt in list_files(found, cfg.format):
+        yield from parse_file(read_bytes(uri), fmt, uri, cfg).texts
+
+
+def quality_report(target: str, corpus: list[str] | None = None) -> dict:
+    """The question-quality measures of a run's selected questions or a model's questions, against the corpus it read
+    (a model: its run_config.yaml's corpus.paths; a run: its prepared corpus) or the given corpus files."""
+    import yaml
+
+    from cqg_ray.config import config_from_dict
+    from cqg_ray.cqg.quality import question_quality
+    from cqg_ray.encoder import load_encoder
+
+    if _is_model(target):
+        from cqg_ray.mbqa.embedder import resolve_model
+        from cqg_ray.rundir import RunDir
+
+        folder = resolve_model(target)
+        run = RunDir(folder)
+        questions = [q["text"] for q in run.read_json("questions.json")]
+        cfg = config_from_dict(yaml.safe_load(run.read_bytes("run_config.yaml"))) if run.exists("run_config.yaml") else config_from_dict({})
+        encoder = run.read_json("config.json")["encoder"]
+        texts = _corpus_texts(corpus or list(cfg.corpus.paths), base=os.path.dirname(os.path.dirname(os.path.abspath(folder))))
+    else:
+        from cqg_ray.artifacts import load_corpus, load_questions
+        from cqg_ray.pipeline import saved_config
+        from cqg_ray.rundir import RunDir
+
+        run = RunDir(target)
+        questions = load_questions(run).column("text").to_pylist()
+        cfg = saved_config(run) or config_from_dict({})
+        encoder = cfg.encode.model
+        texts = _corpus_texts(corpus) if corpus else load_corpus(run, ["text"]).column("text").to_pylist()
+    emb = load_encoder(encoder).encode(questions, batch_size=128)
+    return question_quality(questions, texts, emb, cfg.cqg.theta_value)
 
 
 def cmd_questions(args) -> int:
     from cqg_ray.artifacts import load_questions
     from cqg_ray.rundir import RunDir
 
+    if args.quality:
+        import json
+
+        from cqg_ray.cqg.quality import format_quality
+
+        q = quality_report(args.run_dir, args.corpus)
+        print(json.dumps(q, indent=1) if args.json else format_quality(q))
+        return 0
     run = RunDir(args.run_dir)
     t = load_questions(run)
     if args.all:
@@ -32,9 +98,12 @@ def cmd_questions(args) -> int:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("questions", help="print or search the selected questions of a run",
-                       description="Print the questions selected by the cqg stage (best quality first), or search them.")
-    p.add_argument("run_dir")
+    p = sub.add_parser("questions", help="print, search or measure the selected questions of a run (or a model's, --quality)",
+                       description="Print the questions selected by the cqg stage (best quality first), or search them; --quality "
+                       "measures them (copy rate, words per question, cut-off share, top opening, near-duplicates).")
+    p.add_argument("run_dir", metavar="RUN_DIR_OR_MODEL", help="a run directory; with --quality also a model folder or a shipped model's name")
+    p.add_argument("--quality", action="store_true", help="the question-quality report (docs/evaluation.md)")
+    p.add_argument("--corpus", nargs="+", help="with --quality: corpus files for the copy rate (default: what the run or model read)")
     p.add_argument("--search", "-q", help="only questions containing this text (case-insensitive)")
     p.add_argument("--cluster", type=int, help="only questions generated for this cluster")
     p.add_argument("--all", action="store_true", help="every parsed candidate, not only the selected ones")

@@ -46,6 +46,12 @@ def write_report(run: RunDir, stage: str, cfg, candidates: pa.Table, texts: dict
               "parsed", "probe_prompts", "probe_failed", "probed", "selected_top_t", "deduped", "questions"):
         if k in counts:
             lines.append(f"| {k} | {counts[k]} |")
+    if "generation_prompts_checked" in counts:
+        lines += ["", "## Prompt length against the engine's context", "",
+                  "| prompts | checked | clipped | texts dropped | characters cut | longest prompt counted (tokens) |", "|---|---:|---:|---:|---:|---:|"]
+        for step in ("generation", "probe"):
+            lines.append(f"| {step} | {counts[f'{step}_prompts_checked']} | {counts[f'{step}_prompts_clipped']} | {counts[f'{step}_texts_dropped']} | "
+                         f"{counts[f'{step}_chars_cut']} | {counts[f'{step}_longest_prompt_tokens']} |")
     lines += ["", "## LLM usage", "", "| step | requests | prompt tokens | completion tokens | failures | retries |", "|---|---:|---:|---:|---:|---:|"]
     for step, s in llm.items():
         lines.append(f"| {step} | {s.get('requests', '')} | {s.get('prompt_tokens', '')} | {s.get('completion_tokens', '')} | "

@@ -163,6 +163,9 @@ def test_cqg_and_label_prompts_fitted_to_a_small_context(clustered_run, corpus_f
     assert c["generation_prompts_checked"] == 3 and c["generation_prompts_clipped"] == 3 and c["generation_texts_dropped"] > 0
     assert c["generation_chars_cut"] > 0 and c["generation_longest_prompt_tokens"] > 600 - 200
     assert q["prompt_budget"] == {"context": 600, "counted_by": "fake (characters / 4)"}
+    report = (d / "questions" / "report.md").read_text()
+    assert "## Prompt length against the engine's context" in report
+    assert f"| generation | 3 | 3 | {c['generation_texts_dropped']} | {c['generation_chars_cut']} |" in report
     probes = [r for r in fake.calls if r.yes_no]
     assert all(budget.count(r) <= 600 - 1 for r in probes) and c["probe_prompts_checked"] == len(probes) == c["probe_prompts"]
     small = FakeBackend(cfg.llm, reply=scripted, n_ctx=90)

@@ -1,0 +1,59 @@
+"""The question-quality measures on crafted questions, and the report of the shipped model from the command line."""
+
+import numpy as np
+import pytest
+
+from cqg_ray.cqg.quality import copied, cut_off, format_quality, near_duplicates, opening, question_quality, words
+
+CORPUS = ["A man in a khaki jacket and ball cap walks down the street.", "The central bank raised interest rates again."]
+
+
+def test_words_are_lower_cased_alphanumeric_tokens():
+    assert words("Is the man's HAT red, or blue?") == ["is", "the", "man's", "hat", "red", "or", "blue"]
+
+
+def test_a_copied_run_of_six_words_is_found_and_five_are_not():
+    qs = ["Is the article about a man in a khaki jacket and ball cap?",  # "a man in a khaki jacket" is in the corpus
+          "Does the central bank raised interest rates matter?",  # 5 shared words: "the central bank raised interest rates" is 6
+          "Does the text report a central bank action?",
+          "Is it about a man in a khaki?"]  # 5 words of the corpus in a row: "a man in a khaki"
+    assert copied(qs, iter(CORPUS)).tolist() == [True, True, False, False]
+
+
+def test_cut_off_questions_end_on_a_function_word():
+    assert [cut_off(q) for q in ["Is the article about?", "Is the offer subject to Goldman signing the?", "Does the text mention food?",
+                                 "Is the text about a"]] == [True, True, False, True]
+
+
+def test_near_duplicates_at_theta():
+    e = np.array([[1, 0, 0], [0.99, 0.141, 0], [0, 1, 0], [0, 0, 1]], dtype=np.float32)
+    assert near_duplicates(e, 0.95).tolist() == [True, True, False, False]
+    assert near_duplicates(e, 0.999).tolist() == [False, False, False, False]
+
+
+def test_question_quality_on_crafted_questions():
+    qs = ["Is the article about a man in a khaki jacket and ball cap?", "Is the article about?", "Is the article about money?",
+          "Does the text describe an animal?", "Is " + " ".join(["very"] * 30) + " long?"]
+    e = np.eye(5, dtype=np.float32)
+    e[4] = e[3]  # the last two: one direction, a duplicate pair
+    q = question_quality(qs, iter(CORPUS), e, theta=0.8)
+    assert q == {"questions": 5, "copy_rate": 0.2, "words_median": 6.0, "words_max": 32, "cut_off_share": 0.2, "top_opening_share": 0.6,
+                 "top_opening": "is the article about", "near_duplicate_share": 0.4, "theta": 0.8}
+    assert opening(qs[0]) == "is the article about"
+    text = format_quality(q)
+    assert "copy_rate: 0.2000" in text and "words_max: 32" in text and "('is the article about')" in text
+    with pytest.raises(ValueError):
+        question_quality([])
+
+
+def test_the_shipped_models_quality_from_the_command_line(capsys):
+    """Against the training sentences in ../shared/data (the corpus its run_config.yaml read): the figures of issue 27."""
+    from cqg_ray.cli import main
+    from tests.conftest import SHARED_DATA
+
+    if not (SHARED_DATA / "corpus" / "sentences.jsonl.gz").exists():
+        pytest.skip("../shared/data/corpus is not here")
+    assert main(["questions", "cqg-minilm-ref", "--quality"]) == 0
+    out = capsys.readouterr().out
+    assert "questions: 636" in out and "copy_rate: 0.5597" in out and "words_median: 14" in out and "words_max: 219" in out
+    assert "cut_off_share: 0.0440" in out and "top_opening_share: 0.7547   ('is the article about')" in out
