@@ -70,13 +70,19 @@ def _boot_id() -> str:
         return ""
 
 
-def _pid_start(pid: int) -> str:
-    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22); '' where unknown."""
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name: [state, ppid, ...]; [] where there is none."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return ""
+        return []
+
+
+def _pid_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22); '' where unknown."""
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else ""
 
 
 def holder(command: str) -> dict[str, Any]:
@@ -105,6 +111,9 @@ def holder_gone(lease: dict) -> bool:
         return True
     except PermissionError:
         return False
+    fields = _stat(pid)
+    if fields and fields[0] in ("Z", "X"):  # killed, not yet reaped by its parent
+        return True
     return bool(h.get("pid_start")) and _pid_start(pid) != h["pid_start"]  # the pid now belongs to another process
 
 

@@ -85,8 +85,10 @@ def test_a_killed_holder_on_this_machine_is_stale_at_once(tmp_path):
     with pytest.raises(L.LeaseHeld):
         L.acquire(str(tmp_path), "cqg-ray run")
     p.kill()  # kill -9: the lease stays on disk with a fresh heartbeat
-    p.wait()
+    time.sleep(0.3)  # not reaped yet: a zombie counts as gone
     rec = json.loads((tmp_path / L.LEASE).read_text())
+    assert L.stale_reason(rec) == "its process is gone"
+    p.wait()
     assert rec["holder"]["pid"] == p.pid and L.stale_reason(rec) == "its process is gone"
     t0 = time.time()
     lease = L.acquire(str(tmp_path), "cqg-ray run")  # no waiting for the heartbeat timeout
