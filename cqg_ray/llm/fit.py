@@ -132,7 +132,7 @@ class PromptFitter:
             p, n = [clip_text(t, cap) for t in pos], [clip_text(t, cap) for t in neg]
             return build(p, n), p, n
 
-        floor = min(min_chars, longest)
+        floor = max(1, min(min_chars, longest))
         if self._over([at(floor, positives, negatives)[0]]) <= 0:  # clipping alone is enough: the longest cap that fits
             lo, hi = floor, longest
             while hi - lo > 1:
