@@ -106,12 +106,8 @@ def _run(args) -> int:
         force = [f for group in args.force for f in group] or list(stages.NAMES)
     address = ray_address(args.address, cfg.ray.address)
     run = RunDir(cfg.run_dir)
-    try:
-        with take_lease(cfg.run_dir, "cqg-ray run", args.break_lease):
-            return _run_held(args, cfg, run, until, force, address)
-    except LeaseHeld as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
+    with take_lease(cfg.run_dir, "cqg-ray run", args.break_lease):  # LeaseHeld: main() says who holds it (exit 3)
+        return _run_held(args, cfg, run, until, force, address)
 
 
 def _run_held(args, cfg: PipelineConfig, run: RunDir, until: str | None, force: list[str] | None, address: str | None) -> int:
@@ -171,9 +167,8 @@ def _print_status(run: RunDir) -> None:
 
 
 def cmd_status(args) -> int:
-    from cqg_ray.pipeline import run_status
-
     from cqg_ray.lease import current, describe, stale_reason
+    from cqg_ray.pipeline import run_status
 
     run = RunDir(args.run_dir)
     if not run.exists():

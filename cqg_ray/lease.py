@@ -248,25 +248,25 @@ class Lease:
             self.store.replace(self.record)
         return True
 
-    def _beat(self, every: float, interrupt: bool) -> None:
+    def _beat(self, every: float) -> None:
         assert self._stop is not None
         while not self._stop.wait(every):
             try:
                 if not self.heartbeat():
                     log.error("lease on %s lost: taken over by %s; this run stops (nothing more is written)",
                               self.run.root_uri, self.lost)
-                    if interrupt:  # a real SIGINT (it also wakes a blocked sleep or wait): KeyboardInterrupt in the main thread
-                        import signal
+                    import signal
 
-                        os.kill(os.getpid(), signal.SIGINT)
+                    # a real SIGINT (it also wakes a blocked sleep or wait): KeyboardInterrupt in the main thread
+                    os.kill(os.getpid(), signal.SIGINT)
                     return
             except Exception as e:  # a transient storage error: try again at the next beat, the timeout has slack
                 log.warning("lease heartbeat on %s failed: %s", self.run.root_uri, e)
 
-    def start_heartbeat(self, every: float | None = None, interrupt: bool = True) -> None:
+    def start_heartbeat(self, every: float | None = None) -> None:
         self._stop = threading.Event()
         every = every or max(0.2, float(self.record["ttl_s"]) / 6)
-        self._thread = threading.Thread(target=self._beat, args=(every, interrupt), name="cqg-ray-lease", daemon=True)
+        self._thread = threading.Thread(target=self._beat, args=(every,), name="cqg-ray-lease", daemon=True)
         self._thread.start()
 
     def release(self) -> None:

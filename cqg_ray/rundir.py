@@ -47,6 +47,10 @@ class ArtifactError(RuntimeError):
 class StageMismatch(ArtifactError):
     """A finished stage's folder no longer matches its manifest (files or rows added, removed or changed)."""
 
+    def __init__(self, message: str, problems: list[str]):
+        super().__init__(message)
+        self.problems = problems
+
 
 def redo_hint(stage: str) -> str:
     if not stage:  # the output folder of `cqg-ray embed`
@@ -286,7 +290,7 @@ class RunDir:
             label = stage or self.root_uri
             raise StageMismatch(f"stage '{label}' in {self.uri(stage)} does not match its manifest: {'; '.join(problems)} "
                                 f"({sum(now.values()):,} rows now, {sum(recorded.values()):,} when it finished). The folder was "
-                                f"changed after the stage finished (two runs writing at once, or a hand edit); {redo_hint(stage)}")
+                                f"changed after the stage finished (two runs writing at once, or a hand edit); {redo_hint(stage)}", problems)
         self._verified[stage] = m.get("fingerprint")  # type: ignore[union-attr]
 
     def write_manifest(self, stage: str, config_hash: str, deps: Iterable[str], counts: dict, seconds: float, extra: dict | None = None) -> dict:
@@ -382,8 +386,8 @@ def status_table(run: RunDir, config_hashes: dict[str, str] | None = None) -> li
         if st.state == "done":
             try:
                 run.verify(s.name, st.manifest)
-            except ArtifactError as e:
-                st = StageState(s.name, "changed", str(e).split(" does not match its manifest: ")[-1].split(" (")[0], st.manifest)
+            except ArtifactError as e:  # StageMismatch, or a Parquet file that no longer reads
+                st = StageState(s.name, "changed", "; ".join(e.problems) if isinstance(e, StageMismatch) else str(e), st.manifest)
         m = st.manifest or {}
         rows.append({"stage": s.name, "state": st.state, "reason": st.reason, "counts": m.get("counts", {}), "seconds": m.get("seconds")})
     return rows

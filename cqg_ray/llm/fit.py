@@ -35,6 +35,11 @@ class PromptTooLong(ValueError):
     """A prompt that cannot be made to fit the engine's context."""
 
 
+def content_bytes(req: Request) -> int:
+    """UTF-8 bytes of a request's messages and reply start: at least its tokens under a byte-level BPE."""
+    return sum(len(m["content"].encode("utf-8")) for m in req.messages) + len(req.answer_prefix.encode("utf-8"))
+
+
 @dataclass
 class PromptBudget:
     """The engine's context length and a function counting a request's prompt tokens (chat template applied)."""
@@ -50,17 +55,13 @@ class PromptBudget:
 
     def bound(self, req: Request) -> int:
         """An upper bound of ``count(req)`` that costs no tokenizing."""
-        return self.overhead + BOUND_SLACK + sum(len(m["content"].encode("utf-8")) for m in req.messages) + len(req.answer_prefix.encode("utf-8"))
+        return self.overhead + BOUND_SLACK + content_bytes(req)
 
     def tokens(self, req: Request) -> int | None:
         """The prompt's tokens, or None when the byte bound already shows that it fits."""
         if self.bound(req) <= self.limit(req):
             return None
         return self.count(req)
-
-    def fits(self, req: Request) -> bool:
-        n = self.tokens(req)
-        return n is None or n <= self.limit(req)
 
 
 @dataclass
@@ -189,7 +190,7 @@ def template_overhead(count: Callable[[Request], int]) -> int:
 def byte_budget(context: int, engine: str) -> PromptBudget:
     """No tokenizer at hand: count UTF-8 bytes (an upper bound of a byte-level BPE's tokens) plus a template allowance."""
     def count(req: Request) -> int:
-        return 64 + sum(len(m["content"].encode("utf-8")) for m in req.messages) + len(req.answer_prefix.encode("utf-8"))
+        return 64 + content_bytes(req)
 
     return PromptBudget(context, count, f"{engine}, counted as UTF-8 bytes (an upper bound: no tokenizer)", overhead=64, exact=False)
 
@@ -210,7 +211,7 @@ def hf_budget(tokenizer_name: str, context: int, engine: str) -> PromptBudget:
 
     def count(req: Request) -> int:
         ids = tok.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in newer transformers
         return len(ids) + (len(tok.encode(req.answer_prefix, add_special_tokens=False)) if req.answer_prefix else 0)
 
     return PromptBudget(context, count, f"{engine}, tokenizer {tokenizer_name}", overhead=template_overhead(count))
@@ -242,9 +243,11 @@ def openai_budget(llm: LLMConfig) -> PromptBudget | None:
         return hf_budget(cfg.tokenizer, context, engine)
     probe = Request([{"role": "user", "content": "x"}], max_tokens=1)
     if server_count(llm, probe) is not None:
+        by_bytes = byte_budget(context, engine).count
+
         def count(req: Request) -> int:
             n = server_count(llm, req)
-            return n if n is not None else byte_budget(context, engine).count(req)
+            return n if n is not None else by_bytes(req)
 
         return PromptBudget(context, count, f"{engine} /tokenize", overhead=template_overhead(count))
     return byte_budget(context, engine)
