@@ -48,7 +48,7 @@ CPU_FLAGS = [
     ("avx512_vnni", "GGML_AVX512_VNNI"),
     ("avx512_bf16", "GGML_AVX512_BF16"),
 ]
-DEFAULT_MODELS = ["qwen2.5-coder-0.5b", "smollm2-135m"]
+DEFAULT_MODELS = ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m"]
 
 
 def cmake_args(flags: set[str]) -> list[str]:
