@@ -16,25 +16,6 @@ from cqg_ray.config import load_config
 DEFAULT_CONFIG = "demo"  # cqg_ray/configs/demo.yaml
 
 
-def format_explanation(ex, text_a: str, text_b: str, max_rows: int = 8) -> str:
-    lines = [f"Text A: {text_a}", f"Text B: {text_b}",
-             f"cosine similarity (binary, tau={ex.tau}): {ex.cosine:.3f}   cognitive load (questions both answer yes): {ex.cognitive_load}"]
-    if ex.shared_yes:
-        lines.append("  both yes:")
-        for q in ex.shared_yes[:max_rows]:
-            lines.append(f"    [{q.id:>4}] {q.text}  (A {q.p_a:.2f}, B {q.p_b:.2f})")
-        if len(ex.shared_yes) > max_rows:
-            lines.append(f"    ... and {len(ex.shared_yes) - max_rows} more")
-    for label, items in (("only A yes", ex.only_a), ("only B yes", ex.only_b)):
-        if items:
-            lines.append(f"  {label}:")
-            for q in items[:max_rows]:
-                lines.append(f"    [{q.id:>4}] {q.text}  (A {q.p_a:.2f}, B {q.p_b:.2f})")
-            if len(items) > max_rows:
-                lines.append(f"    ... and {len(items) - max_rows} more")
-    return "\n".join(lines)
-
-
 def example_pairs(sts_file: str) -> list[tuple[str, str, float]]:
     """The highest- and lowest-scored pairs among the first 200 rows of an STS TSV file."""
     rows = []
@@ -48,6 +29,7 @@ def example_pairs(sts_file: str) -> list[tuple[str, str, float]]:
 
 
 def run_demo(config: str | None = None, overrides: list[str] | None = None, break_lease: bool = False) -> int:
+    from cqg_ray.explain import format_explanation
     from cqg_ray.lease import take_lease
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
     from cqg_ray.pipeline import run_pipeline, run_status

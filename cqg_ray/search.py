@@ -9,9 +9,9 @@ bytes are viewed as uint64 words (zero-padded), `np.bitwise_count` counts bits, 
 n * ceil(m/64) AND+popcount operations. Search is exact and streams over chunks (or files), keeping a running
 top-k; ties are broken by corpus order, so results are deterministic.
 
-The pure core is the project's one copy of these: ``binary_cosine`` / ``cosine_scores`` (popcount cosine),
-``top_k`` (exact top-k with ties, also used by evaluation's dense retrieval) and ``explanation`` (shared yes
-questions, differences, cosine of two texts; used by ``InterpretableEmbedder.explain`` and the server).
+The pure core is the project's one copy of these: ``cosine_scores`` (popcount cosine over packed rows) and
+``top_k`` (exact top-k with ties, also used by evaluation's dense retrieval). Explanations of a pair live in
+``cqg_ray.explain``.
 
     index = BinaryIndex.load("runs/demo/embeddings")              # the OUT folder of `cqg-ray embed`
     hits = search(model, index, "a query text", k=10)             # Hit(doc_id, score, shared=[question indices], ...)
@@ -21,7 +21,7 @@ questions, differences, cosine of two texts; used by ``InterpretableEmbedder.exp
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -58,12 +58,6 @@ def cosine_scores(query_words: np.ndarray, words: np.ndarray, counts: np.ndarray
     return scores, inter
 
 
-def binary_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine of two 0/1 vectors (unpacked): |a AND b| / sqrt(|a| |b|), 0 when either is all zeros."""
-    words = to_words(np.packbits(np.asarray([a, b], dtype=bool), axis=1))
-    return float(cosine_scores(words[0], words[1:])[0][0])
-
-
 def top_k(scores: np.ndarray, k: int, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The k best scores of each row and their ids, best first; exact with ties: among equal scores the lower id wins.
 
@@ -93,56 +87,6 @@ def shared_questions(query_packed: np.ndarray, doc_packed: np.ndarray, m: int) -
     """Indices of the questions that both answer yes."""
     both = np.unpackbits(np.asarray(query_packed, np.uint8) & np.asarray(doc_packed, np.uint8), count=m)
     return np.flatnonzero(both).tolist()
-
-
-@dataclass
-class AnsweredQuestion:
-    """One question of an explanation, with both texts' probabilities and answers (p > tau)."""
-
-    index: int
-    id: str
-    text: str
-    p_a: float
-    p_b: float
-    a: bool
-    b: bool
-
-
-@dataclass
-class Explanation:
-    """Why two texts are similar: the questions both answer yes (their count is the cognitive load),
-    the questions they answer differently, and the cosine similarity of their binary vectors."""
-
-    cosine: float
-    cognitive_load: int
-    shared_yes: list[AnsweredQuestion] = field(default_factory=list)
-    only_a: list[AnsweredQuestion] = field(default_factory=list)  # yes for text a, no for text b
-    only_b: list[AnsweredQuestion] = field(default_factory=list)  # no for text a, yes for text b
-    tau: float = 0.5
-    yes_a: int = 0  # questions text a answers yes
-    yes_b: int = 0
-
-    @property
-    def differing(self) -> list[AnsweredQuestion]:
-        return self.only_a + self.only_b
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def explanation(p_a: np.ndarray, p_b: np.ndarray, tau: float, questions: list[dict]) -> Explanation:
-    """The explanation of two texts from their probabilities (m,) at threshold tau; ``questions``: the model's
-    question records (``text``, optional ``id``) in dimension order."""
-    ya, yb = np.asarray(p_a) > tau, np.asarray(p_b) > tau
-
-    def qa(i: int) -> AnsweredQuestion:
-        rec = questions[i]
-        return AnsweredQuestion(int(i), str(rec.get("id", i)), rec["text"], float(p_a[i]), float(p_b[i]), bool(ya[i]), bool(yb[i]))
-
-    shared = [qa(i) for i in np.flatnonzero(ya & yb)]
-    return Explanation(cosine=binary_cosine(ya, yb), cognitive_load=len(shared), shared_yes=shared,
-                       only_a=[qa(i) for i in np.flatnonzero(ya & ~yb)], only_b=[qa(i) for i in np.flatnonzero(~ya & yb)],
-                       tau=tau, yes_a=int(ya.sum()), yes_b=int(yb.sum()))
 
 
 @dataclass

@@ -117,7 +117,8 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
 
     # search the output: the CLI and the in-memory index agree with a brute force over the unpacked bits
     from cqg_ray.cli import main
-    from cqg_ray.search import BinaryIndex, binary_cosine, search
+    from cqg_ray.explain import binary_cosine
+    from cqg_ray.search import BinaryIndex, search
 
     query = "a new medicine from the doctor"
     hits = search(model, BinaryIndex.load(out), query, k=5)

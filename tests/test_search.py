@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from cqg_ray.embed import embed_output_table
-from cqg_ray.search import (BinaryIndex, binary_cosine, cosine_scores, explanation, popcounts, search_chunks, shared_questions,
-                            to_words, top_k)
+from cqg_ray.explain import binary_cosine
+from cqg_ray.search import BinaryIndex, cosine_scores, popcounts, search_chunks, shared_questions, to_words, top_k
 
 
 def cosine_of_bits(a, b) -> float:
@@ -51,11 +51,6 @@ def test_cosine_scores_equal_brute_force(m):
     assert s0.tolist() == [0.0] * 300
 
 
-def test_binary_cosine():
-    assert binary_cosine([1, 1, 0, 0], [1, 0, 1, 0]) == pytest.approx(0.5)
-    assert binary_cosine([0, 0], [1, 1]) == 0.0
-
-
 def test_top_k_ties_by_row_order():
     scores = np.array([0.5, 0.9, 0.5, 0.1, 0.9, 0.5])
     assert top_k(scores, 3)[1].tolist() == [1, 4, 0]
@@ -76,23 +71,6 @@ def test_top_k_per_row_with_ids_equals_a_full_sort():
             want = sorted(zip(-scores[r], ids[r]))[:k]
             assert list(zip(-s[r], i[r])) == want
     assert top_k(scores, 0, ids)[1].shape == (50, 0)
-
-
-def test_explanation_of_two_probability_vectors():
-    p_a = np.array([0.9, 0.8, 0.1, 0.6, 0.2])
-    p_b = np.array([0.7, 0.3, 0.9, 0.55, 0.1])
-    questions = [{"id": f"q{i}", "text": f"Q{i}?"} for i in range(4)] + [{"text": "no id?"}]
-    ex = explanation(p_a, p_b, 0.5, questions)
-    assert [q.index for q in ex.shared_yes] == [0, 3] and ex.cognitive_load == 2
-    assert [q.index for q in ex.only_a] == [1] and [q.index for q in ex.only_b] == [2]
-    assert (ex.yes_a, ex.yes_b, ex.tau) == (3, 3, 0.5)
-    assert ex.cosine == pytest.approx(2 / 3)
-    assert ex.shared_yes[0] == ex.shared_yes[0].__class__(0, "q0", "Q0?", 0.9, 0.7, True, True)
-    assert ex.only_b[0].a is False and ex.only_b[0].b is True
-    assert [q.index for q in ex.differing] == [1, 2]
-    low = explanation(p_a, p_b, 0.15, questions)
-    assert [q.index for q in low.shared_yes] == [0, 1, 3] and low.only_a[0].id == "4"  # a record without an id: its index
-    assert ex.to_dict()["shared_yes"][1] == {"index": 3, "id": "q3", "text": "Q3?", "p_a": 0.6, "p_b": 0.55, "a": True, "b": True}
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 7, 64, 10_000])

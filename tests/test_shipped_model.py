@@ -69,3 +69,32 @@ def test_auto_backend_keeps_the_answers_within_the_stated_tolerance():
     assert (bits != (stored > model.tau)).mean() <= 0.005
     clear = np.abs(stored - model.tau) > 2e-2
     np.testing.assert_array_equal(bits[clear], (stored > model.tau)[clear].astype(np.uint8))
+
+
+# the shared yes questions of the pair, recorded before explanations moved to cqg_ray.explain (2026-11-25)
+CENTRAL_BANK = ("The central bank raised interest rates.", "The Fed tightened policy.")
+CENTRAL_BANK_SHARED = [48, 52, 59, 63, 71, 80, 96, 151, 157, 159, 174, 177, 212, 250, 253, 268, 276, 280, 300, 301, 302, 303,
+                       314, 353, 359, 378, 380, 386, 388, 394, 414, 438, 449, 450, 457, 494, 495, 516, 524, 529, 535, 544,
+                       567, 587, 613, 615, 617, 620, 621]
+
+
+def test_explain_search_and_serve_share_the_same_questions_as_before_the_move():
+    from cqg_ray import InterpretableEmbedder
+    from cqg_ray.config import ServeConfig
+    from cqg_ray.search import BinaryIndex, search
+    from cqg_ray.serve.service import EmbeddingService
+
+    model = InterpretableEmbedder.load(NAME, device="cpu", backend="torch-float32")
+    a, b = CENTRAL_BANK
+    ex = model.explain(a, b)
+    p = model.encode([a, b], output="probs", progress=False)
+    clear = np.flatnonzero((np.abs(p - model.tau) > 2e-3).all(axis=0))  # answers not within float noise of tau
+    shared = [q.index for q in ex.shared_yes]
+    assert [i for i in shared if i in clear] == [i for i in CENTRAL_BANK_SHARED if i in clear]
+    assert len(shared) == ex.cognitive_load and len(clear) > 600
+    served = EmbeddingService(model, ServeConfig()).explanation(p[0], p[1], model.tau)
+    assert [q.index for q in served.shared_yes] == shared and served.cosine == ex.cosine
+    index = BinaryIndex(np.array(["b"]), model.encode([b], output="packed", progress=False), model.m, tau=model.tau)
+    hit = search(model, index, a, k=1)[0]
+    assert hit.shared == shared and hit.questions == [q.text for q in ex.shared_yes]
+    assert hit.score == pytest.approx(ex.cosine, abs=1e-12)

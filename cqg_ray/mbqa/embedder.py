@@ -29,7 +29,7 @@ import torch
 
 from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.rundir import ArtifactError, RunDir, versions
-from cqg_ray.search import Explanation, explanation
+from cqg_ray.explain import Explanation, explanation
 
 FORMAT = "cqg-ray-mbqa"
 FORMAT_VERSION = 1

