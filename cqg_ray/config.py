@@ -285,10 +285,40 @@ class ServeConfig(Section):
                                            "for openvino/onnx, 8 for torch; texts are sorted by length first)")
 
 
-class EvaluateConfig(Section):
-    """Evaluation (STS, retrieval, clustering, cognitive load)."""
+class JudgeLlamaCppConfig(LlamaCppConfig):
+    """The embedded engine for the faithfulness judge: the bundled 1.5B model unless told otherwise."""
 
-    tasks: list[Literal["sts", "retrieval", "clustering"]] = Field(default_factory=lambda: ["sts", "retrieval", "clustering"])
+    model: str = Field("bundled:qwen2.5-coder-1.5b", description="as llm.llamacpp.model")
+
+
+class JudgeLLMConfig(LLMConfig):
+    """An LLM section for the faithfulness judge (its embedded model defaults to the bundled 1.5B)."""
+
+    llamacpp: JudgeLlamaCppConfig = Field(default_factory=JudgeLlamaCppConfig)
+
+
+class FaithfulnessConfig(Section):
+    """The faithfulness task: a judge LLM answers questions the model marks active, and inactive, for sampled texts."""
+
+    texts: list[str] = Field(default_factory=list, description="text files: JSONL(.gz) with a text field, or TSV (a text column, or STS "
+                             "sentence1/sentence2); empty = STS-B test under the data root")
+    n: int = Field(200, ge=1, description="texts sampled (seeded)")
+    per_text: int = Field(5, ge=1, description="at most this many active questions per text, sampled at random, and as many inactive ones")
+    pairs: int = Field(5, ge=0, description="explained pairs in the report (each sampled text with its nearest sampled text), "
+                       "with the judge's verdict on their shared questions")
+    pair_questions: int = Field(8, ge=1, description="shared questions judged and shown per explained pair")
+    max_text_chars: int = Field(1000, ge=16, description="texts are clipped to this many characters in the judge's prompt "
+                                "(about what a 256-token sentence encoder reads)")
+    judge: JudgeLLMConfig = Field(default_factory=JudgeLLMConfig, description="the judge: any engine the project supports; default the "
+                             "bundled Qwen2.5-Coder-1.5B on the embedded engine")
+
+
+class EvaluateConfig(Section):
+    """Evaluation (STS, retrieval, clustering, cognitive load; faithfulness on request)."""
+
+    tasks: list[Literal["sts", "retrieval", "clustering", "faithfulness"]] = Field(
+        default_factory=lambda: ["sts", "retrieval", "clustering"],
+        description="faithfulness runs a judge LLM (minutes at the defaults on 2 cores), so it runs when asked for")
     sts: list[str] = Field(default_factory=list, description="STS TSV files")
     retrieval: list[str] = Field(default_factory=list, description="BEIR folders")
     clustering: list[str] = Field(default_factory=list, description="clustering JSONL(.gz) files")
@@ -307,6 +337,7 @@ class EvaluateConfig(Section):
         description="retrieval sets (report name or folder) that keep a retrieved document whose id equals the query id; "
                     "other sets drop it before scoring (BEIR's ignore_identical_ids)",
     )
+    faithfulness: FaithfulnessConfig = Field(default_factory=FaithfulnessConfig)
 
 
 class PipelineConfig(Section):

@@ -12,52 +12,23 @@ def _is_model(target: str) -> bool:
     return target in shipped_models() or os.path.exists(os.path.join(target, "questions.json"))
 
 
-def _corpus_texts(paths: list[str], base: str | None = None):
-    """Every text of the corpus files, streamed file by file; a relative path that does not exist here is tried
-    against ``base`` (a model's checkout: models/<name>/../..)."""
-    from cqg_ray.config import CorpusConfig
-    from cqg_ray.corpus import list_files, parse_file, read_bytes
-
-    found = []
-    for p in paths:
-        if "://" not in p and not os.path.exists(p) and base and os.path.exists(os.path.join(base, p)):
-            p = os.path.join(base, p)
-        found.append(p)
-    cfg = CorpusConfig(paths=found)
-    for uri, fmt in list_files(found, cfg.format):
-        yield from parse_file(read_bytes(uri), fmt, uri, cfg).texts
-
-
 def quality_report(target: str, corpus: list[str] | None = None) -> dict:
     """The question-quality measures of a run's selected questions or a model's questions, against the corpus it read
     (a model: its run_config.yaml's corpus.paths; a run: its prepared corpus) or the given corpus files."""
-    import yaml
-
+    from cqg_ray.artifacts import load_corpus, load_questions
     from cqg_ray.config import config_from_dict
-    from cqg_ray.cqg.quality import question_quality
+    from cqg_ray.cqg.quality import corpus_texts, model_quality, question_quality
     from cqg_ray.encoder import load_encoder
+    from cqg_ray.pipeline import saved_config
+    from cqg_ray.rundir import RunDir
 
     if _is_model(target):
-        from cqg_ray.mbqa.embedder import resolve_model
-        from cqg_ray.rundir import RunDir
-
-        folder = resolve_model(target)
-        run = RunDir(folder)
-        questions = [q["text"] for q in run.read_json("questions.json")]
-        cfg = config_from_dict(yaml.safe_load(run.read_bytes("run_config.yaml"))) if run.exists("run_config.yaml") else config_from_dict({})
-        encoder = run.read_json("config.json")["encoder"]
-        texts = _corpus_texts(corpus or list(cfg.corpus.paths), base=os.path.dirname(os.path.dirname(os.path.abspath(folder))))
-    else:
-        from cqg_ray.artifacts import load_corpus, load_questions
-        from cqg_ray.pipeline import saved_config
-        from cqg_ray.rundir import RunDir
-
-        run = RunDir(target)
-        questions = load_questions(run).column("text").to_pylist()
-        cfg = saved_config(run) or config_from_dict({})
-        encoder = cfg.encode.model
-        texts = _corpus_texts(corpus) if corpus else load_corpus(run, ["text"]).column("text").to_pylist()
-    emb = load_encoder(encoder).encode(questions, batch_size=128)
+        return model_quality(target, corpus)
+    run = RunDir(target)
+    questions = load_questions(run).column("text").to_pylist()
+    cfg = saved_config(run) or config_from_dict({})
+    texts = corpus_texts(corpus) if corpus else load_corpus(run, ["text"]).column("text").to_pylist()
+    emb = load_encoder(cfg.encode.model).encode(questions, batch_size=128)
     return question_quality(questions, texts, emb, cfg.cqg.theta_value)
 
 

@@ -8,14 +8,16 @@
 - cut-off share: questions whose last word before "?" is a function word (``CUT_OFF_WORDS``: "Is the article about?");
 - top opening share: the share of the most common opening (first four words), with that opening;
 - near-duplicate share: questions whose embedding has cosine >= theta with another question's.
-Words are lower-cased ``[a-z0-9']+`` tokens. Pure: lists and arrays in, numbers out; the corpus is streamed.
+Words are lower-cased ``[a-z0-9']+`` tokens. The measures are pure (lists and arrays in, numbers out; the corpus is
+streamed); ``model_quality`` reads a model folder, the corpus its ``run_config.yaml`` names and the model's encoder.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
-from typing import Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -115,3 +117,44 @@ def format_quality(q: dict) -> str:
         f"top_opening_share: {f(q['top_opening_share'])}   ({q['top_opening']!r})",
         f"near_duplicate_share: {f(q['near_duplicate_share'])}   (cosine >= theta = {q['theta']})",
     ])
+
+
+# ----------------------------------------------------------------------------------------- a model folder
+
+
+def corpus_texts(paths: list[str], base: str | None = None) -> Iterator[str]:
+    """Every text of the corpus files, streamed file by file; a relative path that does not exist here is tried
+    against ``base`` (a model's checkout: models/<name>/../..)."""
+    from cqg_ray.config import CorpusConfig
+    from cqg_ray.corpus import list_files, parse_file, read_bytes
+
+    found = []
+    for p in paths:
+        if "://" not in p and not os.path.exists(p) and base and os.path.exists(os.path.join(base, p)):
+            p = os.path.join(base, p)
+        found.append(p)
+    cfg = CorpusConfig(paths=found)
+    for uri, fmt in list_files(found, cfg.format):
+        yield from parse_file(read_bytes(uri), fmt, uri, cfg).texts
+
+
+def model_quality(model: str, corpus: list[str] | None = None, encoder: Any = None) -> dict:
+    """The measures for a model folder (or a shipped model's name) against ``corpus`` files, by default the corpus its
+    ``run_config.yaml`` read (theta from there too); ``encoder``: the model's loaded encoder, to save loading it."""
+    import yaml
+
+    from cqg_ray.config import config_from_dict
+    from cqg_ray.mbqa.embedder import resolve_model
+    from cqg_ray.rundir import RunDir
+
+    folder = resolve_model(model)
+    run = RunDir(folder)
+    questions = [q["text"] for q in run.read_json("questions.json")]
+    cfg = config_from_dict(yaml.safe_load(run.read_bytes("run_config.yaml")) if run.exists("run_config.yaml") else {})
+    if encoder is None:
+        from cqg_ray.encoder import load_encoder
+
+        encoder = load_encoder(run.read_json("config.json")["encoder"])
+    paths = corpus or list(cfg.corpus.paths)
+    texts = corpus_texts(paths, base=os.path.dirname(os.path.dirname(os.path.abspath(folder)))) if paths else None  # no corpus: no copy rate
+    return question_quality(questions, texts, encoder.encode(questions, batch_size=128), cfg.cqg.theta_value)

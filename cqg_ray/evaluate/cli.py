@@ -3,6 +3,7 @@
     cqg-ray evaluate runs/demo/model                                   # standard sets under ../shared/data
     cqg-ray evaluate runs/demo/model --tasks sts --sts my_pairs.tsv --max-pairs 500
     cqg-ray evaluate runs/cqg/model --compare QAEmb-MBQA=runs/qaemb/model --out reports/side-by-side
+    cqg-ray evaluate cqg-minilm-ref --tasks faithfulness --texts my_texts.jsonl      # a judge LLM checks the active questions
 
 Settings come from ``--config`` (its ``evaluate`` section) and ``--set evaluate.key=value``, then the flags.
 Writes results.json, report.md and the sweep plots to ``--out`` (default MODEL/evaluation) and prints the table.
@@ -20,11 +21,21 @@ def add_commands(sub) -> None:
     p = sub.add_parser("evaluate", help="evaluate a model: STS, retrieval, clustering, cognitive load, tau/m sweeps",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="model folder (local path or URI)")
-    p.add_argument("--tasks", nargs="+", choices=["sts", "retrieval", "clustering"], help="default: all three")
+    p.add_argument("--tasks", nargs="+", choices=["sts", "retrieval", "clustering", "faithfulness"],
+                   help="default: sts retrieval clustering; faithfulness (a judge LLM answers the questions the model marks "
+                        "active and inactive for sampled texts) runs when named")
     p.add_argument("--sts", nargs="+", metavar="TSV", help="STS files (sentence1, sentence2, score)")
     p.add_argument("--retrieval", nargs="+", metavar="DIR", help="BEIR folders (corpus.jsonl, queries.jsonl, qrels/test.tsv)")
     p.add_argument("--clustering", nargs="+", metavar="JSONL", help="clustering JSONL(.gz) files {text, label}")
     p.add_argument("--clustering-field", default="text", help="text field to cluster (20 Newsgroups: text or subject)")
+    g = p.add_argument_group("faithfulness (docs/evaluation.md)")
+    g.add_argument("--texts", nargs="+", metavar="FILE", help="texts to judge: JSONL(.gz) with a text field, or TSV (a text column, "
+                   "or STS sentence1/sentence2); default STS-B test under the data root")
+    g.add_argument("--n", type=int, help="texts sampled (seeded; default 200)")
+    g.add_argument("--per-text", type=int, help="at most this many active questions per text, sampled at random, and as many inactive (default 5)")
+    g.add_argument("--pairs", type=int, help="explained pairs shown with the judge's verdicts (default 5)")
+    g.add_argument("--judge", metavar="MODEL", help="the judge's model on its backend (default bundled:qwen2.5-coder-1.5b on the embedded "
+                   "engine); another engine: --set evaluate.faithfulness.judge.backend=openai|vllm and its settings")
     p.add_argument("--data-root", help="folder with the standard sets (layout of ../shared/data) used when no paths are given")
     p.add_argument("--max-pairs", type=int, help="STS pairs per file (random, seeded)")
     p.add_argument("--max-docs", type=int, help="retrieval corpus size (keeps the relevant documents) and clustering texts")
@@ -52,6 +63,15 @@ def config_from_args(args) -> EvaluateConfig:
         "tau_sweep": args.tau_sweep, "m_sweep": args.m_sweep, "keep_identical_ids": args.keep_identical_ids,
     }
     data = {**cfg.model_dump(), **{k: v for k, v in updates.items() if v is not None}}
+    faith = data["faithfulness"]
+    for key, value in (("texts", args.texts), ("n", args.n), ("per_text", args.per_text), ("pairs", args.pairs)):
+        if value is not None:
+            faith[key] = value
+    if args.judge is not None:
+        backend = faith["judge"]["backend"]
+        if backend == "fake":
+            raise ConfigError("--judge names a model; the fake judge has none")
+        faith["judge"][backend]["model"] = args.judge
     try:
         return EvaluateConfig.model_validate(data)
     except ValueError as e:

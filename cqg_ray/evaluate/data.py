@@ -182,6 +182,51 @@ def load_sts(uri: str, max_pairs: int | None = None, seed: int = 0, name: str | 
     )
 
 
+# ----------------------------------------------------------------------------------------- plain texts (faithfulness)
+
+
+@dataclass
+class TextsData:
+    name: str
+    path: str
+    texts: list[str]  # unique, non-empty, in file order
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def load_texts(uri: str, field: str = "text") -> TextsData:
+    """Texts of a JSONL(.gz) file (``field`` of each object) or a TSV (a ``text`` column, or STS's ``sentence1`` and
+    ``sentence2``: both sentences of every pair); blank texts and repeats are dropped, the file order is kept."""
+    if (uri[:-3] if uri.endswith(".gz") else uri).endswith(".tsv"):
+        lines = [ln for ln in read_text_lines(uri) if ln.strip()]
+        if not lines:
+            raise DataError(f"{uri}: empty file")
+        head = lines[0].split("\t")
+        if field in head:
+            cols = [head.index(field)]
+        elif "sentence1" in head and "sentence2" in head:
+            cols = [head.index("sentence1"), head.index("sentence2")]
+        else:
+            raise DataError(f"{uri}: a TSV of texts needs a header naming {field!r} (or sentence1 and sentence2); got {head}")
+        raw = []
+        for i, line in enumerate(lines[1:], start=2):
+            fields = line.split("\t")
+            if len(fields) <= max(cols):
+                raise DataError(f"{uri}:{i}: expected at least {max(cols) + 1} tab-separated fields, got {len(fields)}")
+            raw += [fields[c] for c in cols]
+    else:
+        raw = []
+        for i, row in enumerate(read_jsonl(uri), start=1):
+            if not isinstance(row.get(field), str):
+                raise DataError(f"{uri}: object {i} has no string field {field!r} (keys: {sorted(row)[:8]})")
+            raw.append(row[field])
+    texts = list(dict.fromkeys(t.strip() for t in raw if t.strip()))
+    if not texts:
+        raise DataError(f"{uri}: no texts")
+    return TextsData(name=dataset_name(uri), path=uri, texts=texts)
+
+
 # ----------------------------------------------------------------------------------------- retrieval (BEIR)
 
 
@@ -352,5 +397,6 @@ def default_datasets(root: str) -> dict[str, list[str]]:
         "sts": [f"{root}/sts/STS12.test.tsv", f"{root}/sts/STS13.test.tsv", f"{root}/sts/STSBenchmark.test.tsv"],
         "retrieval": [f"{root}/retrieval/scifact"],
         "clustering": [f"{root}/clustering/twentynewsgroups.jsonl.gz"],
+        "faithfulness": [f"{root}/sts/STSBenchmark.test.tsv"],
     }
     return {task: [p for p in paths if os.path.exists(p)] for task, paths in cands.items()}

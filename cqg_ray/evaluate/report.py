@@ -21,6 +21,7 @@ import io
 import logging
 import math
 import re
+import tempfile
 import time
 from typing import Any
 
@@ -29,7 +30,9 @@ import numpy as np
 from cqg_ray.config import EvaluateConfig
 from cqg_ray.evaluate.methods import as_models, build_methods
 from cqg_ray.evaluate.sweeps import StsProbs, default_m_grid, m_sweep, plot_sweep, sweep_rows, tau_sweep
-from cqg_ray.evaluate.tasks import SCORERS, TASKS, dataset_info, load_datasets
+from cqg_ray.cqg.quality import format_quality
+from cqg_ray.evaluate.faithfulness import FIGURES, faithfulness, format_faithfulness
+from cqg_ray.evaluate.tasks import SCORERS, TASKS, dataset_info, load_datasets, load_faithfulness_texts
 
 log = logging.getLogger("cqg_ray")
 
@@ -62,14 +65,18 @@ def evaluate_model(
     whose id is the query's (every other set drops it, as BEIR does). ``max_queries``: retrieval queries per set;
     ``clustering_field``: the JSONL field clustered (20 Newsgroups: ``text`` or ``subject``); ``seed``: the subset
     samples.
-    Returns the dict written to results.json: scores[task][method][dataset], sweeps[model]["m"|"tau"], methods,
-    datasets, seconds, config, protocol.
+    Returns the dict written to results.json: scores[task][method][dataset], sweeps[model]["m"|"tau"],
+    question_quality[model] (``cqg-ray questions --quality``; None for a model not loaded from a folder),
+    faithfulness[model][dataset] (with ``evaluate.tasks`` containing "faithfulness"), methods, datasets, seconds,
+    config, protocol.
     """
     cfg = cfg or EvaluateConfig()
     t_start = time.time()
     models = as_models(model_or_path)
     datasets = load_datasets(cfg, data_root, max_queries, clustering_field, seed)
-    methods = build_methods(models, list(cfg.baselines), list(cfg.tasks), cfg.bag_of_tokens_weights)
+    faith_sets = load_faithfulness_texts(cfg, data_root) if "faithfulness" in cfg.tasks else []
+    baselines = list(cfg.baselines) if datasets else []  # the faithfulness task alone has no table to put them in
+    methods = build_methods(models, baselines, list(cfg.tasks), cfg.bag_of_tokens_weights)
 
     scores: dict[str, dict[str, dict[str, float]]] = {t: {} for t in [*datasets, *(["cognitive_load"] if "sts" in datasets else [])]}
     seconds: dict[str, dict[str, float]] = {m.name: {} for m in methods}
@@ -94,9 +101,21 @@ def evaluate_model(
         ms = list(cfg.m_sweep) or default_m_grid(dims)
         sweeps[name] = {"m": m_sweep(data, model.tau, ms), "tau": tau_sweep(data, list(cfg.tau_sweep))}
 
+    interpretable = [m for m in methods if m.kind == "interpretable"]
+    quality = {m.name: model_question_quality(m.obj) for m in interpretable}
+    faith: dict[str, dict[str, dict]] = {}
+    for d in faith_sets:
+        for m in interpretable:
+            ledger = f"{out_dir}/faithfulness" if out_dir is not None else tempfile.mkdtemp(prefix="cqg-faithfulness-")
+            faith.setdefault(m.name, {})[d.name] = faithfulness(m.obj, d.texts, cfg.faithfulness, ledger, seed=seed, progress=print_table)
+    if faith_sets:
+        datasets = {**datasets, "faithfulness": faith_sets}
+
     results = {
         "scores": scores,
         "sweeps": sweeps,
+        "question_quality": quality,
+        "faithfulness": faith,
         "methods": {m.name: m.describe() for m in methods},
         "datasets": {t: {d.name: dataset_info(t, d) for d in ds} for t, ds in datasets.items()},
         "seconds": {"total": time.time() - t_start, "per_method": seconds},
@@ -111,6 +130,12 @@ def evaluate_model(
                           "random_state=42, MTEB's) on the embeddings as encoded",
             "cognitive_load": "paper Eq. 5: mean over STS pairs of sum_i u_i v_i (binary embeddings only)",
             "binary": "interpretable models: y_i = 1[p_i > tau]",
+            "faithfulness": "a seeded sample of texts; per text at most per_text of the questions the model answers yes and as many "
+                            "it answers no, sampled at random; a judge LLM answers each with a plain yes/no prompt (single-pass, "
+                            "yes when P(yes) > 0.5); yes_precision = its yes-rate on active questions, inactive_yes_rate = on "
+                            "inactive ones, balanced_accuracy = (yes_precision + 1 - inactive_yes_rate) / 2",
+            "question_quality": "cqg-ray questions MODEL --quality: copy rate (a run of 6 words shared with a text of the corpus the "
+                                "model was built from), words per question, cut-off share, top opening share, near-duplicate share",
             "max_queries": max_queries, "clustering_field": clustering_field, "subset_seed": seed,
         },
     }
@@ -120,6 +145,21 @@ def evaluate_model(
     if print_table:
         print(format_tables(results))
     return results
+
+
+def model_question_quality(model: Any) -> dict | None:
+    """``cqg-ray questions MODEL --quality`` for a model loaded from a folder (None otherwise; on a corpus that cannot
+    be read, the error instead of the figures)."""
+    from cqg_ray.cqg.quality import model_quality
+
+    path = getattr(model, "path", None)
+    if not path:
+        return None
+    try:
+        return model_quality(path, encoder=getattr(model, "encoder", None))
+    except Exception as e:  # an unreadable corpus must not cost the whole evaluation
+        log.warning("question quality of %s not measured: %s", path, e)
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 # ----------------------------------------------------------------------------------------- tables and the report
@@ -170,6 +210,12 @@ def format_tables(results: dict) -> str:
         for name, vals in rows:
             lines.append(name.ljust(width) + "".join(_fmt(v, task).rjust(w) for v, w in zip(vals, cw)))
         blocks.append("\n".join(lines))
+    for name, q in results.get("question_quality", {}).items():
+        if q and "error" not in q:
+            blocks.append(f"Question quality of {name} (cqg-ray questions --quality)\n{format_quality(q)}")
+    for name, per in results.get("faithfulness", {}).items():
+        for dataset, res in per.items():
+            blocks.append(format_faithfulness(f"{name} on {dataset}", res))
     return "\n\n".join(blocks)
 
 
@@ -208,8 +254,60 @@ def render_markdown(results: dict) -> str:
             out += [f"## {name}: quality and cognitive load vs {label}", "",
                     f"![{name} {kind} sweep](sweep_{kind}_{slug(name)}.png)", "",
                     markdown_table(header, [[_sweep_cell(r[h]) for h in header] for r in rows]), ""]
+    out += _quality_markdown(results.get("question_quality", {}))
+    out += _faithfulness_markdown(results.get("faithfulness", {}))
     out += ["## Protocol", ""] + [f"- {k}: {v}" for k, v in results["protocol"].items()] + [""]
     return "\n".join(out)
+
+
+QUALITY_ROWS = (("copy_rate", "copy rate (a run of 6 words shared with a corpus text)"), ("words_median", "words per question, median"),
+                ("words_max", "words per question, max"), ("cut_off_share", "cut off (ends on a function word before '?')"),
+                ("top_opening_share", "share of the most common opening"), ("near_duplicate_share", "near duplicates (cosine >= theta)"))
+
+
+def _quality_markdown(quality: dict) -> list[str]:
+    shown = {n: q for n, q in quality.items() if q}
+    if not shown:
+        return []
+    out = ["## Question quality (`cqg-ray questions MODEL --quality`)", ""]
+    rows = [[label, *[_sweep_cell(q.get(key)) if "error" not in q else "n/a" for q in shown.values()]] for key, label in QUALITY_ROWS]
+    rows.append(["most common opening", *[repr(q.get("top_opening")) if "error" not in q else "n/a" for q in shown.values()]])
+    out += [markdown_table(["measure", *shown], rows), ""]
+    errors = [f"- {n}: not measured ({q['error']})" for n, q in shown.items() if "error" in q]
+    return out + (errors + [""] if errors else [])
+
+
+def _verdict(yes: bool) -> str:
+    return "yes" if yes else "**no**"
+
+
+def _faithfulness_markdown(faith: dict) -> list[str]:
+    if not faith:
+        return []
+    out = ["## Faithfulness: does a judge LLM confirm the questions the model marks active?", ""]
+    rows = []
+    for name, per in faith.items():
+        for dataset, r in per.items():
+            rows.append([name, dataset, str(r["texts"]), f"{r['judged_active']} / {r['judged_inactive']}",
+                         *[_sweep_cell(r[k]) for k in FIGURES], _sweep_cell(r.get("pairs_shared_confirmed"))])
+    out += [markdown_table(["Model", "texts file", "texts", "judged (active / inactive)", "yes precision", "inactive yes-rate",
+                            "balanced accuracy", "shown shared questions confirmed for both texts"], rows), ""]
+    for name, per in faith.items():
+        for dataset, r in per.items():
+            out += [f"### {name} on {dataset}", "",
+                    f"Judge: {r['judge']}. {r['texts']} of {r['texts_in_file']} texts; at most {r['per_text']} active and "
+                    f"{r['per_text']} inactive questions per text, sampled at random (seed {r['seed']}); tau {r['tau']}; "
+                    f"{r['texts_without_active']} texts answer no question yes; {r['active_per_text_mean']} active questions per "
+                    f"text on average. {r['seconds']} s.", ""]
+            for k, p in enumerate(r["pairs"], 1):
+                out += [f"**Pair {k}** (cosine {p['cosine']:.3f}, cognitive load {p['cognitive_load']})", "",
+                        f"- A: {p['text_a']}", f"- B: {p['text_b']}", ""]
+                if p["shared"]:
+                    out += [markdown_table(["shared question", "judge on A", "judge on B"],
+                                           [[s["question"], _verdict(s["judge_a"]), _verdict(s["judge_b"])] for s in p["shared"]]), ""]
+                    if p["cognitive_load"] > len(p["shared"]):
+                        out += [f"({p['cognitive_load'] - len(p['shared'])} more shared questions not shown)", ""]
+    return out
 
 
 def _identical_ids_note(name: str, info: dict) -> str:

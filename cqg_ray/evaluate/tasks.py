@@ -1,4 +1,5 @@
-"""The three tasks (STS, retrieval, clustering): their datasets, and every method scored on one dataset.
+"""The three table tasks (STS, retrieval, clustering): their datasets, and every method scored on one dataset; and
+the texts of the faithfulness task (``cqg_ray.evaluate.faithfulness`` scores it).
 
 ``SCORERS[task](data, methods)`` gives each method's scores on one dataset, keyed as ``results["scores"]`` is
 (STS also gives the cognitive load of binary embeddings); ``evaluate_sts`` / ``evaluate_retrieval`` /
@@ -19,11 +20,13 @@ from cqg_ray.evaluate.data import (
     DataError,
     RetrievalData,
     StsData,
+    TextsData,
     default_data_root,
     default_datasets,
     load_beir,
     load_clustering,
     load_sts,
+    load_texts,
 )
 from cqg_ray.evaluate.methods import Method, embed_texts
 from cqg_ray.evaluate.metrics import cognitive_load, kmeans_v_measure, ndcg_at_k, ranking_from_indices, sts_spearman, top_k_cosine
@@ -46,7 +49,7 @@ def load_datasets(
     root = data_root or default_data_root()
     defaults = default_datasets(root) if root else {"sts": [], "retrieval": [], "clustering": []}
     out: dict[str, list] = {}
-    for task in cfg.tasks:
+    for task in (t for t in cfg.tasks if t in TASKS):
         paths = list(getattr(cfg, task)) or defaults[task]
         if not paths:
             raise DataError(
@@ -74,10 +77,22 @@ def load_datasets(
     return out
 
 
+def load_faithfulness_texts(cfg: EvaluateConfig, data_root: str | None = None) -> list[TextsData]:
+    """The text files of the faithfulness task (``evaluate.faithfulness.texts``, else STS-B test under the data root)."""
+    root = data_root or default_data_root()
+    paths = list(cfg.faithfulness.texts) or (default_datasets(root)["faithfulness"] if root else [])
+    if not paths:
+        raise DataError("no texts for the faithfulness task: give --texts FILE (JSONL with a text field, or TSV) "
+                        "or a data root with the layout of ../shared/data (env CQG_RAY_DATA)")
+    return [load_texts(p) for p in paths]
+
+
 def dataset_info(task: str, d: Any) -> dict:
     """What ``results["datasets"]`` records of one dataset."""
     if task == "sts":
         return {"path": d.path, "pairs": len(d)}
+    if task == "faithfulness":
+        return {"path": d.path, "texts": len(d)}
     if task == "retrieval":
         return {"path": d.path, "queries": len(d.query_ids), "docs": len(d.docs), "full_corpus": d.full_corpus,
                 "qrels": sum(len(v) for v in d.qrels.values()), "identical_ids": d.identical_ids,

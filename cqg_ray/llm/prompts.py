@@ -4,6 +4,7 @@
     qaemb_messages(articles, examples)          A.2  QAEmb question generation (the baseline)
     answer_messages(text_chunk, questions)      A.3  yes/no answering, up to 20 questions per prompt (packed mode)
     single_answer_messages(text_chunk, question)     A.3 with one question (single-pass mode: P(yes) from one position)
+    judge_messages(text, question)              not the paper's: the faithfulness judge's plain yes/no question
 
 Each returns ``[{"role": "user", "content": ...}]``; the chat template is the model's (llama.cpp reads it from
 the GGUF, vLLM and OpenAI-compatible servers from the tokenizer), so no system prompt is added here.
@@ -169,6 +170,25 @@ def single_answer_prompt(text_chunk: str, question: str) -> str:
 def single_answer_messages(text_chunk: str, question: str) -> list[Message]:
     """The user message of ``single_answer_prompt``; the request carries ``answer_prefix=SINGLE_ANSWER_PREFIX``."""
     return _user(single_answer_prompt(text_chunk, question))
+
+
+JUDGE_INSTRUCTION = ("Read the text and answer the question about it with yes or no. Answer no when the text does not say "
+                     "so or the question makes no sense.")
+
+
+def judge_prompt(text: str, question: str) -> str:
+    """The faithfulness judge's prompt: an instruction, the text, the question (not the labelling prompt, so that the
+    judge does not share the labeller's wording; everything before the question is shared by a text's questions).
+    P(yes) is read from the reply's first token. Why this wording: docs/evaluation.md, "How far the judge is trusted"."""
+    if not isinstance(text, str):
+        raise TypeError(f"text is {type(text).__name__}, expected str")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("question must be a non-empty string")
+    return f"{JUDGE_INSTRUCTION}\n\nText: {text}\n\nQuestion: {question}"
+
+
+def judge_messages(text: str, question: str) -> list[Message]:
+    return _user(judge_prompt(text, question))
 
 
 def cqg_messages(positives: list[str], negatives: list[str], n_questions: int = 10) -> list[Message]:

@@ -86,6 +86,7 @@ class InterpretableEmbedder:
         self.normalize = normalize
         self.device = _auto_device(device)
         self.backend = backend  # the encoder backend (cqg_ray.encoder); the heads stay torch
+        self.path: str | None = None  # the folder it was loaded from
         self.heads = heads.to(self.device).eval()
         self._encoder = encoder
         if encoder is not None:
@@ -177,6 +178,7 @@ class InterpretableEmbedder:
             raise ModelError(f"{path}: questions.json has {len(questions)} questions but there are {heads.m} heads")
         report = _read_json(run, "eval_report.json") if run.exists("eval_report.json") else None
         model = cls(cfg["encoder"], questions, heads, cfg["tau"], report, cfg.get("normalize", True), device, encoder, backend)
+        model.path = path
         if load_encoder:
             model.encoder
         return model

@@ -13,6 +13,7 @@ from cqg_ray.evaluate.data import (
     load_beir,
     load_clustering,
     load_sts,
+    load_texts,
     sample_indices,
 )
 
@@ -154,4 +155,41 @@ def test_default_datasets_lists_existing_standard_sets(data_path):
     assert [p.rsplit("/", 1)[1] for p in d["sts"]] == ["STS12.test.tsv", "STS13.test.tsv", "STSBenchmark.test.tsv"]
     assert d["retrieval"][0].endswith("retrieval/scifact")
     assert d["clustering"][0].endswith("twentynewsgroups.jsonl.gz")
-    assert default_datasets("/nonexistent") == {"sts": [], "retrieval": [], "clustering": []}
+    assert d["faithfulness"] == [f"{root}/sts/STSBenchmark.test.tsv"]
+    assert default_datasets("/nonexistent") == {"sts": [], "retrieval": [], "clustering": [], "faithfulness": []}
+
+
+def test_load_texts_from_jsonl_tsv_and_sts(tmp_path, data_path):
+    j = tmp_path / "t.jsonl.gz"
+    with gzip.open(j, "wt", encoding="utf-8") as f:
+        for t in ["one", "  two ", "", "one", "three"]:
+            f.write(json.dumps({"text": t, "id": 1}) + "\n")
+    d = load_texts(str(j))
+    assert d.texts == ["one", "two", "three"] and d.name == "t" and len(d) == 3  # stripped, blanks and repeats dropped
+    tsv = tmp_path / "t.tsv"
+    tsv.write_text("id\ttext\n1\talpha\n2\tbeta\n")
+    assert load_texts(str(tsv)).texts == ["alpha", "beta"]
+    sts = load_texts(data_path("sts/STSBenchmark.test.tsv"))
+    assert sts.name == "STS-B" and sts.texts[:2] == ["A girl is styling her hair.", "A girl is brushing her hair."]
+    assert len(sts) == 2551
+
+
+def test_load_texts_errors_name_the_problem(tmp_path):
+    bad = tmp_path / "b.jsonl"
+    bad.write_text(json.dumps({"body": "x"}) + "\n")
+    with pytest.raises(DataError, match="object 1 has no string field 'text'"):
+        load_texts(str(bad))
+    tsv = tmp_path / "b.tsv"
+    tsv.write_text("a\tb\nx\ty\n")
+    with pytest.raises(DataError, match="needs a header naming 'text'"):
+        load_texts(str(tsv))
+    short = tmp_path / "s.tsv"
+    short.write_text("sentence1\tsentence2\nonly one\n")
+    with pytest.raises(DataError, match="s.tsv:2: expected at least 2"):
+        load_texts(str(short))
+    empty = tmp_path / "e.jsonl"
+    empty.write_text(json.dumps({"text": "  "}) + "\n")
+    with pytest.raises(DataError, match="no texts"):
+        load_texts(str(empty))
+    with pytest.raises(DataError, match="file not found"):
+        load_texts(str(tmp_path / "missing.jsonl"))

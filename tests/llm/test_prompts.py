@@ -147,3 +147,15 @@ def test_clip_text():
     assert clip_text("abcdefghijklmnop", 5) == "abcde"
     with pytest.raises(ValueError):
         clip_text("x", 0)
+
+
+def test_judge_prompt_is_an_instruction_the_text_and_the_question():
+    from cqg_ray.llm.prompts import judge_messages, judge_prompt
+
+    instruction = ("Read the text and answer the question about it with yes or no. Answer no when the text does not say so "
+                   "or the question makes no sense.")
+    assert judge_prompt("A dog runs.", "Does the text describe an animal?") == (
+        f"{instruction}\n\nText: A dog runs.\n\nQuestion: Does the text describe an animal?")
+    assert judge_messages("t", "q?") == [{"role": "user", "content": f"{instruction}\n\nText: t\n\nQuestion: q?"}]
+    with pytest.raises(ValueError, match="non-empty"):
+        judge_prompt("t", "  ")
