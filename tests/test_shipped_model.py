@@ -18,7 +18,11 @@ def test_the_shipped_folder_has_every_documented_file():
     assert {"config.json", "questions.json", "heads.safetensors", "eval_report.json", "eval_report.md", "run_config.yaml",
             "build.json", "README.md", "evaluation"} <= names
     ev = {p.name for p in (FOLDER / "evaluation").iterdir()}
-    assert {"report.md", "results.json", "sweep_m_cqg-mbqa.png", "sweep_tau_cqg-mbqa.png"} <= ev
+    assert {"report.md", "results.json", "sweep_m_cqg-mbqa.png", "sweep_tau_cqg-mbqa.png", "faithfulness"} <= ev
+    faith = json.loads((FOLDER / "evaluation" / "faithfulness" / "results.json").read_text())
+    assert set(faith["faithfulness"]["CQG-MBQA"]["STS-B"]) >= {"faithfulness_yes_precision", "faithfulness_inactive_yes_rate",
+                                                              "faithfulness_balanced_accuracy", "judge", "pairs"}
+    assert faith["question_quality"]["CQG-MBQA"]["questions"] == 636
     assert sum(p.stat().st_size for p in FOLDER.rglob("*") if p.is_file()) < 50_000_000
 
 

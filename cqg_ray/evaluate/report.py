@@ -277,6 +277,10 @@ def _quality_markdown(quality: dict) -> list[str]:
     return out + (errors + [""] if errors else [])
 
 
+def _figure(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.4f}"
+
+
 def _verdict(yes: bool) -> str:
     return "yes" if yes else "**no**"
 
@@ -289,7 +293,7 @@ def _faithfulness_markdown(faith: dict) -> list[str]:
     for name, per in faith.items():
         for dataset, r in per.items():
             rows.append([name, dataset, str(r["texts"]), f"{r['judged_active']} / {r['judged_inactive']}",
-                         *[_sweep_cell(r[k]) for k in FIGURES], _sweep_cell(r.get("pairs_shared_confirmed"))])
+                         *[_figure(r[k]) for k in FIGURES], _figure(r.get("pairs_shared_confirmed"))])
     out += [markdown_table(["Model", "texts file", "texts", "judged (active / inactive)", "yes precision", "inactive yes-rate",
                             "balanced accuracy", "shown shared questions confirmed for both texts"], rows), ""]
     for name, per in faith.items():
