@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -100,6 +101,12 @@ def corpus_shards(run: RunDir) -> list[str]:
     """Paths (inside run.fs) of the corpus shards, in order."""
     run.require("prepare")
     return [run.path("prepare", n) for n in run.ls("prepare", suffix=".parquet")]
+
+
+def corpus_texts(run: RunDir) -> Iterator[str]:
+    """Every text of the prepared corpus, shard by shard (one shard in memory at a time)."""
+    for f in corpus_shards(run):
+        yield from pq.read_table(f, columns=["text"], filesystem=run.fs).column("text").to_pylist()
 
 
 def load_corpus(run: RunDir, columns: list[str] | None = None) -> pa.Table:

@@ -1,9 +1,11 @@
 """Typed configuration: one section per pipeline stage, the paper's defaults, YAML in, clear errors out.
 
 Every default below is the paper's (Table 8 and Appendix B of the CQG-MBQA paper) unless the
-description says otherwise; the paper's symbol is given in each field's description. Two defaults depart from the
-paper for speed, and `paper.yaml` sets them back: `llm.answer_mode` (single-pass, not A.3's packed prompt; see
-docs/answer-modes.md) and `label.random_from` (random texts from the labelled pool, not the whole corpus).
+description says otherwise; the paper's symbol is given in each field's description. Some defaults depart from the
+paper, and `paper.yaml` sets them back: for speed, `llm.answer_mode` (single-pass, not A.3's packed prompt; see
+docs/answer-modes.md) and `label.random_from` (random texts from the labelled pool, not the whole corpus); for
+question quality, `cqg.prompt` (property, not A.1), `cqg.filters` and `cqg.p_p/p_h/p_e` (10/6/4, not 5/3/2; see
+docs/questions.md).
 
     cfg = load_config("demo")          # a config shipped in cqg_ray/configs, or a path; bad keys and values raise ConfigError
     cfg.cqg.n_p, cfg.cqg.theta, cfg.train.tau
@@ -186,14 +188,27 @@ class CQGConfig(Section):
     """Contrastive Question Generation (paper section 3.1, Table 8)."""
 
     method: Literal["cqg", "qaemb"] = Field("cqg", description="cqg = contrastive prompt (A.1); qaemb = example-based baseline (A.2)")
+    prompt: Literal["paper", "property"] = Field("property", description="cqg's generation prompt: paper = Appendix A.1 word for word; "
+                                                 "property = rules against copying plus worked examples as chat turns (departs from the "
+                                                 "paper: docs/questions.md; paper.yaml sets paper)")
+    examples: int = Field(3, ge=0, le=3, description="worked examples in the property prompt (chat turns on topics of their own)")
+    writer_model: str | None = Field(None, description="the model that writes the questions, in place of the llm backend's model for "
+                                     "generation only (probes and labels keep the llm's): e.g. bundled:qwen2.5-coder-1.5b")
+    filters: list[Literal["copy", "long", "cut_off", "own_cluster"]] = Field(
+        default_factory=lambda: ["copy", "long", "cut_off", "own_cluster"],
+        description="selection filters (departs from the paper; paper.yaml sets none): copy = shares a run of 6 words with a text the "
+                    "run read; long = more than max_question_words words; cut_off = ends on a function word, or is the last item of a "
+                    "reply that stopped on the token limit; own_cluster = answered yes for at most half of its own cluster's probes")
+    max_question_words: int = Field(25, ge=3, description="the long filter's limit")
     n_p: int = Field(6, ge=1, description="n_p: positive samples per cluster")
     n_h: int = Field(18, ge=0, description="n_h: hard negatives per cluster (from the nearest clusters)")
     n_e: int = Field(18, ge=0, description="n_e: easy negatives per cluster (from the other clusters)")
     hard_neighbors: int = Field(3, ge=1, description="nearest clusters that hard negatives come from (paper: 3)")
     questions_per_prompt: int = Field(10, ge=1, description="questions asked of the LLM per generation prompt (paper: 10)")
-    p_p: int = Field(5, ge=0, description="p_p: positive probes per question")
-    p_h: int = Field(3, ge=0, description="p_h: hard-negative probes per question")
-    p_e: int = Field(2, ge=0, description="p_e: easy-negative probes per question")
+    p_p: int = Field(10, ge=0, description="p_p: positive probes per question (paper: 5; 20 probes in all rank questions, 10 do not: "
+                     "docs/questions.md)")
+    p_h: int = Field(6, ge=0, description="p_h: hard-negative probes per question (paper: 3)")
+    p_e: int = Field(4, ge=0, description="p_e: easy-negative probes per question (paper: 2)")
     t: int = Field(4, ge=1, description="t: top questions kept per cluster")
     theta: float | None = Field(None, gt=0, le=1, description="theta: dedup cosine threshold (None = 0.8 for cqg, 0.925 for qaemb)")
     max_text_chars: int = Field(1000, ge=16, description="texts are truncated to this many characters in prompts")

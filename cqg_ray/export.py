@@ -41,6 +41,9 @@ def build_record(run: RunDir) -> dict:
         stages[stage] = {"seconds": man.get("seconds"), "counts": man.get("counts", {}), "finished_at": man.get("finished_at")}
         if man.get("llm"):
             stages[stage]["llm"] = man["llm"]
+        for key in ("prompt", "writer"):  # the cqg stage: which generation prompt, which model wrote the questions
+            if key in man:
+                stages[stage][key] = man[key]
     # a stage's LLM usage is one record, or one per phase ({"generate": {...}, "probe": {...}})
     llm = [x for s in stages.values() if "llm" in s for x in ([s["llm"]] if "requests" in s["llm"] else s["llm"].values())]
     model = run.manifest("model") or {}

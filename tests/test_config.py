@@ -14,9 +14,6 @@ PAPER = {
     "cqg.n_p": (6, HYPERPARAMETERS + " (n_p)"),
     "cqg.n_h": (18, HYPERPARAMETERS + " (n_h)"),
     "cqg.n_e": (18, HYPERPARAMETERS + " (n_e)"),
-    "cqg.p_p": (5, HYPERPARAMETERS + " (p_p)"),
-    "cqg.p_h": (3, HYPERPARAMETERS + " (p_h)"),
-    "cqg.p_e": (2, HYPERPARAMETERS + " (p_e)"),
     "cqg.theta_value": (0.8, HYPERPARAMETERS + " (theta)"),
     "cqg.t": (4, HYPERPARAMETERS + " (t)"),
     "train.lr": (1e-4, HYPERPARAMETERS + " (alpha)"),
@@ -31,8 +28,14 @@ PAPER = {
     "train.holdout": (0.1, "Appendix 'Training and Evaluation of the MBQA Model': a 10% held-out document set"),
 }
 # paper.yaml also follows the paper where the defaults do otherwise (label.random_from and llm.answer_mode default to
-# the cheaper way, see their descriptions in config.py; the corpus format is the paper's data set)
+# the cheaper way; cqg.prompt, cqg.filters and the probe counts to better questions, docs/questions.md; see their
+# descriptions in config.py; the corpus format is the paper's data set)
 PAPER_RUN_ONLY = {
+    "cqg.p_p": (5, HYPERPARAMETERS + " (p_p)"),
+    "cqg.p_h": (3, HYPERPARAMETERS + " (p_h)"),
+    "cqg.p_e": (2, HYPERPARAMETERS + " (p_e)"),
+    "cqg.prompt": ("paper", "Appendix 'Prompt: Contrastive Question Generation'"),
+    "cqg.filters": ([], "Section 3.1: candidates are selected by Eq. 1 (top t) and deduplicated at theta, nothing else"),
     "label.random_from": ("corpus", DATA_COLLECTION + ": random samples from the entire corpus"),
     "llm.answer_mode": ("packed", "Appendix 'Prompt: Multi-task Binary Question Answering': up to 20 questions per prompt"),
     "corpus.format": ("medi2", "Appendix 'Our CQG-MBQA Model': trained on MEDI2"),

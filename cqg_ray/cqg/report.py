@@ -41,11 +41,19 @@ def write_report(run: RunDir, stage: str, cfg, candidates: pa.Table, texts: dict
     run.write_bytes(f"{stage}/quality_hist.png", quality_histogram_png(q, q[kept], f"{cfg.cqg.method.upper()} question quality"))
     lines = [f"# Question generation report ({cfg.cqg.method})", "",
              f"Settings: n_p={cfg.cqg.n_p} n_h={cfg.cqg.n_h} n_e={cfg.cqg.n_e}, p_p={cfg.cqg.p_p} p_h={cfg.cqg.p_h} p_e={cfg.cqg.p_e}, "
-             f"t={cfg.cqg.t}, theta={cfg.cqg.theta_value}", "", "## Counts", "", "| step | count |", "|---|---:|"]
+             f"t={cfg.cqg.t}, theta={cfg.cqg.theta_value}; prompt {cfg.cqg.prompt if cfg.cqg.method == 'cqg' else 'A.2'}, "
+             f"writer {cfg.cqg.writer_model or 'the run LLM'}, filters {', '.join(cfg.cqg.filters) or 'none'}",
+             "", "## Counts", "", "| step | count |", "|---|---:|"]
     for k in ("clusters", "generation_prompts", "generation_failed", "generated", "dropped_empty", "dropped_not_yes_no", "dropped_duplicate",
-              "parsed", "probe_prompts", "probe_failed", "probed", "selected_top_t", "deduped", "questions"):
+              "parsed", "dropped_copy", "dropped_long", "dropped_cut_off", "probe_prompts", "probe_failed", "probed", "dropped_own_cluster",
+              "selected_top_t", "deduped", "questions"):
         if k in counts:
             lines.append(f"| {k} | {counts[k]} |")
+    lines += ["", "## Eq. 1 quality of kept and dropped questions", "", "| probed questions | n | p25 | median | p75 |", "|---|---:|---:|---:|---:|"]
+    for label, mask in (("kept", kept), ("not kept", ~kept)):
+        v = q[mask & ~np.isnan(q)]
+        cells = [f"{x:.2f}" for x in np.percentile(v, [25, 50, 75])] if len(v) else ["-"] * 3
+        lines.append(f"| {label} | {len(v)} | {' | '.join(cells)} |")
     if "generation_prompts_checked" in counts:
         lines += ["", "## Prompt length against the engine's context", "",
                   "| prompts | checked | clipped | texts dropped | characters cut | longest prompt counted (tokens) |", "|---|---:|---:|---:|---:|---:|"]

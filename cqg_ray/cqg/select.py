@@ -2,6 +2,8 @@
 
 - ``quality``: Equation 1, yes-rate on positive probes minus yes-rate on negative (hard + easy) probes.
 - ``top_t``: per source cluster, the t questions of highest quality (ties: earlier generated first).
+- ``text_filters`` / ``own_cluster_no``: the selection filters (``cqg.filters``): a question copied from a text
+  (a run of 6 words), one too long, one cut off, one its own cluster does not answer yes; they drop, never rewrite.
 - ``dedup``: walk the top-t questions from best to worst quality and drop one whose embedding has cosine
   > theta with a question already kept. Done with one faiss range search over all candidates and a
   greedy pass over their neighbour lists, which gives exactly the sequential result at O(m * neighbours)
@@ -26,6 +28,32 @@ def quality(pos_yes: np.ndarray, pos_n: np.ndarray, neg_yes: np.ndarray, neg_n: 
     return q
 
 
+def text_filters(questions: list[str], filters: list[str] | tuple[str, ...], max_words: int, copied: np.ndarray,
+                 stopped_last: np.ndarray) -> list[str]:
+    """Per question, the first text filter that drops it ("copy", "long", "cut_off") or "" (kept). ``copied``: whether it
+    shares a run of 6 words with a text the run read; ``stopped_last``: whether it is the last item of a reply that
+    stopped on the token limit."""
+    from cqg_ray.cqg.quality import cut_off, words
+
+    out = []
+    for q, cp, last in zip(questions, copied, stopped_last):
+        if "copy" in filters and cp:
+            out.append("copy")
+        elif "long" in filters and len(words(q)) > max_words:
+            out.append("long")
+        elif "cut_off" in filters and (cut_off(q) or last):
+            out.append("cut_off")
+        else:
+            out.append("")
+    return out
+
+
+def own_cluster_no(pos_yes: np.ndarray, pos_n: np.ndarray) -> np.ndarray:
+    """Questions answered yes for at most half of their own cluster's (answered) probes: not a property of the cluster."""
+    pos_yes, pos_n = np.asarray(pos_yes), np.asarray(pos_n)
+    return (pos_n > 0) & (2 * pos_yes <= pos_n)
+
+
 def top_t(clusters: np.ndarray, q: np.ndarray, t: int) -> np.ndarray:
     """Indices of the t best questions of each cluster (NaN quality never selected), sorted by index."""
     clusters = np.asarray(clusters)
@@ -38,6 +66,17 @@ def top_t(clusters: np.ndarray, q: np.ndarray, t: int) -> np.ndarray:
     sel_cl = clusters[valid][order]
     rank = np.arange(len(sel_cl)) - np.searchsorted(sel_cl, sel_cl, side="left")
     return np.sort(sel_idx[rank < t])
+
+
+def quality_medians(q: np.ndarray, kept: np.ndarray) -> dict[str, float | None]:
+    """Median Eq. 1 quality of the kept questions and of the probed questions that were not kept."""
+    q, kept = np.asarray(q, dtype=np.float64), np.asarray(kept, dtype=bool)
+    probed = ~np.isnan(q)
+
+    def med(mask):
+        return round(float(np.median(q[mask])), 4) if mask.any() else None
+
+    return {"quality_median_kept": med(probed & kept), "quality_median_dropped": med(probed & ~kept)}
 
 
 def priority_order(q: np.ndarray, candidates: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ import pyarrow as pa
 from cqg_ray.artifacts import Clusters, load_texts
 from cqg_ray.config import PipelineConfig, check_corpus_size
 from cqg_ray.cqg.sampling import Sample, generation_samples, probe_samples, qaemb_articles
-from cqg_ray.cqg.select import dedup, priority_order, quality, top_t
+from cqg_ray.cqg.select import dedup, own_cluster_no, priority_order, quality, quality_medians, text_filters, top_t
 from cqg_ray.rundir import StageContext
 
 log = logging.getLogger("cqg_ray")
@@ -50,11 +50,12 @@ def _samples_rows(samples: list[Sample], doc_ids: np.ndarray, kind: str) -> dict
 
 
 def generation_requests(cfg: PipelineConfig, samples: list[Sample], texts: dict[str, str], doc_ids: np.ndarray, fitter=None):
-    """One generation request per cluster (A.1, or A.2 for qaemb), its texts clipped to cqg.max_text_chars and, with a
+    """One generation request per cluster (``cqg.prompt``: the property prompt or A.1; A.2 for qaemb), its texts clipped
+    to cqg.max_text_chars and, with a
     ``fitter`` (``cqg_ray.llm.fit.PromptFitter``), clipped further or dropped until the prompt fits the engine."""
     from cqg_ray.llm.base import Request
     from cqg_ray.llm.fit import PromptFitter
-    from cqg_ray.llm.prompts import clip_text, cqg_messages, qaemb_messages
+    from cqg_ray.llm.prompts import clip_text, cqg_messages, property_messages, qaemb_messages
 
     c = cfg.cqg
     fitter = fitter or PromptFitter(None, f"{c.method}-generate")
@@ -67,7 +68,11 @@ def generation_requests(cfg: PipelineConfig, samples: list[Sample], texts: dict[
             neg = np.random.default_rng([c.seed, 3, s.cluster]).permutation(neg)  # hard and easy mixed, as one list
             if len(s.positives) == 0 or len(neg) == 0:
                 continue
-            build = lambda pos, ng: Request(cqg_messages(pos, ng, c.questions_per_prompt), max_tokens=cfg.llm.max_tokens_generate, meta=meta)  # noqa: E731
+            if c.prompt == "property":
+                build = lambda pos, ng: Request(property_messages(pos, ng, c.questions_per_prompt, c.examples),  # noqa: E731
+                                                max_tokens=cfg.llm.max_tokens_generate, meta=meta)
+            else:
+                build = lambda pos, ng: Request(cqg_messages(pos, ng, c.questions_per_prompt), max_tokens=cfg.llm.max_tokens_generate, meta=meta)  # noqa: E731
             req, _, _ = fitter.contrast(clip(s.positives), clip(neg), build, what=f"cluster {s.cluster}")
         else:
             if len(s.positives) == 0:
@@ -76,6 +81,17 @@ def generation_requests(cfg: PipelineConfig, samples: list[Sample], texts: dict[
             req, _, _ = fitter.contrast(clip(s.positives), [], build, what=f"cluster {s.cluster}")
         reqs.append(req)
     return reqs
+
+
+def writer_llm(cfg: PipelineConfig):
+    """The LLM section that writes the questions: the run's, with ``cqg.writer_model`` in place of its model when set."""
+    llm = cfg.llm
+    if not cfg.cqg.writer_model:
+        return llm
+    if llm.backend == "fake":
+        return llm
+    section = getattr(llm, llm.backend)
+    return llm.model_copy(update={llm.backend: section.model_copy(update={"model": cfg.cqg.writer_model})})
 
 
 def probe_requests(cfg: PipelineConfig, probes: list[Sample], cand: dict[int, list[int]], cand_text: list[str],
@@ -142,16 +158,21 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     run.write_table(f"{ctx.stage}/samples.parquet", pa.table(_samples_rows(gen, cl.doc_ids, c.method)))
 
     # 2. generation
+    wllm = writer_llm(cfg)
+    gbackend = backend if wllm is cfg.llm else None  # a writer of its own gets its own backend
     budget = stage_budget(cfg.llm, backend)
-    gfit = PromptFitter(budget, f"{c.method}-generate")
+    gfit = PromptFitter(stage_budget(wllm, gbackend), f"{c.method}-generate")
     greqs = generation_requests(cfg, gen, texts, cl.doc_ids, gfit)
     gfit.log()
-    log.info("cqg: %d clusters, %d generation prompts (%s)", len(clusters), len(greqs), c.method)
-    gres = run_requests(greqs, cfg.llm, run, f"{c.method}-generate", progress=progress, backend=backend)
+    prompt = c.prompt if c.method == "cqg" else "qaemb"
+    log.info("cqg: %d clusters, %d generation prompts (%s, prompt %s, writer %s)", len(clusters), len(greqs), c.method, prompt,
+             c.writer_model or "the run's llm")
+    gres = run_requests(greqs, wllm, run, f"{c.method}-generate", progress=progress, backend=gbackend)
     cand_text: list[str] = []
     cand_cluster: list[int] = []
     cand_rank: list[int] = []
     cand_key: list[str] = []
+    cand_stopped_last: list[bool] = []  # the last item of a reply that stopped on the token limit
     cand: dict[int, list[int]] = {}
     dropped = {"empty": 0, "not_yes_no": 0, "duplicate": 0}
     grows: dict[str, list] = {"cluster": [], "ok": [], "text": [], "questions": [], "dropped": [], "prompt_tokens": [], "completion_tokens": [], "key": []}
@@ -161,12 +182,14 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
         d = getattr(qs, "dropped", {})
         for key, v in d.items():
             dropped[key] = dropped.get(key, 0) + v
+        stopped = r.ok and r.completion_tokens >= cfg.llm.max_tokens_generate
         for j, q in enumerate(qs):
             cand.setdefault(k, []).append(len(cand_text))
             cand_text.append(q)
             cand_cluster.append(k)
             cand_rank.append(j)
             cand_key.append(r.key)
+            cand_stopped_last.append(stopped and j == len(qs) - 1)
         for col, v in (("cluster", k), ("ok", r.ok), ("text", r.text), ("questions", list(qs)), ("dropped", json.dumps(d)),
                        ("prompt_tokens", r.prompt_tokens), ("completion_tokens", r.completion_tokens), ("key", r.key)):
             grows[col].append(v)
@@ -177,9 +200,16 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     if n_cand == 0:
         raise RuntimeError("cqg: the LLM produced no usable question (see questions/generations.parquet and the llm ledger)")
 
-    # 3. probing (Equation 1)
+    # 3. text filters (they drop, never rewrite), then probing (Equation 1) of the questions left
+    from cqg_ray.artifacts import corpus_texts
+    from cqg_ray.cqg.quality import copied
+
+    copies = copied(cand_text, corpus_texts(run)) if "copy" in c.filters else np.zeros(n_cand, bool)
+    reasons = np.array(text_filters(cand_text, c.filters, c.max_question_words, copies, np.array(cand_stopped_last)), dtype=object)
+    to_probe = {k: [i for i in ids if not reasons[i]] for k, ids in cand.items()}
+    log.info("cqg: text filters dropped %s of %d candidates", {f: int(np.sum(reasons == f)) for f in ("copy", "long", "cut_off")}, n_cand)
     pfit = PromptFitter(budget, f"{c.method}-probe")
-    preqs = probe_requests(cfg, probes, cand, cand_text, texts, cl.doc_ids, pfit)
+    preqs = probe_requests(cfg, probes, to_probe, cand_text, texts, cl.doc_ids, pfit)
     pfit.log()
     log.info("cqg: %d candidate questions, %d probe prompts", n_cand, len(preqs))
     pres = run_requests(preqs, cfg.llm, run, f"{c.method}-probe", progress=progress, backend=backend)
@@ -198,10 +228,13 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     neg_yes = counts["hard_yes"] + counts["easy_yes"]
     neg_n = counts["hard_n"] + counts["easy_n"]
     q = quality(counts["positive_yes"], counts["positive_n"], neg_yes, neg_n)
+    if "own_cluster" in c.filters:
+        reasons[(reasons == "") & own_cluster_no(counts["positive_yes"], counts["positive_n"])] = "own_cluster"
 
-    # 4. selection: top t per cluster, then global dedup at theta (best quality first)
+    # 4. selection: top t per cluster among the questions no filter dropped, then global dedup at theta (best quality first)
     cl_arr = np.array(cand_cluster)
-    chosen = top_t(cl_arr, q, c.t)
+    eligible_q = np.where(reasons == "", q, np.nan)
+    chosen = top_t(cl_arr, eligible_q, c.t)
     order = priority_order(q, chosen)
     from cqg_ray.encoder import load_encoder
 
@@ -219,10 +252,11 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
         "text": cand_text, "quality": q, "positive_yes_rate": rate(counts["positive_yes"], counts["positive_n"]),
         "hard_yes_rate": rate(counts["hard_yes"], counts["hard_n"]), "easy_yes_rate": rate(counts["easy_yes"], counts["easy_n"]),
         "negative_yes_rate": rate(neg_yes, neg_n), **{k: v for k, v in counts.items()},
+        "filtered": pa.array(reasons.tolist(), pa.string()), "stopped_last": np.array(cand_stopped_last, bool),
         "top_t": is_top, "kept": is_kept, "duplicate_of": dup_of, "generation_key": cand_key,
     })
     run.write_table(f"{ctx.stage}/candidates.parquet", candidates)
-    sel = candidates.take(pa.array(kept)).drop_columns(["top_t", "kept", "duplicate_of"])
+    sel = candidates.take(pa.array(kept)).drop_columns(["filtered", "stopped_last", "top_t", "kept", "duplicate_of"])
     sel = sel.add_column(0, "question_id", pa.array(np.arange(len(kept)), pa.int32()))
     sel = sel.append_column("method", pa.array([c.method] * len(kept), pa.string()))
     run.write_table(f"{ctx.stage}/questions.parquet", sel)
@@ -232,11 +266,15 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
         "clusters": len(clusters), "generation_prompts": len(greqs), "generation_failed": int(sum(not r.ok for r in gres)),
         "generated": n_cand + sum(dropped.values()), "parsed": n_cand, **{f"dropped_{k}": v for k, v in dropped.items()},
         "probe_prompts": len(preqs), "probe_failed": int(sum(not r.ok for r in pres)),
+        **{f"dropped_{f}": int(np.sum(reasons == f)) for f in ("copy", "long", "cut_off", "own_cluster")},
         "probed": int(np.sum(~np.isnan(q))), "selected_top_t": int(len(chosen)), "deduped": int(len(chosen) - len(kept)), "questions": int(len(kept)),
         "mean_quality_selected": round(float(np.nanmean(q[kept])), 4) if len(kept) else None,
+        **quality_medians(q, is_kept),
         **{f"generation_{k}": v for k, v in gfit.report().items()}, **{f"probe_{k}": v for k, v in pfit.report().items()},
     })
     ctx.extra["prompt_budget"] = budget_summary(budget)
+    ctx.extra["prompt"] = prompt  # build.json names the generation prompt and the writer
+    ctx.extra["writer"] = c.writer_model or None
     ctx.extra["llm"] = {"generate": gstats.get("totals", gstats), "probe": pstats.get("totals", pstats)}
     ctx.extra["wall_s"] = round(time.time() - t0, 1)
     run.write_json(f"{ctx.stage}/stats.json", {"counts": ctx.counts, "llm": ctx.extra["llm"]})

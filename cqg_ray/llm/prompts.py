@@ -4,10 +4,11 @@
     qaemb_messages(articles, examples)          A.2  QAEmb question generation (the baseline)
     answer_messages(text_chunk, questions)      A.3  yes/no answering, up to 20 questions per prompt (packed mode)
     single_answer_messages(text_chunk, question)     A.3 with one question (single-pass mode: P(yes) from one position)
+    property_messages(positives, negatives)     not the paper's: CQG asking for properties (system rules + worked examples)
     judge_messages(text, question)              not the paper's: the faithfulness judge's plain yes/no question
 
-Each returns ``[{"role": "user", "content": ...}]``; the chat template is the model's (llama.cpp reads it from
-the GGUF, vLLM and OpenAI-compatible servers from the tokenizer), so no system prompt is added here.
+The paper's prompts return ``[{"role": "user", "content": ...}]``; the chat template is the model's (llama.cpp reads
+it from the GGUF, vLLM and OpenAI-compatible servers from the tokenizer), so no system prompt is added to them.
 The bold headings of the paper's boxes are written as plain text ("Positive Articles:"), and the paper's
 typographic quotes as straight ones ("yes"). In A.3 the text chunk comes before the questions, so every
 prompt about the same text shares one long prefix (what prefix caching in llama.cpp and vLLM reuses).
@@ -174,6 +175,72 @@ def single_answer_messages(text_chunk: str, question: str) -> list[Message]:
 
 JUDGE_INSTRUCTION = ("Read the text and answer the question about it with yes or no. Answer no when the text does not say "
                      "so or the question makes no sense.")
+
+
+PROPERTY_SYSTEM = (
+    "You write yes/no questions that describe general properties of texts: their topic, the kind of text, its purpose, its "
+    "tone, the kind of event or thing it describes. A good question is true of every positive text, false of every negative "
+    "text, and would also be true of other texts like the positives. Rules: never copy a phrase from the texts; never name "
+    "a person, place, number or title that appears in only one text; at most 12 words per question; one property per "
+    "question; vary how the questions begin. Reply with a numbered list of questions only."
+)
+
+# Worked examples (chat turns) on topics of their own: (positives, negatives, questions).
+PROPERTY_EXAMPLES: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
+    (("Whisk the eggs with the sugar until pale, then fold in the flour.",
+      "Simmer the tomatoes with garlic for twenty minutes and season to taste.",
+      "Roast the vegetables until the edges turn brown."),
+     ("The senate passed the bill by a narrow margin.",
+      "A dog chases a ball across the park.",
+      "The battery lasts about six hours on one charge."),
+     ("Does the text give cooking instructions?",
+      "Is the text written as steps to follow?",
+      "Are food ingredients mentioned?",
+      "Would this text appear in a recipe?")),
+    (("The home side scored twice in the last ten minutes to win.",
+      "She won the final in straight sets after a slow start.",
+      "The relay team finished second, just behind the leaders."),
+     ("Preheat the oven and grease the pan.",
+      "Shares of the bank fell after its earnings report.",
+      "A woman is reading a book on a bench."),
+     ("Does the text report the outcome of a sports competition?",
+      "Are athletes or teams described competing?",
+      "Is it clear who won or lost?",
+      "Could this be a line from sports news?")),
+    (("Stopped working after two weeks, very disappointed.",
+      "The zipper broke the first time I used it.",
+      "Customer service never answered my emails."),
+     ("This camera takes beautiful photos in low light.",
+      "The museum opens at nine on weekdays.",
+      "Two children are building a sandcastle."),
+     ("Does the text express dissatisfaction?",
+      "Is a product or service being complained about?",
+      "Was the text written by a customer?",
+      "Does the writer describe something failing?")),
+)
+
+
+def property_user(positives: list[str], negatives: list[str], n_questions: int) -> str:
+    """The user turn of the property prompt: the texts, then what to write."""
+    _check_texts("positives", positives)
+    _check_texts("negatives", negatives)
+    if n_questions < 1:
+        raise ValueError(f"n_questions must be >= 1, got {n_questions}")
+    pos = "\n".join(f"{i}. {t}" for i, t in enumerate(positives, 1))
+    neg = "\n".join(f"{i}. {t}" for i, t in enumerate(negatives, 1))
+    return (f"Positive texts:\n{pos}\n\nNegative texts:\n{neg}\n\n"
+            f"Write {n_questions} yes/no questions that are true of all positive texts and false of all negative texts.")
+
+
+def property_messages(positives: list[str], negatives: list[str], n_questions: int = 10, examples: int = len(PROPERTY_EXAMPLES)) -> list[Message]:
+    """CQG asking for properties rather than contents (``cqg.prompt: property``; the paper's A.1 is ``cqg_messages``):
+    a system turn with the rules, ``examples`` worked examples as user/assistant turns, then this cluster's texts."""
+    msgs: list[Message] = [{"role": "system", "content": PROPERTY_SYSTEM}]
+    for pos, neg, qs in PROPERTY_EXAMPLES[:examples]:
+        msgs.append({"role": "user", "content": property_user(list(pos), list(neg), len(qs))})
+        msgs.append({"role": "assistant", "content": "\n".join(f"{i}. {q}" for i, q in enumerate(qs, 1))})
+    msgs.append({"role": "user", "content": property_user(positives, negatives, n_questions)})
+    return msgs
 
 
 def judge_prompt(text: str, question: str) -> str:

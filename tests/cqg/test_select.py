@@ -1,6 +1,6 @@
 import numpy as np
 
-from cqg_ray.cqg.select import dedup, priority_order, quality, top_t
+from cqg_ray.cqg.select import dedup, own_cluster_no, priority_order, quality, quality_medians, text_filters, top_t
 
 
 def dedup_reference(emb: np.ndarray, order: np.ndarray, theta: float) -> np.ndarray:
@@ -54,3 +54,33 @@ def test_dedup_matches_sequential_definition():
     for theta in (0.5, 0.8, 0.95):
         kept, _ = dedup(emb, order, theta)
         assert kept.tolist() == dedup_reference(emb, order, theta).tolist()
+
+
+def test_text_filters_name_the_first_reason_and_never_rewrite():
+    qs = ["Does the text quote a film title?",                      # copied (the flag says so)
+          "Is the text about " + "one two three four five " * 5 + "?",  # 29 words
+          "Is the article about the?",                               # cut off: ends on a function word
+          "Does the text discuss the weather?",                      # the last item of a reply stopped on the limit
+          "Does the text describe an everyday scene?",               # kept
+          "Is the text about a movie?"]                              # kept
+    copied = np.array([True, False, False, False, False, False])
+    stopped_last = np.array([False, False, False, True, False, False])
+    all_filters = ["copy", "long", "cut_off", "own_cluster"]
+    assert text_filters(qs, all_filters, 25, copied, stopped_last) == ["copy", "long", "cut_off", "cut_off", "", ""]
+    assert text_filters(qs, [], 25, copied, stopped_last) == [""] * 6
+    assert text_filters(qs, ["long"], 30, copied, stopped_last) == [""] * 6  # 29 words <= 30
+    assert text_filters(["Is it " + "x " * 24 + "?"], ["long"], 25, [False], [False]) == ["long"]  # 26 words > 25
+    assert text_filters(["Is it " + "x " * 23 + "?"], ["long"], 25, [False], [False]) == [""]  # 25 words
+
+
+def test_own_cluster_no_drops_questions_answered_yes_for_at_most_half():
+    pos_yes = np.array([10, 6, 5, 0, 0])
+    pos_n = np.array([10, 10, 10, 10, 0])
+    assert own_cluster_no(pos_yes, pos_n).tolist() == [False, False, True, True, False]  # unprobed: not judged here
+
+
+def test_quality_medians_of_kept_and_not_kept():
+    q = np.array([0.9, 0.7, 0.1, -0.2, np.nan, 0.3])
+    kept = np.array([True, True, False, False, False, False])
+    assert quality_medians(q, kept) == {"quality_median_kept": 0.8, "quality_median_dropped": 0.1}
+    assert quality_medians(np.array([np.nan]), np.array([False])) == {"quality_median_kept": None, "quality_median_dropped": None}

@@ -103,7 +103,8 @@ def test_qaemb_method(clustered_run, corpus_file):
     from cqg_ray.cqg.stage import run_cqg
     from cqg_ray.llm.fake import FakeBackend
 
-    cfg = small_config(clustered_run, corpus_file, max_clusters=2, method="qaemb", qaemb_articles=4)
+    # the fake's random answers would let the own-cluster filter drop every question; this test is about the A.2 plumbing
+    cfg = small_config(clustered_run, corpus_file, max_clusters=2, method="qaemb", qaemb_articles=4, filters=["copy", "long", "cut_off"])
     run = RunDir(str(clustered_run / ".." / "qaemb"))
     copy_clustered(clustered_run, clustered_run / ".." / "qaemb")  # reuse the clustered run's folders
     fake = FakeBackend(cfg.llm)
@@ -153,3 +154,65 @@ def test_cqg_real_llm_killed_and_resumed(clustered_run, corpus_file, tmp_path):
     for row in q:
         assert row["text"].endswith("?")
         assert -1.0 <= row["quality"] <= 1.0
+
+
+def test_filters_drop_copies_long_cut_off_and_questions_their_cluster_denies(clustered_run, corpus_file, tmp_path):
+    """Each filter on a crafted question, counted in the stage report; the filters drop, they never rewrite."""
+    from cqg_ray.artifacts import load_corpus
+    from cqg_ray.cqg.quality import words as word_tokens
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.base import Completion
+    from cqg_ray.llm.fake import FakeBackend
+
+    d = copy_clustered(clustered_run, tmp_path / "run")
+    cfg = small_config(d, corpus_file, max_clusters=2, t=10)
+    run = RunDir(str(d))
+    tokens = next(w for w in map(word_tokens, load_corpus(run, ["text"]).column("text").to_pylist()) if len(w) >= 8)
+    copy_q = f"Does the text say {' '.join(tokens[:6])}?"  # six words in a row of a corpus text
+    long_q = "Is the text about " + " ".join(["a very long list of many different things"] * 3) + "?"
+    cut_q = "Is the text about the?"
+    denied_q = "Does the text describe a red umbrella?"
+    good_q = "Does the text describe an everyday scene?"
+    last_q = "Does the text discuss the weather"  # the reply stops on the token limit right after it
+
+    def reply(req):
+        if req.yes_no:
+            question = req.messages[0]["content"].rsplit("1. ", 1)[1]
+            return Completion("no" if question == denied_q else "yes", prompt_tokens=10, p_yes=[0.1 if question == denied_q else 0.9])
+        text = "\n".join(f"{i}. {q}" for i, q in enumerate([copy_q, long_q, cut_q, denied_q, good_q, last_q], 1))
+        return Completion(text, prompt_tokens=100, completion_tokens=cfg.llm.max_tokens_generate)
+
+    fake = FakeBackend(cfg.llm, reply=reply)
+    c = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))["counts"]
+    assert (c["dropped_copy"], c["dropped_long"], c["dropped_cut_off"], c["dropped_own_cluster"]) == (2, 2, 4, 2)
+    cand = {r["text"]: r for r in run.read_table("questions/candidates.parquet").to_pylist()}
+    assert cand[copy_q]["filtered"] == "copy" and cand[long_q]["filtered"] == "long"
+    assert cand[cut_q]["filtered"] == "cut_off" and cand[last_q + "?"]["filtered"] == "cut_off" and cand[last_q + "?"]["stopped_last"]
+    assert cand[denied_q]["filtered"] == "own_cluster" and cand[good_q]["filtered"] == ""
+    probed = {r.messages[0]["content"].rsplit("1. ", 1)[1] for r in fake.calls if r.yes_no}
+    assert probed == {denied_q, good_q}  # text filters run before probing: no probe is spent on what they drop
+    assert run.read_table("questions/questions.parquet").column("text").to_pylist() == [good_q]  # dedup keeps one of the two clusters'
+    report = run.read_bytes("questions/report.md").decode()
+    assert "| dropped_copy | 2 |" in report and "## Eq. 1 quality of kept and dropped questions" in report
+    assert "filters copy, long, cut_off, own_cluster" in report
+
+
+def test_property_prompt_by_default_and_the_paper_prompt_verbatim(clustered_run, corpus_file, tmp_path):
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.prompts import PROPERTY_SYSTEM
+
+    for prompt in ("property", "paper"):
+        d = copy_clustered(clustered_run, tmp_path / prompt)
+        cfg = small_config(d, corpus_file, max_clusters=1, **({"prompt": prompt} if prompt == "paper" else {}))
+        assert cfg.cqg.prompt == prompt
+        fake = FakeBackend(cfg.llm, reply=scripted)
+        m = run_stage(RunDir(str(d)), "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))
+        assert m["prompt"] == prompt and m["writer"] is None
+        gen = [r for r in fake.calls if not r.yes_no][0].messages
+        if prompt == "paper":
+            assert len(gen) == 1 and gen[0]["role"] == "user"
+            assert gen[0]["content"].startswith("Generate 10 simple yet insightful yes/no questions that determine the properties of an article")
+        else:
+            assert [x["role"] for x in gen] == ["system"] + ["user", "assistant"] * 3 + ["user"] and gen[0]["content"] == PROPERTY_SYSTEM
+            assert gen[-1]["content"].startswith("Positive texts:\n1. ")
