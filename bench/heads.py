@@ -8,6 +8,9 @@
    bfloat16, which uses the CPU's matrix units where it has them). Median of --repeats, inference mode.
 2. `InterpretableEmbedder.encode` (encoder + m heads) throughput divided by the bare encoder's throughput
    (`SentenceTransformer.encode`, same texts, batch size and normalisation) on real texts from the shared corpus.
+3. The load budget's outputs, same m, heads on precomputed embeddings (so the budget's own cost is not hidden behind
+   the encoder): `output="sparse"` (a csr_array of centred values) throughput over `output="bits"` under the same
+   top-k budget (`--budget-k`, floor 0.5), and both over the paper's tau rule; interleaved medians.
 
 Last line: `heads_stacked_vs_loop_fp32: X`.
 """
@@ -108,6 +111,8 @@ def main():
     ap.add_argument("--device", default="cuda" if __import__("torch").cuda.is_available() else "cpu")
     ap.add_argument("--skip-encode", action="store_true", help="only the heads-alone part")
     ap.add_argument("--skip-heads", action="store_true", help="only the encode part")
+    ap.add_argument("--budget-k", type=int, default=64, help="k of the top-k budget in part 3")
+    ap.add_argument("--budget-texts", type=int, default=8192, help="embeddings per call in part 3")
     a = ap.parse_args()
 
     import torch
@@ -153,6 +158,34 @@ def main():
         print(f"  {'bare encoder':<34}{len(texts) / tb:>10.0f} texts/s")
         print(f"  {'InterpretableEmbedder.encode':<34}{len(texts) / tf:>10.0f} texts/s  (output {bits.shape} {bits.dtype})")
         print(f"  encode_vs_bare_encoder: {tb / tf:.3f}")
+    if not a.skip_encode:
+        import numpy as np
+
+        from cqg_ray.mbqa.budget import Budget
+
+        emb = torch.nn.functional.normalize(torch.randn(a.budget_texts, a.d), dim=1).numpy()
+        mean = np.full(a.m, 0.3, dtype=np.float32)
+        budget = Budget(rule="top_k", k=min(a.budget_k, a.m), floor=0.5, value="centred")
+        model = InterpretableEmbedder(a.encoder, questions, heads.cpu(), device=a.device, encoder=encoder, budget=budget, mean=mean)
+        runs = {"tau rule bits": lambda: model.encode_embeddings(emb, output="bits", threshold=0.5),
+                "top-k bits": lambda: model.encode_embeddings(emb, output="bits"),
+                "top-k sparse": lambda: model.encode_embeddings(emb, output="sparse")}
+        times = {name: [] for name in runs}
+        for fn in runs.values():
+            fn()
+        for _ in range(a.repeats):
+            for name, fn in runs.items():
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+        med = {name: statistics.median(v) for name, v in times.items()}
+        nnz = model.encode_embeddings(emb[:512], output="sparse").nnz / 512
+        print(f"\nbudget outputs: {a.budget_texts} embeddings, m={a.m}, budget {budget.name} ({nnz:.1f} active a text), "
+              f"heads fp32 (median of {a.repeats}, interleaved)")
+        for name, t in med.items():
+            print(f"  {name:<34}{a.budget_texts / t:>10.0f} texts/s")
+        print(f"  sparse_vs_bits_throughput: {med['top-k bits'] / med['top-k sparse']:.3f}")
+        print(f"  top_k_bits_vs_tau_bits_throughput: {med['tau rule bits'] / med['top-k bits']:.3f}")
     if not a.skip_heads:
         print(f"\nheads_stacked_vs_loop_bf16: {t_loop / t_bf16:.2f}")
         print(f"heads_stacked_vs_loop_fp32: {t_loop / t_stacked:.2f}")

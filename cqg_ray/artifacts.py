@@ -13,7 +13,8 @@ Output folder of `cqg-ray embed` (OUT, no run directory around it):
 
     OUT/_manifest.json, OUT/emb-*.parquet, OUT/_corpus/   read_embed_output, embed_output_files, embed_output_texts
 
-The pure helpers (``ClusterIndex``, ``embedding_matrix``, ``embeddings_table``) take and return numpy / Arrow.
+The pure helpers (``ClusterIndex``, ``embedding_matrix``, ``embeddings_table``, ``sparse_table``, ``sparse_matrix``) take and
+return numpy / Arrow.
 """
 
 from __future__ import annotations
@@ -43,6 +44,34 @@ def embedding_matrix(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """(n, width) numpy array of a fixed_size_list column."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     return arr.flatten().to_numpy(zero_copy_only=False).reshape(-1, arr.type.list_size)
+
+
+def sparse_table(doc_ids, X, m: int) -> pa.Table:
+    """doc_id, indices list<uint16>, values list<float16> of a sparse (n, m) matrix (columns sorted per row)."""
+    import scipy.sparse as sp
+
+    if m > 65_536:
+        raise ValueError(f"sparse output stores question indices as uint16: m={m} is too large")
+    X = sp.csr_array(X)
+    if X.shape[1] != m:
+        raise ValueError(f"sparse embeddings must have m={m} columns, got {X.shape[1]}")
+    X.sort_indices()
+    offsets = pa.array(X.indptr.astype(np.int32))
+    indices = pa.ListArray.from_arrays(offsets, pa.array(X.indices.astype(np.uint16)))
+    values = pa.ListArray.from_arrays(offsets, pa.array(X.data.astype(np.float16)))
+    return pa.table({"doc_id": pa.array(doc_ids, pa.string()), "indices": indices, "values": values})
+
+
+def sparse_matrix(table: pa.Table, m: int):
+    """The ``scipy.sparse.csr_array`` (n, m) float32 of a table with indices / values list columns."""
+    import scipy.sparse as sp
+
+    ind = table.column("indices").combine_chunks()
+    val = table.column("values").combine_chunks()
+    indptr = ind.offsets.to_numpy().astype(np.int64)
+    indptr -= indptr[0]
+    return sp.csr_array((val.flatten().to_numpy(zero_copy_only=False).astype(np.float32),
+                         ind.flatten().to_numpy(zero_copy_only=False).astype(np.int32), indptr), shape=(len(table), m))
 
 
 def texts_by_id(files: list[str], doc_ids, fs) -> dict[str, str]:
@@ -232,11 +261,16 @@ def embed_output_files(out: str) -> list[str]:
 
 
 def read_embed_output(out: str) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(doc_ids, embeddings, manifest) of a whole output folder, in file order: packed uint8 bits or float16."""
+    """(doc_ids, embeddings, manifest) of a whole output folder, in file order: packed uint8 bits, float16
+    probabilities, or a ``scipy.sparse.csr_array`` of values (output sparse)."""
     run = RunDir(out)
     files = embed_output_files(out)
     tables = [pq.read_table(f, filesystem=run.fs) for f in files]
     meta = run.read_json(EMBED_MANIFEST)
+    if meta["output"] == "sparse":
+        ids = [t.column("doc_id").to_numpy(zero_copy_only=False) for t in tables]
+        table = pa.concat_tables(tables) if tables else sparse_table([], np.zeros((0, meta["m"]), np.float32), meta["m"])
+        return (np.concatenate(ids) if ids else np.array([], dtype=object)), sparse_matrix(table, meta["m"]), meta
     if not tables:
         width = (meta["m"] + 7) // 8 if meta["output"] == "bits" else meta["m"]
         return np.array([], dtype=object), np.zeros((0, width), np.uint8 if meta["output"] == "bits" else np.float16), meta

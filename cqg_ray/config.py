@@ -5,7 +5,8 @@ description says otherwise; the paper's symbol is given in each field's descript
 paper, and `paper.yaml` sets them back: for speed, `llm.answer_mode` (single-pass, not A.3's packed prompt; see
 docs/answer-modes.md) and `label.random_from` (random texts from the labelled pool, not the whole corpus); for
 question quality, `cqg.prompt` (property, not A.1), `cqg.filters` and `cqg.p_p/p_h/p_e` (10/6/4, not 5/3/2; see
-docs/questions.md).
+docs/questions.md); for short explanations, `train.budget` (top-k per text, not Eq. 4's global tau; see
+docs/mbqa.md#the-load-budget).
 
     cfg = load_config("demo")          # a config shipped in cqg_ray/configs, or a path; bad keys and values raise ConfigError
     cfg.cqg.n_p, cfg.cqg.theta, cfg.train.tau
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from cqg_ray import stages
 from cqg_ray.configs import config_file, packaged
@@ -238,6 +239,20 @@ class LabelConfig(Section):
     seed: int = 0
 
 
+class BudgetConfig(Section):
+    """The model's load budget (``cqg_ray.mbqa.budget``): which questions are active for a text, and their values."""
+
+    rule: Literal["top_k", "tau"] = Field("top_k", description="top_k: the k most confident questions with p > floor; tau: p > "
+                                          "train.tau (the paper's Eq. 4)")
+    k: int = Field(112, ge=1, description="top_k: at most k active questions per text (112: STS 0.94 of the dense encoder "
+                   "at load 45 and SciFact 0.60 with the shipped heads, docs/evaluation.md#the-load-budget-sweep)")
+    floor: float | None = Field(0.5, ge=0, lt=1, description="top_k: only questions with p > floor (null: none)")
+    value: Literal["one", "prob", "centred"] = Field("centred", description="an active question's value: 1, p, or p minus the "
+                                                     "question's mean probability on the training texts")
+    rank: Literal["prob", "centred"] = Field("centred", description="top_k: rank by p (most confident) or by p minus the "
+                                             "question's mean (the questions that set the text apart)")
+
+
 class TrainConfig(Section):
     """MBQA heads on frozen embeddings (section 3.2, Appendix B)."""
 
@@ -257,13 +272,15 @@ class TrainConfig(Section):
     max_failures: int = Field(2, ge=0)
     seed: int = 0
     tau: float = Field(0.5, gt=0, lt=1, description="tau: binary classification threshold stored with the model")
+    budget: BudgetConfig = Field(default_factory=BudgetConfig, description="the model's default output (docs/mbqa.md#the-load-budget)")
 
 
 class EmbedConfig(Section):
     """Batch embedding of a corpus with a trained model."""
 
-    output: Literal["bits", "probs"] = "bits"
-    tau: float | None = Field(None, gt=0, lt=1, description="tau override (None = the model's)")
+    output: Literal["bits", "probs", "sparse"] = "bits"
+    tau: float | None = Field(None, gt=0, lt=1, description="the paper's rule at this tau instead of the model's budget")
+    k: int | None = Field(None, ge=1, description="at most k active questions per text instead of the model's budget")
     batch_size: int | None = Field(None, ge=1, description="texts per encoder call; default 32 on CPU (1.45x the texts/s of 256 "
                                    "with openvino, bench/embed.py), 128 on GPU")
     backend: EncoderBackend = Field("auto", description=BACKEND_HELP)
@@ -346,6 +363,9 @@ class EvaluateConfig(Section):
                     "count (term counts, the authors' published encoder; reproduces the paper's retrieval row)",
     )
     tau_sweep: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+    active_k: list[PositiveInt] = Field(default_factory=lambda: [8, 16, 32, 64, 96, 128],
+                                description="budgets k for the load sweep: per text the k most confident questions (with the "
+                                            "model's floor), valued 0/1, by probability, and centred, on every task")
     m_sweep: list[int] = Field(default_factory=list, description="numbers of questions for the m sweep (empty = automatic)")
     keep_identical_ids: list[str] = Field(
         default_factory=list,

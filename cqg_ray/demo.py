@@ -47,7 +47,7 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, brea
 
         print()
         print(format_tables(run.read_json("evaluation/results.json")))
-        print(f"(full report with the tau and m sweep plots: {run.uri('evaluation', 'report.md')})")
+        print(f"(full report with the load frontier and the tau and m sweep plots: {run.uri('evaluation', 'report.md')})")
     model = InterpretableEmbedder.load(run.uri("model"))
     sts = cfg.evaluate.sts[0] if cfg.evaluate.sts else None
     if sts and os.path.exists(sts):

@@ -8,15 +8,18 @@ Two resumable Ray Data passes write everything under OUT:
     OUT/emb-part-<file>-<start>.parquet 2. embedding: units of at most `unit_rows` rows of one snapshot part; an
                                            actor pool (the model loaded once per actor, a GPU per actor when the
                                            cluster has GPUs) embeds a unit and writes its file atomically
-    OUT/_settings.json                  what the files depend on (model fingerprint, output, tau, inputs)
+    OUT/_settings.json                  what the files depend on (model fingerprint, output, budget, inputs)
     OUT/_manifest.json                  written last, by `RunDir.write_manifest` (OUT is a run directory whose one
                                            stage folder is OUT itself): config hash of the settings, counts, timings,
-                                           versions, format, m, output, tau
+                                           versions, format, m, output, budget, bytes per text
 
-Output columns: doc_id (string) and embedding, either the m answers y_i = 1[sigma(C_i(Enc(t))) > tau] packed
-with `np.packbits` (fixed_size_list<uint8>[ceil(m/8)], `--output bits`) or the probabilities sigma(C_i(Enc(t)))
-(fixed_size_list<float16>[m], `--output probs`). The Parquet schema metadata (key `cqg_ray.embed`) repeats m,
-the output kind and tau, so a file describes itself. `cqg_ray.artifacts.read_embed_output` reads a finished OUT.
+Output columns: doc_id (string) and, by `--output`:
+- `sparse`: `indices` list<uint16> and `values` list<float16>, each text's active questions (the model's budget, or
+  `--k` / `--tau`) and their values: about 4 bytes an active question;
+- `bits`: `embedding`, the active questions as 0/1 over all m, packed with `np.packbits` (fixed_size_list<uint8>[ceil(m/8)]);
+- `probs`: `embedding`, the probabilities sigma(C_i(Enc(t))) (fixed_size_list<float16>[m]), unbudgeted.
+The Parquet schema metadata (key `cqg_ray.embed`) repeats m, the output kind and the budget, so a file describes
+itself. `cqg_ray.artifacts.read_embed_output` reads a finished OUT.
 
 Why a snapshot instead of `cqg-ray prepare`: prepare deduplicates, samples and re-shards the corpus (a training
 set), but batch embedding must give every input row exactly once, in its own file's order. The snapshot keeps
@@ -26,7 +29,7 @@ Document ids: the `--id-column` when given, else sha1(file:line:text) (stable, u
 
 A killed run resumes: finished snapshot parts and unit files are skipped, half-written files never count (they are
 written to a temporary name and renamed). A rerun of a finished OUT with the same settings is skipped (its manifest
-matches, as for a pipeline stage). A rerun with another model, output, tau or other input files refuses to mix
+matches, as for a pipeline stage). A rerun with another model, output, budget or other input files refuses to mix
 results (use a new OUT or `--force`).
 """
 
@@ -44,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cqg_ray.artifacts import EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED_META_KEY, EMBED_SETTINGS, embeddings_table
+from cqg_ray.artifacts import EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED_META_KEY, EMBED_SETTINGS, embeddings_table, sparse_table
 from cqg_ray.config import BACKEND_HELP, CorpusConfig, EmbedConfig, EncoderBackend, RayConfig
 from cqg_ray.lease import take_lease
 from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, split_units, run_units
@@ -57,20 +60,26 @@ ROOT = ""  # OUT itself is the one stage folder of its run directory: OUT/_manif
 # ----------------------------------------------------------------------------------------- pure core
 
 
-def embed_output_table(doc_ids, emb: np.ndarray, output: str, m: int, tau: float) -> pa.Table:
-    """doc_id + embedding (packed uint8 bits or float16 probabilities) with the self-describing metadata."""
+def embed_output_table(doc_ids, emb, output: str, m: int, budget: dict, tau: float) -> pa.Table:
+    """doc_id + the embedding columns, with the self-describing metadata: ``bits`` packed uint8 active questions
+    (``embedding``), ``probs`` float16 probabilities (``embedding``), ``sparse`` a ``scipy.sparse`` (n, m) matrix of
+    values written as ``indices`` list<uint16> and ``values`` list<float16> (the active questions of each text)."""
     if output == "bits":
         emb = np.ascontiguousarray(emb, dtype=np.uint8)
         if emb.shape[1] != (m + 7) // 8:
             raise ValueError(f"packed bits must have ceil(m/8)={(m + 7) // 8} bytes per row, got {emb.shape[1]}")
+        table = embeddings_table(doc_ids, emb)
     elif output == "probs":
         emb = np.ascontiguousarray(emb, dtype=np.float16)
         if emb.shape[1] != m:
             raise ValueError(f"probabilities must have m={m} columns, got {emb.shape[1]}")
+        table = embeddings_table(doc_ids, emb)
+    elif output == "sparse":
+        table = sparse_table(doc_ids, emb, m)
     else:
-        raise ValueError(f"output must be 'bits' or 'probs', got {output!r}")
-    meta = {EMBED_META_KEY: json.dumps({"format": EMBED_FORMAT, "m": m, "output": output, "tau": tau}).encode()}
-    return embeddings_table(doc_ids, emb).replace_schema_metadata(meta)
+        raise ValueError(f"output must be 'bits', 'probs' or 'sparse', got {output!r}")
+    meta = {EMBED_META_KEY: json.dumps({"format": EMBED_FORMAT, "m": m, "output": output, "budget": budget, "tau": tau}).encode()}
+    return table.replace_schema_metadata(meta)
 
 
 def model_fingerprint(model_path: str) -> str:
@@ -105,21 +114,23 @@ def _snapshot_file(row: dict, cfg_json: str, out_uri: str) -> dict:
 class EmbedUnits(UnitActor):
     """Ray Data actor: the model loaded once; embeds whole units and writes their files."""
 
-    def __init__(self, model_path: str, out_uri: str, output: str, tau: float | None, batch_size: int | None, threads: int,
+    def __init__(self, model_path: str, out_uri: str, output: str, budget: dict, batch_size: int | None, threads: int,
                  backend: str = "auto"):
         limit_cpu_threads(threads)
         from cqg_ray.encoder import default_batch_size
         from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
         self.model = InterpretableEmbedder.load(model_path, backend=backend)
-        self.tau = self.model.tau if tau is None else tau
+        from cqg_ray.mbqa.budget import Budget
+
+        self.budget = Budget.from_dict(budget)
         self.run = RunDir(out_uri)
         self.output, self.batch_size = output, batch_size or default_batch_size(self.model.device)
 
     def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
-        emb = self.model.encode(texts, output="packed" if self.output == "bits" else "probs", threshold=self.tau,
+        emb = self.model.encode(texts, output="packed" if self.output == "bits" else self.output, budget=self.budget,
                                 batch_size=self.batch_size, progress=False)
-        self.run.write_table(name, embed_output_table(doc_ids, emb, self.output, self.model.m, self.tau))
+        self.run.write_table(name, embed_output_table(doc_ids, emb, self.output, self.model.m, self.budget.to_dict(), self.model.tau))
 
 
 def _clear(run: RunDir) -> None:
@@ -151,12 +162,12 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
         init_ray(RayConfig())
     t_start = time.time()
     head = InterpretableEmbedder.load(model_path, load_encoder=False, device="cpu")  # checks the folder; heads only
-    tau = head.tau if cfg.tau is None else cfg.tau
+    budget = head.budget_for(cfg.tau, cfg.k)
     files = list_files(corpus.paths, corpus.format)
     run = RunDir(out)
     sizes = [_file_size(u) for u, _ in files]
     settings = {
-        "format": EMBED_FORMAT, "model_fingerprint": model_fingerprint(model_path), "m": head.m, "output": cfg.output, "tau": tau,
+        "format": EMBED_FORMAT, "model_fingerprint": model_fingerprint(model_path), "m": head.m, "output": cfg.output, "budget": budget.to_dict(),
         "unit_rows": cfg.unit_rows, "readers": corpus.model_dump(mode="json", exclude={"paths", "dedup", "limit", "sample_seed", "rows_per_shard"}),
         "files": [{"uri": u, "format": f, "size": size} for (u, f), size in zip(files, sizes)],
     }
@@ -202,11 +213,11 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     units = split_units(shards, cfg.unit_rows)
     todo_units = pending_units(run, ROOT, units)
     n_actors, gpus = actor_pool_size(cfg, ray.cluster_resources(), units=len(todo_units))
-    log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, tau=%s, %d actor(s) x %s GPU",
-             sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, tau, n_actors, gpus)
+    log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, budget %s, %d actor(s) x %s GPU",
+             sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, budget.name, n_actors, gpus)
     t0 = time.time()
     rows_now, nodes = run_units(todo_units, EmbedUnits,
-                                {"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output, "tau": tau,
+                                {"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output, "budget": budget.to_dict(),
                                  "batch_size": cfg.batch_size, "threads": cfg.torch_threads, "backend": cfg.backend},
                                 n_actors, gpus, cfg.torch_threads, "embed", progress)
     wall = time.time() - t0
@@ -223,14 +234,30 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
               **({"replaced_invalid_utf8": dropped["utf8_replaced"]} if "utf8_replaced" in dropped else {})}
     return run.write_manifest(ROOT, config_hash, [], counts, time.time() - t_start, extra={
         "stage": "embed",
-        **{k: settings[k] for k in ("format", "m", "output", "tau", "model_fingerprint")},
+        **{k: settings[k] for k in ("format", "m", "output", "budget", "model_fingerprint")},
+        "tau": head.tau,
         "model": model_path,
         "corpus": list(corpus_paths),
-        "bytes_per_text": (head.m + 7) // 8 if cfg.output == "bits" else 2 * head.m,
-        "columns": {"doc_id": "string", "embedding": f"fixed_size_list<uint8>[{(head.m + 7) // 8}] packbits"
-                    if cfg.output == "bits" else f"fixed_size_list<float16>[{head.m}]"},
+        "bytes_per_text": (head.m + 7) // 8 if cfg.output == "bits" else 2 * head.m if cfg.output == "probs" else
+                          round(column_bytes(run, [u["name"] for u in units], ("indices", "values")) / max(rows, 1), 2),
+        "file_bytes_per_text": round(sum(run.fs.get_file_info(run.path(u["name"])).size for u in units) / max(rows, 1), 1),
+        "columns": {"doc_id": "string", **({"embedding": f"fixed_size_list<uint8>[{(head.m + 7) // 8}] packbits"} if cfg.output == "bits" else
+                    {"embedding": f"fixed_size_list<float16>[{head.m}]"} if cfg.output == "probs" else
+                    {"indices": "list<uint16>", "values": "list<float16>"})},
         "texts_per_s": round(rows_now / wall, 1) if rows_now and wall > 0 else None,
     })
+
+
+def column_bytes(run: RunDir, names: list[str], columns: tuple[str, ...]) -> int:
+    """Bytes the given columns take in these Parquet files (compressed column chunks, from the footers)."""
+    total = 0
+    for name in names:
+        meta = pq.ParquetFile(run.path(name), filesystem=run.fs).metadata
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            total += sum(rg.column(c).total_compressed_size for c in range(rg.num_columns)
+                         if rg.column(c).path_in_schema.split(".")[0] in columns)
+    return total
 
 
 def _file_size(uri: str) -> int | None:
@@ -254,8 +281,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model folder (local path or URI) written by `cqg-ray train`")
     p.add_argument("corpus", nargs="+", help="corpus files, folders or globs (jsonl, parquet, csv, tsv, txt, optionally .gz)")
     p.add_argument("out", help="output folder (local path or URI, reachable from every node)")
-    p.add_argument("--output", choices=["bits", "probs"], default="bits", help="packed answers (m/8 bytes a text) or float16 probabilities")
-    p.add_argument("--tau", type=float, default=None, help="threshold tau for the bits (default: the model's)")
+    p.add_argument("--output", choices=["sparse", "bits", "probs"], default="bits",
+                   help="sparse: the active questions' indices (uint16) and values (float16), about 4 bytes each; bits: the "
+                        "active questions packed (m/8 bytes a text); probs: float16 probabilities (2m bytes a text)")
+    p.add_argument("--k", type=int, default=None, help="at most k active questions per text (default: the model's budget)")
+    p.add_argument("--tau", type=float, default=None, help="the paper's rule instead: active when p > tau")
     p.add_argument("--format", default="auto", choices=["auto", "jsonl", "parquet", "csv", "tsv", "txt", "medi2"])
     p.add_argument("--text-column", default="text")
     p.add_argument("--id-column", default=None, help="column with document ids (default: a hash of file, line and text)")
@@ -274,7 +304,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_from_args(args) -> dict:
     from cqg_ray.pipeline import init_ray, ray_address
 
-    cfg = EmbedConfig(output=args.output, tau=args.tau, batch_size=args.batch_size, num_actors=args.actors,
+    cfg = EmbedConfig(output=args.output, tau=args.tau, k=args.k, batch_size=args.batch_size, num_actors=args.actors,
                       num_gpus_per_actor=args.gpus_per_actor, unit_rows=args.unit_rows, torch_threads=args.threads,
                       backend=args.backend)
     corpus = CorpusConfig(format=args.format, text_column=args.text_column, id_column=args.id_column)
@@ -282,7 +312,8 @@ def run_from_args(args) -> dict:
         init_ray(RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus))
         m = embed(args.model, args.corpus, args.out, cfg, corpus, force=args.force,
                   progress=os.environ.get("CQG_RAY_PROGRESS", "1") != "0")
-    print(json.dumps({k: m[k] for k in ("format", "m", "output", "tau", "bytes_per_text", "counts", "texts_per_s", "seconds")}, indent=2))
+    print(json.dumps({k: m.get(k) for k in ("format", "m", "output", "budget", "bytes_per_text", "file_bytes_per_text", "counts",
+                                            "texts_per_s", "seconds")}, indent=2))
     return m
 
 

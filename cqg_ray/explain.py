@@ -1,12 +1,12 @@
 """Explanations: why two texts are close, in the questions they answer alike. The one place that builds them.
 
-    ex = explanation(p_a, p_b, tau, model.question_records)    # from two probability vectors (m,)
+    ex = model.explanation(p_a, p_b)        # two probability vectors (m,) under the model's budget
     ex.shared_yes, ex.cognitive_load, ex.only_a, ex.only_b, ex.cosine
     print(format_explanation(ex, text_a, text_b))
 
 ``InterpretableEmbedder.explain``, ``cqg-ray search``, the Serve app's ``/explain`` and the faithfulness task
-(``cqg_ray.evaluate.faithfulness``) all come here, so what is measured is what a user reads. ``active`` is the rule
-that says which questions a text answers yes.
+(``cqg_ray.evaluate.faithfulness``) all come here, so what is measured is what a user reads. Which questions a text
+answers yes is the model's budget (``cqg_ray.mbqa.budget``); ``explanation`` takes its masks and values.
 """
 
 from __future__ import annotations
@@ -14,11 +14,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-
-
-def active(probs: np.ndarray, tau: float) -> np.ndarray:
-    """The questions a text answers yes (bool, same shape as ``probs``): p > tau (paper Eq. 4)."""
-    return np.asarray(probs) > tau
 
 
 def binary_cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -43,15 +38,15 @@ class AnsweredQuestion:
 
 @dataclass
 class Explanation:
-    """Why two texts are similar: the questions both answer yes (their count is the cognitive load),
-    the questions they answer differently, and the cosine similarity of their binary vectors."""
+    """Why two texts are similar: the questions both answer yes (their count is the cognitive load), ranked by
+    p_a * p_b, the questions only one answers yes, and the cosine similarity of their budgeted vectors."""
 
     cosine: float
     cognitive_load: int
     shared_yes: list[AnsweredQuestion] = field(default_factory=list)
     only_a: list[AnsweredQuestion] = field(default_factory=list)  # yes for text a, no for text b
     only_b: list[AnsweredQuestion] = field(default_factory=list)  # no for text a, yes for text b
-    tau: float = 0.5
+    budget: str = "tau=0.5"  # the rule that made the answers (``Budget.name``)
     yes_a: int = 0  # questions text a answers yes
     yes_b: int = 0
 
@@ -63,25 +58,37 @@ class Explanation:
         return asdict(self)
 
 
-def explanation(p_a: np.ndarray, p_b: np.ndarray, tau: float, questions: list[dict]) -> Explanation:
-    """The explanation of two texts from their probabilities (m,) at threshold tau; ``questions``: the model's
-    question records (``text``, optional ``id``) in dimension order."""
-    ya, yb = active(p_a, tau), active(p_b, tau)
+def value_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine of two value vectors, 0 when either is all zeros (for 0/1 vectors it is ``binary_cosine``)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    return float(a @ b / (na * nb)) if na and nb else 0.0
+
+
+def explanation(p_a: np.ndarray, p_b: np.ndarray, ya: np.ndarray, yb: np.ndarray, va: np.ndarray, vb: np.ndarray,
+                questions: list[dict], budget: str) -> Explanation:
+    """The explanation of two texts from their probabilities (m,), their active questions ``ya``/``yb`` (bool) and
+    values ``va``/``vb`` under a budget (``InterpretableEmbedder.apply``); ``questions``: the model's question
+    records (``text``, optional ``id``) in dimension order; ``budget``: the rule's name."""
+    ya, yb = np.asarray(ya, dtype=bool), np.asarray(yb, dtype=bool)
+    p_a, p_b = np.asarray(p_a), np.asarray(p_b)
 
     def qa(i: int) -> AnsweredQuestion:
         rec = questions[i]
         return AnsweredQuestion(int(i), str(rec.get("id", i)), rec["text"], float(p_a[i]), float(p_b[i]), bool(ya[i]), bool(yb[i]))
 
-    shared = [qa(i) for i in np.flatnonzero(ya & yb)]
-    return Explanation(cosine=binary_cosine(ya, yb), cognitive_load=len(shared), shared_yes=shared,
-                       only_a=[qa(i) for i in np.flatnonzero(ya & ~yb)], only_b=[qa(i) for i in np.flatnonzero(~ya & yb)],
-                       tau=tau, yes_a=int(ya.sum()), yes_b=int(yb.sum()))
+    def ranked(idx: np.ndarray, score: np.ndarray) -> list[AnsweredQuestion]:
+        return [qa(i) for i in idx[np.argsort(-score[idx], kind="stable")]]
+
+    return Explanation(cosine=value_cosine(va, vb), cognitive_load=int(np.count_nonzero(ya & yb)),
+                       shared_yes=ranked(np.flatnonzero(ya & yb), p_a * p_b), only_a=ranked(np.flatnonzero(ya & ~yb), p_a),
+                       only_b=ranked(np.flatnonzero(~ya & yb), p_b), budget=budget, yes_a=int(ya.sum()), yes_b=int(yb.sum()))
 
 
 def format_explanation(ex: Explanation, text_a: str, text_b: str, max_rows: int = 8) -> str:
     """An explanation as plain lines: both texts, cosine and load, then the shared and differing questions."""
     lines = [f"Text A: {text_a}", f"Text B: {text_b}",
-             f"cosine similarity (binary, tau={ex.tau}): {ex.cosine:.3f}   cognitive load (questions both answer yes): {ex.cognitive_load}"]
+             f"cosine similarity ({ex.budget}): {ex.cosine:.3f}   cognitive load (questions both answer yes): {ex.cognitive_load}"]
     for label, items in (("both yes", ex.shared_yes), ("only A yes", ex.only_a), ("only B yes", ex.only_b)):
         if items:
             lines.append(f"  {label}:")

@@ -21,7 +21,7 @@ from cqg_ray.hardware import cpu_flags, cpu_model
 from cqg_ray.rundir import ArtifactError, RunDir
 from cqg_ray.stages import NAMES
 
-MODEL_FILES = ("heads.safetensors", "questions.json", "eval_report.json", "eval_report.md", "config.json")  # config.json last
+MODEL_FILES = ("heads.safetensors", "stats.safetensors", "questions.json", "eval_report.json", "eval_report.md", "config.json")  # config.json last
 BUILD_STAGES = tuple(n for n in NAMES if n != "evaluation")  # the stages that build a model
 
 
@@ -89,9 +89,9 @@ Built with `cqg-ray run --config run_config.yaml` on {build['machine']}, {build[
 |---|---:|---|
 {rows}
 
-Files: `config.json`, `questions.json` (text, cluster, probe quality, labels, LLM yes-rate), `heads.safetensors`,
+Files: `config.json` (with the budget), `questions.json` (text, cluster, probe quality, labels, LLM yes-rate), `heads.safetensors`, `stats.safetensors`,
 `eval_report.md` (held-out question answering, the paper's Table 6), `run_config.yaml`, `build.json`, and
-`evaluation/` (`cqg-ray evaluate` on the standard sets: report, results, tau and m sweeps).
+`evaluation/` (`cqg-ray evaluate` on the standard sets: report, results, the load frontier, tau and m sweeps).
 """
 
 

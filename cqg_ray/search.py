@@ -1,4 +1,10 @@
-"""Search on binary embeddings: rank packed answer vectors against a query by the model's own similarity.
+"""Search over embedded corpora: rank documents against a query by the model's own similarity.
+
+Two indexes, by what `cqg-ray embed` wrote:
+- ``SparseIndex`` (``--output sparse``): the budgeted value vectors, held as an inverted index (a
+  ``scipy.sparse.csc_array``: per question, the documents where it is active and their values). A query touches
+  only the postings of its own active questions: score = sum over them of q_i * x_i, divided by both norms (cosine).
+- ``BinaryIndex`` (``--output bits``, or probabilities under a budget): packed 0/1 vectors, scored by popcounts.
 
 For 0/1 answer vectors x, y (the m yes/no answers, packed 8 to a byte with `np.packbits`):
 
@@ -13,9 +19,9 @@ The pure core is the project's one copy of these: ``cosine_scores`` (popcount co
 ``top_k`` (exact top-k with ties, also used by evaluation's dense retrieval). Explanations of a pair live in
 ``cqg_ray.explain``.
 
-    index = BinaryIndex.load("runs/demo/embeddings")              # the OUT folder of `cqg-ray embed`
+    index = load_index("runs/demo/embeddings")                    # the OUT folder of `cqg-ray embed`
     hits = search(model, index, "a query text", k=10)             # Hit(doc_id, score, shared=[question indices], ...)
-    cqg-ray search MODEL EMBEDDINGS "a query text" -k 10          # prints hits with their shared yes questions
+    cqg-ray search MODEL EMBEDDINGS "a query text" -k 10          # prints hits with their shared active questions
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import EMBED_MANIFEST, embed_output_files, embed_output_texts, embedding_matrix, read_embed_output
+from cqg_ray.mbqa.budget import Budget, active_mask
 from cqg_ray.rundir import ArtifactError, RunDir
 
 # ----------------------------------------------------------------------------------------- pure core
@@ -126,25 +133,30 @@ def search_chunks(query_packed: np.ndarray, chunks: Iterable[tuple[np.ndarray, n
 # ----------------------------------------------------------------------------------------- index
 
 
-def _packed_from(matrix: np.ndarray, meta: dict, tau: float | None) -> np.ndarray:
-    """Packed bits of an embeddings matrix: as stored, or probabilities thresholded at tau (default: theirs)."""
+def stored_budget(meta: dict) -> Budget:
+    """The budget an embed output was made with (an output from before budgets: the tau rule at its tau)."""
+    return Budget.from_dict(meta["budget"]) if "budget" in meta else Budget(rule="tau", tau=float(meta["tau"]))
+
+
+def _packed_from(matrix: np.ndarray, meta: dict, budget: Budget | None, mean: np.ndarray | None = None) -> np.ndarray:
+    """Packed bits of an embeddings matrix: as stored, or the active questions of probabilities under ``budget``
+    (default: the one they were written with; ``mean``: the model's, for a budget that ranks by p - mean)."""
     if meta["output"] == "bits":
         return np.asarray(matrix, np.uint8)
-    t = meta["tau"] if tau is None else tau
-    return np.packbits(np.asarray(matrix, np.float32) > t, axis=1)
+    return np.packbits(active_mask(np.asarray(matrix, np.float32), budget or stored_budget(meta), mean), axis=1)
 
 
 class BinaryIndex:
     """Packed answer vectors of a corpus in memory (m/8 bytes a document), searched exactly by popcounts."""
 
-    def __init__(self, doc_ids: np.ndarray, packed: np.ndarray, m: int, tau: float | None = None, source: str | None = None):
+    def __init__(self, doc_ids: np.ndarray, packed: np.ndarray, m: int, budget: Budget | None = None, source: str | None = None):
         packed = np.ascontiguousarray(packed, dtype=np.uint8)
         if packed.ndim != 2 or packed.shape[1] != (m + 7) // 8:
             raise ValueError(f"packed embeddings must be (n, ceil(m/8)={(m + 7) // 8}), got {packed.shape}")
         if len(doc_ids) != len(packed):
             raise ValueError(f"{len(doc_ids)} ids for {len(packed)} embeddings")
         self.doc_ids = np.asarray(doc_ids, dtype=object)
-        self.packed, self.m, self.tau, self.source = packed, m, tau, source
+        self.packed, self.m, self.budget, self.source = packed, m, budget, source
         self.words = to_words(packed)
         self.counts = popcounts(self.words)
 
@@ -152,10 +164,14 @@ class BinaryIndex:
         return len(self.doc_ids)
 
     @classmethod
-    def load(cls, out: str, tau: float | None = None) -> "BinaryIndex":
-        """The output folder of `cqg-ray embed` (bits, or probabilities thresholded at `tau`, default theirs)."""
+    def load(cls, out: str, budget: Budget | None = None, mean: np.ndarray | None = None) -> "BinaryIndex":
+        """The output folder of `cqg-ray embed` (bits, or probabilities under ``budget``, default theirs; ``mean``:
+        the model's, for a budget that ranks by p - mean)."""
         ids, matrix, meta = read_embed_output(out)
-        return cls(ids, _packed_from(matrix, meta, tau), meta["m"], meta["tau"] if tau is None else tau, out)
+        if meta["output"] == "sparse":
+            raise ArtifactError(f"{out} holds sparse embeddings: load it with SparseIndex (or load_index)")
+        b = budget if budget is not None and meta["output"] == "probs" else stored_budget(meta)
+        return cls(ids, _packed_from(matrix, meta, b, mean), meta["m"], b, out)
 
     def search(self, query_packed: np.ndarray, k: int = 10, chunk_rows: int = 65_536) -> list[Hit]:
         """Exact top-k by binary cosine, scored chunk_rows documents at a time."""
@@ -170,8 +186,75 @@ class BinaryIndex:
         return search_chunks(query_packed, chunks(), self.m, k)
 
 
-def file_chunks(out: str, tau: float | None = None) -> tuple[dict, Iterator[tuple[np.ndarray, np.ndarray]]]:
-    """(meta, a stream of (doc_ids, packed) per unit file) of an embed output folder: search without loading it all."""
+def sparse_cosine_top_k(query: np.ndarray, X_csc, norms: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, rows) of the k best rows of an inverted index ``X_csc`` (n, m) by cosine with a dense query (m,):
+    only the query's nonzero columns (their postings) are read; exact, ties to the lower row."""
+    q = np.asarray(query, dtype=np.float32)
+    cols = np.flatnonzero(q)
+    qn = float(np.linalg.norm(q))
+    if not len(cols) or qn == 0:
+        scores = np.zeros(X_csc.shape[0], dtype=np.float64)
+    else:
+        dots = np.asarray(X_csc[:, cols] @ q[cols], dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scores = np.where(norms > 0, dots / (np.where(norms > 0, norms, 1.0) * qn), 0.0)
+    return top_k(scores, k)
+
+
+class SparseIndex:
+    """Budgeted value vectors of a corpus as an inverted index (``scipy.sparse.csc_array``): about 8 bytes an
+    active question in memory, searched exactly by cosine over the postings of the query's active questions."""
+
+    def __init__(self, doc_ids: np.ndarray, X, m: int, budget: Budget | None = None, source: str | None = None):
+        import scipy.sparse as sp
+
+        X = sp.csr_array(X, dtype=np.float32)
+        if X.shape[1] != m:
+            raise ValueError(f"sparse embeddings must have m={m} columns, got {X.shape[1]}")
+        if len(doc_ids) != X.shape[0]:
+            raise ValueError(f"{len(doc_ids)} ids for {X.shape[0]} embeddings")
+        self.doc_ids = np.asarray(doc_ids, dtype=object)
+        self.rows, self.m, self.budget, self.source = X, m, budget, source
+        self.postings = X.tocsc()
+        self.norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64)).ravel()
+
+    def __len__(self) -> int:
+        return len(self.doc_ids)
+
+    @classmethod
+    def load(cls, out: str) -> "SparseIndex":
+        ids, X, meta = read_embed_output(out)
+        if meta["output"] != "sparse":
+            raise ArtifactError(f"{out} holds {meta['output']} embeddings, not sparse ones: load it with BinaryIndex (or load_index)")
+        return cls(ids, X, meta["m"], stored_budget(meta), out)
+
+    def search(self, query: np.ndarray, k: int = 10) -> list[Hit]:
+        """Exact top-k by cosine of the value vectors; ``query``: the query's dense (m,) value vector."""
+        q = np.asarray(query, dtype=np.float32).ravel()
+        if len(q) != self.m:
+            raise ValueError(f"query has {len(q)} dimensions, the index m={self.m}")
+        scores, rows = sparse_cosine_top_k(q, self.postings, self.norms, k)
+        q_active = set(np.flatnonzero(q).tolist())
+        hits = []
+        for r, (row, score) in enumerate(zip(rows, scores)):
+            start, stop = self.rows.indptr[row], self.rows.indptr[row + 1]
+            shared = sorted(i for i in self.rows.indices[start:stop].tolist() if i in q_active)
+            hits.append(Hit(r + 1, str(self.doc_ids[row]), float(score), len(shared), shared))
+        return hits
+
+
+def load_index(out: str, budget: Budget | None = None, mean: np.ndarray | None = None) -> "SparseIndex | BinaryIndex":
+    """The index of an embed output folder: sparse outputs as a ``SparseIndex``, bits / probabilities as a
+    ``BinaryIndex`` (probabilities under ``budget``, default the one they were written with)."""
+    meta = RunDir(out).read_json(EMBED_MANIFEST) if RunDir(out).exists(EMBED_MANIFEST) else None
+    if meta is None:
+        raise ArtifactError(f"{out}: no {EMBED_MANIFEST}; make embeddings with `cqg-ray embed` first")
+    return SparseIndex.load(out) if meta["output"] == "sparse" else BinaryIndex.load(out, budget, mean)
+
+
+def file_chunks(out: str, budget: Budget | None = None, mean: np.ndarray | None = None) -> tuple[dict, Iterator[tuple[np.ndarray, np.ndarray]]]:
+    """(meta, a stream of (doc_ids, packed) per unit file) of a bits / probs embed output folder: search without
+    loading it all (probabilities under ``budget``, default the one they were written with)."""
     run = RunDir(out)
     files = embed_output_files(out)
     meta = run.read_json(EMBED_MANIFEST)
@@ -179,16 +262,19 @@ def file_chunks(out: str, tau: float | None = None) -> tuple[dict, Iterator[tupl
     def gen():
         for f in files:
             t = pq.read_table(f, filesystem=run.fs)
-            yield t.column("doc_id").to_numpy(zero_copy_only=False), _packed_from(embedding_matrix(t.column("embedding")), meta, tau)
+            yield t.column("doc_id").to_numpy(zero_copy_only=False), _packed_from(embedding_matrix(t.column("embedding")), meta, budget, mean)
 
     return meta, gen()
 
 
-def search(model, index: BinaryIndex, query: str, k: int = 10) -> list[Hit]:
-    """Embed `query` with the model (at the index's tau) and return the top-k hits with their shared questions."""
+def search(model, index: "SparseIndex | BinaryIndex", query: str, k: int = 10) -> list[Hit]:
+    """Embed `query` with the model (under the index's budget) and return the top-k hits with their shared questions."""
     if model.m != index.m:
         raise ValueError(f"the model has m={model.m} questions but the embeddings have m={index.m}")
-    q = model.encode([query], output="packed", threshold=index.tau, progress=False)[0]
+    if isinstance(index, SparseIndex):
+        q = model.encode([query], output="sparse", budget=index.budget, progress=False).toarray()[0]
+    else:
+        q = model.encode([query], output="packed", budget=index.budget, progress=False)[0]
     hits = index.search(q, k)
     for h in hits:
         h.questions = [model.questions[i] for i in h.shared]
@@ -207,23 +293,30 @@ def cmd_search(args) -> int:
         raise ArtifactError(f"{args.embeddings}: no {EMBED_MANIFEST}; make embeddings with `cqg-ray embed` first")
     if meta["m"] != model.m:
         raise ArtifactError(f"the model has m={model.m} questions but {args.embeddings} has m={meta['m']} (another model?)")
-    if args.tau is not None and meta["output"] == "bits" and args.tau != meta["tau"]:
-        raise ArtifactError(f"{args.embeddings} holds bits made at tau={meta['tau']}; --tau applies to probability embeddings only")
-    tau = args.tau if args.tau is not None else meta["tau"]
-    q = model.encode([args.query], output="packed", threshold=tau, progress=False)[0]
-    _, chunks = file_chunks(args.embeddings, tau)
-    hits = search_chunks(q, chunks, model.m, args.k)
+    if args.tau is not None and meta["output"] != "probs":
+        raise ArtifactError(f"{args.embeddings} holds {meta['output']} made under {stored_budget(meta).name}; --tau applies to "
+                            "probability embeddings only")
+    budget = Budget(rule="tau", tau=args.tau) if args.tau is not None else stored_budget(meta)
+    if meta["output"] == "sparse":
+        index = SparseIndex.load(args.embeddings)
+        q = model.encode([args.query], output="sparse", budget=budget, progress=False).toarray()[0]
+        hits = index.search(q, args.k)
+        q_yes = np.flatnonzero(q).tolist()
+    else:
+        q = model.encode([args.query], output="packed", budget=budget, progress=False)[0]
+        _, chunks = file_chunks(args.embeddings, budget, model.mean)
+        hits = search_chunks(q, chunks, model.m, args.k)
+        q_yes = np.flatnonzero(np.unpackbits(q, count=model.m)).tolist()
     texts = embed_output_texts(args.embeddings, [h.doc_id for h in hits])
-    q_yes = np.flatnonzero(np.unpackbits(q, count=model.m)).tolist()
     for h in hits:
         h.questions = [model.questions[i] for i in h.shared]
         h.text = texts.get(h.doc_id)
     if args.json:
-        print(json.dumps({"query": args.query, "tau": tau, "query_yes": q_yes, "hits": [h.__dict__ for h in hits]}, indent=2))
+        print(json.dumps({"query": args.query, "budget": budget.name, "query_yes": q_yes, "hits": [h.__dict__ for h in hits]}, indent=2))
         return 0
-    print(f"query: {args.query!r}  ({len(q_yes)} of {model.m} questions answered yes at tau={tau})")
+    print(f"query: {args.query!r}  ({len(q_yes)} of {model.m} questions active, budget {budget.name})")
     if not q_yes:
-        print("the query answers no question yes: every score is 0 (try a lower --tau)")
+        print("the query has no active question: every score is 0")
     for h in hits:
         text = "" if h.text is None else "  " + (h.text if len(h.text) <= 100 else h.text[:97] + "...")
         print(f"{h.rank:>3}. {h.score:.4f}  {h.doc_id}{text}")
@@ -233,14 +326,15 @@ def cmd_search(args) -> int:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("search", help="rank embedded documents against a query (binary cosine) with the shared yes questions",
-                       description="Exact top-k search over the output of `cqg-ray embed` by cosine on the binary answer "
-                                   "vectors; each hit lists the questions that it and the query both answer yes.")
+    p = sub.add_parser("search", help="rank embedded documents against a query (cosine) with the shared active questions",
+                       description="Exact top-k search over the output of `cqg-ray embed`: sparse outputs by the cosine of the "
+                                   "budgeted value vectors over an inverted index, bits by binary cosine (popcounts); each hit "
+                                   "lists the questions active for both it and the query.")
     p.add_argument("model", help="model folder")
     p.add_argument("embeddings", help="output folder of `cqg-ray embed`")
     p.add_argument("query", help="query text")
     p.add_argument("-k", type=int, default=10, help="hits to show (default 10)")
-    p.add_argument("--tau", type=float, default=None, help="threshold (default: the embeddings' tau)")
+    p.add_argument("--tau", type=float, default=None, help="probability embeddings only: the paper's rule at this tau instead of "
+                                                           "the budget they were written with")
     p.add_argument("--json", action="store_true", help="JSON output")
     p.set_defaults(func=cmd_search)
-

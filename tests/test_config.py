@@ -36,6 +36,8 @@ PAPER_RUN_ONLY = {
     "cqg.p_e": (2, HYPERPARAMETERS + " (p_e)"),
     "cqg.prompt": ("paper", "Appendix 'Prompt: Contrastive Question Generation'"),
     "cqg.filters": ([], "Section 3.1: candidates are selected by Eq. 1 (top t) and deduplicated at theta, nothing else"),
+    "train.budget.rule": ("tau", "Eq. 4: y_i = 1[sigma(C_i(e)) > tau], one global threshold"),
+    "train.budget.value": ("one", "Eq. 4: binary embeddings"),
     "label.random_from": ("corpus", DATA_COLLECTION + ": random samples from the entire corpus"),
     "llm.answer_mode": ("packed", "Appendix 'Prompt: Multi-task Binary Question Answering': up to 20 questions per prompt"),
     "corpus.format": ("medi2", "Appendix 'Our CQG-MBQA Model': trained on MEDI2"),

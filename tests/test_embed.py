@@ -82,7 +82,7 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
     # 400 + 3 (the CSV repeat is a row of its own) + 2 (the empty line is dropped) rows
     assert m["counts"]["rows"] == 405 and m["counts"]["dropped_empty"] == 1 and m["counts"]["files"] == 3
     assert m["counts"]["units"] == 7 + 1 + 1 and m["counts"]["units_resumed"] == 0 and m["counts"]["embedded_now"] == 405
-    assert (m["m"], m["output"], m["tau"], m["bytes_per_text"]) == (32, "bits", 0.5, 4)
+    assert (m["m"], m["output"], m["budget"], m["bytes_per_text"]) == (32, "bits", {"rule": "tau", "tau": 0.5, "value": "one"}, 4)
     assert json.loads(RunDir(out).read_bytes("_manifest.json")) == m
 
     ids, packed, meta = read_embed_output(out)
@@ -111,7 +111,7 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
     assert not [n for n in os.listdir(out) if ".tmp-" in n]
 
     # other settings are refused, --force starts again
-    with pytest.raises(ArtifactError, match="output, tau differ|other settings"):
+    with pytest.raises(ArtifactError, match="budget, output differ"):
         embed(toy_model, [str(mixed_corpus)], out, EmbedConfig(unit_rows=60, output="probs", tau=0.4), progress=False)
     assert read_embed_output(out)[0].tolist() == ids.tolist()  # untouched
 
@@ -153,13 +153,55 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     out = str(tmp_path / "cli")
     assert main(["embed", toy_model, str(corpus_file), out, "--unit-rows", "200", "--tau", "0.4"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["counts"]["rows"] == 400 and summary["tau"] == 0.4 and summary["counts"]["units"] == 2
+    assert summary["counts"]["rows"] == 400 and summary["budget"] == {"rule": "tau", "tau": 0.4, "value": "one"} and summary["counts"]["units"] == 2
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"body": "no text field"}\n')
     assert main(["embed", toy_model, str(bad), str(tmp_path / "bad-out")]) == 2
     assert "no line has the text field 'text'" in capsys.readouterr().err
     assert main(["embed", str(tmp_path / "nope"), str(corpus_file), str(tmp_path / "x")]) == 2
     assert "not a cqg-ray model" in capsys.readouterr().err
+
+
+def test_embed_sparse_parquet_round_trip_and_search(ray_local, toy_model, model, corpus_file, tmp_path, capsys):
+    """--output sparse: list<uint16> indices and list<float16> values, the model's sparse output for every row, about 4
+    bytes an active question on disk; search over it equals a brute force over the same vectors."""
+    import pyarrow.parquet as pq
+
+    from cqg_ray.cli import main
+    from cqg_ray.explain import value_cosine
+    from cqg_ray.search import SparseIndex, search
+
+    out = str(tmp_path / "sparse")
+    assert main(["embed", toy_model, str(corpus_file), out, "--output", "sparse", "--k", "5", "--unit-rows", "200"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["output"] == "sparse" and summary["budget"] == {"rule": "top_k", "k": 5, "floor": 0.5, "value": "one", "rank": "prob"}
+    run = RunDir(out)
+    part = run.path([n for n in run.ls(suffix=".parquet") if n.startswith("emb-")][0])
+    schema = pq.read_schema(part)
+    assert (str(schema.field("indices").type), str(schema.field("values").type)) == ("list<item: uint16>", "list<item: halffloat>")
+    ids, X, meta = read_embed_output(out)
+    _, texts = snapshot_texts(out)
+    want = model.encode(texts, output="sparse", k=5, progress=False).toarray()
+    p = model.encode(texts, output="probs", progress=False)
+    top5 = np.sort(p, axis=1)[:, -6:]
+    clear = ((np.abs(p - 0.5) > 1e-3).all(axis=1)) & (np.diff(top5, axis=1).min(axis=1) > 1e-3)  # no near ties at the 5th
+    assert X.shape == (400, 32) and np.array_equal(X.toarray()[clear], want[clear])
+    active = X.nnz / 400
+    assert 0 < summary["bytes_per_text"] <= 4 * active + 16  # the indices and values columns, compressed
+    assert summary["file_bytes_per_text"] > summary["bytes_per_text"]  # + doc_id and the footers
+
+    index = SparseIndex.load(out)
+    query = "a new medicine from the doctor"
+    hits = search(model, index, query, k=7)
+    q = model.encode([query], output="sparse", k=5, progress=False).toarray()[0]
+    dense = X.toarray()
+    brute = sorted(range(400), key=lambda i: (-value_cosine(q, dense[i]), i))[:7]
+    assert [h.doc_id for h in hits] == [ids[i] for i in brute]
+    assert [h.score for h in hits] == pytest.approx([value_cosine(q, dense[i]) for i in brute])
+    assert hits[0].shared == np.flatnonzero((q != 0) & (dense[brute[0]] != 0)).tolist()
+    assert main(["search", toy_model, out, query, "-k", "3", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [h["doc_id"] for h in printed["hits"]] == [ids[i] for i in brute[:3]] and printed["budget"] == "top5>0.5"
 
 
 TWO_NODES = textwrap.dedent('''

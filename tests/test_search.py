@@ -7,7 +7,7 @@ import pytest
 
 from cqg_ray.embed import embed_output_table
 from cqg_ray.explain import binary_cosine
-from cqg_ray.search import BinaryIndex, cosine_scores, popcounts, search_chunks, shared_questions, to_words, top_k
+from cqg_ray.search import BinaryIndex, SparseIndex, cosine_scores, popcounts, search_chunks, shared_questions, to_words, top_k
 
 
 def cosine_of_bits(a, b) -> float:
@@ -118,10 +118,51 @@ def test_embed_output_table_roundtrip_metadata():
     from cqg_ray.artifacts import embed_table_meta, embedding_matrix
 
     bits = random_bits(4, 12, 0.5, 3)
-    t = embed_output_table(["a", "b", "c", "d"], np.packbits(bits, axis=1), "bits", 12, 0.4)
-    assert embed_table_meta(t.schema) == {"format": "cqg-ray-embeddings", "m": 12, "output": "bits", "tau": 0.4}
+    b = {"rule": "tau", "tau": 0.4, "value": "one"}
+    t = embed_output_table(["a", "b", "c", "d"], np.packbits(bits, axis=1), "bits", 12, b, 0.4)
+    assert embed_table_meta(t.schema) == {"format": "cqg-ray-embeddings", "m": 12, "output": "bits", "budget": b, "tau": 0.4}
     assert np.array_equal(np.unpackbits(embedding_matrix(t.column("embedding")), axis=1, count=12), bits)
-    p = embed_output_table(["a"], np.array([[0.25] * 12]), "probs", 12, 0.5)
+    p = embed_output_table(["a"], np.array([[0.25] * 12]), "probs", 12, b, 0.5)
     assert p.schema.field("embedding").type.value_type == "halffloat"
     with pytest.raises(ValueError, match="bytes per row"):
-        embed_output_table(["a"], np.zeros((1, 3), np.uint8), "bits", 12, 0.5)
+        embed_output_table(["a"], np.zeros((1, 3), np.uint8), "bits", 12, b, 0.5)
+
+
+def test_sparse_table_round_trip():
+    import scipy.sparse as sp
+
+    from cqg_ray.artifacts import sparse_matrix
+
+    X = sp.csr_array(np.array([[0, 0.5, 0, -0.25], [0, 0, 0, 0], [1, 0, 0, 0.125]], np.float32))
+    t = embed_output_table(["a", "b", "c"], X, "sparse", 4, {"rule": "top_k", "k": 2, "floor": None, "value": "centred"}, 0.5)
+    assert t.column("indices").to_pylist() == [[1, 3], [], [0, 3]]
+    assert t.column("values").to_pylist() == [[0.5, -0.25], [], [1.0, 0.125]]  # float16 holds these exactly
+    assert np.array_equal(sparse_matrix(t, 4).toarray(), X.toarray())
+    assert np.array_equal(sparse_matrix(t.slice(1), 4).toarray(), X.toarray()[1:])
+    with pytest.raises(ValueError, match="m=5"):
+        embed_output_table(["a", "b", "c"], X, "sparse", 5, {}, 0.5)
+
+
+def test_sparse_index_search_equals_brute_force():
+    """The inverted index reads only the query's postings; its top-k equals a full cosine over dense vectors, ties
+    to the earlier document."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(7)
+    n, m = 800, 40
+    dense = np.where(rng.random((n, m)) < 0.1, rng.choice([0.25, 0.5, -0.25], size=(n, m)), 0).astype(np.float32)
+    dense[5] = dense[9]  # an exact tie
+    index = SparseIndex(np.array([f"d{i}" for i in range(n)]), sp.csr_array(dense), m)
+    for qseed in range(5):
+        q = np.where(rng.random(m) < 0.2, rng.random(m), 0).astype(np.float32)
+        norms = np.linalg.norm(dense, axis=1)
+        scores = np.where(norms > 0, dense @ q / np.where(norms > 0, norms, 1) / np.linalg.norm(q), 0)
+        for k in (1, 10, 900):
+            want = sorted(range(n), key=lambda i: (-scores[i], i))[:k]
+            hits = index.search(q, k)
+            assert [h.doc_id for h in hits] == [f"d{i}" for i in want]
+            assert [h.score for h in hits] == pytest.approx(scores[want].tolist(), abs=1e-6)
+            assert all(h.shared == np.flatnonzero((q != 0) & (dense[int(h.doc_id[1:])] != 0)).tolist() for h in hits[:20])
+    assert [h.score for h in index.search(np.zeros(m, np.float32), 3)] == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="m=40"):
+        index.search(np.zeros(5), 3)

@@ -13,9 +13,25 @@ FOLDER = Path(__file__).resolve().parents[1] / "models" / NAME
 EXPECTED = json.loads((Path(__file__).parent / "fixtures" / "shipped_model_expected.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def v1_folder(tmp_path_factory):
+    """The shipped heads and questions as a format-version-1 folder (no budget, no stats): the paper's tau rule, as
+    the model was shipped before budgets. What it gives is pinned below against values recorded then."""
+    import shutil
+
+    d = tmp_path_factory.mktemp("v1") / NAME
+    d.mkdir()
+    for name in ("questions.json", "heads.safetensors"):
+        shutil.copy(FOLDER / name, d / name)
+    cfg = json.loads((FOLDER / "config.json").read_text())
+    cfg = {k: v for k, v in cfg.items() if k not in ("budget", "stats")}
+    (d / "config.json").write_text(json.dumps({**cfg, "format_version": 1, "tau": 0.76}))
+    return str(d)
+
+
 def test_the_shipped_folder_has_every_documented_file():
     names = {p.name for p in FOLDER.iterdir()}
-    assert {"config.json", "questions.json", "heads.safetensors", "eval_report.json", "eval_report.md", "run_config.yaml",
+    assert {"config.json", "questions.json", "heads.safetensors", "stats.safetensors", "eval_report.json", "eval_report.md", "run_config.yaml",
             "build.json", "README.md", "evaluation"} <= names
     ev = {p.name for p in (FOLDER / "evaluation").iterdir()}
     assert {"report.md", "results.json", "sweep_m_cqg-mbqa.png", "sweep_tau_cqg-mbqa.png", "faithfulness"} <= ev
@@ -44,11 +60,17 @@ def test_questions_config_and_heads_agree():
     assert build["stages"]["model"]["counts"]["questions"] == cfg["m"]
 
 
-def test_loads_by_name_and_encodes_as_when_it_was_built():
-    """On torch float32 (the backend it was built on) the probabilities are the stored ones up to float noise."""
+def test_loads_by_name_and_encodes_as_when_it_was_built(v1_folder):
+    """On torch float32 (the backend it was built on) the probabilities are the stored ones up to float noise, and a
+    version-1 folder of its heads gives the bits at tau 0.76 it gave before budgets."""
     from cqg_ray import InterpretableEmbedder
 
-    model = InterpretableEmbedder.load(NAME, device="cpu", backend="torch-float32")
+    shipped = InterpretableEmbedder.load(NAME, device="cpu", backend="torch-float32")
+    assert shipped.m == EXPECTED["m"]
+    np.testing.assert_allclose(shipped.encode(EXPECTED["texts"], output="probs", progress=False),
+                               np.array(EXPECTED["probs"], dtype=np.float32), atol=2e-3)
+    model = InterpretableEmbedder.load(v1_folder, device="cpu", backend="torch-float32")
+    assert model.budget.name == "tau=0.76" and model.mean is None
     assert model.m == EXPECTED["m"]
     probs = model.encode(EXPECTED["texts"], output="probs", progress=False)
     stored = np.array(EXPECTED["probs"], dtype=np.float32)
@@ -60,12 +82,12 @@ def test_loads_by_name_and_encodes_as_when_it_was_built():
     assert ex.cognitive_load == int((bits[0] & bits[1]).sum()) > 0
 
 
-def test_auto_backend_keeps_the_answers_within_the_stated_tolerance():
+def test_auto_backend_keeps_the_answers_within_the_stated_tolerance(v1_folder):
     """On this machine's `auto` encoder backend (openvino where installed) the heads' answers stay within the tolerance
     docs/performance.md states: at most 0.5% of the bits flipped, and none where P(yes) is clear of tau by 0.02."""
     from cqg_ray import InterpretableEmbedder
 
-    model = InterpretableEmbedder.load(NAME, device="cpu")  # backend auto
+    model = InterpretableEmbedder.load(v1_folder, device="cpu")  # backend auto
     stored = np.array(EXPECTED["probs"], dtype=np.float32)
     probs = model.encode(EXPECTED["texts"], output="probs", progress=False)
     np.testing.assert_allclose(probs, stored, atol=2e-2)
@@ -82,7 +104,7 @@ CENTRAL_BANK_SHARED = [48, 52, 59, 63, 71, 80, 96, 151, 157, 159, 174, 177, 212,
                        567, 587, 613, 615, 617, 620, 621]
 
 
-def test_explain_search_and_serve_share_the_same_questions_as_before_the_move(monkeypatch):
+def test_explain_search_and_serve_share_the_same_questions_as_before_the_move(monkeypatch, v1_folder):
     from types import SimpleNamespace
 
     import ray.serve.batching
@@ -92,20 +114,39 @@ def test_explain_search_and_serve_share_the_same_questions_as_before_the_move(mo
     from cqg_ray.search import BinaryIndex, search
     from cqg_ray.serve.service import EmbeddingService
 
-    model = InterpretableEmbedder.load(NAME, device="cpu", backend="torch-float32")
+    model = InterpretableEmbedder.load(v1_folder, device="cpu", backend="torch-float32")
     a, b = CENTRAL_BANK
     ex = model.explain(a, b)
     p = model.encode([a, b], output="probs", progress=False)
     clear = np.flatnonzero((np.abs(p - model.tau) > 2e-3).all(axis=0))  # answers not within float noise of tau
     shared = [q.index for q in ex.shared_yes]
-    assert [i for i in shared if i in clear] == [i for i in CENTRAL_BANK_SHARED if i in clear]
+    assert sorted(i for i in shared if i in clear) == [i for i in CENTRAL_BANK_SHARED if i in clear]
     assert len(shared) == ex.cognitive_load and len(clear) > 600
     # outside a Serve replica `@serve.batch` finds no replica context; give it one with no cap (as tests/serve do)
     ctx = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=10**6))
     monkeypatch.setattr(ray.serve.batching.serve, "get_replica_context", lambda: ctx)
-    served = EmbeddingService(model, ServeConfig()).explanation(p[0], p[1], model.tau)
+    served = EmbeddingService(model, ServeConfig()).explanation(p[0], p[1])
     assert [q.index for q in served.shared_yes] == shared and served.cosine == ex.cosine
-    index = BinaryIndex(np.array(["b"]), model.encode([b], output="packed", progress=False), model.m, tau=model.tau)
+    index = BinaryIndex(np.array(["b"]), model.encode([b], output="packed", progress=False), model.m, budget=model.budget)
     hit = search(model, index, a, k=1)[0]
-    assert hit.shared == shared and hit.questions == [q.text for q in ex.shared_yes]
+    assert hit.shared == sorted(shared) and sorted(hit.questions) == sorted(q.text for q in ex.shared_yes)
     assert hit.score == pytest.approx(ex.cosine, abs=1e-12)
+
+
+def test_the_shipped_default_is_a_budget_of_at_most_112_questions_per_text():
+    """Format 2: the budget from config.json, the means from stats.safetensors (measured on training texts); every
+    surface gives at most k active questions, each one the text answers yes (p > 0.5)."""
+    from cqg_ray import InterpretableEmbedder
+    from cqg_ray.mbqa.budget import Budget
+
+    model = InterpretableEmbedder.load(NAME, device="cpu", backend="torch-float32")
+    assert model.budget == Budget(rule="top_k", k=112, floor=0.5, value="centred", rank="centred")
+    assert model.mean.shape == (model.m,) and "sentences.jsonl.gz" in model.stats_source
+    probs = model.encode(EXPECTED["texts"], output="probs", progress=False)
+    sparse = model.encode(EXPECTED["texts"], output="sparse", progress=False)
+    bits = model.encode(EXPECTED["texts"], progress=False)
+    assert (bits.sum(axis=1) <= 112).all() and np.array_equal(sparse.toarray() != 0, bits.astype(bool))
+    assert (probs[bits.astype(bool)] > 0.5).all()
+    np.testing.assert_allclose(sparse.toarray()[bits.astype(bool)], (probs - model.mean)[bits.astype(bool)], rtol=1e-5)
+    ex = model.explain(*CENTRAL_BANK)
+    assert 0 < ex.cognitive_load <= 112 and ex.budget == "top112>0.5 centred by p-mean"

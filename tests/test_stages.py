@@ -12,15 +12,16 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # stage_hash of the demo config and of the defaults, computed by the code before the registry (commit c5c1d30):
 # a run directory built then must still be recognised as done. Changed on purpose since (a run built before redoes
 # that stage; the LLM ledger keeps every answer, so nothing is asked again): evaluation when evaluate got its
-# faithfulness section (issue 26), questions when cqg got prompt, writer_model, filters and 20 probes (issue 27).
+# faithfulness section (issue 26), questions when cqg got prompt, writer_model, filters and 20 probes (issue 27),
+# model and evaluation when train got its budget and evaluate its active_k sweep (issue 28).
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
     "cluster": "2dc43e847309c883",
     "questions": "749e9282c7d8575d",
     "labels": "e40a7d3ea2f87ee8",
-    "model": "18bce3c594496a42",
-    "evaluation": "ba4e76225e101187",
+    "model": "8508bb1c706ff0fe",
+    "evaluation": "44375537aa0bc295",
 }
 DEFAULT_HASHES = {
     "prepare": "a32071158441a1dc",
@@ -28,8 +29,8 @@ DEFAULT_HASHES = {
     "cluster": "fe2e5115535f60b6",
     "questions": "f1b935661b0f6edb",
     "labels": "53a01361097a010d",
-    "model": "0d95a50b6d833f12",
-    "evaluation": "7d70bd0c22aef309",
+    "model": "33f13c8cb84878a5",
+    "evaluation": "ad1f9a7a45bd97b0",
 }
 
 

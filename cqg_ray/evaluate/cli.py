@@ -46,6 +46,12 @@ def add_commands(sub) -> None:
     p.add_argument("--baselines", nargs="*", choices=["dense", "bag_of_tokens", "bm25"], help="default: all three")
     p.add_argument("--tau-sweep", nargs="+", type=float, metavar="TAU")
     p.add_argument("--m-sweep", nargs="+", type=int, metavar="M")
+    p.add_argument("--active-k", nargs="*", type=int, metavar="K",
+                   help="budgets of the load sweep (default 8 16 32 64 96 128; none: no sweep): per text the K most confident "
+                        "questions, valued 0/1, by probability and centred, on every task; report.md plots quality against load")
+    p.add_argument("--budget", nargs="+", metavar="KEY=VALUE",
+                   help="evaluate MODEL under another budget than its own, e.g. --budget rule=top_k k=64 floor=0.5 value=centred "
+                        "(keys: rule tau|top_k, tau, k, floor (a number or none), value one|prob|centred, rank prob|centred)")
     p.add_argument("--name", help="row name of MODEL (default: the model's own name)")
     p.add_argument("--compare", nargs="+", default=[], metavar="NAME=PATH", help="more models side by side, e.g. QAEmb-MBQA=runs/qaemb/model")
     p.add_argument("--out", help="report folder (default: MODEL/evaluation)")
@@ -61,6 +67,7 @@ def config_from_args(args) -> EvaluateConfig:
         "tasks": args.tasks, "sts": args.sts, "retrieval": args.retrieval, "clustering": args.clustering,
         "max_pairs": args.max_pairs, "max_docs": args.max_docs, "baselines": args.baselines,
         "tau_sweep": args.tau_sweep, "m_sweep": args.m_sweep, "keep_identical_ids": args.keep_identical_ids,
+        "active_k": args.active_k,
     }
     data = {**cfg.model_dump(), **{k: v for k, v in updates.items() if v is not None}}
     faith = data["faithfulness"]
@@ -78,6 +85,24 @@ def config_from_args(args) -> EvaluateConfig:
         raise ConfigError(f"invalid evaluate options: {e}") from None
 
 
+def parse_budget(items: list[str], base):
+    """A Budget from KEY=VALUE items over ``base`` (``--budget rule=top_k k=64``)."""
+    from cqg_ray.mbqa.budget import Budget
+
+    d = base.to_dict()
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--budget {item!r} must look like KEY=VALUE")
+        key, value = item.split("=", 1)
+        d[key] = None if value.lower() in ("none", "null") else int(value) if key == "k" else float(value) if key in ("tau", "floor") else value
+    for key in ("tau",) if d.get("rule") == "top_k" else ("k", "floor", "rank"):
+        d.pop(key, None)
+    try:
+        return Budget.from_dict(d)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"--budget: {e}") from None
+
+
 def cmd_evaluate(args) -> int:
     from cqg_ray.evaluate.data import DataError
     from cqg_ray.evaluate.models import load_model, model_name
@@ -85,6 +110,8 @@ def cmd_evaluate(args) -> int:
 
     cfg = config_from_args(args)
     primary = load_model(args.model)
+    if args.budget:
+        primary.budget = parse_budget(args.budget, primary.budget)
     models = {args.name or model_name(primary): primary}
     for item in args.compare:
         if "=" not in item:

@@ -6,7 +6,7 @@
 Protocol (docs/evaluation.md):
 1. a seeded sample of ``n`` texts (file order kept);
 2. per text, a seeded random sample of at most ``per_text`` of the questions the model answers yes
-   (``cqg_ray.explain.active`` at the model's tau: the answers a user reads in an explanation) and at most as many
+   (``model.apply`` under its default budget: the answers a user reads in an explanation) and at most as many
    of those it answers no. Random, never the most confident: those would inflate the figure;
 3. the judge answers each (text, question) with a plain prompt (``judge_messages``: the text, the question, "yes
    or no"), single-pass: P(yes) from its first reply token, yes when P(yes) > 0.5;
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from cqg_ray.config import FaithfulnessConfig
-from cqg_ray.explain import active, binary_cosine, explanation
+from cqg_ray.explain import value_cosine
 
 log = logging.getLogger("cqg_ray")
 
@@ -72,17 +72,17 @@ def figures(active_flags: list[bool] | np.ndarray, judge_yes: list[bool] | np.nd
             "judged_active": n_act, "judged_inactive": n_inact}
 
 
-def nearest_pairs(act: np.ndarray, k: int) -> list[tuple[int, int]]:
-    """For the first k rows that answer some question yes: (row, its nearest other row by binary cosine; ties: the
-    earlier row)."""
-    act = np.asarray(act, dtype=bool)
+def nearest_pairs(values: np.ndarray, k: int) -> list[tuple[int, int]]:
+    """For the first k rows with an active question: (row, its nearest other row by the cosine of the budgeted value
+    vectors; ties: the earlier row)."""
+    act = np.asarray(values, dtype=np.float32)
     pairs: list[tuple[int, int]] = []
     for i in range(len(act)):
         if len(pairs) == k:
             break
         if not act[i].any() or len(act) < 2:
             continue
-        scores = [binary_cosine(act[i], act[j]) if j != i else -1.0 for j in range(len(act))]
+        scores = [value_cosine(act[i], act[j]) if j != i else -2.0 for j in range(len(act))]
         pairs.append((i, int(np.argmax(scores))))
     return pairs
 
@@ -104,7 +104,8 @@ def judge_identity(cfg: FaithfulnessConfig) -> str:
 def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir: str, seed: int = 0, backend: Any = None,
                  progress: bool = True) -> dict[str, Any]:
     """Run the protocol of the module docstring on ``texts`` for an interpretable ``model`` (``encode(output="probs")``,
-    ``tau``, ``question_records``); ``backend``: a judge backend to use instead of the one ``cfg.judge`` names."""
+    ``apply`` and ``explanation`` under its default budget, ``question_records``); ``backend``: a judge backend to use
+    instead of the one ``cfg.judge`` names."""
     from cqg_ray.llm.backends import make_backend
     from cqg_ray.llm.base import Request
     from cqg_ray.llm.fit import PromptFitter, stage_budget
@@ -116,11 +117,11 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     rows = sample_texts(len(texts), cfg.n, seed)
     sample = [texts[i] for i in rows]
     probs = np.asarray(model.encode(sample, output="probs", progress=False), dtype=np.float32)
-    act = active(probs, model.tau)
+    act, values = model.apply(probs)
     records = model.question_records
     picks = sample_questions(act, cfg.per_text, seed)
-    pairs = nearest_pairs(act, cfg.pairs)
-    explained = [explanation(probs[i], probs[j], model.tau, records) for i, j in pairs]
+    pairs = nearest_pairs(values, cfg.pairs)
+    explained = [model.explanation(probs[i], probs[j]) for i, j in pairs]
 
     owns = backend is None
     backend = backend or make_backend(cfg.judge, in_process=True)
@@ -156,7 +157,7 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     out.update({
         "judge": judge_identity(cfg), "texts_in_file": len(texts), "texts": len(sample),
         "texts_without_active": int((~act.any(axis=1)).sum()), "active_per_text_mean": round(float(act.sum(axis=1).mean()), 3),
-        "per_text": cfg.per_text, "seed": seed, "tau": float(model.tau), "prompt": fitter.report(),
+        "per_text": cfg.per_text, "seed": seed, "budget": model.budget.name, "prompt": fitter.report(),
         "seconds": round(time.time() - t0, 1),
         "judgements": [{"text": sample[r], "question": records[q]["text"], "question_index": q, "active": a,
                         "judge_yes": said[k], "p_yes": round(p_yes[k], 4)} for (r, q, a), k in zip(picks, sampled)],

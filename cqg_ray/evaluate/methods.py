@@ -11,7 +11,7 @@ import numpy as np
 
 from cqg_ray.evaluate.baselines import BM25, BagOfTokens, DenseEncoder
 from cqg_ray.evaluate.metrics import l2_normalize
-from cqg_ray.evaluate.models import binarize, is_interpretable, load_model, model_name, probabilities
+from cqg_ray.evaluate.models import budgeted, is_interpretable, load_model, model_name, probabilities
 
 log = logging.getLogger("cqg_ray")
 
@@ -23,10 +23,10 @@ class Method:
     name: str
     kind: str  # interpretable | dense | bag_of_tokens | encoder | bm25
     obj: Any
-    tau: float | None = None
 
     @property
     def binary(self) -> bool:
+        """Whether the cognitive load (dimensions nonzero in both texts) means something for this row."""
         if self.kind == "bag_of_tokens":
             return self.obj.weights == "binary"  # term counts: no cognitive load (Eq. 5 is for 0/1)
         return self.kind == "interpretable"
@@ -34,7 +34,9 @@ class Method:
     def describe(self) -> dict:
         d: dict[str, Any] = {"kind": self.kind}
         if self.kind == "interpretable":
-            d.update(tau=self.tau, dims=len(self.obj.questions))
+            b = getattr(self.obj, "budget", None)
+            d.update(budget=b.to_dict() if b is not None else {"rule": "tau", "tau": float(self.obj.tau), "value": "one"},
+                     dims=len(self.obj.questions))
         elif self.kind == "bag_of_tokens":
             d.update(dims=self.obj.dims, weights=self.obj.weights)
         elif self.kind == "bm25":
@@ -45,7 +47,8 @@ class Method:
 def embed_texts(methods: list[Method], texts: list[str]) -> dict[str, tuple[Any, np.ndarray | None, float]]:
     """Every method's embeddings of one text set: {name: (X, probabilities or None, seconds)}.
 
-    Interpretable models give binary X at their tau, from probabilities computed once. The sentence encoder runs
+    Interpretable models give X = the vectors ``encode(output="sparse")`` returns (dense here: the budgeted values,
+    zeros elsewhere), from probabilities computed once. The sentence encoder runs
     once per text set for everything that shares it: the dense baseline on a model's encoder and the model itself
     when it offers ``encode_embeddings`` (heads on precomputed embeddings, as ``InterpretableEmbedder`` does). The
     shared pass is timed with the first method that needs it.
@@ -71,7 +74,7 @@ def embed_texts(methods: list[Method], texts: list[str]) -> dict[str, tuple[Any,
                 probs = np.asarray(m.obj.encode_embeddings(E, output="probs"), dtype=np.float32)
             else:
                 probs = probabilities(m.obj, texts)
-            X = binarize(probs, m.tau)
+            X = budgeted(m.obj, probs)
         elif m.kind == "dense":
             X = encoder_pass(m.obj.model)
         else:
@@ -87,7 +90,7 @@ def build_methods(
     methods = []
     for name, obj in models.items():
         if is_interpretable(obj):
-            methods.append(Method(name, "interpretable", obj, tau=float(obj.tau)))
+            methods.append(Method(name, "interpretable", obj))
         elif hasattr(obj, "encode"):
             methods.append(Method(name, "encoder", obj))
         else:

@@ -89,16 +89,21 @@ def sts_spearman(E1: Matrix, E2: Matrix, gold: np.ndarray) -> float:
 
 
 def cognitive_load_pairs(U: Matrix, V: Matrix) -> np.ndarray:
-    """<u_i, v_i> per pair (paper Eq. 5) for binary embeddings; raises on values other than 0 and 1."""
-    for X in (U, V):
-        vals = X.data if sp.issparse(X) else np.asarray(X)
-        if vals.size and not np.isin(np.unique(vals), (0, 1)).all():
-            raise ValueError("cognitive load is defined for binary (0/1) embeddings only")
-    return row_dots(U, V)
+    """The number of dimensions nonzero in both u_i and v_i, per pair: <u_i, v_i> of binary embeddings (paper Eq. 5),
+    and the count of active questions two texts share for budgeted (valued) ones."""
+    def nonzero(X: Matrix) -> Matrix:
+        if sp.issparse(X):
+            X = sp.csr_array(X, copy=True)
+            X.eliminate_zeros()
+            X.data = np.ones_like(X.data, dtype=np.float32)
+            return X
+        return (np.asarray(X) != 0).astype(np.float32)
+
+    return row_dots(nonzero(U), nonzero(V))
 
 
 def cognitive_load(U: Matrix, V: Matrix) -> float:
-    """Paper Eq. 5 averaged over pairs: mean number of dimensions that are 1 in both embeddings."""
+    """Paper Eq. 5 averaged over pairs: mean number of dimensions that are nonzero (1) in both embeddings."""
     return float(cognitive_load_pairs(U, V).mean())
 
 

@@ -4,9 +4,10 @@
   The baselines (dense encoder, Bag-of-Tokens) and anything else a user wants compared are Encoders.
 - ``InterpretableModel``: CQG-MBQA's ``InterpretableEmbedder`` (``cqg_ray.mbqa.embedder``):
   ``encode(texts, output="probs")`` gives the probabilities sigma(C_i(e)) of the m questions (float32, (n, m));
-  ``tau`` is its threshold; ``questions`` its m questions; ``encoder`` its frozen sentence encoder.
-  Evaluation asks for the probabilities once per text set and thresholds them itself (paper Eq. 4:
-  y_i = 1[sigma(C_i(e)) > tau]), so the tau sweep never encodes twice.
+  ``apply(probs, budget=None)`` gives (active, values) under its budget (a model without ``apply`` is read as the
+  paper's rule at its ``tau``); ``questions`` its m questions; ``encoder`` its frozen sentence encoder.
+  Evaluation asks for the probabilities once per text set and applies the budgets itself, so the sweeps never
+  encode twice.
 """
 
 from __future__ import annotations
@@ -51,9 +52,14 @@ def probabilities(model: Any, texts: list[str]) -> np.ndarray:
     return p
 
 
-def binarize(probs: np.ndarray, tau: float) -> np.ndarray:
-    """Paper Eq. 4: y_i = 1[p_i > tau], as uint8 0/1."""
-    return (probs > tau).astype(np.uint8)
+def budgeted(model: Any, probs: np.ndarray, budget: Any = None) -> np.ndarray:
+    """(n, m) float32: the vectors the model's ``encode(output="sparse")`` gives for these probabilities, dense (the
+    budget's values on the active questions, zero elsewhere); ``budget``: another ``Budget`` (default the model's)."""
+    if hasattr(model, "apply"):
+        return model.apply(probs, budget)[1]
+    from cqg_ray.mbqa.budget import Budget, apply_budget
+
+    return apply_budget(probs, budget or Budget(rule="tau", tau=float(model.tau)))[1]
 
 
 def model_name(model: Any, default: str = "CQG-MBQA") -> str:

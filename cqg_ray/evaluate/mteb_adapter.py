@@ -2,14 +2,15 @@
 
     from cqg_ray.evaluate.mteb_adapter import MTEBEncoder
     import mteb
-    model = MTEBEncoder.load("runs/demo/model")                    # binary 0/1 embeddings at the model's tau
+    model = MTEBEncoder.load("runs/demo/model")                    # the model's budgeted vectors (encode(output="sparse"), dense)
     results = mteb.evaluate(model, mteb.get_tasks(tasks=["STSBenchmark"]))   # with MTEB's data available locally
 
 MTEB >= 2 calls ``encode(DataLoader of {"text": [...]} batches, *, task_metadata, hf_split, hf_subset,
 prompt_type, **kwargs)`` and scores with the model's ``similarity`` / ``similarity_pairwise``; MTEB 1.x calls
 ``encode(list_of_texts, **kwargs)``. This class accepts both, plus a plain string. Embeddings come back as float32
-(n, m) arrays: the 0/1 answers at tau (``binary=True``, the paper's setting) or the probabilities
-(``binary=False``). Similarity is cosine, 0 for an all-zero vector (MTEB rejects NaN scores).
+(n, m) arrays: the model's budgeted vectors (``binary=True``: what ``encode(output="sparse")`` gives, densified;
+``tau=`` applies the paper's rule at that tau instead) or the probabilities (``binary=False``). Similarity is
+cosine, 0 for an all-zero vector (MTEB rejects NaN scores).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from cqg_ray.evaluate.metrics import l2_normalize
-from cqg_ray.evaluate.models import is_interpretable, load_model
+from cqg_ray.evaluate.models import budgeted, is_interpretable, load_model
 
 
 def texts_of(inputs: Any) -> list[str]:
@@ -66,7 +67,7 @@ class MTEBEncoder:
         self.model = model
         self.interpretable = is_interpretable(model)
         self.binary = binary and self.interpretable
-        self.tau = float(tau if tau is not None else getattr(model, "tau", 0.5))
+        self.tau = None if tau is None else float(tau)  # the paper's rule at this tau instead of the model's budget
         self.name = name
         self.revision = revision or "local"
         self._meta = None
@@ -83,7 +84,11 @@ class MTEBEncoder:
         if not self.interpretable:
             return np.asarray(self.model.encode(texts), dtype=np.float32)
         probs = np.asarray(self.model.encode(texts, output="probs"), dtype=np.float32)
-        return (probs > self.tau).astype(np.float32) if self.binary else probs
+        if not self.binary:
+            return probs
+        from cqg_ray.mbqa.budget import Budget
+
+        return budgeted(self.model, probs, None if self.tau is None else Budget(rule="tau", tau=self.tau))
 
     def similarity(self, embeddings1: Any, embeddings2: Any) -> np.ndarray:
         """Cosine similarity matrix (n1, n2)."""

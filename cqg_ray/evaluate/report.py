@@ -3,13 +3,14 @@
     results = evaluate_model("runs/demo/model", EvaluateConfig(), out_dir="runs/demo/evaluation")
     results = evaluate_model({"CQG-MBQA": cqg_path, "QAEmb-MBQA": qaemb_path}, cfg, out_dir)
 
-Rows are methods: every interpretable model given (binary at its tau), the first model's own dense encoder,
+Rows are methods: every interpretable model given (its budgeted vectors, as ``encode(output='sparse')``), the first model's own dense encoder,
 Bag-of-Tokens, and BM25 for retrieval; any other object with ``encode(texts)`` may be passed in the mapping as an
 extra black-box row. Columns are datasets. Each interpretable model's probabilities are computed once per text
-set; binary embeddings, the tau sweep and the m sweep are all thresholds / slices of them.
+set; the budgeted vectors and the tau, m and budget sweeps are all budgets / slices of them.
 
 Written to ``out_dir`` (local path or URI): ``results.json`` (every number, NaN as null), ``report.md`` (tables,
-protocol notes and plots), ``sweep_{m,tau}_<model>.png`` and ``.csv``. ``format_tables(results)`` is the short
+protocol notes and plots), ``sweep_{m,tau}_<model>.png`` and ``.csv``, ``frontier_<model>.png`` and
+``sweep_budget_<model>.csv``. ``format_tables(results)`` is the short
 terminal table. Evaluation runs in this process (no Ray): its cost is encoding, which the model does in batches. The rows are
 ``methods``, the per-task scoring ``tasks``; this module runs every task and writes the report.
 """
@@ -29,10 +30,22 @@ import numpy as np
 
 from cqg_ray.config import EvaluateConfig
 from cqg_ray.evaluate.methods import as_models, build_methods
-from cqg_ray.evaluate.sweeps import StsProbs, default_m_grid, m_sweep, plot_sweep, sweep_rows, tau_sweep
+from cqg_ray.evaluate.metrics import kmeans_v_measure
+from cqg_ray.evaluate.models import budgeted
+from cqg_ray.evaluate.sweeps import (
+    StsProbs,
+    budget_curves,
+    budget_sweep_sts,
+    default_m_grid,
+    m_sweep,
+    plot_frontier,
+    plot_sweep,
+    sweep_rows,
+    tau_sweep,
+)
 from cqg_ray.cqg.quality import format_quality
 from cqg_ray.evaluate.faithfulness import FIGURES, faithfulness, format_faithfulness
-from cqg_ray.evaluate.tasks import SCORERS, TASKS, dataset_info, load_datasets, load_faithfulness_texts
+from cqg_ray.evaluate.tasks import SCORERS, TASKS, dataset_info, load_datasets, load_faithfulness_texts, retrieval_score
 
 log = logging.getLogger("cqg_ray")
 
@@ -65,7 +78,7 @@ def evaluate_model(
     whose id is the query's (every other set drops it, as BEIR does). ``max_queries``: retrieval queries per set;
     ``clustering_field``: the JSONL field clustered (20 Newsgroups: ``text`` or ``subject``); ``seed``: the subset
     samples.
-    Returns the dict written to results.json: scores[task][method][dataset], sweeps[model]["m"|"tau"],
+    Returns the dict written to results.json: scores[task][method][dataset], sweeps[model]["m"|"tau"|"budget"],
     question_quality[model] (``cqg-ray questions --quality``; None for a model not loaded from a folder),
     faithfulness[model][dataset] (with ``evaluate.tasks`` containing "faithfulness"), methods, datasets, seconds,
     config, protocol.
@@ -81,6 +94,7 @@ def evaluate_model(
     scores: dict[str, dict[str, dict[str, float]]] = {t: {} for t in [*datasets, *(["cognitive_load"] if "sts" in datasets else [])]}
     seconds: dict[str, dict[str, float]] = {m.name: {} for m in methods}
     sts_probs: dict[str, list[StsProbs]] = {m.name: [] for m in methods if m.kind == "interpretable"}
+    task_probs: dict[str, list[tuple[str, Any, tuple]]] = {m.name: [] for m in methods if m.kind == "interpretable"}
 
     for task in TASKS:
         for d in datasets.get(task, []):
@@ -90,16 +104,21 @@ def evaluate_model(
                 seconds[name][f"{task}/{d.name}"] = r.seconds
                 if r.sts_probs is not None:
                     sts_probs[name].append(r.sts_probs)
+                if r.probs is not None:
+                    task_probs[name].append((task, d, r.probs))
                 log.info("%s %s %s: %s (%.1fs)", task, d.name, name, ", ".join(f"{k} {v:.2f}" for k, v in r.scores.items()), r.seconds)
 
     sweeps = {}
-    for name, data in sts_probs.items():
-        if not data:
-            continue
-        model = next(m for m in methods if m.name == name)
-        dims = data[0].probs.shape[1]
-        ms = list(cfg.m_sweep) or default_m_grid(dims)
-        sweeps[name] = {"m": m_sweep(data, model.tau, ms), "tau": tau_sweep(data, list(cfg.tau_sweep))}
+    for m in (m for m in methods if m.kind == "interpretable"):
+        data, budget, mean = sts_probs[m.name], model_budget(m.obj), getattr(m.obj, "mean", None)
+        sw: dict[str, Any] = {}
+        if data:
+            ms = list(cfg.m_sweep) or default_m_grid(data[0].probs.shape[1])
+            sw.update(m=m_sweep(data, budget, ms, mean), tau=tau_sweep(data, list(cfg.tau_sweep)))
+        if cfg.active_k and (data or task_probs[m.name]):
+            sw["budget"] = budget_sweep(m.obj, data, task_probs[m.name], budget_curves(budget, ks := sorted(set(cfg.active_k)), mean is not None), ks)
+        if sw:
+            sweeps[m.name] = sw
 
     interpretable = [m for m in methods if m.kind == "interpretable"]
     quality = {m.name: model_question_quality(m.obj) for m in interpretable}
@@ -128,8 +147,11 @@ def evaluate_model(
                              "ignore_identical_ids (MTEB sets it per task), except in the sets of evaluate.keep_identical_ids",
             "clustering": "100 x V-measure of MiniBatchKMeans(n_clusters=#labels, batch_size=500, n_init='auto', "
                           "random_state=42, MTEB's) on the embeddings as encoded",
-            "cognitive_load": "paper Eq. 5: mean over STS pairs of sum_i u_i v_i (binary embeddings only)",
-            "binary": "interpretable models: y_i = 1[p_i > tau]",
+            "cognitive_load": "paper Eq. 5: mean over STS pairs of the number of dimensions nonzero in both vectors (for 0/1 "
+                              "vectors sum_i u_i v_i); interpretable models and binary Bag-of-Tokens only",
+            "budget": "interpretable models are scored with the vectors encode(output='sparse') gives under their budget "
+                      "(the active questions' values, zeros elsewhere); the budget sweep applies top-k rules at each k of "
+                      "evaluate.active_k",
             "faithfulness": "a seeded sample of texts; per text at most per_text of the questions the model answers yes and as many "
                             "it answers no, sampled at random; a judge LLM answers each with a plain yes/no prompt (single-pass, "
                             "yes when P(yes) > 0.5); yes_precision = its yes-rate on active questions, inactive_yes_rate = on "
@@ -229,6 +251,34 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() or "model"
 
 
+def model_budget(model: Any):
+    """The model's default budget (a model without one: the paper's tau rule)."""
+    from cqg_ray.mbqa.budget import Budget
+
+    return getattr(model, "budget", None) or Budget(rule="tau", tau=float(model.tau))
+
+
+def budget_sweep(model: Any, sts: list[StsProbs], tasks: list[tuple[str, Any, tuple]], curves: dict, ks: list[int]) -> dict:
+    """Per budget rule and k: STS Spearman and load, retrieval nDCG@10, clustering V-measure (x100), each per dataset
+    and averaged, every point scored with exactly the vectors ``budgeted(model, probs, budget)`` gives."""
+    rules: dict[str, dict] = {rule: {} for rule in curves}
+    if sts:
+        for rule, r in budget_sweep_sts(sts, curves, getattr(model, "mean", None)).items():
+            rules[rule]["sts"] = r
+    for rule, budgets in curves.items():
+        for task, d, probs in tasks:
+            if task == "retrieval":
+                vals = [retrieval_score(budgeted(model, probs[0], b), budgeted(model, probs[1], b), d, k=10) for b in budgets]
+            else:
+                vals = [kmeans_v_measure(budgeted(model, probs[0], b), d.labels) for b in budgets]
+            rules[rule].setdefault(task, {})[d.name] = vals
+        for task in ("retrieval", "clustering"):
+            per = rules[rule].get(task)
+            if per and len(per) > 1:
+                per["Avg."] = [float(np.mean(v)) for v in zip(*per.values())]
+    return {"x": "k", "values": list(ks), "rules": rules}
+
+
 def render_markdown(results: dict) -> str:
     out = ["# Evaluation report", ""]
     out.append(f"Total time {results['seconds']['total']:.0f} s. Methods:")
@@ -248,7 +298,17 @@ def render_markdown(results: dict) -> str:
         if task == "retrieval":
             out += [_identical_ids_note(name, info) for name, info in results["datasets"]["retrieval"].items()] + [""]
     for name, sw in results["sweeps"].items():
+        if "budget" in sw:
+            rows = budget_rows(sw["budget"])
+            header = list(rows[0])
+            out += [f"## {name}: quality against load, per budget rule", "",
+                    "Every point is scored with exactly the vectors the model's `encode(output=\"sparse\")` gives under that rule; "
+                    "the load is the mean number of questions nonzero in both texts of an STS pair.", "",
+                    f"![{name} frontier](frontier_{slug(name)}.png)", "",
+                    markdown_table(header, [[_sweep_cell(r[h]) for h in header] for r in rows]), ""]
         for kind, label in (("m", "number of questions m (Figure 4)"), ("tau", "threshold tau (Figure 5)")):
+            if kind not in sw:
+                continue
             rows = sweep_rows(sw[kind])
             header = list(rows[0])
             out += [f"## {name}: quality and cognitive load vs {label}", "",
@@ -300,7 +360,7 @@ def _faithfulness_markdown(faith: dict) -> list[str]:
         for dataset, r in per.items():
             out += [f"### {name} on {dataset}", "",
                     f"Judge: {r['judge']}. {r['texts']} of {r['texts_in_file']} texts; at most {r['per_text']} active and "
-                    f"{r['per_text']} inactive questions per text, sampled at random (seed {r['seed']}); tau {r['tau']}; "
+                    f"{r['per_text']} inactive questions per text, sampled at random (seed {r['seed']}); budget {r.get('budget', 'tau=' + str(r.get('tau')))}; "
                     f"{r['texts_without_active']} texts answer no question yes; {r['active_per_text_mean']} active questions per "
                     f"text on average. {r['seconds']} s.", ""]
             for k, p in enumerate(r["pairs"], 1):
@@ -328,6 +388,34 @@ def _sweep_cell(v: Any) -> str:
     return str(v)
 
 
+def budget_rows(sweep: dict) -> list[dict]:
+    """The budget sweep as table rows: one per (rule, k), the averages of each task."""
+    rows = []
+    for rule, r in sweep["rules"].items():
+        for j, k in enumerate(sweep["values"]):
+            row: dict[str, Any] = {"rule": rule, "k": k}
+            if "sts" in r:
+                row["STS Avg."] = _avg(r["sts"]["spearman"])[j]
+                row["load Avg."] = _avg(r["sts"]["cognitive_load"])[j]
+            for task in ("retrieval", "clustering"):
+                if task in r:
+                    row[f"{task} Avg."] = _avg(r[task])[j]
+            rows.append(row)
+    return rows
+
+
+def _avg(per: dict[str, list]) -> list:
+    return per.get("Avg.", next(iter(per.values())))
+
+
+def _write_csv(run, name: str, rows: list[dict]) -> None:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(rows[0])
+    writer.writerows([_sweep_cell(v) for v in r.values()] for r in rows)
+    run.write_bytes(name, out.getvalue().encode())
+
+
 def write_report(results: dict, out_dir: str) -> None:
     """results.json, report.md, and one PNG + CSV per sweep, into ``out_dir`` (any filesystem)."""
     from cqg_ray.rundir import RunDir
@@ -336,14 +424,21 @@ def write_report(results: dict, out_dir: str) -> None:
     run.makedirs("")
     run.write_json("results.json", results)
     for name, sw in results["sweeps"].items():
+        if "budget" in sw:
+            dense = next((v for n, v in results["scores"].get("sts", {}).items() if results["methods"][n]["kind"] == "dense"), None)
+            dense_avg = float(np.mean([x for x in dense.values() if x is not None])) if dense else None
+            own = results["scores"].get("sts", {}).get(name)
+            load = results["scores"].get("cognitive_load", {}).get(name)
+            default = (float(np.mean(list(load.values()))), float(np.mean(list(own.values())))) if own and load else None
+            if "sts" in next(iter(sw["budget"]["rules"].values()), {}):
+                run.write_bytes(f"frontier_{slug(name)}.png", plot_frontier(sw["budget"], sw.get("tau"), dense_avg, default,
+                                                                           f"{name}: STS quality against cognitive load"))
+            _write_csv(run, f"sweep_budget_{slug(name)}.csv", budget_rows(sw["budget"]))
         for kind in ("m", "tau"):
+            if kind not in sw:
+                continue
             title = f"{name}: STS quality and cognitive load vs {'m' if kind == 'm' else 'tau'}"
             run.write_bytes(f"sweep_{kind}_{slug(name)}.png", plot_sweep(sw[kind], title))
-            rows = sweep_rows(sw[kind])
-            out = io.StringIO()
-            writer = csv.writer(out, lineterminator="\n")
-            writer.writerow(rows[0])
-            writer.writerows([_sweep_cell(v) for v in r.values()] for r in rows)
-            run.write_bytes(f"sweep_{kind}_{slug(name)}.csv", out.getvalue().encode())
+            _write_csv(run, f"sweep_{kind}_{slug(name)}.csv", sweep_rows(sw[kind]))
     run.write_bytes("report.md", render_markdown(results).encode())
     log.info("evaluation report written to %s", run.uri("report.md"))

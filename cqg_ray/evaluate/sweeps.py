@@ -1,13 +1,15 @@
-"""The paper's two trade-off studies on STS (section 4.5 and 4.6, Figures 4 and 5):
+"""The paper's two trade-off studies on STS (section 4.5 and 4.6, Figures 4 and 5), and the load budget sweep:
 
-- m sweep (Figure 4): keep only the first m dimensions (questions) of the binary embedding at the model's tau;
-  STS Spearman (quality) rises with m, cognitive load (Eq. 5) rises with it too.
-- tau sweep (Figure 5): threshold the same probabilities at each tau; a higher tau gives fewer "yes"
+- m sweep (Figure 4): keep only the first m questions, under the model's budget; STS Spearman (quality) rises with
+  m, cognitive load (Eq. 5) rises with it too.
+- tau sweep (Figure 5): threshold the same probabilities at each tau (0/1 values); a higher tau gives fewer "yes"
   dimensions, a lower cognitive load (more interpretable) and usually a lower Spearman.
+- budget sweep: per text the k most confident questions (``budget_curves``: 0/1, probability and centred values),
+  for each k of ``evaluate.active_k``, on STS (with the load), retrieval and clustering.
 
-Both take probabilities computed once (``StsProbs``) and only re-threshold / slice them.
-``plot_sweep`` draws the two quantities as two labelled panels and returns PNG bytes (matplotlib's Agg
-canvas, no pyplot, so it never touches a user's backend).
+All take probabilities computed once (``StsProbs``) and only apply budgets / slice them (``cqg_ray.mbqa.budget``).
+``plot_sweep`` draws a sweep as two labelled panels and ``plot_frontier`` quality against load, one curve per rule;
+both return PNG bytes (matplotlib's Agg canvas, no pyplot, so they never touch a user's backend).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cqg_ray.evaluate.metrics import cognitive_load, sts_spearman
-from cqg_ray.evaluate.models import binarize
+from cqg_ray.mbqa.budget import Budget, apply_budget
 
 
 @dataclass
@@ -50,8 +52,9 @@ def _with_average(per: dict[str, list[float]]) -> dict[str, list[float]]:
     return per
 
 
-def m_sweep(data: list[StsProbs], tau: float, ms: list[int]) -> dict:
-    """Spearman (x100) and cognitive load against m, per dataset and averaged ("Avg.")."""
+def m_sweep(data: list[StsProbs], budget: Budget, ms: list[int], mean: np.ndarray | None = None) -> dict:
+    """Spearman (x100) and cognitive load against m (a model of the first m questions under ``budget``), per
+    dataset and averaged ("Avg.")."""
     if not data:
         raise ValueError("the m sweep needs at least one STS dataset")
     m_max = data[0].probs.shape[1]
@@ -61,11 +64,10 @@ def m_sweep(data: list[StsProbs], tau: float, ms: list[int]) -> dict:
     rho: dict[str, list[float]] = {}
     load: dict[str, list[float]] = {}
     for d in data:
-        bits = binarize(d.probs, tau)
-        pts = [_point(bits[:, :m], d) for m in ms]
+        pts = [_point(apply_budget(d.probs[:, :m], budget, None if mean is None else mean[:m])[1], d) for m in ms]
         rho[d.name] = [p[0] for p in pts]
         load[d.name] = [p[1] for p in pts]
-    return {"x": "m", "values": ms, "tau": tau, "spearman": _with_average(rho), "cognitive_load": _with_average(load)}
+    return {"x": "m", "values": ms, "budget": budget.name, "spearman": _with_average(rho), "cognitive_load": _with_average(load)}
 
 
 def tau_sweep(data: list[StsProbs], taus: list[float]) -> dict:
@@ -76,10 +78,37 @@ def tau_sweep(data: list[StsProbs], taus: list[float]) -> dict:
     rho: dict[str, list[float]] = {}
     load: dict[str, list[float]] = {}
     for d in data:
-        pts = [_point(binarize(d.probs, t), d) for t in taus]
+        pts = [_point(apply_budget(d.probs, Budget(rule="tau", tau=t))[1], d) for t in taus]
         rho[d.name] = [p[0] for p in pts]
         load[d.name] = [p[1] for p in pts]
     return {"x": "tau", "values": taus, "spearman": _with_average(rho), "cognitive_load": _with_average(load)}
+
+
+def budget_curves(model_budget: Budget, ks: list[int], has_mean: bool) -> dict[str, list[Budget]]:
+    """The budget sweep's rules: top-k at the model's floor (none for a tau-rule model), valued 0/1, by probability,
+    and centred, ranked by p, and centred ranked by p - mean (those two when the model has the means); one Budget per k."""
+    floor = model_budget.floor if model_budget.rule == "top_k" else None
+    kinds = [("one", "prob"), ("prob", "prob")] + ([("centred", "prob"), ("centred", "centred")] if has_mean else [])
+    label = "top-k" + (f" (p > {floor:g})" if floor is not None else "")
+    return {f"{label} {VALUE_LABELS[v]}" + (", ranked by p - mean" if r == "centred" else ""):
+            [Budget(rule="top_k", k=k, floor=floor, value=v, rank=r) for k in ks] for v, r in kinds}
+
+
+VALUE_LABELS = {"one": "0/1", "prob": "probability", "centred": "centred"}
+
+
+def budget_sweep_sts(data: list[StsProbs], curves: dict[str, list[Budget]], mean: np.ndarray | None) -> dict:
+    """Per rule: STS Spearman (x100) and cognitive load against k, per dataset and averaged."""
+    out = {}
+    for rule, budgets in curves.items():
+        rho: dict[str, list[float]] = {}
+        load: dict[str, list[float]] = {}
+        for d in data:
+            pts = [_point(apply_budget(d.probs, b, mean)[1], d) for b in budgets]
+            rho[d.name] = [p[0] for p in pts]
+            load[d.name] = [p[1] for p in pts]
+        out[rule] = {"spearman": _with_average(rho), "cognitive_load": _with_average(load)}
+    return out
 
 
 def sweep_rows(sweep: dict) -> list[dict]:
@@ -119,6 +148,43 @@ def plot_sweep(sweep: dict, title: str) -> bytes:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def plot_frontier(budget: dict, tau: dict | None, dense: float | None, default: tuple[float, float] | None, title: str) -> bytes:
+    """STS quality (Avg. Spearman x100) against cognitive load: one curve per budget rule (points are k), the tau
+    sweep as another, the dense encoder as a horizontal line, the model's default output as a star; PNG bytes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 5), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+
+    def avg(d: dict) -> list[float]:
+        return [np.nan if v is None else v for v in d.get("Avg.", next(iter(d.values())))]  # a NaN Spearman is null in the JSON
+
+    for rule, r in budget["rules"].items():
+        x, y = avg(r["sts"]["cognitive_load"]), avg(r["sts"]["spearman"])
+        ax.plot(x, y, marker="o", markersize=3, label=rule)
+        for k, xi, yi in zip(budget["values"], x, y):
+            if np.isfinite(xi) and np.isfinite(yi):
+                ax.annotate(str(k), (xi, yi), fontsize=6, xytext=(2, 2), textcoords="offset points")
+    if tau:
+        ax.plot(avg(tau["cognitive_load"]), avg(tau["spearman"]), marker="s", markersize=3, linestyle="--", label="tau rule (0/1)")
+    if dense is not None:
+        ax.axhline(dense, color="black", linewidth=1, label="dense encoder")
+    if default is not None:
+        ax.plot([default[0]], [default[1]], marker="*", markersize=14, color="red", linestyle="none", label="model default")
+    ax.set_xscale("log")
+    ax.set_xlabel("cognitive load (questions both texts answer yes, mean over STS pairs; log scale)")
+    ax.set_ylabel("STS Spearman x100 (average)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

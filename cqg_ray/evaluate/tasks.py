@@ -154,6 +154,7 @@ class Scored:
     scores: dict[str, float]
     seconds: float
     sts_probs: StsProbs | None = None
+    probs: tuple[np.ndarray, ...] | None = None  # an interpretable model's probabilities (retrieval: queries, docs), for the sweeps
 
 
 def score_sts(d: StsData, methods: list[Method]) -> dict[str, Scored]:
@@ -179,16 +180,17 @@ def score_retrieval(d: RetrievalData, methods: list[Method]) -> dict[str, Scored
         else:
             score = retrieval_score(queries[m.name][0], docs[m.name][0], d, k=10)
             t0 -= queries[m.name][2] + docs[m.name][2]
-        out[m.name] = Scored({"retrieval": score}, time.time() - t0)
+        probs = (queries[m.name][1], docs[m.name][1]) if m.kind == "interpretable" else None
+        out[m.name] = Scored({"retrieval": score}, time.time() - t0, probs=probs)
     return out
 
 
 def score_clustering(d: ClusteringData, methods: list[Method]) -> dict[str, Scored]:
     out = {}
-    for name, (X, _, secs) in embed_texts(methods, d.texts).items():
+    for name, (X, probs, secs) in embed_texts(methods, d.texts).items():
         t0 = time.time() - secs
         score = kmeans_v_measure(X, d.labels)
-        out[name] = Scored({"clustering": score}, time.time() - t0)
+        out[name] = Scored({"clustering": score}, time.time() - t0, probs=None if probs is None else (probs,))
     return out
 
 

@@ -2,19 +2,27 @@
 
     from cqg_ray import InterpretableEmbedder
     model = InterpretableEmbedder.load("runs/demo/model")    # a folder, a URI, or a shipped model's name (models/<name>)
-    bits = model.encode(["a text", "another"])                 # (n, m) uint8 0/1: y_i = 1[sigma(C_i(Enc(t))) > tau]
-    probs = model.encode(texts, output="probs")                # (n, m) float32 sigma(C_i(Enc(t)))
-    packed = model.encode(texts, output="packed")              # (n, ceil(m/8)) uint8, np.packbits rows
-    ex = model.explain("text a", "text b")                     # shared yes questions (cognitive load), differences
+    sparse = model.encode(["a text", "another"], output="sparse")   # scipy csr_array (n, m): the budgeted questions' values
+    bits = model.encode(texts)                                 # (n, m) uint8 0/1: the active questions (model.budget)
+    probs = model.encode(texts, output="probs")                # (n, m) float32 sigma(C_i(Enc(t))), dense
+    packed = model.encode(texts, output="packed")              # (n, ceil(m/8)) uint8, np.packbits of the bits
+    bits = model.encode(texts, k=16)                           # another budget for one call (k=, threshold=, budget=)
+    ex = model.explain("text a", "text b")                     # shared active questions (cognitive load), differences
     model.questions                                            # the m questions, dimension order
+
+Which questions are active is the model's ``budget`` (``cqg_ray.mbqa.budget``): top-k by confidence with a floor,
+or the paper's global tau. Every surface (encode, explain, search, serve, embed, evaluate) asks ``model.apply``.
 
 The folder (local path or any URI `cqg_ray.rundir` understands):
 
-    config.json        format, encoder (name or path), dims d, hidden, m, tau, normalize, versions
+    config.json        format, format_version, encoder (name or path), dims d, hidden, m, tau, budget, normalize, versions
     questions.json     [{"id", "text", "cluster", "quality", "yes_rate", "labels", ...}, ...] in dimension order
     heads.safetensors  the stacked heads (`StackedHeads`), with d/m/hidden in its metadata
+    stats.safetensors  ``mean``: each question's mean probability on the training texts (centred values)
     eval_report.json   the held-out question-answering report (paper Table 6), when there is one
 
+Format version 1 has no budget: its rule is p > tau with 0/1 values, exactly as before. A budget (or stats) makes the
+folder version 2, which an older cqg-ray refuses instead of silently using tau.
 Loading checks that the files exist and parse, and that questions, heads, config and encoder agree.
 """
 
@@ -27,14 +35,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cqg_ray.explain import Explanation, explanation
+from cqg_ray.mbqa.budget import Budget, active_mask, apply_budget, sparse_budget
 from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.rundir import ArtifactError, RunDir, versions
-from cqg_ray.explain import Explanation, explanation
 
 FORMAT = "cqg-ray-mbqa"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: config.json may hold a budget, the folder a stats.safetensors; 1: p > tau only
 MODELS_ENV = "CQG_RAY_MODELS"  # folders (os.pathsep-separated) where models named without a path are looked for
-OUTPUTS = ("bits", "packed", "probs")  # encode's outputs: 0/1 answers, np.packbits of them, probabilities
+OUTPUTS = ("bits", "packed", "probs", "sparse")  # active questions 0/1, np.packbits of them, probabilities, csr values
 
 
 def model_dirs() -> list[Path]:
@@ -74,7 +83,7 @@ def _auto_device(device: str | None) -> str:
 class InterpretableEmbedder:
     def __init__(self, encoder_name: str, questions: list[dict], heads: StackedHeads, tau: float = 0.5,
                  eval_report: dict | None = None, normalize: bool = True, device: str | None = None, encoder=None,
-                 backend: str = "auto"):
+                 backend: str = "auto", budget: Budget | None = None, mean: np.ndarray | None = None):
         if len(questions) != heads.m:
             raise ModelError(f"{len(questions)} questions but {heads.m} heads")
         if not 0 < tau < 1:
@@ -82,6 +91,14 @@ class InterpretableEmbedder:
         self.encoder_name = encoder_name
         self.question_records = [dict(q) for q in questions]
         self.tau = float(tau)
+        self.budget = Budget(rule="tau", tau=self.tau) if budget is None else budget  # None: format 1, p > tau
+        self.versioned_budget = budget is not None or mean is not None  # written to config.json (format 2)
+        self.mean = None if mean is None else np.asarray(mean, dtype=np.float32)
+        self.stats_source = ""  # which training texts the means were measured on (stats.safetensors metadata)
+        if self.mean is not None and self.mean.shape != (heads.m,):
+            raise ModelError(f"stats mean has shape {self.mean.shape}, expected ({heads.m},)")
+        if (self.budget.value == "centred" or (self.budget.rule == "top_k" and self.budget.rank == "centred")) and self.mean is None:
+            raise ModelError("the budget centres values or ranks by p - mean but the model has no stats (mean probabilities)")
         self.eval_report = eval_report
         self.normalize = normalize
         self.device = _auto_device(device)
@@ -134,11 +151,17 @@ class InterpretableEmbedder:
 
             if is_table6(self.eval_report):  # the paper's Table 6 form, for people
                 run.write_bytes("eval_report.md", (format_report(self.eval_report) + "\n").encode())
-        run.write_json("config.json", {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "encoder": self.encoder_name, "dims": self.heads.d,
-            "hidden": self.heads.hidden, "m": self.heads.m, "tau": self.tau, "normalize": self.normalize,
-            "versions": versions(),
-        })
+        cfg = {"format": FORMAT, "format_version": 1, "encoder": self.encoder_name, "dims": self.heads.d,
+               "hidden": self.heads.hidden, "m": self.heads.m, "tau": self.tau, "normalize": self.normalize}
+        if self.versioned_budget:
+            cfg.update(format_version=2, budget=self.budget.to_dict())
+        if self.mean is not None:
+            from safetensors.numpy import save
+
+            run.write_bytes(STATS, save({"mean": self.mean}, metadata={"what": "mean probability per question on the training texts",
+                                                                       "source": self.stats_source}))
+            cfg["stats"] = STATS
+        run.write_json("config.json", {**cfg, "versions": versions()})
 
     @classmethod
     def load(cls, path: str, device: str | None = None, encoder=None, load_encoder: bool = True,
@@ -177,8 +200,22 @@ class InterpretableEmbedder:
         if len(questions) != heads.m:
             raise ModelError(f"{path}: questions.json has {len(questions)} questions but there are {heads.m} heads")
         report = _read_json(run, "eval_report.json") if run.exists("eval_report.json") else None
-        model = cls(cfg["encoder"], questions, heads, cfg["tau"], report, cfg.get("normalize", True), device, encoder, backend)
+        budget, mean = None, None
+        if "budget" in cfg:
+            try:
+                budget = Budget.from_dict(cfg["budget"]) if isinstance(cfg["budget"], dict) else Budget.from_dict({"rule": cfg["budget"]})
+            except (TypeError, ValueError) as e:
+                raise ModelError(f"{path}/config.json: bad budget: {e}") from None
+        if cfg.get("stats"):
+            mean, source = _read_stats(run, str(cfg["stats"]), path)
+        try:
+            model = cls(cfg["encoder"], questions, heads, cfg["tau"], report, cfg.get("normalize", True), device, encoder, backend,
+                        budget=budget, mean=mean)
+        except ModelError as e:
+            raise ModelError(f"{path}: {e}") from None
         model.path = path
+        if mean is not None:
+            model.stats_source = source
         if load_encoder:
             model.encoder
         return model
@@ -189,33 +226,66 @@ class InterpretableEmbedder:
         outs = [torch.sigmoid(self.heads(emb[i : i + chunk].to(self.device, self.heads.w1.dtype))) for i in range(0, len(emb), chunk)]
         return torch.cat(outs) if outs else torch.zeros(0, self.m, device=self.device)
 
-    def _finish(self, probs: torch.Tensor, output: str, threshold: float | None) -> np.ndarray:
+    # ------------------------------------------------------------------ the budget
+    def budget_for(self, threshold: float | None = None, k: int | None = None, budget: Budget | None = None) -> Budget:
+        """The budget of one call: ``budget`` as given; ``threshold``: the tau rule at that tau (values as the model's);
+        ``k``: the model's budget with k questions (a tau-rule model: top-k with its tau as the floor); else the model's."""
+        if budget is not None:
+            if threshold is not None or k is not None:
+                raise ValueError("give budget, or threshold / k, not both")
+            return budget
+        if threshold is not None and k is not None:
+            raise ValueError("give threshold (the tau rule) or k (top-k), not both")
+        if threshold is not None:
+            return Budget(rule="tau", tau=float(threshold), value=self.budget.value)
+        if k is not None:
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= self.m:
+                raise ValueError(f"k must be an integer from 1 to m={self.m}, got {k!r}")
+            if self.budget.rule == "top_k":
+                return self.budget.with_(k=int(k))
+            return Budget(rule="top_k", k=int(k), floor=self.budget.tau, value=self.budget.value)
+        return self.budget
+
+    def apply(self, probs: np.ndarray, budget: Budget | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(active bool, values float32) of probabilities (n, m) under ``budget`` (default the model's): the one place
+        that decides which questions a text answers yes."""
+        return apply_budget(probs, self.budget if budget is None else budget, self.mean)
+
+    def _finish(self, probs: torch.Tensor, output: str, budget: Budget):
+        p = probs.float().cpu().numpy()
         if output == "probs":
-            return probs.float().cpu().numpy()
-        bits = (probs > (self.tau if threshold is None else threshold)).cpu().numpy().astype(np.uint8)
+            return p
+        if output == "sparse":
+            return sparse_budget(p, budget, self.mean)
+        bits = active_mask(p, budget, self.mean).view(np.uint8)
         return np.packbits(bits, axis=1) if output == "packed" else bits
 
-    def encode_embeddings(self, emb: np.ndarray, output: str = "bits", threshold: float | None = None, *,
-                          binary: bool | None = None, packed: bool | None = None) -> np.ndarray:
+    def encode_embeddings(self, emb: np.ndarray, output: str = "bits", threshold: float | None = None, *, k: int | None = None,
+                          budget: Budget | None = None, binary: bool | None = None, packed: bool | None = None):
         """Heads on precomputed encoder embeddings (n, d) (normalised the same way as in training); `output` as in `encode`."""
         output = _output(output, binary, packed)
+        b = self.budget_for(threshold, k, budget)
         emb = np.asarray(emb, dtype=np.float32)
         if emb.ndim != 2 or emb.shape[1] != self.dims:
             raise ValueError(f"embeddings must be (n, {self.dims}), got shape {emb.shape}")
-        return self._finish(self._probs(torch.from_numpy(emb)), output, threshold)
+        return self._finish(self._probs(torch.from_numpy(emb)), output, b)
 
     def encode(self, texts: list[str] | str, output: str = "bits", threshold: float | None = None, batch_size: int = 64,
-               progress: bool | None = None, chunk_size: int = 4096, *, binary: bool | None = None, packed: bool | None = None) -> np.ndarray:
-        """Embed texts. output: "bits" (n, m) uint8 0/1 answers at tau, "packed" (n, ceil(m/8)) uint8 (np.packbits of
-        the bits) or "probs" (n, m) float32 probabilities sigma(C_i(Enc(t))).
+               progress: bool | None = None, chunk_size: int = 4096, *, k: int | None = None, budget: Budget | None = None,
+               binary: bool | None = None, packed: bool | None = None):
+        """Embed texts. output: "sparse" (a ``scipy.sparse.csr_array`` (n, m) float32 of the active questions' values),
+        "bits" (n, m) uint8 0/1 active questions, "packed" (n, ceil(m/8)) uint8 (np.packbits of the bits) or "probs"
+        (n, m) float32 probabilities sigma(C_i(Enc(t))), dense and unbudgeted.
 
-        threshold: tau override (None = the model's tau). Texts go through the encoder `chunk_size` at a time
-        (the encoder batches them by `batch_size`); progress: a tqdm bar over texts (None = when > chunk_size texts).
+        The active questions are the model's ``budget``; for one call, ``k`` asks for top-k, ``threshold`` for the tau
+        rule, ``budget`` for any ``Budget``. Texts go through the encoder `chunk_size` at a time (the encoder batches
+        them by `batch_size`); progress: a tqdm bar over texts (None = when > chunk_size texts).
         binary / packed: the old flags (deprecated): binary=False is output="probs", packed=True is output="packed".
         """
         from tqdm import tqdm
 
         output = _output(output, binary, packed)
+        b = self.budget_for(threshold, k, budget)
         if isinstance(texts, str):
             raise TypeError("encode takes a list of texts; wrap a single text in a list")
         texts = list(texts)
@@ -228,18 +298,48 @@ class InterpretableEmbedder:
                 outs.append(self._probs(torch.from_numpy(enc.encode(chunk, batch_size=batch_size, normalize=self.normalize))))
                 bar.update(len(chunk))
         probs = torch.cat(outs) if outs else torch.zeros(0, self.m)
-        return self._finish(probs, output, threshold)
+        return self._finish(probs, output, b)
 
-    def explain(self, text_a: str, text_b: str, threshold: float | None = None) -> Explanation:
-        """The questions both texts answer yes (cognitive load = their count), those they answer differently
-        (with both probabilities), and the cosine similarity of the two binary vectors."""
-        tau = self.tau if threshold is None else threshold
+    def explain(self, text_a: str, text_b: str, threshold: float | None = None, *, k: int | None = None,
+                budget: Budget | None = None) -> Explanation:
+        """The questions both texts answer yes under the budget (cognitive load = their count), ranked, with both
+        probabilities; those only one answers; and the cosine of the two budgeted vectors."""
+        b = self.budget_for(threshold, k, budget)
         p = self.encode([text_a, text_b], output="probs", progress=False)
-        return explanation(p[0], p[1], tau, self.question_records)
+        return self.explanation(p[0], p[1], b)
+
+    def explanation(self, p_a: np.ndarray, p_b: np.ndarray, budget: Budget | None = None) -> Explanation:
+        """The explanation of two probability vectors (m,) under ``budget`` (default the model's)."""
+        b = self.budget if budget is None else budget
+        (ya, yb), (va, vb) = self.apply(np.stack([p_a, p_b]), b)
+        return explanation(p_a, p_b, ya, yb, va, vb, self.question_records, b.name)
 
     def __repr__(self) -> str:
-        return (f"InterpretableEmbedder(encoder={self.encoder_name!r}, d={self.dims}, m={self.m}, tau={self.tau}, "
+        return (f"InterpretableEmbedder(encoder={self.encoder_name!r}, d={self.dims}, m={self.m}, budget={self.budget.name!r}, "
                 f"device={self.device!r}, backend={self.backend!r})")
+
+
+STATS = "stats.safetensors"
+
+
+def _read_stats(run: RunDir, name: str, path: str) -> tuple[np.ndarray, str]:
+    """(mean, the source recorded in the file's metadata) of a stats.safetensors."""
+    import json
+    import struct
+
+    if not run.exists(name):
+        raise ModelError(f"missing artifact: {path}/{name} (config.json names it)")
+    from safetensors.numpy import load
+
+    data = run.read_bytes(name)
+    try:
+        t = load(data)
+        meta = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]]).get("__metadata__") or {}
+    except Exception as e:  # safetensors raises its own error types for corrupt bytes
+        raise ModelError(f"{path}/{name} is not a readable safetensors file: {e}") from None
+    if "mean" not in t or t["mean"].ndim != 1:
+        raise ModelError(f"{path}/{name} must hold a 1-d tensor 'mean'")
+    return t["mean"], str(meta.get("source", ""))
 
 
 def _read_json(run: RunDir, name: str):

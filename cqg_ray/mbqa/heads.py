@@ -66,6 +66,17 @@ class StackedHeads(nn.Module):
         hid = F.linear(x, self.w1.reshape(m * h, d), self.b1.reshape(m * h)).relu_()  # (B, m*h), one matmul
         return torch.einsum("bmh,mh->bm", hid.view(-1, m, h), self.w2) + self.b2
 
+    @torch.no_grad()
+    def mean_probabilities(self, x, chunk: int = 4096):
+        """(m,) float32 numpy: each head's mean sigma(logit) over the texts x (n, d) (the centring statistics)."""
+        import numpy as np
+
+        x = torch.as_tensor(np.asarray(x, dtype=np.float32))
+        total = torch.zeros(self.w1.shape[0], dtype=torch.float64)
+        for i in range(0, len(x), chunk):
+            total += torch.sigmoid(self.forward_all(x[i : i + chunk].to(self.w1.device, self.w1.dtype))).double().sum(0).cpu()
+        return (total / max(len(x), 1)).float().numpy()
+
     def forward_grouped(self, x: torch.Tensor) -> torch.Tensor:
         """(m, K, d) -> (m, K) logits: head i on its own K texts x[i] (one batched matmul)."""
         m, h, d = self.w1.shape

@@ -23,6 +23,16 @@ from cqg_ray.rundir import StageContext
 log = logging.getLogger("cqg_ray")
 
 
+def model_budget(cfg: PipelineConfig):
+    """The model's Budget from ``train.budget`` (the tau rule takes ``train.tau``)."""
+    from cqg_ray.mbqa.budget import Budget
+
+    b = cfg.train.budget
+    if b.rule == "tau":
+        return Budget(rule="tau", tau=cfg.train.tau, value=b.value)
+    return Budget(rule="top_k", k=b.k, floor=b.floor, value=b.value, rank=b.rank)
+
+
 def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
     from cqg_ray.mbqa.report import format_report
@@ -60,7 +70,9 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
                   "method": r.get("method", "cqg"), "labels": int(n_labels[i]),
                   "yes_rate": round(float(n_yes[i] / n_labels[i]), 4) if n_labels[i] else None}
                  for i, r in enumerate(qt.to_pylist())]
-    model = InterpretableEmbedder(cfg.encode.model, questions, result.heads, tau=cfg.train.tau, eval_report=report, device="cpu")
+    model = InterpretableEmbedder(cfg.encode.model, questions, result.heads, tau=cfg.train.tau, eval_report=report, device="cpu",
+                                  budget=model_budget(cfg), mean=result.heads.mean_probabilities(emb))
+    model.stats_source = f"the {len(ids)} labelled training texts of the run"
     model.save(run.uri(ctx.stage))
     print(format_report(report))
     ctx.counts.update({"questions": m, "pairs": len(pairs), "texts": int(len(ids)), "epochs": result.epochs,

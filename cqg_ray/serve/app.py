@@ -1,6 +1,6 @@
 """The HTTP layer: typed FastAPI routes over `EmbeddingService`, and the Ray Serve deployment that hosts them.
 
-    POST /embed            texts -> bits | probabilities | packed bits (optional tau)
+    POST /embed            texts -> active questions (sparse: indices + values; bits; packed bits) or probabilities (optional k or tau)
     POST /explain          two texts -> shared yes questions, differing questions, cosine, cognitive load
     GET  /questions        the m questions with their yes-rates
     POST /v1/embeddings    OpenAI embeddings schema (the `openai` client works unchanged); GET /v1/models

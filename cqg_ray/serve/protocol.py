@@ -41,34 +41,44 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-Tau = Field(None, gt=0, lt=1, description="threshold tau in (0, 1) for the yes/no answers (default: the model's)")
+Tau = Field(None, gt=0, lt=1, description="the paper's rule for this request: yes when p > tau, tau in (0, 1) (default: the model's budget)")
+K = Field(None, ge=1, description="the budget for this request: at most k active questions per text, 1 <= k <= m (default: the model's budget)")
 
 
 # --------------------------------------------------------------------------------------------- native API
 
 
 class EmbedRequest(Strict):
-    """POST /embed: texts -> m yes/no answers (bits), probabilities, or packed bits."""
+    """POST /embed: texts -> their active questions (sparse: indices and values; bits: 0/1 over all m), or
+    probabilities, or packed bits."""
 
     texts: list[str] = Field(..., min_length=1, description="the texts to embed")
-    output: Literal["bits", "probs"] = Field("bits", description="bits: 0/1 answers y_i = 1[p_i > tau]; probs: p_i = sigma(C_i(Enc(t)))")
+    output: Literal["bits", "probs", "sparse"] = Field(
+        "bits", description="bits: 0/1 over the m questions, 1 for the active ones (the model's budget); sparse: the active "
+                            "questions' indices and values; probs: p_i = sigma(C_i(Enc(t))), dense and unbudgeted")
     tau: float | None = Tau
+    k: int | None = K
     packed: bool = Field(False, description="bits only: each vector as base64 of np.packbits (ceil(m/8) bytes)")
 
     @model_validator(mode="after")
-    def _packed_bits_only(self) -> EmbedRequest:
+    def _checks(self) -> EmbedRequest:
         if self.packed and self.output != "bits":
             raise ValueError("packed applies to output 'bits' only")
+        if self.tau is not None and self.k is not None:
+            raise ValueError("give tau (the paper's rule) or k (top-k), not both")
         return self
 
 
 class EmbedResponse(BaseModel):
     model: str
     m: int
-    tau: float
-    output: Literal["bits", "probs"]
+    tau: float = Field(description="the model's tau")
+    budget: str = Field(description="the rule that chose the active questions, e.g. top64>0.5 centred")
+    output: Literal["bits", "probs", "sparse"]
     packed: bool
-    embeddings: list[str] | list[list[int]] | list[list[float]]
+    embeddings: list[str] | list[list[int]] | list[list[float]] | None = Field(None, description="bits, packed bits or probabilities")
+    indices: list[list[int]] | None = Field(None, description="sparse: the active questions of each text, most confident first")
+    values: list[list[float]] | None = Field(None, description="sparse: their values, in the same order")
 
 
 class ExplainRequest(Strict):
@@ -77,6 +87,13 @@ class ExplainRequest(Strict):
     text_a: str
     text_b: str
     tau: float | None = Tau
+    k: int | None = K
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> ExplainRequest:
+        if self.tau is not None and self.k is not None:
+            raise ValueError("give tau (the paper's rule) or k (top-k), not both")
+        return self
 
 
 class QuestionAnswer(BaseModel):
@@ -85,14 +102,14 @@ class QuestionAnswer(BaseModel):
     text: str
     p_a: float = Field(description="probability of yes for text A")
     p_b: float
-    a: bool = Field(description="text A answers yes (p_a > tau)")
+    a: bool = Field(description="the question is active for text A (the budget)")
     b: bool
 
 
 class ExplainResponse(BaseModel):
-    cosine: float = Field(description="cosine of the two binary vectors: |a AND b| / sqrt(|a| |b|)")
-    cognitive_load: int = Field(description="number of questions both texts answer yes")
-    tau: float
+    cosine: float = Field(description="cosine of the two budgeted vectors (for 0/1 values |a AND b| / sqrt(|a| |b|))")
+    cognitive_load: int = Field(description="number of questions active for both texts")
+    budget: str = Field(description="the rule that chose the active questions")
     m: int
     yes_a: int
     yes_b: int
@@ -123,6 +140,7 @@ class Health(BaseModel):
     model: str
     m: int
     tau: float
+    budget: str = Field(description="the model's budget: which questions are active per text")
     texts_seen: int = Field(description="texts this replica has embedded")
     batches: int = Field(description="encoder calls this replica has made (texts_seen / batches = mean batch size)")
 
@@ -131,8 +149,9 @@ class Health(BaseModel):
 
 
 class EmbeddingsRequest(BaseModel):
-    """POST /v1/embeddings, OpenAI's schema. The embedding is the 0/1 answer vector as floats, so the cosine that
-    OpenAI tools compute on it is the model's own similarity. Token-array inputs are refused (send text)."""
+    """POST /v1/embeddings, OpenAI's schema. The embedding is the model's budgeted vector, densified (its active
+    questions' values, zeros elsewhere), so the cosine that OpenAI tools compute on it is the model's own similarity.
+    Token-array inputs are refused (send text)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 

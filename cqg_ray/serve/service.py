@@ -4,7 +4,8 @@
 `@serve.batch` queue, so `max_batch_size` counts texts: concurrent requests share encoder calls, and a request with
 many texts is cut into batches. The encoder runs in a worker thread, so the replica keeps accepting (and
 rejecting) requests while a batch computes. Only probabilities p = sigma(C(Enc(t))) come out of a batch; each
-request applies its own tau and output format afterwards.
+request applies its budget (the model's, or its own k or tau, through `InterpretableEmbedder.apply`) and output
+format afterwards.
 
 `cqg_ray.serve.app` puts it behind the FastAPI routes, one instance per Serve replica: `@serve.batch` keeps one
 queue per decorated method, bound to the event loop of its first call, so one instance per process.
@@ -20,7 +21,6 @@ from ray import serve
 
 from cqg_ray.config import ServeConfig
 from cqg_ray.mbqa.embedder import InterpretableEmbedder
-from cqg_ray.explain import explanation
 from cqg_ray.serve.protocol import (
     ApiError,
     EmbeddingObject,
@@ -68,9 +68,9 @@ class EmbeddingService:
 
     # ------------------------------------------------------------------ batching
     def probabilities(self, texts: list[str]) -> np.ndarray:
-        """(n, m) float32 probabilities, counted into the served yes-rates (at the model's tau)."""
+        """(n, m) float32 probabilities, counted into the served yes-rates (the model's budget)."""
         p = self.model.encode(texts, output="probs", batch_size=self.encoder_batch_size, progress=False)
-        self.yes_counts += (p > self.model.tau).sum(axis=0)
+        self.yes_counts += self.model.apply(p)[0].sum(axis=0)
         self.texts_seen += len(texts)
         self.batches += 1
         return p
@@ -102,34 +102,42 @@ class EmbeddingService:
             except UnicodeEncodeError as e:
                 raise ApiError(422, f"{name} is not valid Unicode (an unpaired surrogate at character {e.start})", code="invalid_text", param=name) from None
 
-    def tau(self, tau: float | None) -> float:
-        return self.model.tau if tau is None else tau
+    def budget(self, tau: float | None = None, k: int | None = None):
+        """The budget of one request: its tau or k, else the model's; a k over m is a 422."""
+        if k is not None and k > self.model.m:
+            raise ApiError(422, f"k must be from 1 to m={self.model.m}, got {k}", code="invalid_value", param="k")
+        return self.model.budget_for(threshold=tau, k=k)
 
     # ------------------------------------------------------------------ routes
     def health(self) -> Health:
-        return Health(model=self.cfg.model_name, m=self.model.m, tau=self.model.tau, texts_seen=self.texts_seen, batches=self.batches)
+        return Health(model=self.cfg.model_name, m=self.model.m, tau=self.model.tau, budget=self.model.budget.name,
+                      texts_seen=self.texts_seen, batches=self.batches)
 
     async def embed(self, req: EmbedRequest) -> EmbedResponse:
         self.check_texts(req.texts, "texts")
+        budget = self.budget(req.tau, req.k)
         p = await self.probs(req.texts)
-        tau = self.tau(req.tau)
+        out = dict(model=self.cfg.model_name, m=self.model.m, tau=self.model.tau, budget=budget.name, output=req.output, packed=req.packed)
         if req.output == "probs":
-            emb = [[round(float(v), 6) for v in row] for row in p]
-        elif req.packed:
-            emb = [base64.b64encode(row.tobytes()).decode() for row in np.packbits(p > tau, axis=1)]
-        else:
-            emb = (p > tau).astype(int).tolist()
-        return EmbedResponse(model=self.cfg.model_name, m=self.model.m, tau=tau, output=req.output, packed=req.packed, embeddings=emb)
+            return EmbedResponse(**out, embeddings=[[round(float(v), 6) for v in row] for row in p])
+        mask, values = self.model.apply(p, budget)
+        if req.output == "sparse":
+            idx = [np.flatnonzero(row)[np.argsort(-pr[row], kind="stable")] for row, pr in zip(mask, p)]
+            return EmbedResponse(**out, indices=[i.tolist() for i in idx], values=[[round(float(v), 6) for v in vals[i]] for i, vals in zip(idx, values)])
+        if req.packed:
+            return EmbedResponse(**out, embeddings=[base64.b64encode(row.tobytes()).decode() for row in np.packbits(mask, axis=1)])
+        return EmbedResponse(**out, embeddings=mask.astype(int).tolist())
 
     async def explain(self, req: ExplainRequest) -> ExplainResponse:
         self.check_texts([req.text_a], "text_a")
         self.check_texts([req.text_b], "text_b")
+        budget = self.budget(req.tau, req.k)
         p = await self.probs([req.text_a, req.text_b])
-        return self.explanation(p[0], p[1], self.tau(req.tau))
+        return self.explanation(p[0], p[1], budget)
 
-    def explanation(self, p_a: np.ndarray, p_b: np.ndarray, tau: float) -> ExplainResponse:
-        """The questions both answer yes (cognitive load), the ones only one does, and the binary cosine."""
-        return ExplainResponse(m=self.model.m, **explanation(p_a, p_b, tau, self.model.question_records).to_dict())
+    def explanation(self, p_a: np.ndarray, p_b: np.ndarray, budget=None) -> ExplainResponse:
+        """The questions active for both (cognitive load), ranked, the ones active for one, and the cosine."""
+        return ExplainResponse(m=self.model.m, **self.model.explanation(p_a, p_b, budget).to_dict())
 
     def questions(self) -> QuestionsResponse:
         if self.model_yes_rates is not None:
@@ -159,7 +167,7 @@ class EmbeddingService:
         texts = [req.input] if isinstance(req.input, str) else req.input
         self.check_texts(texts, "input")
         p = await self.probs(texts)
-        vectors = (p > self.model.tau).astype(np.float32)
+        vectors = self.model.apply(p)[1]
         if req.encoding_format == "base64":
             data = [EmbeddingObject(index=i, embedding=base64.b64encode(v.astype("<f4").tobytes()).decode()) for i, v in enumerate(vectors)]
         else:

@@ -85,9 +85,11 @@ def test_cognitive_load_hand_case():
     assert cognitive_load(sp.csr_matrix(U), sp.csr_matrix(V)) == pytest.approx(4 / 3)
 
 
-def test_cognitive_load_rejects_non_binary():
-    with pytest.raises(ValueError, match="binary"):
-        cognitive_load(np.array([[0.3, 1.0]]), np.array([[1.0, 1.0]]))
+def test_cognitive_load_counts_shared_nonzero_values():
+    U = np.array([[0.3, 1.0, 0.0, -0.2], [0.0, 0.0, 0.0, 0.0]], dtype=np.float32)
+    V = np.array([[0.9, 0.0, 0.5, 0.1], [0.4, 0.4, 0.0, 0.0]], dtype=np.float32)
+    np.testing.assert_array_equal(cognitive_load_pairs(U, V), [2.0, 0.0])
+    assert cognitive_load(sp.csr_array(U), sp.csr_array(V)) == 1.0
 
 
 # ----------------------------------------------------------------------------------------- top-k retrieval

@@ -6,7 +6,7 @@ import pytest
 
 from cqg_ray.evaluate.data import load_beir, load_clustering, load_sts
 from cqg_ray.evaluate.metrics import cosine_pairs, kmeans_v_measure, spearman
-from cqg_ray.evaluate.models import binarize, probabilities
+from cqg_ray.evaluate.models import budgeted, probabilities
 from cqg_ray.evaluate.mteb_adapter import MTEBEncoder, texts_of
 from cqg_ray.evaluate.tasks import retrieval_score, sts_scores
 
@@ -175,14 +175,14 @@ def test_mteb_scores_equal_ours_on_real_slices(mteb, make_rp_model, data_path):
     ours_ret = retrieval_score(probabilities(model, ret.queries), probabilities(model, ret.docs), ret)
     assert 100 * _main_score(res_p, "LocalSciFact") == pytest.approx(ours_ret, abs=1e-3)  # MTEB rounds to 5 decimals
 
-    ours_clu = kmeans_v_measure(binarize(probabilities(model, clu.texts), model.tau), clu.labels)
+    ours_clu = kmeans_v_measure(budgeted(model, probabilities(model, clu.texts)), clu.labels)
     assert 100 * _main_score(res_b, "LocalTNG") == pytest.approx(ours_clu, abs=1e-9)  # same k-means, same seed
     # Binary STS: MTEB scores 1 - sklearn's paired_cosine_distances in float32, which splits some mathematically tied
     # cosines of 0/1 vectors by rounding errors (~1e-7); ours keeps them tied (see
     # test_cosine_of_binary_vectors_keeps_mathematical_ties_exact). Both facts are checked exactly:
     from sklearn.metrics.pairwise import paired_cosine_distances
 
-    bits = binarize(P, model.tau).astype(np.float32)
+    bits = budgeted(model, P).astype(np.float32)
     cos_mteb = 1 - paired_cosine_distances(bits[i1], bits[i2])
     assert 100 * _main_score(res_b, "LocalSTSB") == pytest.approx(100 * spearman(cos_mteb, sts.scores), abs=1e-9)
     cos_ours = cosine_pairs(bits[i1], bits[i2])

@@ -68,7 +68,7 @@ def test_evaluate_model_end_to_end_on_real_slices(make_rp_model, short_minilm, d
     _check_results(results, "RP-MBQA", 64, ["sts", "retrieval", "clustering"])
 
     # probabilities once per text set, never a binary re-encode (STS texts, queries, documents, clustering texts)
-    assert [output for _, output in model.calls] == ["probs", "probs", "probs", "probs"]
+    assert [output for _, output in model.calls][:4] == ["probs", "probs", "probs", "probs"]
     assert [n for n, _ in model.calls][1:] == [50, 300, 300]
 
     # sweeps reuse those probabilities; the tau sweep at the model's tau equals the table's numbers
@@ -79,9 +79,27 @@ def test_evaluate_model_end_to_end_on_real_slices(make_rp_model, short_minilm, d
     assert sw["m"]["cognitive_load"]["STS-B"][-1] == pytest.approx(results["scores"]["cognitive_load"]["RP-MBQA"]["STS-B"])
 
     # files: strict JSON with every number, Markdown with tables and plots, PNG + CSV per sweep
+    # the budget sweep: per rule and k, every task, each point scored with exactly the budget's vectors
+    from cqg_ray.evaluate.data import load_sts
+    from cqg_ray.evaluate.metrics import sts_spearman
+    from cqg_ray.mbqa.budget import Budget, apply_budget
+
+    bud = sw["budget"]
+    assert bud["values"] == [8, 16, 32, 64, 96, 128] and list(bud["rules"]) == ["top-k 0/1", "top-k probability"]
+    for rule in bud["rules"].values():
+        assert set(rule) == {"sts", "retrieval", "clustering"}
+        assert len(rule["retrieval"]["SciFact"]) == len(rule["clustering"]["TNG-subject"]) == 6
+    sts = load_sts(data_path("sts/STSBenchmark.test.tsv"), max_pairs=200, seed=0)
+    texts, i1, i2 = sts.unique_texts()
+    V = apply_budget(model.encode(texts, output="probs"), Budget(rule="top_k", k=8, floor=None, value="prob"))[1]
+    assert bud["rules"]["top-k probability"]["sts"]["spearman"]["STS-B"][0] == pytest.approx(sts_spearman(V[i1], V[i2], sts.scores))
+    assert bud["rules"]["top-k 0/1"]["sts"]["cognitive_load"]["STS-B"][0] <= 8
+
     names = sorted(os.listdir(out))
-    assert names == ["report.md", "results.json", "sweep_m_rp-mbqa.csv", "sweep_m_rp-mbqa.png",
-                     "sweep_tau_rp-mbqa.csv", "sweep_tau_rp-mbqa.png"]
+    assert names == ["frontier_rp-mbqa.png", "report.md", "results.json", "sweep_budget_rp-mbqa.csv", "sweep_m_rp-mbqa.csv",
+                     "sweep_m_rp-mbqa.png", "sweep_tau_rp-mbqa.csv", "sweep_tau_rp-mbqa.png"]
+    assert (out / "frontier_rp-mbqa.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "sweep_budget_rp-mbqa.csv").read_text().splitlines()[0] == "rule,k,STS Avg.,load Avg.,retrieval Avg.,clustering Avg."
     on_disk = json.loads((out / "results.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
     assert on_disk["scores"] == results["scores"]
     md = (out / "report.md").read_text()
@@ -128,7 +146,7 @@ def test_encoder_runs_once_per_text_set_for_a_model_that_takes_embeddings(make_r
     encode = short_minilm.encode
     short_minilm.encode = lambda *a, **k: calls.append(len(a[0])) or encode(*a, **k)
     try:
-        methods = [Method("M", "interpretable", shared, tau=0.5), Method("Dense", "dense", DenseEncoder(short_minilm))]
+        methods = [Method("M", "interpretable", shared), Method("Dense", "dense", DenseEncoder(short_minilm))]
         out = embed_texts(methods, texts)
     finally:
         del short_minilm.encode
@@ -136,7 +154,7 @@ def test_encoder_runs_once_per_text_set_for_a_model_that_takes_embeddings(make_r
     X, probs, _ = out["M"]
     reference = plain.encode(texts, output="probs")
     assert abs(probs - reference).max() < 1e-5  # normalise-then-heads equals the model's own encode
-    assert X.dtype == np.uint8 and (X == (probs > 0.5)).all()
+    assert X.dtype == np.float32 and (X == (probs > 0.5)).all()  # the model's budget: the tau rule, 0/1 values
     assert out["Dense"][0].shape == (len(texts), 384) and out["Dense"][1] is None
 
 

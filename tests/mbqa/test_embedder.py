@@ -89,8 +89,12 @@ def test_load_round_trip_and_encode_outputs(saved, encoder):
     # chunked with a progress bar = all at once
     np.testing.assert_allclose(model.encode(TEXTS, output="probs", chunk_size=2, progress=True), probs, rtol=1e-5, atol=1e-6)
     assert model.encode([]).shape == (0, M)
-    with pytest.raises(ValueError, match="output must be one of bits, packed, probs"):
+    with pytest.raises(ValueError, match="output must be one of bits, packed, probs, sparse"):
         model.encode(TEXTS, output="binary")
+    # a version-1 folder: the tau rule with 0/1 values, so sparse holds ones where the bits are 1
+    sparse = model.encode(TEXTS, output="sparse")
+    assert sparse.dtype == np.float32 and np.array_equal(sparse.toarray(), bits.astype(np.float32))
+    assert model.budget.name == "tau=0.5" and json.loads((saved / "config.json").read_text())["format_version"] == 1
 
 
 def test_encode_old_flags_still_work_with_a_deprecation_warning(saved, encoder):
@@ -127,9 +131,12 @@ def test_explain(saved, encoder):
     ya, yb = bits[0].astype(bool), bits[1].astype(bool)
     shared = np.flatnonzero(ya & yb)
     assert ex.cognitive_load == len(shared) == int(bits[0].astype(int) @ bits[1].astype(int))  # <u, v>
-    assert [q.index for q in ex.shared_yes] == shared.tolist()
-    assert [q.index for q in ex.only_a] == np.flatnonzero(ya & ~yb).tolist()
-    assert [q.index for q in ex.only_b] == np.flatnonzero(~ya & yb).tolist()
+    assert sorted(q.index for q in ex.shared_yes) == shared.tolist()
+    assert sorted(q.index for q in ex.only_a) == np.flatnonzero(ya & ~yb).tolist()
+    assert sorted(q.index for q in ex.only_b) == np.flatnonzero(~ya & yb).tolist()
+    both = [q.p_a * q.p_b for q in ex.shared_yes]
+    assert both == sorted(both, reverse=True)  # ranked: the surest shared question first
+    assert ex.budget == "tau=0.5"
     for q in ex.differing:
         assert q.p_a == pytest.approx(float(probs[0, q.index]), rel=1e-5) and q.p_b == pytest.approx(float(probs[1, q.index]), rel=1e-5)
         assert q.text == f"Question number {q.index}?" and q.id == f"q{q.index}"
@@ -215,3 +222,61 @@ def test_a_bare_name_loads_from_the_models_folders(saved, encoder, tmp_path, mon
     np.testing.assert_array_equal(model.encode(TEXTS, progress=False), make_model(encoder).encode(TEXTS, progress=False))
     with pytest.raises(ModelError, match=r"no-such-model \(path does not exist\); shipped models: .*my-model"):
         InterpretableEmbedder.load("no-such-model")
+
+
+def test_a_budgeted_model_saves_as_version_2_and_every_output_follows_the_budget(encoder, tmp_path):
+    from cqg_ray.mbqa.budget import Budget
+
+    base = make_model(encoder)
+    mean = np.linspace(0.1, 0.6, M).astype(np.float32)
+    budget = Budget(rule="top_k", k=2, floor=0.5, value="centred")
+    model = InterpretableEmbedder("bundled:all-MiniLM-L6-v2", base.question_records, base.heads, 0.5, None, device="cpu",
+                                  encoder=encoder, budget=budget, mean=mean)
+    model.save(str(tmp_path))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert (cfg["format_version"], cfg["budget"], cfg["stats"]) == (2, budget.to_dict(), "stats.safetensors")
+    loaded = InterpretableEmbedder.load(str(tmp_path), encoder=encoder)
+    assert loaded.budget == budget and np.array_equal(loaded.mean, mean)
+    probs = loaded.encode(TEXTS, output="probs")
+    top2 = np.argsort(-probs, axis=1)[:, :2]
+    expect = np.zeros_like(probs, dtype=bool)
+    np.put_along_axis(expect, top2, True, axis=1)
+    expect &= probs > 0.5
+    bits = loaded.encode(TEXTS)
+    assert np.array_equal(bits.astype(bool), expect) and (bits.sum(axis=1) <= 2).all()
+    assert np.array_equal(loaded.encode(TEXTS, output="packed"), np.packbits(bits, axis=1))
+    sparse = loaded.encode(TEXTS, output="sparse")
+    np.testing.assert_allclose(sparse.toarray(), np.where(expect, probs - mean, 0), rtol=1e-5, atol=1e-6)
+    # one call's own budget: k (the model's floor and values kept), a tau, or any Budget
+    assert (loaded.encode(TEXTS, k=1).sum(axis=1) <= 1).all()
+    assert loaded.budget_for(k=3) == Budget(rule="top_k", k=3, floor=0.5, value="centred")
+    assert np.array_equal(loaded.encode(TEXTS, threshold=0.9), (probs > 0.9).astype(np.uint8))
+    for bad in (0, -1, M + 1, 2.5, "3"):
+        with pytest.raises(ValueError, match="k must be an integer"):
+            loaded.encode(TEXTS, k=bad)
+    with pytest.raises(ValueError, match="not both"):
+        loaded.encode(TEXTS, k=2, threshold=0.5)
+    ex = loaded.explain(TEXTS[0], TEXTS[3])
+    assert ex.budget == "top2>0.5 centred" and ex.cognitive_load <= 2
+
+
+def test_a_newer_format_or_a_bad_budget_is_refused(saved, tmp_path):
+    import shutil
+
+    for name, change, match in (("newer", {"format_version": 3}, "format version 3"),
+                                ("badbudget", {"format_version": 2, "budget": {"rule": "top_k", "k": 0}}, "bad budget"),
+                                ("nostats", {"format_version": 2, "budget": {"rule": "top_k", "k": 2, "value": "centred"}}, "no stats"),
+                                ("missingstats", {"format_version": 2, "stats": "stats.safetensors"}, "missing artifact")):
+        d = tmp_path / name
+        shutil.copytree(saved, d)
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, **change}))
+        with pytest.raises(ModelError, match=match):
+            InterpretableEmbedder.load(str(d), load_encoder=False)
+    d = tmp_path / "corruptstats"
+    shutil.copytree(saved, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "format_version": 2, "stats": "stats.safetensors"}))
+    (d / "stats.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ModelError, match="not a readable safetensors"):
+        InterpretableEmbedder.load(str(d), load_encoder=False)

@@ -57,9 +57,25 @@ def test_embed_bits_probs_packed_and_tau(client, model):
     assert np.array_equal(np.unpackbits(np.stack(raw), axis=1, count=32), bits)
 
     low = client.post("/embed", json={"texts": TEXTS, "tau": 0.2}).json()
-    assert low["tau"] == 0.2
+    assert (low["tau"], low["budget"]) == (0.5, "tau=0.2")
     assert_bits_match(low["embeddings"], p, 0.2)
     assert np.array(low["embeddings"]).sum() >= bits.sum()
+
+
+def test_embed_sparse_and_k(client, model):
+    p = local(model, TEXTS)
+    body = client.post("/embed", json={"texts": TEXTS, "output": "sparse", "k": 3}).json()
+    assert (body["output"], body["budget"], body["embeddings"]) == ("sparse", "top3>0.5", None)
+    clear = (np.abs(p - 0.5) > 1e-3).all(axis=1)  # texts with no probability at the floor's float noise
+    for row, (idx, vals) in enumerate(zip(body["indices"], body["values"])):
+        assert len(idx) == len(vals) <= 3 and vals == [1.0] * len(idx)  # a version-1 model's values are 0/1
+        assert [p[row, i] for i in idx] == sorted((p[row, i] for i in idx), reverse=True)  # most confident first
+        if clear[row]:
+            want = [i for i in np.argsort(-p[row], kind="stable")[:3] if p[row, i] > 0.5]
+            assert idx == want
+    bits = np.array(client.post("/embed", json={"texts": TEXTS, "k": 3}).json()["embeddings"])
+    assert (bits.sum(axis=1) <= 3).all()
+    assert [sorted(i) for i in body["indices"]] == [np.flatnonzero(b).tolist() for b in bits]
 
 
 def test_explain_matches_the_model(client, model):
@@ -67,12 +83,12 @@ def test_explain_matches_the_model(client, model):
     assert r.status_code == 200, r.text
     got = r.json()
     want = model.explain(A, B)
-    assert [q["index"] for q in got["shared_yes"]] == [q.index for q in want.shared_yes]
+    assert [q["index"] for q in got["shared_yes"]] == [q.index for q in want.shared_yes]  # ranked alike
     assert [q["index"] for q in got["only_a"]] == [q.index for q in want.only_a]
     assert [q["index"] for q in got["only_b"]] == [q.index for q in want.only_b]
     assert got["cognitive_load"] == want.cognitive_load == len(want.shared_yes) > 0
     assert got["cosine"] == pytest.approx(want.cosine, abs=1e-12)
-    assert got["m"] == 32 and got["tau"] == 0.5
+    assert got["m"] == 32 and got["budget"] == "tau=0.5"
     assert got["yes_a"] == len(want.shared_yes) + len(want.only_a)
     q = got["shared_yes"][0]
     assert q["text"] == model.questions[q["index"]] and q["id"] == f"q{q['index']:03d}"
@@ -81,7 +97,9 @@ def test_explain_matches_the_model(client, model):
         assert d["a"] and not d["b"] and d["p_b"] <= 0.5
 
     strict = client.post("/explain", json={"text_a": A, "text_b": B, "tau": 0.9}).json()
-    assert strict["tau"] == 0.9 and strict["cognitive_load"] <= got["cognitive_load"]
+    assert strict["budget"] == "tau=0.9" and strict["cognitive_load"] <= got["cognitive_load"]
+    short = client.post("/explain", json={"text_a": A, "text_b": B, "k": 2}).json()
+    assert short["budget"] == "top2>0.5" and short["cognitive_load"] <= 2 and short["yes_a"] <= 2
 
 
 def test_questions_with_served_yes_rates(client, model):

@@ -75,7 +75,7 @@ def test_explanation_matches_model_explain(model):
     a, b = "The film was a wonderful movie with great actors.", "I watched a terrible movie at the cinema."
     svc = EmbeddingService(model, ServeConfig())
     p = model.encode([a, b], output="probs", progress=False)
-    got = svc.explanation(p[0], p[1], 0.5)
+    got = svc.explanation(p[0], p[1])  # the model's budget
     want = model.explain(a, b)
     assert got.cosine == want.cosine and got.cognitive_load == want.cognitive_load
     assert [q.index for q in got.shared_yes] == [q.index for q in want.shared_yes]

@@ -1,0 +1,146 @@
+"""The load budget: which questions a text answers yes, and the value each carries. The one place that decides.
+
+    b = Budget(rule="top_k", k=112, floor=0.5, value="centred", rank="centred")
+    mask, values = apply_budget(probs, b, mean)      # (n, m) bool, (n, m) float32 (zero outside the mask)
+
+Rules:
+- ``tau`` (the paper's Eq. 4): a question is active when p > tau. Every text gets as many as pass.
+- ``top_k``: the k questions that rank highest, and of those only the ones with p > floor (so a text with few true
+  properties shows few, and every active question is one the text answers yes). ``rank``: ``prob`` ranks by p (the
+  most confident questions), ``centred`` by p minus the question's mean (the questions this text answers yes more
+  surely than texts usually do: the ones that tell it apart). The explanation of two texts is at most k long.
+
+Values (what the vector holds on the active questions; zero elsewhere):
+- ``one``: 1 (a binary vector, Eq. 4's y_i);
+- ``prob``: p;
+- ``centred``: p minus the question's mean probability on the training corpus (``mean``, stored in the model folder
+  as ``stats.safetensors``), so a question almost every text answers yes weighs little.
+
+``apply_budget`` is pure numpy; ``InterpretableEmbedder`` holds the model's default ``Budget`` (its ``config.json``)
+and every surface (encode, explain, search, serve, embed, evaluate, faithfulness) calls it through the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+
+RULES = ("tau", "top_k")
+VALUES = ("one", "prob", "centred")
+RANKS = ("prob", "centred")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A rule that picks each text's active questions, and the value an active question carries."""
+
+    rule: str = "tau"
+    tau: float = 0.5             # rule tau: active when p > tau
+    k: int = 64                  # rule top_k: at most k active questions per text
+    floor: float | None = 0.5    # rule top_k: and only those with p > floor (None: no floor)
+    value: str = "one"           # one | prob | centred
+    rank: str = "prob"           # rule top_k: rank by prob (p) or centred (p - mean)
+
+    def __post_init__(self):
+        if self.rule not in RULES:
+            raise ValueError(f"budget rule must be one of {', '.join(RULES)}; got {self.rule!r}")
+        if self.value not in VALUES:
+            raise ValueError(f"budget value must be one of {', '.join(VALUES)}; got {self.value!r}")
+        if self.rank not in RANKS:
+            raise ValueError(f"budget rank must be one of {', '.join(RANKS)}; got {self.rank!r}")
+        if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not 0 < self.tau < 1:
+            raise ValueError(f"budget tau must lie in (0, 1), got {self.tau!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"budget k must be an integer >= 1, got {self.k!r}")
+        if self.floor is not None and (isinstance(self.floor, bool) or not isinstance(self.floor, (int, float)) or not 0 <= self.floor < 1):
+            raise ValueError(f"budget floor must lie in [0, 1) or be null, got {self.floor!r}")
+
+    @property
+    def name(self) -> str:
+        """A short label: ``tau=0.76``, ``top64>0.5 prob``, ``top112>0.5 centred by p-mean``."""
+        if self.rule == "tau":
+            base = f"tau={self.tau:g}"
+        else:
+            base = f"top{self.k}" + (f">{self.floor:g}" if self.floor is not None else "")
+        base = base if self.value == "one" else f"{base} {self.value}"
+        return base + (" by p-mean" if self.rule == "top_k" and self.rank == "centred" else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.rule == "tau":
+            return {"rule": "tau", "tau": self.tau, "value": self.value}
+        return {"rule": "top_k", "k": self.k, "floor": self.floor, "value": self.value, "rank": self.rank}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Budget":
+        unknown = set(d) - {f for f in asdict(cls())}
+        if unknown:
+            raise ValueError(f"unknown budget keys {sorted(unknown)} (known: rule, tau, k, floor, value, rank)")
+        return cls(**d)
+
+    def with_(self, **changes) -> "Budget":
+        """A copy with some fields changed (checked like a new one); ``None`` values are left as they are."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def active_mask(probs: np.ndarray, budget: Budget, mean: np.ndarray | None = None) -> np.ndarray:
+    """(n, m) bool: the questions each row of ``probs`` answers yes under ``budget`` (a 1-d row gives (m,));
+    ``mean`` (m,): needed to rank by p - mean."""
+    p = np.asarray(probs)
+    one = p.ndim == 1
+    p = np.atleast_2d(p)
+    if budget.rule == "tau":
+        mask = p > budget.tau
+    else:
+        n, m = p.shape
+        if budget.k >= m:
+            mask = np.ones_like(p, dtype=bool)
+        else:
+            score = p if budget.rank == "prob" else p - _check_mean(mean, m, "rank by p - mean")
+            top = np.argpartition(-score, budget.k - 1, axis=1)[:, : budget.k]
+            mask = np.zeros(p.shape, dtype=bool)
+            np.put_along_axis(mask, top, True, axis=1)
+        if budget.floor is not None:
+            mask &= p > budget.floor
+    return mask[0] if one else mask
+
+
+def apply_budget(probs: np.ndarray, budget: Budget, mean: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(mask bool, values float32) of ``probs`` (n, m) under ``budget``; values are zero outside the mask.
+    ``mean``: (m,) the questions' mean probabilities on the training corpus (needed for value "centred")."""
+    p = np.asarray(probs, dtype=np.float32)
+    mask = active_mask(p, budget, mean)
+    if budget.value == "one":
+        return mask, mask.astype(np.float32)
+    if budget.value == "prob":
+        return mask, np.where(mask, p, np.float32(0))
+    return mask, np.where(mask, p - _check_mean(mean, p.shape[-1], "value 'centred'"), np.float32(0))
+
+
+def sparse_budget(probs: np.ndarray, budget: Budget, mean: np.ndarray | None = None):
+    """``apply_budget``'s values as a ``scipy.sparse.csr_array`` (n, m) float32, built from the active positions alone
+    (no dense value matrix); a value that is exactly 0 is kept as an explicit entry."""
+    import scipy.sparse as sp
+
+    p = np.atleast_2d(np.asarray(probs, dtype=np.float32))
+    mask = active_mask(p, budget, mean)
+    rows, cols = np.nonzero(mask)
+    if budget.value == "one":
+        data = np.ones(len(cols), dtype=np.float32)
+    elif budget.value == "prob":
+        data = p[rows, cols]
+    else:
+        data = p[rows, cols] - _check_mean(mean, p.shape[-1], "value 'centred'")[cols]
+    indptr = np.zeros(len(p) + 1, dtype=np.int64)
+    np.cumsum(mask.sum(axis=1), out=indptr[1:])
+    return sp.csr_array((data, cols.astype(np.int32), indptr), shape=p.shape)
+
+
+def _check_mean(mean: np.ndarray | None, m: int, what: str) -> np.ndarray:
+    if mean is None:
+        raise ValueError(f"budget {what} needs the questions' mean probabilities (the model's stats.safetensors)")
+    mean = np.asarray(mean, dtype=np.float32)
+    if mean.shape != (m,):
+        raise ValueError(f"mean must have shape ({m},), got {mean.shape}")
+    return mean

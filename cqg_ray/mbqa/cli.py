@@ -1,0 +1,80 @@
+"""`cqg-ray budget MODEL`: show or set a model folder's load budget, and measure its centring statistics.
+
+    cqg-ray budget cqg-minilm-ref                                         # the budget, and what it gives on a few texts
+    cqg-ray budget runs/demo/model --stats TRAINING.jsonl.gz --n 20000    # mean probabilities on training texts
+    cqg-ray budget runs/demo/model --rule top_k --k 112 --floor 0.5 --value centred --rank centred
+
+The statistics must come from the texts the model was trained on (or a sample of them), never from evaluation data.
+Setting a budget or statistics makes the folder format version 2 (docs/mbqa.md#the-load-budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from cqg_ray.config import ConfigError
+
+
+def mean_probabilities(model, texts: list[str], batch: int = 4096) -> np.ndarray:
+    """(m,) float32: each question's mean probability over ``texts``."""
+    total = np.zeros(model.m, dtype=np.float64)
+    for i in range(0, len(texts), batch):
+        total += model.encode(texts[i : i + batch], output="probs", progress=False).sum(axis=0, dtype=np.float64)
+    return (total / max(len(texts), 1)).astype(np.float32)
+
+
+def cmd_budget(args) -> int:
+    from cqg_ray.evaluate.data import load_texts
+    from cqg_ray.evaluate.data import sample_indices
+    from cqg_ray.mbqa.budget import Budget
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder, resolve_model
+
+    path = resolve_model(args.model)
+    model = InterpretableEmbedder.load(path, load_encoder=bool(args.stats))
+    changed = False
+    if args.stats:
+        texts = load_texts(args.stats).texts
+        rows = sample_indices(len(texts), args.n, args.seed)
+        model.mean = mean_probabilities(model, [texts[i] for i in rows])
+        model.stats_source = f"{len(rows)} texts of {args.stats} (seeded sample, seed {args.seed})"
+        model.versioned_budget = True
+        changed = True
+        print(f"stats: mean probabilities of {len(rows)} texts of {args.stats} (median of the means: "
+              f"{float(np.median(model.mean)):.3f})")
+    updates = {"rule": args.rule, "tau": args.tau, "k": args.k, "value": args.value, "rank": args.rank}
+    if args.floor is not None:
+        updates["floor"] = None if args.floor.lower() == "none" else float(args.floor)
+    if any(v is not None for v in updates.values()):
+        d = {**model.budget.to_dict(), **{k: v for k, v in updates.items() if v is not None}}
+        for key in ("tau",) if d["rule"] == "top_k" else ("k", "floor", "rank"):
+            d.pop(key, None)
+        try:
+            model.budget = Budget.from_dict(d)
+        except ValueError as e:
+            raise ConfigError(f"budget: {e}") from None
+        model.versioned_budget = changed = True
+    if (model.budget.value == "centred" or model.budget.to_dict().get("rank") == "centred") and model.mean is None:
+        raise ConfigError("centred values or ranking need the statistics: give --stats TRAINING_TEXTS")
+    if changed:
+        model.save(path)
+        print(f"wrote {path}/config.json (format version 2)")
+    print(f"budget: {model.budget.name} ({model.budget.to_dict()}); statistics: {'yes' if model.mean is not None else 'none'}")
+    return 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("budget", help="show or set a model's load budget (which questions are active per text)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="model folder or shipped model name")
+    p.add_argument("--rule", choices=["tau", "top_k"], help="tau: p > tau (the paper); top_k: the k most confident questions per text")
+    p.add_argument("--tau", type=float, help="the tau rule's threshold")
+    p.add_argument("--k", type=int, help="top_k: at most k active questions per text")
+    p.add_argument("--floor", help="top_k: only questions with p > floor (a number in [0, 1), or none)")
+    p.add_argument("--value", choices=["one", "prob", "centred"], help="what an active question holds: 1, p, or p minus its mean")
+    p.add_argument("--rank", choices=["prob", "centred"], help="top_k: rank by p, or by p minus the question's mean")
+    p.add_argument("--stats", metavar="TEXTS", help="measure the mean probabilities on these training texts (JSONL with a text field, or TSV)")
+    p.add_argument("--n", type=int, default=20_000, help="texts sampled from --stats (seeded; default 20000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_budget)
