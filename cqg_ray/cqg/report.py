@@ -45,7 +45,8 @@ def write_report(run: RunDir, stage: str, cfg, candidates: pa.Table, texts: dict
              f"writer {cfg.cqg.writer_model or 'the run LLM'}, filters {', '.join(cfg.cqg.filters) or 'none'}",
              "", "## Counts", "", "| step | count |", "|---|---:|"]
     for k in ("clusters", "generation_prompts", "generation_failed", "generated", "dropped_empty", "dropped_not_yes_no", "dropped_duplicate",
-              "parsed", "dropped_copy", "dropped_long", "dropped_cut_off", "probe_prompts", "probe_failed", "probed", "dropped_own_cluster",
+              "parsed", "dropped_copy", "dropped_example", "dropped_long", "dropped_cut_off", "probe_prompts", "probe_failed", "probed",
+              "dropped_own_cluster",
               "selected_top_t", "deduped", "questions"):
         if k in counts:
             lines.append(f"| {k} | {counts[k]} |")

@@ -29,16 +29,20 @@ def quality(pos_yes: np.ndarray, pos_n: np.ndarray, neg_yes: np.ndarray, neg_n: 
 
 
 def text_filters(questions: list[str], filters: list[str] | tuple[str, ...], max_words: int, copied: np.ndarray,
-                 stopped_last: np.ndarray) -> list[str]:
-    """Per question, the first text filter that drops it ("copy", "long", "cut_off") or "" (kept). ``copied``: whether it
-    shares a run of 6 words with a text the run read; ``stopped_last``: whether it is the last item of a reply that
-    stopped on the token limit."""
-    from cqg_ray.cqg.quality import cut_off, words
+                 stopped_last: np.ndarray, examples: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Per question, the first text filter that drops it ("copy", "example", "long", "cut_off") or "" (kept).
+    ``copied``: whether it shares a run of 6 words with a text the run read; ``stopped_last``: whether it is the last
+    item of a reply that stopped on the token limit; ``examples``: the worked examples' questions the prompt showed."""
+    from cqg_ray.cqg.quality import copied as shares_run, cut_off, words
 
+    echoed = shares_run(list(questions), examples) if "example" in filters and examples else np.zeros(len(questions), bool)
+    example_words = {tuple(words(e)) for e in examples}
     out = []
-    for q, cp, last in zip(questions, copied, stopped_last):
+    for q, cp, last, ec in zip(questions, copied, stopped_last, echoed):
         if "copy" in filters and cp:
             out.append("copy")
+        elif "example" in filters and (ec or tuple(words(q)) in example_words):
+            out.append("example")
         elif "long" in filters and len(words(q)) > max_words:
             out.append("long")
         elif "cut_off" in filters and (cut_off(q) or last):

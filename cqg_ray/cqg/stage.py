@@ -83,6 +83,15 @@ def generation_requests(cfg: PipelineConfig, samples: list[Sample], texts: dict[
     return reqs
 
 
+def example_questions(c) -> list[str]:
+    """The worked examples' questions the generation prompt showed (the property prompt's ``cqg.examples``)."""
+    from cqg_ray.llm.prompts import PROPERTY_EXAMPLES
+
+    if c.method != "cqg" or c.prompt != "property":
+        return []
+    return [q for _, _, qs in PROPERTY_EXAMPLES[: c.examples] for q in qs]
+
+
 def writer_llm(cfg: PipelineConfig):
     """The LLM section that writes the questions: the run's, with ``cqg.writer_model`` in place of its model when set."""
     llm = cfg.llm
@@ -205,9 +214,11 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     from cqg_ray.cqg.quality import copied
 
     copies = copied(cand_text, corpus_texts(run)) if "copy" in c.filters else np.zeros(n_cand, bool)
-    reasons = np.array(text_filters(cand_text, c.filters, c.max_question_words, copies, np.array(cand_stopped_last)), dtype=object)
+    reasons = np.array(text_filters(cand_text, c.filters, c.max_question_words, copies, np.array(cand_stopped_last),
+                                    example_questions(c)), dtype=object)
     to_probe = {k: [i for i in ids if not reasons[i]] for k, ids in cand.items()}
-    log.info("cqg: text filters dropped %s of %d candidates", {f: int(np.sum(reasons == f)) for f in ("copy", "long", "cut_off")}, n_cand)
+    log.info("cqg: text filters dropped %s of %d candidates", {f: int(np.sum(reasons == f)) for f in ("copy", "example", "long", "cut_off")},
+             n_cand)
     pfit = PromptFitter(budget, f"{c.method}-probe")
     preqs = probe_requests(cfg, probes, to_probe, cand_text, texts, cl.doc_ids, pfit)
     pfit.log()
@@ -266,7 +277,7 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
         "clusters": len(clusters), "generation_prompts": len(greqs), "generation_failed": int(sum(not r.ok for r in gres)),
         "generated": n_cand + sum(dropped.values()), "parsed": n_cand, **{f"dropped_{k}": v for k, v in dropped.items()},
         "probe_prompts": len(preqs), "probe_failed": int(sum(not r.ok for r in pres)),
-        **{f"dropped_{f}": int(np.sum(reasons == f)) for f in ("copy", "long", "cut_off", "own_cluster")},
+        **{f"dropped_{f}": int(np.sum(reasons == f)) for f in ("copy", "example", "long", "cut_off", "own_cluster")},
         "probed": int(np.sum(~np.isnan(q))), "selected_top_t": int(len(chosen)), "deduped": int(len(chosen) - len(kept)), "questions": int(len(kept)),
         "mean_quality_selected": round(float(np.nanmean(q[kept])), 4) if len(kept) else None,
         **quality_medians(q, is_kept),

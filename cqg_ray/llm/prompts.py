@@ -62,12 +62,16 @@ def clip_text(text: str, max_chars: int) -> str:
     return cut.rstrip()
 
 
-def cqg_prompt(positives: list[str], negatives: list[str], n_questions: int = 10) -> str:
-    """A.1: contrastive question generation. Positives are the cluster's n_p texts, negatives its n_h + n_e."""
+def _check_contrast(positives: list[str], negatives: list[str], n_questions: int) -> None:
     _check_texts("positives", positives)
     _check_texts("negatives", negatives)
     if n_questions < 1:
         raise ValueError(f"n_questions must be >= 1, got {n_questions}")
+
+
+def cqg_prompt(positives: list[str], negatives: list[str], n_questions: int = 10) -> str:
+    """A.1: contrastive question generation. Positives are the cluster's n_p texts, negatives its n_h + n_e."""
+    _check_contrast(positives, negatives, n_questions)
     pos = "\n".join(f"Positive {i}. {t}" for i, t in enumerate(positives, 1))
     neg = "\n".join(f"Negative {i}. {t}" for i, t in enumerate(negatives, 1))
     return (
@@ -222,10 +226,7 @@ PROPERTY_EXAMPLES: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]
 
 def property_user(positives: list[str], negatives: list[str], n_questions: int) -> str:
     """The user turn of the property prompt: the texts, then what to write."""
-    _check_texts("positives", positives)
-    _check_texts("negatives", negatives)
-    if n_questions < 1:
-        raise ValueError(f"n_questions must be >= 1, got {n_questions}")
+    _check_contrast(positives, negatives, n_questions)
     pos = "\n".join(f"{i}. {t}" for i, t in enumerate(positives, 1))
     neg = "\n".join(f"{i}. {t}" for i, t in enumerate(negatives, 1))
     return (f"Positive texts:\n{pos}\n\nNegative texts:\n{neg}\n\n"

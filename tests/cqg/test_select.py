@@ -84,3 +84,21 @@ def test_quality_medians_of_kept_and_not_kept():
     kept = np.array([True, True, False, False, False, False])
     assert quality_medians(q, kept) == {"quality_median_kept": 0.8, "quality_median_dropped": 0.1}
     assert quality_medians(np.array([np.nan]), np.array([False])) == {"quality_median_kept": None, "quality_median_dropped": None}
+
+
+def test_the_example_filter_drops_echoes_of_the_worked_examples():
+    from cqg_ray.cqg.stage import example_questions
+    from cqg_ray.config import CQGConfig
+
+    examples = example_questions(CQGConfig())
+    assert "Is it clear who won or lost?" in examples and len(examples) == 12
+    assert example_questions(CQGConfig(prompt="paper")) == [] and len(example_questions(CQGConfig(examples=1))) == 4
+    qs = ["Is it clear who won or lost in a scientific experiment?",   # a run of 7 example words
+          "Are food ingredients mentioned?",                             # an example question word for word
+          "are food ingredients  mentioned",                             # the same words
+          "Could this be a line from scientific news?",                  # "could this be a line from": 6 words
+          "Does the text report a central bank action?"]                 # its own question
+    none = np.zeros(len(qs), bool)
+    assert text_filters(qs, ["example"], 25, none, none, examples) == ["example", "example", "example", "example", ""]
+    assert text_filters(qs, ["copy", "long"], 25, none, none, examples) == [""] * 5  # the filter is off
+    assert text_filters(qs, ["example"], 25, none, none, []) == [""] * 5  # no examples shown

@@ -30,7 +30,7 @@ def scripted(req):
         return default_reply(req)
     import hashlib
 
-    h = int(hashlib.sha256(req.messages[0]["content"].encode()).hexdigest(), 16)
+    h = int(hashlib.sha256(req.messages[-1]["content"].encode()).hexdigest(), 16)  # the cluster's own turn
     picks = [TOPICS[(h >> (4 * i)) % len(TOPICS)] for i in range(3)]
     return "Here are the questions:\n" + "\n".join(f"{i}. Does the text talk about {w} in detail number {i}?" for i, w in enumerate(picks, 1))
 
@@ -184,7 +184,7 @@ def test_filters_drop_copies_long_cut_off_and_questions_their_cluster_denies(clu
 
     fake = FakeBackend(cfg.llm, reply=reply)
     c = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))["counts"]
-    assert (c["dropped_copy"], c["dropped_long"], c["dropped_cut_off"], c["dropped_own_cluster"]) == (2, 2, 4, 2)
+    assert (c["dropped_copy"], c["dropped_example"], c["dropped_long"], c["dropped_cut_off"], c["dropped_own_cluster"]) == (2, 0, 2, 4, 2)
     cand = {r["text"]: r for r in run.read_table("questions/candidates.parquet").to_pylist()}
     assert cand[copy_q]["filtered"] == "copy" and cand[long_q]["filtered"] == "long"
     assert cand[cut_q]["filtered"] == "cut_off" and cand[last_q + "?"]["filtered"] == "cut_off" and cand[last_q + "?"]["stopped_last"]
@@ -194,7 +194,7 @@ def test_filters_drop_copies_long_cut_off_and_questions_their_cluster_denies(clu
     assert run.read_table("questions/questions.parquet").column("text").to_pylist() == [good_q]  # dedup keeps one of the two clusters'
     report = run.read_bytes("questions/report.md").decode()
     assert "| dropped_copy | 2 |" in report and "## Eq. 1 quality of kept and dropped questions" in report
-    assert "filters copy, long, cut_off, own_cluster" in report
+    assert "filters copy, example, long, cut_off, own_cluster" in report
 
 
 def test_property_prompt_by_default_and_the_paper_prompt_verbatim(clustered_run, corpus_file, tmp_path):

@@ -25,8 +25,8 @@ def test_export_copies_the_model_with_its_build_record(trained_model, tmp_path, 
     assert "cqg-ray evaluate" in capsys.readouterr().out
     names = sorted(p.name for p in out.iterdir())
     assert names == ["README.md", "build.json", "config.json", "eval_report.json", "eval_report.md", "heads.safetensors",
-                     "questions.json", "run_config.yaml"]
-    for f in ("config.json", "questions.json", "heads.safetensors", "eval_report.json"):
+                     "questions.json", "run_config.yaml", "stats.safetensors"]
+    for f in ("config.json", "questions.json", "heads.safetensors", "stats.safetensors", "eval_report.json"):
         assert (out / f).read_bytes() == (trained_model / f).read_bytes(), f
     build = json.loads((out / "build.json").read_text())
     labels = json.loads((trained_model.parent / "labels" / "_manifest.json").read_text())

@@ -151,7 +151,8 @@ def test_cqg_and_label_prompts_fitted_to_a_small_context(clustered_run, corpus_f
     from tests.cqg.test_stage import scripted
 
     d = copy_clustered(clustered_run, tmp_path / "run")
-    cfg = small_config(d, corpus_file, max_clusters=3, max_text_chars=1000, extra={"label": {"max_text_chars": 1000}})
+    # A.1 (the property prompt's rules and worked examples alone take ~675 of the 600 tokens: a PromptTooLong, not a clip)
+    cfg = small_config(d, corpus_file, max_clusters=3, max_text_chars=1000, prompt="paper", filters=[], extra={"label": {"max_text_chars": 1000}})
     assert cfg.llm.answer_mode == "single" and cfg.llm.max_tokens_generate == 200
     run = RunDir(str(d))
     fake = FakeBackend(cfg.llm, reply=scripted, n_ctx=600)
