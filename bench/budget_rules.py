@@ -7,7 +7,9 @@ then each rule (`cqg_ray.mbqa.budget.Budget`) is applied and scored as `cqg-ray 
 averaged over the three sets (and its ratio to the dense encoder's), the cognitive load (questions active for both
 texts of a pair, mean over STS pairs), SciFact nDCG@10 (and its ratio). Rules: the paper's tau at several tau; top-k
 ranked by p or by p minus the question's mean (``--stats``: the training texts the means are measured on, never the
-evaluation sets; default the model's own stats), each with floors none / 0.3 / 0.4 / 0.5 and values 0/1, p, centred.
+evaluation sets; default the model's own stats), each with floors none / 0.3 / 0.4 / 0.5 and values 0/1, p, centred;
+and per-question thresholds (not a shipped rule, measured here only): active when p > mean_i + delta (and p > 0.5, or
+not), centred values.
 
 Last line: `budget_sts_ratio_at_load_50: X`, the best STS ratio among rules whose load is at most 50 whose SciFact
 ratio is at least 0.60 (0 when none).
@@ -77,7 +79,21 @@ def main() -> None:
         for floor in (None, 0.3, 0.4, 0.5):
             for value in ("one", "prob", "centred"):
                 rules += [Budget(rule="top_k", k=k, floor=floor, value=value, rank=rank) for k in a.ks]
+    def per_question(P, delta, floor):
+        mask = (P - mean > delta) & (P > floor if floor is not None else True)
+        return np.where(mask, P - mean, 0).astype(np.float32)
+
+    extra = {f"p > mean_i + {d:g}" + (" and p > 0.5" if f is not None else "") + " centred": (d, f)
+             for d in (0.1, 0.2, 0.3, 0.4) for f in (None, 0.5)}
     rows = []
+    for name, (delta, floor) in extra.items():
+        rho, load = [], []
+        for d, i1, i2, _, P in sts_data:
+            V = per_question(P, delta, floor)
+            rho.append(sts_spearman(V[i1], V[i2], d.scores))
+            load.append(cognitive_load(V[i1], V[i2]))
+        r = retrieval_score(per_question(qP, delta, floor), per_question(dP, delta, floor), ret)
+        rows.append((name, float(np.mean(rho)), float(np.mean(rho)) / dense_sts, float(np.mean(load)), r, r / dense_ret))
     for b in rules:
         rho, load = [], []
         for d, i1, i2, _, P in sts_data:
