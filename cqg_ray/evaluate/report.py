@@ -429,7 +429,8 @@ def write_report(results: dict, out_dir: str) -> None:
             dense_avg = float(np.mean([x for x in dense.values() if x is not None])) if dense else None
             own = results["scores"].get("sts", {}).get(name)
             load = results["scores"].get("cognitive_load", {}).get(name)
-            default = (float(np.mean(list(load.values()))), float(np.mean(list(own.values())))) if own and load else None
+            finite = own and load and all(v is not None for v in [*own.values(), *load.values()])  # a NaN Spearman is null
+            default = (float(np.mean(list(load.values()))), float(np.mean(list(own.values())))) if finite else None
             if "sts" in next(iter(sw["budget"]["rules"].values()), {}):
                 run.write_bytes(f"frontier_{slug(name)}.png", plot_frontier(sw["budget"], sw.get("tau"), dense_avg, default,
                                                                            f"{name}: STS quality against cognitive load"))

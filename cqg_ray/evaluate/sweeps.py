@@ -179,8 +179,8 @@ def plot_frontier(budget: dict, tau: dict | None, dense: float | None, default: 
         ax.axhline(dense, color="black", linewidth=1, label="dense encoder")
     if default is not None:
         ax.plot([default[0]], [default[1]], marker="*", markersize=14, color="red", linestyle="none", label="model default")
-    ax.set_xscale("log")
-    ax.set_xlabel("cognitive load (questions both texts answer yes, mean over STS pairs; log scale)")
+    ax.set_xscale("symlog", linthresh=1.0)  # log above 1, linear near 0 (a load of 0 happens on small models)
+    ax.set_xlabel("cognitive load (questions both texts answer yes, mean over STS pairs; log scale above 1)")
     ax.set_ylabel("STS Spearman x100 (average)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)

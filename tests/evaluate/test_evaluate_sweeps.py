@@ -107,3 +107,6 @@ def test_budget_curves_and_sweep_and_frontier_png():
     budget = {"values": [2, 4, 8], "rules": {rule: {"sts": r} for rule, r in sw.items()}}
     png = plot_frontier(budget, tau_sweep(data, [0.3, 0.5]), 70.0, (3.0, 20.0), "test")
     assert png[:4] == b"\x89PNG" and len(png) > 10_000
+    # a tiny model: no pair shares a question (load 0 everywhere) and the Spearman is undefined (null)
+    flat = {"values": [2], "rules": {"r": {"sts": {"spearman": {"A": [None]}, "cognitive_load": {"A": [0.0]}}}}}
+    assert plot_frontier(flat, None, None, None, "empty")[:4] == b"\x89PNG"
