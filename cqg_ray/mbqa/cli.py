@@ -43,11 +43,15 @@ def cmd_budget(args) -> int:
         changed = True
         print(f"stats: mean probabilities of {len(rows)} texts of {args.stats} (median of the means: "
               f"{float(np.median(model.mean)):.3f})")
-    updates = {"rule": args.rule, "tau": args.tau, "k": args.k, "value": args.value, "rank": args.rank}
-    if args.floor is not None:
-        updates["floor"] = None if args.floor.lower() == "none" else float(args.floor)
-    if any(v is not None for v in updates.values()):
-        d = {**model.budget.to_dict(), **{k: v for k, v in updates.items() if v is not None}}
+    updates = {k: v for k, v in {"rule": args.rule, "tau": args.tau, "k": args.k, "value": args.value, "rank": args.rank}.items()
+               if v is not None}
+    if args.floor is not None:  # "none" removes the floor
+        try:
+            updates["floor"] = None if args.floor.lower() == "none" else float(args.floor)
+        except ValueError:
+            raise ConfigError(f"budget: floor must be a number in [0, 1) or none, got {args.floor!r}") from None
+    if updates:
+        d = {**model.budget.to_dict(), **updates}
         for key in ("tau",) if d["rule"] == "top_k" else ("k", "floor", "rank"):
             d.pop(key, None)
         try:

@@ -1,0 +1,54 @@
+"""`cqg-ray budget MODEL` and `cqg-ray evaluate --budget`: set a model's budget and measure its means on texts."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cqg_ray.cli import main
+from cqg_ray.mbqa.budget import Budget
+from cqg_ray.mbqa.embedder import InterpretableEmbedder
+from tests.mbqa.test_embedder import encoder, make_model  # noqa: F401  (the module's encoder fixture)
+
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "corpus_400.jsonl"
+
+
+def test_budget_sets_the_rule_measures_the_means_and_refuses_centred_values_without_them(encoder, tmp_path, capsys):  # noqa: F811
+    path = str(tmp_path / "model")
+    make_model(encoder).save(path)
+    assert main(["budget", path]) == 0 and "budget: tau=0.5" in capsys.readouterr().out  # shown, nothing written
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["format_version"] == 1
+
+    assert main(["budget", path, "--rule", "top_k", "--k", "3", "--floor", "none", "--value", "prob"]) == 0
+    cfg = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert cfg["format_version"] == 2 and cfg["budget"] == {"rule": "top_k", "k": 3, "floor": None, "value": "prob", "rank": "prob"}
+    assert "stats" not in cfg
+
+    assert main(["budget", path, "--value", "centred"]) == 2
+    assert "give --stats" in capsys.readouterr().err
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["budget"]["value"] == "prob"  # untouched
+    assert main(["budget", path, "--k", "0"]) == 2 and "k must be an integer" in capsys.readouterr().err
+
+    assert main(["budget", path, "--stats", str(CORPUS), "--n", "50", "--value", "centred", "--rank", "centred"]) == 0
+    model = InterpretableEmbedder.load(path, encoder=encoder)
+    texts = [json.loads(line)["text"] for line in CORPUS.read_text().splitlines()]
+    from cqg_ray.evaluate.data import sample_indices
+
+    want = model.encode([texts[i] for i in sample_indices(len(texts), 50, 0)], output="probs").mean(axis=0)
+    np.testing.assert_allclose(model.mean, want, rtol=1e-4, atol=1e-6)
+    assert model.budget == Budget(rule="top_k", k=3, floor=None, value="centred", rank="centred")
+    assert model.stats_source.startswith("50 texts of ") and "corpus_400.jsonl" in model.stats_source
+
+
+def test_evaluate_budget_option_parses_over_the_models_own():
+    from cqg_ray.config import ConfigError
+    from cqg_ray.evaluate.cli import parse_budget
+
+    base = Budget(rule="top_k", k=112, floor=0.5, value="centred", rank="centred")
+    assert parse_budget(["k=16", "floor=none"], base) == Budget(rule="top_k", k=16, floor=None, value="centred", rank="centred")
+    assert parse_budget(["rule=tau", "tau=0.7", "value=one"], base) == Budget(rule="tau", tau=0.7)
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_budget(["k16"], base)
+    with pytest.raises(ConfigError, match="rank"):
+        parse_budget(["rank=mean"], base)
