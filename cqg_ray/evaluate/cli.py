@@ -87,19 +87,17 @@ def config_from_args(args) -> EvaluateConfig:
 
 def parse_budget(items: list[str], base):
     """A Budget from KEY=VALUE items over ``base`` (``--budget rule=top_k k=64``)."""
-    from cqg_ray.mbqa.budget import Budget
-
-    d = base.to_dict()
+    changes = {}
     for item in items:
         if "=" not in item:
             raise ConfigError(f"--budget {item!r} must look like KEY=VALUE")
         key, value = item.split("=", 1)
-        d[key] = None if value.lower() in ("none", "null") else int(value) if key == "k" else float(value) if key in ("tau", "floor") else value
-    for key in ("tau",) if d.get("rule") == "top_k" else ("k", "floor", "rank"):
-        d.pop(key, None)
+        changes[key] = value
     try:
-        return Budget.from_dict(d)
-    except (TypeError, ValueError) as e:
+        for key, value in changes.items():
+            changes[key] = None if value.lower() in ("none", "null") else int(value) if key == "k" else float(value) if key in ("tau", "floor") else value
+        return base.with_(**changes)
+    except ValueError as e:
         raise ConfigError(f"--budget: {e}") from None
 
 

@@ -52,14 +52,21 @@ def probabilities(model: Any, texts: list[str]) -> np.ndarray:
     return p
 
 
+def model_budget(model: Any):
+    """The model's default ``Budget`` (a model without one: the paper's tau rule at its ``tau``)."""
+    from cqg_ray.mbqa.budget import Budget
+
+    return getattr(model, "budget", None) or Budget(rule="tau", tau=float(model.tau))
+
+
 def budgeted(model: Any, probs: np.ndarray, budget: Any = None) -> np.ndarray:
     """(n, m) float32: the vectors the model's ``encode(output="sparse")`` gives for these probabilities, dense (the
     budget's values on the active questions, zero elsewhere); ``budget``: another ``Budget`` (default the model's)."""
     if hasattr(model, "apply"):
         return model.apply(probs, budget)[1]
-    from cqg_ray.mbqa.budget import Budget, apply_budget
+    from cqg_ray.mbqa.budget import apply_budget
 
-    return apply_budget(probs, budget or Budget(rule="tau", tau=float(model.tau)))[1]
+    return apply_budget(probs, budget or model_budget(model))[1]
 
 
 def model_name(model: Any, default: str = "CQG-MBQA") -> str:

@@ -31,7 +31,7 @@ import numpy as np
 from cqg_ray.config import EvaluateConfig
 from cqg_ray.evaluate.methods import as_models, build_methods
 from cqg_ray.evaluate.metrics import kmeans_v_measure
-from cqg_ray.evaluate.models import budgeted
+from cqg_ray.evaluate.models import budgeted, model_budget
 from cqg_ray.evaluate.sweeps import (
     StsProbs,
     budget_curves,
@@ -42,6 +42,7 @@ from cqg_ray.evaluate.sweeps import (
     plot_sweep,
     sweep_rows,
     tau_sweep,
+    with_average,
 )
 from cqg_ray.cqg.quality import format_quality
 from cqg_ray.evaluate.faithfulness import FIGURES, faithfulness, format_faithfulness
@@ -251,13 +252,6 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() or "model"
 
 
-def model_budget(model: Any):
-    """The model's default budget (a model without one: the paper's tau rule)."""
-    from cqg_ray.mbqa.budget import Budget
-
-    return getattr(model, "budget", None) or Budget(rule="tau", tau=float(model.tau))
-
-
 def budget_sweep(model: Any, sts: list[StsProbs], tasks: list[tuple[str, Any, tuple]], curves: dict, ks: list[int]) -> dict:
     """Per budget rule and k: STS Spearman and load, retrieval nDCG@10, clustering V-measure (x100), each per dataset
     and averaged, every point scored with exactly the vectors ``budgeted(model, probs, budget)`` gives."""
@@ -273,9 +267,8 @@ def budget_sweep(model: Any, sts: list[StsProbs], tasks: list[tuple[str, Any, tu
                 vals = [kmeans_v_measure(budgeted(model, probs[0], b), d.labels) for b in budgets]
             rules[rule].setdefault(task, {})[d.name] = vals
         for task in ("retrieval", "clustering"):
-            per = rules[rule].get(task)
-            if per and len(per) > 1:
-                per["Avg."] = [float(np.mean(v)) for v in zip(*per.values())]
+            if task in rules[rule]:
+                rules[rule][task] = with_average(rules[rule][task])
     return {"x": "k", "values": list(ks), "rules": rules}
 
 

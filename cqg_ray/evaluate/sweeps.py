@@ -46,7 +46,8 @@ def _point(bits: np.ndarray, d: StsProbs) -> tuple[float, float]:
     return sts_spearman(u, v, d.gold), cognitive_load(u, v)
 
 
-def _with_average(per: dict[str, list[float]]) -> dict[str, list[float]]:
+def with_average(per: dict[str, list[float]]) -> dict[str, list[float]]:
+    """The per-dataset lists with an "Avg." list beside them when there are several datasets."""
     if len(per) > 1:
         per = {**per, "Avg.": [float(np.mean(vals)) for vals in zip(*per.values())]}
     return per
@@ -67,7 +68,7 @@ def m_sweep(data: list[StsProbs], budget: Budget, ms: list[int], mean: np.ndarra
         pts = [_point(apply_budget(d.probs[:, :m], budget, None if mean is None else mean[:m])[1], d) for m in ms]
         rho[d.name] = [p[0] for p in pts]
         load[d.name] = [p[1] for p in pts]
-    return {"x": "m", "values": ms, "budget": budget.name, "spearman": _with_average(rho), "cognitive_load": _with_average(load)}
+    return {"x": "m", "values": ms, "budget": budget.name, "spearman": with_average(rho), "cognitive_load": with_average(load)}
 
 
 def tau_sweep(data: list[StsProbs], taus: list[float]) -> dict:
@@ -81,7 +82,7 @@ def tau_sweep(data: list[StsProbs], taus: list[float]) -> dict:
         pts = [_point(apply_budget(d.probs, Budget(rule="tau", tau=t))[1], d) for t in taus]
         rho[d.name] = [p[0] for p in pts]
         load[d.name] = [p[1] for p in pts]
-    return {"x": "tau", "values": taus, "spearman": _with_average(rho), "cognitive_load": _with_average(load)}
+    return {"x": "tau", "values": taus, "spearman": with_average(rho), "cognitive_load": with_average(load)}
 
 
 def budget_curves(model_budget: Budget, ks: list[int], has_mean: bool) -> dict[str, list[Budget]]:
@@ -107,7 +108,7 @@ def budget_sweep_sts(data: list[StsProbs], curves: dict[str, list[Budget]], mean
             pts = [_point(apply_budget(d.probs, b, mean)[1], d) for b in budgets]
             rho[d.name] = [p[0] for p in pts]
             load[d.name] = [p[1] for p in pts]
-        out[rule] = {"spearman": _with_average(rho), "cognitive_load": _with_average(load)}
+        out[rule] = {"spearman": with_average(rho), "cognitive_load": with_average(load)}
     return out
 
 

@@ -22,7 +22,7 @@ and every surface (encode, explain, search, serve, embed, evaluate, faithfulness
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -79,9 +79,18 @@ class Budget:
             raise ValueError(f"unknown budget keys {sorted(unknown)} (known: rule, tau, k, floor, value, rank)")
         return cls(**d)
 
+    @property
+    def needs_mean(self) -> bool:
+        """Whether applying it needs the questions' mean probabilities (centred values, or ranking by p - mean)."""
+        return self.value == "centred" or (self.rule == "top_k" and self.rank == "centred")
+
     def with_(self, **changes) -> "Budget":
-        """A copy with some fields changed (checked like a new one); ``None`` values are left as they are."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        """A copy with some fields changed, checked like a new one (``ValueError``); the fields the resulting rule does
+        not use go back to their defaults (``rule="tau"`` drops k, floor and rank; ``rule="top_k"`` drops tau)."""
+        d = {**self.to_dict(), **changes}
+        for key in ("tau",) if d.get("rule") == "top_k" else ("k", "floor", "rank"):
+            d.pop(key, None)
+        return Budget.from_dict(d)
 
 
 def active_mask(probs: np.ndarray, budget: Budget, mean: np.ndarray | None = None) -> np.ndarray:
@@ -111,11 +120,9 @@ def apply_budget(probs: np.ndarray, budget: Budget, mean: np.ndarray | None = No
     ``mean``: (m,) the questions' mean probabilities on the training corpus (needed for value "centred")."""
     p = np.asarray(probs, dtype=np.float32)
     mask = active_mask(p, budget, mean)
-    if budget.value == "one":
-        return mask, mask.astype(np.float32)
-    if budget.value == "prob":
-        return mask, np.where(mask, p, np.float32(0))
-    return mask, np.where(mask, p - _check_mean(mean, p.shape[-1], "value 'centred'"), np.float32(0))
+    values = np.zeros(p.shape, dtype=np.float32)
+    values[mask] = _active_values(p[mask], np.nonzero(mask)[-1], budget, mean, p.shape[-1])
+    return mask, values
 
 
 def sparse_budget(probs: np.ndarray, budget: Budget, mean: np.ndarray | None = None):
@@ -126,15 +133,19 @@ def sparse_budget(probs: np.ndarray, budget: Budget, mean: np.ndarray | None = N
     p = np.atleast_2d(np.asarray(probs, dtype=np.float32))
     mask = active_mask(p, budget, mean)
     rows, cols = np.nonzero(mask)
-    if budget.value == "one":
-        data = np.ones(len(cols), dtype=np.float32)
-    elif budget.value == "prob":
-        data = p[rows, cols]
-    else:
-        data = p[rows, cols] - _check_mean(mean, p.shape[-1], "value 'centred'")[cols]
+    data = _active_values(p[rows, cols], cols, budget, mean, p.shape[-1])
     indptr = np.zeros(len(p) + 1, dtype=np.int64)
     np.cumsum(mask.sum(axis=1), out=indptr[1:])
     return sp.csr_array((data, cols.astype(np.int32), indptr), shape=p.shape)
+
+
+def _active_values(p: np.ndarray, cols: np.ndarray, budget: Budget, mean: np.ndarray | None, m: int) -> np.ndarray:
+    """The values of the active entries (float32): ``p`` their probabilities, ``cols`` their questions."""
+    if budget.value == "one":
+        return np.ones(len(p), dtype=np.float32)
+    if budget.value == "prob":
+        return p.astype(np.float32, copy=False)
+    return p - _check_mean(mean, m, "value 'centred'")[cols]
 
 
 def _check_mean(mean: np.ndarray | None, m: int, what: str) -> np.ndarray:

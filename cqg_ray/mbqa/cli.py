@@ -17,18 +17,14 @@ import numpy as np
 from cqg_ray.config import ConfigError
 
 
-def mean_probabilities(model, texts: list[str], batch: int = 4096) -> np.ndarray:
-    """(m,) float32: each question's mean probability over ``texts``."""
-    total = np.zeros(model.m, dtype=np.float64)
-    for i in range(0, len(texts), batch):
-        total += model.encode(texts[i : i + batch], output="probs", progress=False).sum(axis=0, dtype=np.float64)
-    return (total / max(len(texts), 1)).astype(np.float32)
+def mean_probabilities(model, texts: list[str]) -> np.ndarray:
+    """(m,) float32: each question's mean probability over ``texts`` (the heads' own mean over the texts' embeddings,
+    as the train stage measures it)."""
+    return model.heads.mean_probabilities(model.encoder.encode(texts, normalize=model.normalize))
 
 
 def cmd_budget(args) -> int:
-    from cqg_ray.evaluate.data import load_texts
-    from cqg_ray.evaluate.data import sample_indices
-    from cqg_ray.mbqa.budget import Budget
+    from cqg_ray.evaluate.data import load_texts, sample_indices
     from cqg_ray.mbqa.embedder import InterpretableEmbedder, resolve_model
 
     path = resolve_model(args.model)
@@ -51,15 +47,12 @@ def cmd_budget(args) -> int:
         except ValueError:
             raise ConfigError(f"budget: floor must be a number in [0, 1) or none, got {args.floor!r}") from None
     if updates:
-        d = {**model.budget.to_dict(), **updates}
-        for key in ("tau",) if d["rule"] == "top_k" else ("k", "floor", "rank"):
-            d.pop(key, None)
         try:
-            model.budget = Budget.from_dict(d)
+            model.budget = model.budget.with_(**updates)
         except ValueError as e:
             raise ConfigError(f"budget: {e}") from None
         model.versioned_budget = changed = True
-    if (model.budget.value == "centred" or model.budget.to_dict().get("rank") == "centred") and model.mean is None:
+    if model.budget.needs_mean and model.mean is None:
         raise ConfigError("centred values or ranking need the statistics: give --stats TRAINING_TEXTS")
     if changed:
         model.save(path)

@@ -97,7 +97,7 @@ class InterpretableEmbedder:
         self.stats_source = ""  # which training texts the means were measured on (stats.safetensors metadata)
         if self.mean is not None and self.mean.shape != (heads.m,):
             raise ModelError(f"stats mean has shape {self.mean.shape}, expected ({heads.m},)")
-        if (self.budget.value == "centred" or (self.budget.rule == "top_k" and self.budget.rank == "centred")) and self.mean is None:
+        if self.budget.needs_mean and self.mean is None:
             raise ModelError("the budget centres values or ranks by p - mean but the model has no stats (mean probabilities)")
         self.eval_report = eval_report
         self.normalize = normalize
@@ -242,7 +242,7 @@ class InterpretableEmbedder:
             if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= self.m:
                 raise ValueError(f"k must be an integer from 1 to m={self.m}, got {k!r}")
             if self.budget.rule == "top_k":
-                return self.budget.with_(k=int(k))
+                return self.budget.with_(k=int(k))  # floor, values and ranking stay the model's
             return Budget(rule="top_k", k=int(k), floor=self.budget.tau, value=self.budget.value)
         return self.budget
 
@@ -324,8 +324,7 @@ STATS = "stats.safetensors"
 
 def _read_stats(run: RunDir, name: str, path: str) -> tuple[np.ndarray, str]:
     """(mean, the source recorded in the file's metadata) of a stats.safetensors."""
-    import json
-    import struct
+    from cqg_ray.mbqa.heads import safetensors_metadata
 
     if not run.exists(name):
         raise ModelError(f"missing artifact: {path}/{name} (config.json names it)")
@@ -334,7 +333,7 @@ def _read_stats(run: RunDir, name: str, path: str) -> tuple[np.ndarray, str]:
     data = run.read_bytes(name)
     try:
         t = load(data)
-        meta = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]]).get("__metadata__") or {}
+        meta = safetensors_metadata(data)
     except Exception as e:  # safetensors raises its own error types for corrupt bytes
         raise ModelError(f"{path}/{name} is not a readable safetensors file: {e}") from None
     if "mean" not in t or t["mean"].ndim != 1:

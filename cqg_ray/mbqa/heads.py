@@ -103,7 +103,7 @@ class StackedHeads(nn.Module):
     def from_bytes(cls, data: bytes, source: str = "<bytes>") -> "StackedHeads":
         try:
             tensors = st_load(data)
-            meta = _read_metadata(data)
+            meta = safetensors_metadata(data)
         except Exception as e:
             raise ValueError(f"{source} is not a valid safetensors file: {e}") from None
         try:
@@ -131,10 +131,10 @@ class StackedHeads(nn.Module):
             return cls.from_bytes(f.read(), source=path)
 
 
-def _read_metadata(data: bytes) -> dict:
-    """The safetensors header's __metadata__ (8-byte little-endian length, then JSON)."""
+def safetensors_metadata(data: bytes) -> dict:
+    """The safetensors header's __metadata__ (8-byte little-endian length, then JSON); {} when it has none."""
     n = int.from_bytes(data[:8], "little")
-    return json.loads(data[8 : 8 + n]).get("__metadata__", {})
+    return json.loads(data[8 : 8 + n]).get("__metadata__") or {}
 
 
 def masked_bce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, pos_weight: float | torch.Tensor) -> torch.Tensor:
