@@ -22,14 +22,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """Built from a copy of pyproject.toml, README.md and cqg_ray/ only, so nothing else in the checkout can leak in."""
+    """Built from a copy of pyproject.toml, setup.py, MANIFEST.in, README.md, cqg_ray/ and models/ only, so nothing else
+    in the checkout can leak in."""
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "cqg_ray", src / "cqg_ray", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for folder in ("cqg_ray", "models"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     out = tmp_path_factory.mktemp("dist")
     try:
-        import build  # noqa: F401
+        import build.__main__  # noqa: F401  (the package, not a build/ folder left by an earlier pip wheel)
 
         cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(src)]
     except ImportError:
@@ -68,6 +70,32 @@ def test_the_wheel_holds_the_configs_and_the_page(wheel):
         assert f.relative_to(ROOT).as_posix() in names
     assert {"cqg_ray/configs/demo.yaml", "cqg_ray/configs/paper.yaml", "cqg_ray/serve/static/index.html"} <= names
     assert not any(n.startswith(("tests/", "configs/", "scripts/")) for n in names)
+
+
+def test_the_wheel_carries_the_shipped_model_under_50_mb(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = [f for f in (ROOT / "models").rglob("*") if f.is_file()]
+    assert shipped and {"cqg_ray/models/" + f.relative_to(ROOT / "models").as_posix() for f in shipped} <= names
+    assert wheel.stat().st_size < 50e6
+
+
+def test_the_shipped_model_loads_by_name_from_the_wheel(venv):
+    """``InterpretableEmbedder.load("cqg-minilm-ref")`` in a folder with no models/, from the installed wheel: the
+    folder it loads is the wheel's, and its sparse output equals the checkout's."""
+    import numpy as np
+
+    from cqg_ray import InterpretableEmbedder
+
+    texts = ["A man is playing a guitar.", "The central bank raised interest rates."]
+    code = ("import json, cqg_ray; from cqg_ray import InterpretableEmbedder; from cqg_ray.mbqa.embedder import resolve_model; "
+            "m = InterpretableEmbedder.load('cqg-minilm-ref'); print(resolve_model('cqg-minilm-ref')); "
+            f"s = m.encode({texts!r}, output='sparse'); print(json.dumps([s.indices.tolist(), s.indptr.tolist(), s.data.tolist()]))")
+    where, out = run(venv, str(venv / "bin" / "python"), "-c", code).stdout.strip().splitlines()[-2:]
+    assert where.startswith(str(venv)) and where.endswith("cqg_ray/models/cqg-minilm-ref")
+    here = InterpretableEmbedder.load(str(ROOT / "models" / "cqg-minilm-ref")).encode(texts, output="sparse")
+    indices, indptr, data = __import__("json").loads(out)
+    assert indices == here.indices.tolist() and indptr == here.indptr.tolist()
+    assert np.allclose(data, here.data, atol=1e-6)
 
 
 def test_installed_package_comes_from_the_wheel_and_finds_its_configs(venv):

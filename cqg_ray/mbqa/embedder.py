@@ -47,9 +47,11 @@ OUTPUTS = ("bits", "packed", "probs", "sparse")  # active questions 0/1, np.pack
 
 
 def model_dirs() -> list[Path]:
-    """Where a model given by bare name is looked for: $CQG_RAY_MODELS, ./models, then the source checkout's models/."""
+    """Where a model given by bare name is looked for: $CQG_RAY_MODELS, ./models, the models the wheel carries
+    (cqg_ray/models, see setup.py), then the source checkout's models/."""
     dirs = [Path(d) for d in os.environ.get(MODELS_ENV, "").split(os.pathsep) if d]
-    dirs += [Path("models"), Path(__file__).resolve().parents[2] / "models"]
+    here = Path(__file__).resolve().parents[1]
+    dirs += [Path("models"), here / "models", here.parent / "models"]
     return dirs
 
 
