@@ -34,6 +34,8 @@ CLI = [sys.executable, "-m", "cqg_ray.cli"]
 CORPUS = str(ROOT.parent / "shared" / "data" / "corpus" / "sentences.jsonl.gz")
 STSB = str(ROOT.parent / "shared" / "data" / "sts" / "STSBenchmark.test.tsv")
 WRITER = "cqg.writer_model=bundled:qwen2.5-coder-1.5b"
+Q20 = ["cqg.questions_per_prompt=20", "llm.max_tokens_generate=520"]
+ANSWER15 = "llm.llamacpp.model=bundled:qwen2.5-coder-1.5b"
 PAPER = ["cqg.prompt=paper", "cqg.filters=[]", "cqg.p_p=5", "cqg.p_h=3", "cqg.p_e=2"]
 OPTIONS: dict[str, list[str]] = {
     "paper-0.5b": PAPER,                                                   # what the shipped model was built with
@@ -42,6 +44,10 @@ OPTIONS: dict[str, list[str]] = {
     "property-1.5b": [WRITER],
     "property-1.5b-noexamples": [WRITER, "cqg.examples=0"],
     "property-1.5b-400chars": [WRITER, "cqg.max_text_chars=400"],
+    "property-1.5b-20q": [WRITER, *Q20],                                   # 20 candidates a prompt instead of 10
+    "property-1.5b-20q-1.5b": [WRITER, *Q20, ANSWER15],                    # ... and the 1.5B answering probes and labels
+    "property-1.5b-20q-kw": [WRITER, *Q20, "cqg.keywords=10"],             # 20 candidates and the cluster's c-TF-IDF words
+    "property-1.5b-20q-kw-1.5b": [WRITER, *Q20, "cqg.keywords=10", ANSWER15],
 }
 
 

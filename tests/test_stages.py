@@ -14,12 +14,12 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # that stage; the LLM ledger keeps every answer, so nothing is asked again): evaluation when evaluate got its
 # faithfulness section (issue 26), questions when cqg got prompt, writer_model, filters and 20 probes (issue 27),
 # model and evaluation when train got its budget and evaluate its active_k sweep (issue 28), questions again for the
-# example filter and the demo's 1.5B writer for 16 clusters (issue 27).
+# example filter and the demo's 1.5B writer for 16 clusters (issue 27), questions again for cqg.keywords (issue 27).
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
     "cluster": "2dc43e847309c883",
-    "questions": "f7bf289903a7c17a",
+    "questions": "99a785889e5357dd",
     "labels": "e40a7d3ea2f87ee8",
     "model": "8508bb1c706ff0fe",
     "evaluation": "44375537aa0bc295",
@@ -28,7 +28,7 @@ DEFAULT_HASHES = {
     "prepare": "a32071158441a1dc",
     "encode": "aa72063655ffa91f",
     "cluster": "fe2e5115535f60b6",
-    "questions": "517b8e2cf157bf95",
+    "questions": "717032e04283b96c",
     "labels": "53a01361097a010d",
     "model": "33f13c8cb84878a5",
     "evaluation": "ad1f9a7a45bd97b0",

@@ -3,6 +3,7 @@
 Reads prepare/ (texts), cluster/ (assignments, neighbours); writes under questions/:
 
     samples.parquet        cluster, role (positive|hard|easy|article), doc_id          the generation prompts' texts
+    keywords.parquet       cluster, keywords (c-TF-IDF words the property prompt shows; only with cqg.keywords > 0)
     generations.parquet    cluster, ok, raw text, parsed questions, dropped counts, tokens
     probes.parquet         cluster, doc_id, role, candidate ids, answers               one A.3 prompt per probe text
     candidates.parquet     every parsed question with its probe counts, quality (Eq. 1), top_t / kept flags
@@ -49,10 +50,11 @@ def _samples_rows(samples: list[Sample], doc_ids: np.ndarray, kind: str) -> dict
     return rows
 
 
-def generation_requests(cfg: PipelineConfig, samples: list[Sample], texts: dict[str, str], doc_ids: np.ndarray, fitter=None):
+def generation_requests(cfg: PipelineConfig, samples: list[Sample], texts: dict[str, str], doc_ids: np.ndarray, fitter=None,
+                        keywords: dict[int, list[str]] | None = None):
     """One generation request per cluster (``cqg.prompt``: the property prompt or A.1; A.2 for qaemb), its texts clipped
-    to cqg.max_text_chars and, with a
-    ``fitter`` (``cqg_ray.llm.fit.PromptFitter``), clipped further or dropped until the prompt fits the engine."""
+    to cqg.max_text_chars and, with a ``fitter`` (``cqg_ray.llm.fit.PromptFitter``), clipped further or dropped until
+    the prompt fits the engine. ``keywords``: each cluster's c-TF-IDF words, shown by the property prompt."""
     from cqg_ray.llm.base import Request
     from cqg_ray.llm.fit import PromptFitter
     from cqg_ray.llm.prompts import clip_text, cqg_messages, property_messages, qaemb_messages
@@ -69,8 +71,9 @@ def generation_requests(cfg: PipelineConfig, samples: list[Sample], texts: dict[
             if len(s.positives) == 0 or len(neg) == 0:
                 continue
             if c.prompt == "property":
-                build = lambda pos, ng: Request(property_messages(pos, ng, c.questions_per_prompt, c.examples),  # noqa: E731
-                                                max_tokens=cfg.llm.max_tokens_generate, meta=meta)
+                kw = (keywords or {}).get(int(s.cluster), [])
+                build = lambda pos, ng, kw=kw: Request(property_messages(pos, ng, c.questions_per_prompt, c.examples, kw),  # noqa: E731
+                                                       max_tokens=cfg.llm.max_tokens_generate, meta=meta)
             else:
                 build = lambda pos, ng: Request(cqg_messages(pos, ng, c.questions_per_prompt), max_tokens=cfg.llm.max_tokens_generate, meta=meta)  # noqa: E731
             req, _, _ = fitter.contrast(clip(s.positives), clip(neg), build, what=f"cluster {s.cluster}")
@@ -90,6 +93,18 @@ def example_questions(c) -> list[str]:
     if c.method != "cqg" or c.prompt != "property":
         return []
     return [q for _, _, qs in PROPERTY_EXAMPLES[: c.examples] for q in qs]
+
+
+def cluster_keywords(c, doc_ids: np.ndarray, texts: dict[str, str], samples: dict[int, np.ndarray]) -> dict[int, list[str]]:
+    """{cluster: its ``c.keywords`` c-TF-IDF words} over every cluster's keyword sample (``samples``), for the property
+    prompt; empty when the prompt shows none."""
+    from cqg_ray.cqg.keywords import ctfidf
+
+    if not samples:
+        return {}
+    ks = sorted(samples)
+    words = ctfidf([[texts[str(doc_ids[i])] for i in samples[k]] for k in ks], c.keywords)
+    return dict(zip(ks, words))
 
 
 def writer_llm(cfg: PipelineConfig):
@@ -160,18 +175,28 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     else:
         gen = [Sample(k, qaemb_articles(index, k, c.qaemb_articles, c.seed), np.zeros(0, np.int64), np.zeros(0, np.int64)) for k in clusters]
     probes = probe_samples(index, cl.neighbors, gen, c.p_p, c.p_h, c.p_e, c.hard_neighbors, c.seed)
+    from cqg_ray.cqg.keywords import keyword_sample
+
+    show_keywords = c.method == "cqg" and c.prompt == "property" and c.keywords > 0
+    kw_samples = {k: keyword_sample(index.members(k), c.keyword_texts, c.seed, k) for k in range(cl.k)} if show_keywords else {}
     need = set()
     for s in gen + probes:
         need.update(cl.doc_ids[np.concatenate([s.positives, s.hard, s.easy])].tolist())
+    for ids in kw_samples.values():
+        need.update(cl.doc_ids[ids].tolist())
     texts = load_texts(run, sorted(need))
     run.write_table(f"{ctx.stage}/samples.parquet", pa.table(_samples_rows(gen, cl.doc_ids, c.method)))
+    keywords = cluster_keywords(c, cl.doc_ids, texts, kw_samples)
+    if keywords:
+        run.write_table(f"{ctx.stage}/keywords.parquet", pa.table({"cluster": pa.array(list(keywords), pa.int32()),
+                                                                   "keywords": pa.array(list(keywords.values()), pa.list_(pa.string()))}))
 
     # 2. generation
     wllm = writer_llm(cfg)
     gbackend = backend if wllm is cfg.llm else None  # a writer of its own gets its own backend
     budget = stage_budget(cfg.llm, backend)
     gfit = PromptFitter(stage_budget(wllm, gbackend), f"{c.method}-generate")
-    greqs = generation_requests(cfg, gen, texts, cl.doc_ids, gfit)
+    greqs = generation_requests(cfg, gen, texts, cl.doc_ids, gfit, keywords)
     gfit.log()
     prompt = c.prompt if c.method == "cqg" else "qaemb"
     log.info("cqg: %d clusters, %d generation prompts (%s, prompt %s, writer %s)", len(clusters), len(greqs), c.method, prompt,

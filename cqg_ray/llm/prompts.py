@@ -224,23 +224,34 @@ PROPERTY_EXAMPLES: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]
 )
 
 
-def property_user(positives: list[str], negatives: list[str], n_questions: int) -> str:
-    """The user turn of the property prompt: the texts, then what to write."""
+# The worked examples' keywords (what ``cqg.keywords`` shows for a cluster), one tuple per example.
+PROPERTY_EXAMPLE_KEYWORDS: tuple[tuple[str, ...], ...] = (
+    ("whisk", "simmer", "roast", "sugar", "flour", "season", "oven", "garlic"),
+    ("scored", "won", "final", "team", "sets", "finished", "leaders", "minutes"),
+    ("broke", "stopped", "disappointed", "customer", "service", "never", "answered", "weeks"),
+)
+
+
+def property_user(positives: list[str], negatives: list[str], n_questions: int, keywords: list[str] | tuple[str, ...] = ()) -> str:
+    """The user turn of the property prompt: the texts, the positives' cluster keywords when given, then what to write."""
     _check_contrast(positives, negatives, n_questions)
     pos = "\n".join(f"{i}. {t}" for i, t in enumerate(positives, 1))
     neg = "\n".join(f"{i}. {t}" for i, t in enumerate(negatives, 1))
-    return (f"Positive texts:\n{pos}\n\nNegative texts:\n{neg}\n\n"
+    kw = f"Words typical of texts like the positives: {', '.join(keywords)}\n\n" if keywords else ""
+    return (f"Positive texts:\n{pos}\n\nNegative texts:\n{neg}\n\n{kw}"
             f"Write {n_questions} yes/no questions that are true of all positive texts and false of all negative texts.")
 
 
-def property_messages(positives: list[str], negatives: list[str], n_questions: int = 10, examples: int = len(PROPERTY_EXAMPLES)) -> list[Message]:
+def property_messages(positives: list[str], negatives: list[str], n_questions: int = 10, examples: int = len(PROPERTY_EXAMPLES),
+                      keywords: list[str] | tuple[str, ...] = ()) -> list[Message]:
     """CQG asking for properties rather than contents (``cqg.prompt: property``; the paper's A.1 is ``cqg_messages``):
-    a system turn with the rules, ``examples`` worked examples as user/assistant turns, then this cluster's texts."""
+    a system turn with the rules, ``examples`` worked examples as user/assistant turns, then this cluster's texts.
+    With ``keywords`` (the cluster's c-TF-IDF words) every user turn, the examples' too, lists its keywords."""
     msgs: list[Message] = [{"role": "system", "content": PROPERTY_SYSTEM}]
-    for pos, neg, qs in PROPERTY_EXAMPLES[:examples]:
-        msgs.append({"role": "user", "content": property_user(list(pos), list(neg), len(qs))})
+    for (pos, neg, qs), kw in zip(PROPERTY_EXAMPLES[:examples], PROPERTY_EXAMPLE_KEYWORDS):
+        msgs.append({"role": "user", "content": property_user(list(pos), list(neg), len(qs), kw if keywords else ())})
         msgs.append({"role": "assistant", "content": "\n".join(f"{i}. {q}" for i, q in enumerate(qs, 1))})
-    msgs.append({"role": "user", "content": property_user(positives, negatives, n_questions)})
+    msgs.append({"role": "user", "content": property_user(positives, negatives, n_questions, keywords)})
     return msgs
 
 

@@ -216,3 +216,21 @@ def test_property_prompt_by_default_and_the_paper_prompt_verbatim(clustered_run,
         else:
             assert [x["role"] for x in gen] == ["system"] + ["user", "assistant"] * 3 + ["user"] and gen[0]["content"] == PROPERTY_SYSTEM
             assert gen[-1]["content"].startswith("Positive texts:\n1. ")
+
+
+def test_cluster_keywords_reach_the_property_prompt(clustered_run, corpus_file, tmp_path):
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.fake import FakeBackend
+
+    d = copy_clustered(clustered_run, tmp_path / "kw")
+    cfg = small_config(d, corpus_file, max_clusters=2, keywords=6)
+    fake = FakeBackend(cfg.llm, reply=scripted)
+    run = RunDir(str(d))
+    run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))
+    kw = run.read_table("questions/keywords.parquet").to_pylist()
+    assert len(kw) == cfg.cluster.k and [r["cluster"] for r in kw] == list(range(cfg.cluster.k))
+    assert all(0 < len(r["keywords"]) <= 6 for r in kw)
+    gens = {r.meta["cluster"]: r.messages[-1]["content"] for r in fake.calls if not r.yes_no and r.n_answers is None}
+    assert sorted(gens) == [0, 1]
+    for k, content in gens.items():
+        assert f"Words typical of texts like the positives: {', '.join(kw[k]['keywords'])}\n\n" in content
