@@ -173,7 +173,9 @@ class LLMConfig(Section):
                                                      "packed = the paper's A.3 prompt, questions_per_prompt numbered questions, answers decoded "
                                                      "(the default departs from the paper: paper.yaml sets packed)")
     logprobs: bool = Field(False, description="record P(yes) where the backend gives logprobs (packed mode; single-pass always has it)")
-    flush_every: int = Field(32, ge=1, description="results per ledger shard (each result is journalled the moment it finishes)")
+    flush_every: int = Field(50_000, ge=1, description="results per ledger shard at most (each result is journalled the moment it finishes, "
+                             "so a kill loses none on a local disk; large shards keep a million answers to tens of files)")
+    flush_s: float = Field(60.0, gt=0, description="seconds between ledger shards at most (each writer, the driver's runner or a worker)")
     retry_failed: bool = Field(False, description="on a rerun, ask again the requests the ledger holds as failed (after fixing a server, say)")
     llamacpp: LlamaCppConfig = Field(default_factory=LlamaCppConfig)
     openai: OpenAIConfig = Field(default_factory=OpenAIConfig)

@@ -14,7 +14,9 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # that stage; the LLM ledger keeps every answer, so nothing is asked again): evaluation when evaluate got its
 # faithfulness section (issue 26), questions when cqg got prompt, writer_model, filters and 20 probes (issue 27),
 # model and evaluation when train got its budget and evaluate its active_k sweep (issue 28), questions again for the
-# example filter and the demo's 1.5B writer for 16 clusters (issue 27), questions again for cqg.keywords (issue 27).
+# example filter and the demo's 1.5B writer for 16 clusters (issue 27), questions again for cqg.keywords (issue 27),
+# evaluation when the LLM section got large ledger shards (llm.flush_every 50,000 and llm.flush_s: the faithfulness
+# judge's section is an LLM section; labels and questions hash llm.identity only and keep theirs, issue 30).
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
@@ -22,7 +24,7 @@ DEMO_HASHES = {
     "questions": "99a785889e5357dd",
     "labels": "e40a7d3ea2f87ee8",
     "model": "8508bb1c706ff0fe",
-    "evaluation": "44375537aa0bc295",
+    "evaluation": "63bc25737735821a",
 }
 DEFAULT_HASHES = {
     "prepare": "a32071158441a1dc",
@@ -31,7 +33,7 @@ DEFAULT_HASHES = {
     "questions": "717032e04283b96c",
     "labels": "53a01361097a010d",
     "model": "33f13c8cb84878a5",
-    "evaluation": "ad1f9a7a45bd97b0",
+    "evaluation": "ee4b468487eeb9ae",
 }
 
 

@@ -2,6 +2,7 @@
 
     <run>/llm/ledger/<stage>/<time_ns>-<uid>.parquet    one shard per flush (key, text, ok, answers, tokens, ...)
     <run>/llm/ledger/<stage>/_journal.jsonl             each finished row, appended the moment it finishes
+    <run>/llm/ledger/<stage>/_journal-<id>.jsonl        the same, one per worker when Ray workers write at once
     <run>/llm/ledger/<stage>/_stats.json                per-stage accounting (totals + one entry per run)
 
 A request's key is a hash of (backend and model identity, chat messages, max_tokens, n_answers, logprobs);
@@ -9,11 +10,16 @@ its ``meta`` is not part of it. A shard is written atomically (temp file + renam
 object stores), so a killed process leaves whole shards only; the same key in two shards (a compaction
 killed midway) is harmless: the last one read wins.
 
-Between two shards, every finished row is also appended to the journal as one JSON line, written through to
-the operating system before the next request is judged; the journal is emptied once its rows are in a shard.
-So a process killed at any moment (SIGKILL included) loses only the requests in flight: ``load`` reads the
-shards and the journal (a torn last line is ignored). Object stores cannot append; there the journal is off and
-a kill loses at most the rows since the last shard (``llm.flush_every``).
+Shards are large: a writer (``BatchWriter``) writes one every ``llm.flush_every`` rows (50,000) or ``llm.flush_s``
+seconds (60), so a million answers make tens of objects, not tens of thousands. Between two shards, every finished
+row is also appended to the writer's journal as one JSON line, written through to the operating system before the
+next request is judged; the journal is emptied once its rows are in a shard. So a process killed at any moment
+(SIGKILL included) loses only the requests in flight: readers read the shards and every journal (a torn last
+line is ignored), and ``recover`` moves killed writers' journals into a shard. Object stores cannot append; there
+the journal is off and a kill loses at most the rows since the last shard.
+
+A resume reads the key column only (``columns``), not the results; a stage reads back the full rows of its own
+keys only (``rows``).
 """
 
 from __future__ import annotations
@@ -23,12 +29,15 @@ import json
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from cqg_ray.llm.base import Request
-from cqg_ray.rundir import RunDir
+from cqg_ray.rundir import ArtifactError, RunDir
 
 log = logging.getLogger("cqg_ray")
 
@@ -76,39 +85,79 @@ def request_key(identity: dict[str, Any], req: Request, logprobs: bool = False) 
 
 
 class Ledger:
-    def __init__(self, run: RunDir, stage: str):
+    """One stage's ledger. ``journal`` names this writer's journal: the runner's ``_journal.jsonl``, or one per
+    worker (``worker_journal()``) when workers write at once; readers read every journal there is."""
+
+    def __init__(self, run: RunDir, stage: str, journal: str = JOURNAL):
         if not stage or "/" in stage:
             raise ValueError(f"ledger stage must be a plain name, got {stage!r}")
+        if not (journal.startswith("_journal") and journal.endswith(".jsonl")):
+            raise ValueError(f"a journal is named _journal*.jsonl, got {journal!r}")
         self.run = run
         self.stage = stage
         self.folder = f"llm/ledger/{stage}"
+        self.journal = journal
         self._journal: Any = None  # an open append stream while rows are journalled
         self.journal_supported = True
 
     def shards(self) -> list[str]:
         return self.run.ls(self.folder, suffix=".parquet")
 
+    def journals(self) -> list[str]:
+        return [n for n in self.run.ls(self.folder, suffix=".jsonl") if n.startswith("_journal")]
+
+    def columns(self, names: Sequence[str] = ("key",)) -> pa.Table:
+        """These columns of every finished row (shards, then journals), nothing else read: a resume reads the keys
+        only. A key may appear twice (a compaction or a recovery killed midway): the last one is the current row."""
+        names = list(dict.fromkeys(["key", *names]))
+        schema = pa.schema([SCHEMA.field(n) for n in names])
+        parts = [pq.read_table(self.run.path(self.folder, n), columns=names, filesystem=self.run.fs).cast(schema) for n in self.shards()]
+        journal = self.journal_rows()
+        if journal:
+            parts.append(pa.Table.from_pylist([{n: r.get(n) for n in names} for r in journal], schema=schema))
+        return pa.concat_tables(parts) if parts else schema.empty_table()
+
+    def rows(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """key -> finished row for these keys only (the shards filtered as they are read, then the journals)."""
+        wanted = pa.array(sorted(set(keys)), pa.string())
+        out: dict[str, dict[str, Any]] = {}
+        if len(wanted) == 0:
+            return out
+        for n in self.shards():
+            t = pq.read_table(self.run.path(self.folder, n), filesystem=self.run.fs)
+            for row in t.filter(pc.is_in(t.column("key"), value_set=wanted)).to_pylist():
+                out[row["key"]] = schema_row(row)
+        keyset = set(wanted.to_pylist())
+        for row in self.journal_rows():
+            if row["key"] in keyset:
+                out[row["key"]] = row
+        return out
+
     def load(self) -> dict[str, dict[str, Any]]:
-        """key -> finished row (dict with the SCHEMA's fields): the shards, then the journal; {} for a new stage."""
+        """key -> finished row (dict with the SCHEMA's fields): every row of the shards, then the journals; {} for a
+        new stage. For small ledgers and tests: stages read ``columns`` (resume) and ``rows`` (their own keys)."""
         rows: dict[str, dict[str, Any]] = {}
         if self.shards():
-            rows = {row["key"]: row for row in self.run.read_table(self.folder).to_pylist()}
+            rows = {row["key"]: schema_row(row) for row in self.run.read_table(self.folder).to_pylist()}
         for row in self.journal_rows():
             rows[row["key"]] = row
         return rows
 
     def journal_rows(self) -> list[dict[str, Any]]:
-        """The rows journalled since the last shard; a line torn by a kill (the last one) is skipped."""
-        if not self.run.exists(self.folder, JOURNAL):
-            return []
+        """The rows journalled since the last shard, every journal's; a line torn by a kill (the last one) is skipped."""
         rows = []
-        for line in self.run.read_bytes(f"{self.folder}/{JOURNAL}").split(b"\n"):
+        for name in self.journals():
             try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # empty or torn
-            if isinstance(row, dict) and isinstance(row.get("key"), str):
-                rows.append(row)
+                data = self.run.read_bytes(f"{self.folder}/{name}")
+            except ArtifactError:  # removed between the listing and the read
+                continue
+            for line in data.split(b"\n"):
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue  # empty or torn
+                if isinstance(row, dict) and isinstance(row.get("key"), str):
+                    rows.append(schema_row(row))
         return rows
 
     def record(self, row: dict[str, Any]) -> None:
@@ -118,7 +167,7 @@ class Ledger:
         if self._journal is None:
             self.run.makedirs(self.folder)
             try:
-                self._journal = self.run.fs.open_append_stream(self.run.path(self.folder, JOURNAL), compression=None)
+                self._journal = self.run.fs.open_append_stream(self.run.path(self.folder, self.journal), compression=None)
             except (pa.ArrowNotImplementedError, NotImplementedError, OSError) as e:
                 self.journal_supported = False
                 log.info("ledger %s: no journal on this filesystem (%s); a kill loses at most the rows since the last shard", self.stage, e)
@@ -132,32 +181,51 @@ class Ledger:
             self._journal.close()
             self._journal = None
 
+    def write_shard(self, rows: list[dict[str, Any]]) -> None:
+        """One shard with these rows (atomic: temp file + rename, or one PUT)."""
+        table = pa.Table.from_pylist([schema_row(r) for r in rows], schema=SCHEMA)
+        self.run.write_table(f"{self.folder}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet", table)
+
     def append(self, rows: list[dict[str, Any]]) -> None:
-        """Write one shard with these finished rows (no-op for none), then empty the journal.
+        """Write one shard with these finished rows (no-op for none), then empty this writer's journal.
 
         Callers pass every row journalled since the last shard (and may pass more): the journal's rows are then
         all in a shard. A kill between the two steps leaves them in both, which is harmless.
         """
         if rows:
-            table = pa.Table.from_pylist([schema_row(r) for r in rows], schema=SCHEMA)
-            self.run.write_table(f"{self.folder}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet", table)
+            self.write_shard(rows)
         self.close()
-        self.run.rm(self.folder, JOURNAL)
+        self.run.rm(self.folder, self.journal)
 
     def recover(self) -> int:
-        """Move rows a killed run left in the journal into a shard; returns how many there were."""
+        """Move the rows killed writers left in journals (every journal) into one shard; returns how many there were.
+        Run it when no writer is running (at the start of a stage, or once its workers are done)."""
+        names = self.journals()
         rows = self.journal_rows()
-        self.append(rows)  # with none, this only removes a journal holding nothing readable
+        if rows:
+            self.write_shard(rows)
+        self.close()
+        for n in names:  # also removes a journal holding nothing readable
+            self.run.rm(self.folder, n)
         return len(rows)
 
-    def compact(self, min_shards: int = 64) -> int:
-        """Merge the shards into one when there are at least ``min_shards``; returns the shard count after."""
+    def compact(self, min_shards: int = 64, small_rows: int = 10_000) -> int:
+        """Merge the shards of fewer than ``small_rows`` rows into one when there are at least ``min_shards`` of them,
+        streamed one shard at a time (never the ledger in memory); returns the shard count after. Large shards (the
+        usual ``llm.flush_every``-row batches) are left as they are."""
         names = self.shards()
-        if len(names) < min_shards:
+        small = [n for n in names if pq.ParquetFile(self.run.path(self.folder, n), filesystem=self.run.fs).metadata.num_rows < small_rows]
+        if len(small) < min_shards:
             return len(names)
-        rows = self.load()
-        self.append(list(rows.values()))  # written first: a kill below leaves duplicates, never a loss
-        for n in names:
+        name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
+        final = self.run.path(self.folder, name)
+        tmp = f"{final}.tmp-{uuid.uuid4().hex[:8]}" if self.run.local else final
+        with self.run.fs.open_output_stream(tmp) as out, pq.ParquetWriter(out, SCHEMA) as writer:
+            for n in small:  # in name (time) order: the last copy of a key stays the last
+                writer.write_table(pq.read_table(self.run.path(self.folder, n), filesystem=self.run.fs).cast(SCHEMA))
+        if tmp != final:
+            self.run.fs.move(tmp, final)
+        for n in small:  # written first: a kill below leaves duplicates, never a loss
             self.run.rm(self.folder, n)
         return len(self.shards())
 
@@ -168,6 +236,61 @@ class Ledger:
 
     def write_stats(self, stats: dict[str, Any]) -> None:
         self.run.write_json(f"{self.folder}/{STATS}", stats)
+
+
+def worker_journal() -> str:
+    """A journal name of its own for one writer among several (a Ray worker)."""
+    return f"_journal-{uuid.uuid4().hex[:12]}.jsonl"
+
+
+class BatchWriter:
+    """One writer's finished rows: each journalled the moment it finishes, and a shard written every ``flush_rows``
+    rows or ``flush_s`` seconds (large shards: few objects per million answers). ``on_flush(rows)`` runs after
+    each shard (the runner's accounting). What is not yet in a shard is in the journal: ``Ledger.recover`` moves it."""
+
+    def __init__(self, ledger: Ledger, flush_rows: int, flush_s: float, on_flush: Callable[[list[dict[str, Any]]], None] | None = None):
+        self.ledger, self.flush_rows, self.flush_s, self.on_flush = ledger, flush_rows, flush_s, on_flush
+        self.buffer: list[dict[str, Any]] = []
+        self.last = time.monotonic()
+        self.shards = 0
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.ledger.record(row)
+        self.buffer.append(row)
+        if len(self.buffer) >= self.flush_rows or time.monotonic() - self.last >= self.flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        rows, self.buffer = self.buffer, []
+        self.ledger.append(rows)
+        self.shards += bool(rows)
+        self.last = time.monotonic()
+        if self.on_flush is not None:
+            self.on_flush(rows)
+
+
+def latest(table: pa.Table) -> pa.Table:
+    """The last row of each key (``Ledger.columns`` may hold a key twice), in first-seen order of the kept rows."""
+    if table.num_rows == 0:
+        return table
+    idx = table.append_column("_i", pa.array(np.arange(table.num_rows)))
+    keep = idx.group_by("key", use_threads=False).aggregate([("_i", "max")]).column("_i_max").combine_chunks()
+    return table.take(keep.sort())
+
+
+def table_totals(table: pa.Table) -> dict[str, int]:
+    """``totals`` over a table of ledger columns (key, ok, prompt_tokens, completion_tokens, attempts), last row per key."""
+    t = latest(table)
+    if t.num_rows == 0:
+        return {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "failures": 0, "retries": 0}
+    attempts = pc.fill_null(t.column("attempts"), 1)
+    return {
+        "requests": t.num_rows,
+        "prompt_tokens": int(pc.sum(pc.fill_null(t.column("prompt_tokens"), 0)).as_py() or 0),
+        "completion_tokens": int(pc.sum(pc.fill_null(t.column("completion_tokens"), 0)).as_py() or 0),
+        "failures": int(t.num_rows - (pc.sum(pc.fill_null(t.column("ok"), False).cast(pa.int64())).as_py() or 0)),
+        "retries": int(pc.sum(pc.max_element_wise(pc.subtract(attempts.cast(pa.int64()), 1), 0)).as_py() or 0),
+    }
 
 
 def row_counts(row: dict[str, Any]) -> dict[str, int]:

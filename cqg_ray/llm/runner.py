@@ -5,8 +5,9 @@
     results[i].text, .ok, .error, .p_yes, .prompt_tokens, .completion_tokens, .attempts, .cached, .meta
 
 What it does, in order:
-1. keys every request (``ledger.request_key``) and loads the stage's ledger; keys already there are not
-   sent again (a failed key neither, unless ``retry_failed=True`` or ``llm.retry_failed``); identical requests are sent once;
+1. keys every request (``ledger.request_key``) and reads the key and accounting columns of the stage's ledger (never
+   the results of other calls); keys already there are not sent again (a failed key neither, unless
+   ``retry_failed=True`` or ``llm.retry_failed``); identical requests are sent once;
 2. sorts the rest by prompt so prompts sharing a prefix (the same text chunk) run one after another
    (llama.cpp keeps the shared prefix in its KV cache, or evaluates it once for a batch of single-pass
    questions; vLLM's prefix caching does the same across a batch);
@@ -17,9 +18,13 @@ What it does, in order:
    same prompt gives the same reply; a request still unreadable after the last attempt is recorded as
    failed (``ok=False``) with its raw text;
 4. journals each finished row the moment it finishes (``Ledger.record``) and writes a Parquet shard every
-   ``LLMConfig.flush_every`` results and on any exception before it propagates: a kill -9 loses only the
-   requests in flight (object stores have no journal: there it also loses the rows since the last shard);
-5. writes the stage's accounting to ``llm/ledger/<stage>/_stats.json`` (at every flush and at the end).
+   ``LLMConfig.flush_every`` results or ``LLMConfig.flush_s`` seconds, at the end, and on any exception before it
+   propagates: a kill -9 loses only the requests in flight (object stores have no journal: there it also loses the
+   rows since the last shard);
+5. writes the stage's accounting to ``llm/ledger/<stage>/_stats.json`` (at every flush and at the end);
+6. reads back the full rows of this call's own keys only (``Ledger.rows``).
+
+``answer_pending`` (step 3) is also what the workers of streaming stages (``cqg_ray.mbqa.label``) run.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+import pyarrow.compute as pc
 
 from cqg_ray.config import LLMConfig
 from cqg_ray.llm.backends import make_backend
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, backend_identity
-from cqg_ray.llm.ledger import Ledger, request_key, row_counts, totals
+from cqg_ray.llm.ledger import BatchWriter, Ledger, latest, request_key, row_counts, table_totals
 from cqg_ray.llm.parse import ParseError, parse_answers
 from cqg_ray.rundir import RunDir
 
@@ -42,6 +49,7 @@ log = logging.getLogger("cqg_ray")
 
 RETRY_TEMPERATURE = 0.7
 MAX_RUNS_KEPT = 100  # per-run entries kept in _stats.json (totals always cover the whole ledger)
+ACCOUNTING = ("key", "ok", "prompt_tokens", "completion_tokens", "attempts")  # the ledger columns a resume reads
 
 
 @dataclass
@@ -105,6 +113,71 @@ def judge(req: Request, c: Completion) -> tuple[bool, list[bool] | None, str | N
         return False, None, f"unparseable: {e}"
 
 
+def new_run_stats(t0: float, requests: int, unique: int, from_ledger: int, to_send: int) -> dict[str, Any]:
+    """One run's entry of ``_stats.json`` (counters start at zero)."""
+    return {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+        "requests": requests,
+        "unique": unique,
+        "from_ledger": from_ledger,
+        "to_send": to_send,
+        "sent": 0,
+        "finished": 0,
+        "failures": 0,
+        "retries": 0,
+        "prompt_tokens": 0,
+        "cached_prompt_tokens": 0,
+        "completion_tokens": 0,
+        "wall_s": 0.0,
+        "complete": False,
+    }
+
+
+def answer_pending(pending: list[_Pending], backend: Backend, llm: LLMConfig, stage: str, on_row: Callable[[dict[str, Any]], None],
+                   this_run: dict[str, Any], bar: Any = None) -> None:
+    """Send ``pending`` through ``backend`` with the retry rules of the module docstring; ``on_row(row)`` gets each
+    finished ledger row the moment it is judged; ``this_run``'s counters are updated. Used by ``run_requests`` and by
+    the workers of streaming stages."""
+    for attempt in range(1, llm.max_attempts + 1):
+        if not pending:
+            break
+        if attempt > 1:
+            this_run["retries"] += len(pending)
+            log.info("llm %s: attempt %d for %d requests", stage, attempt, len(pending))
+        sent = [p.request if attempt == 1 else dataclasses.replace(p.request, temperature=max(llm.temperature, RETRY_TEMPERATURE), seed=attempt)
+                for p in pending]
+        again: list[_Pending] = []
+        received: set[int] = set()
+        for i, c in backend.stream(sent):
+            if i in received:
+                continue
+            received.add(i)
+            p = pending[i]
+            p.attempts += 1
+            p.prompt_tokens += c.prompt_tokens
+            p.completion_tokens += c.completion_tokens
+            p.text = c.text
+            this_run["sent"] += 1
+            this_run["prompt_tokens"] += c.prompt_tokens
+            this_run["cached_prompt_tokens"] += c.cached_tokens
+            this_run["completion_tokens"] += c.completion_tokens
+            ok, answers, error = judge(p.request, c)
+            p.error = error
+            if ok or attempt == llm.max_attempts or c.final or (p.request.yes_no and not c.error):  # same prompt, same logits
+                this_run["finished"] += 1
+                this_run["failures"] += 0 if ok else 1
+                if not ok:
+                    log.warning("llm %s: request failed after %d attempts: %s", stage, p.attempts, error)
+                on_row(_finish(p, ok, answers, c.p_yes if ok else None))  # journalled there: a kill from here on cannot lose it
+                if bar is not None:
+                    bar.update(1)
+            else:
+                again.append(p)
+        if len(received) != len(pending):
+            raise BackendError(f"{type(backend).__name__} returned no result for {len(pending) - len(received)} of {len(pending)} requests")
+        pending = again
+
+
 def run_requests(
     requests: Sequence[Request],
     llm: LLMConfig,
@@ -124,12 +197,14 @@ def run_requests(
     identity = backend.identity if backend is not None else backend_identity(llm)
     keys = [request_key(identity, r, llm.logprobs) for r in requests]
     ledger = Ledger(run, stage)
-    recovered = ledger.recover()  # rows a killed run journalled but never put in a shard
+    recovered = ledger.recover()  # rows killed runs journalled but never put in a shard
     if recovered:
         log.info("llm %s: %d finished requests recovered from the journal of an interrupted run", stage, recovered)
-    done = ledger.load()
-    if retry_failed or llm.retry_failed:
-        done = {k: v for k, v in done.items() if v["ok"]}
+    have = latest(ledger.columns(ACCOUNTING))  # the keys and their accounting only, never the results
+    retry = retry_failed or llm.retry_failed
+    ok = have.column("ok").to_pylist()
+    done = {k for k, good in zip(have.column("key").to_pylist(), ok) if good or not retry}
+    asked_again = {r["key"]: row_counts(r) for r in have.filter(pc.invert(have.column("ok"))).to_pylist()} if retry else {}  # failed, sent again
     todo: dict[str, _Pending] = {}
     for k, r in zip(keys, requests):
         if k not in done and k not in todo:
@@ -140,38 +215,18 @@ def run_requests(
 
     stats = ledger.read_stats()
     wall_before = float(stats.get("totals", {}).get("wall_s", 0.0))
-    this_run: dict[str, Any] = {
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
-        "requests": len(requests),
-        "unique": len(set(keys)),
-        "from_ledger": from_ledger,
-        "to_send": len(pending),
-        "sent": 0,
-        "finished": 0,
-        "failures": 0,
-        "retries": 0,
-        "prompt_tokens": 0,
-        "cached_prompt_tokens": 0,
-        "completion_tokens": 0,
-        "wall_s": 0.0,
-        "complete": False,
-    }
+    this_run = new_run_stats(t0, len(requests), len(set(keys)), from_ledger, len(pending))
     stats["runs"] = [*stats.get("runs", [])[-(MAX_RUNS_KEPT - 1) :], this_run]
     stats.update({"stage": stage, "model": identity})
-    buffer: list[dict[str, Any]] = []
+    running = table_totals(have)
+    fresh: dict[str, dict[str, Any]] = {}  # the rows finished by this run
 
-    running = totals(done)
-
-    def flush(final: bool = False) -> None:
-        ledger.append(buffer)
-        for row in buffer:
-            if row["key"] in done:  # a failed row asked again (retry_failed)
-                for k, v in row_counts(done[row["key"]]).items():
-                    running[k] -= v
+    def account(rows: list[dict[str, Any]], final: bool = False) -> None:
+        for row in rows:
+            for k, v in asked_again.pop(row["key"], {}).items():  # a failed row asked again (retry_failed)
+                running[k] -= v
             for k, v in row_counts(row).items():
                 running[k] += v
-            done[row["key"]] = row
-        buffer.clear()
         this_run["wall_s"] = round(time.time() - t0, 3)
         this_run["complete"] = final
         if backend is not None:  # e.g. HTTP calls and retries of the OpenAI backend, this run's share only
@@ -182,6 +237,12 @@ def run_requests(
         stats["totals"] = {**running, "wall_s": round(wall_before + this_run["wall_s"], 3)}
         ledger.write_stats(stats)
 
+    writer = BatchWriter(ledger, llm.flush_every, llm.flush_s, on_flush=account)
+
+    def on_row(row: dict[str, Any]) -> None:
+        fresh[row["key"]] = row
+        writer.add(row)
+
     bar = None
     if progress and pending and os.environ.get("CQG_RAY_PROGRESS", "1") != "0":
         from tqdm.auto import tqdm
@@ -190,53 +251,14 @@ def run_requests(
     if owns_backend and pending:
         backend = make_backend(llm)
     counters_before = backend.counters() if backend is not None else {}  # a backend given in may have served other runs
+    complete = False
     try:
-        for attempt in range(1, llm.max_attempts + 1):
-            if not pending:
-                break
-            if attempt > 1:
-                this_run["retries"] += len(pending)
-                log.info("llm %s: attempt %d for %d requests", stage, attempt, len(pending))
-            sent = [p.request if attempt == 1 else dataclasses.replace(p.request, temperature=max(llm.temperature, RETRY_TEMPERATURE), seed=attempt)
-                    for p in pending]
-            again: list[_Pending] = []
-            received: set[int] = set()
-            for i, c in backend.stream(sent):  # type: ignore[union-attr]
-                if i in received:
-                    continue
-                received.add(i)
-                p = pending[i]
-                p.attempts += 1
-                p.prompt_tokens += c.prompt_tokens
-                p.completion_tokens += c.completion_tokens
-                p.text = c.text
-                this_run["sent"] += 1
-                this_run["prompt_tokens"] += c.prompt_tokens
-                this_run["cached_prompt_tokens"] += c.cached_tokens
-                this_run["completion_tokens"] += c.completion_tokens
-                ok, answers, error = judge(p.request, c)
-                p.error = error
-                if ok or attempt == llm.max_attempts or c.final or (p.request.yes_no and not c.error):  # same prompt, same logits
-                    row = _finish(p, ok, answers, c.p_yes if ok else None)
-                    ledger.record(row)  # journalled now: a kill from here on cannot lose it
-                    buffer.append(row)
-                    this_run["finished"] += 1
-                    this_run["failures"] += 0 if ok else 1
-                    if not ok:
-                        log.warning("llm %s: request failed after %d attempts: %s", stage, p.attempts, error)
-                    if bar is not None:
-                        bar.update(1)
-                else:
-                    again.append(p)
-                if len(buffer) >= llm.flush_every:
-                    flush()
-            if len(received) != len(pending):
-                raise BackendError(f"{type(backend).__name__} returned no result for {len(pending) - len(received)} of {len(pending)} requests")
-            pending = again
-        flush(final=True)
+        answer_pending(pending, backend, llm, stage, on_row, this_run, bar)  # type: ignore[arg-type]
+        complete = True
     finally:
-        if buffer or not this_run["complete"]:
-            flush(final=False)  # keep what finished, even when the backend raised
+        rows, writer.buffer = writer.buffer, []
+        ledger.append(rows)  # keep what finished, even when the backend raised
+        account(rows, final=complete)
         ledger.close()
         if bar is not None:
             bar.close()
@@ -244,10 +266,10 @@ def run_requests(
             backend.close()
     ledger.compact()
 
+    old = ledger.rows(k for k in set(keys) if k not in fresh)  # the results of this call's own keys, nothing else
     out = []
-    new_keys = set(todo)
     for k, r in zip(keys, requests):
-        row = done[k]
+        row = fresh.get(k) or old[k]
         out.append(
             LLMResult(
                 key=k,
@@ -259,7 +281,7 @@ def run_requests(
                 prompt_tokens=int(row["prompt_tokens"] or 0),
                 completion_tokens=int(row["completion_tokens"] or 0),
                 attempts=int(row["attempts"] or 0),
-                cached=k not in new_keys,
+                cached=k not in todo,
                 meta=r.meta,
             )
         )

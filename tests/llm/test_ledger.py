@@ -100,3 +100,78 @@ def test_backend_identity_keys_what_changes_replies(tmp_path):
 
     req = Request([{"role": "user", "content": "hi"}], 10)
     assert request_key(plain, req) != request_key(sends, req)
+
+
+def test_columns_reads_the_keys_of_shards_and_every_journal(tmp_path):
+    """A resume reads the key column (and what else it names), from the shards and from every writer's journal."""
+    from cqg_ray.llm.ledger import latest, worker_journal
+
+    run = RunDir(str(tmp_path))
+    Ledger(run, "labels").append([row(0), row(1)])
+    a, b = Ledger(run, "labels", journal=worker_journal()), Ledger(run, "labels", journal=worker_journal())
+    a.record(row(2))
+    b.record(row(3))
+    b.record(row(1, ok=False))  # the same key again, later: the current row
+    keys = Ledger(run, "labels").columns()
+    assert keys.column_names == ["key"]
+    assert sorted(keys.column("key").to_pylist()) == ["k0", "k1", "k1", "k2", "k3"]
+    acct = latest(Ledger(run, "labels").columns(["ok"]))
+    assert dict(zip(acct.column("key").to_pylist(), acct.column("ok").to_pylist())) == {"k0": True, "k1": False, "k2": True, "k3": True}
+    assert Ledger(run, "labels").rows(["k1", "k3", "nope"]) == {"k1": row(1, ok=False), "k3": row(3)}
+    a.close()
+    b.close()
+
+
+def test_batch_writer_writes_a_shard_every_n_rows_or_seconds_and_journals_the_rest(tmp_path):
+    from cqg_ray.llm.ledger import BatchWriter, worker_journal
+
+    run = RunDir(str(tmp_path))
+    flushed = []
+    w = BatchWriter(Ledger(run, "labels", journal=worker_journal()), flush_rows=3, flush_s=3600, on_flush=flushed.append)
+    for i in range(7):
+        w.add(row(i))
+    assert len(Ledger(run, "labels").shards()) == 2 and [len(f) for f in flushed] == [3, 3]
+    assert [r["key"] for r in Ledger(run, "labels").journal_rows()] == ["k6"]  # not in a shard yet: in the journal
+    assert sorted(Ledger(run, "labels").load()) == [f"k{i}" for i in range(7)]
+    t = BatchWriter(Ledger(run, "labels", journal=worker_journal()), flush_rows=10**6, flush_s=0.0)
+    t.add(row(8))  # every row is past a zero-second deadline
+    assert len(Ledger(run, "labels").shards()) == 3
+    w.ledger.close()
+
+
+def test_recover_moves_every_workers_journal_into_one_shard(tmp_path):
+    from cqg_ray.llm.ledger import worker_journal
+
+    run = RunDir(str(tmp_path))
+    writers = [Ledger(run, "labels", journal=worker_journal()) for _ in range(3)]
+    for i, w in enumerate(writers):  # killed: never closed, never flushed into a shard
+        w.record(row(i))
+        w.record(row(10 + i))
+    rerun = Ledger(run, "labels")
+    assert len(rerun.journals()) == 3
+    assert rerun.recover() == 6
+    assert len(rerun.shards()) == 1 and rerun.journals() == []
+    assert sorted(rerun.load()) == sorted(f"k{i}" for i in (0, 1, 2, 10, 11, 12))
+
+
+def test_compact_merges_small_shards_only_and_keeps_the_last_copy(tmp_path):
+    run = RunDir(str(tmp_path))
+    ledger = Ledger(run, "labels")
+    ledger.append([row(i) for i in range(20)])  # a large shard (for small_rows=10)
+    for i in range(5):
+        ledger.append([row(i, ok=False)])  # small ones; k0..k4 now failed
+    assert ledger.compact(min_shards=6, small_rows=10) == 6  # 5 small shards: fewer than 6, nothing merged
+    assert ledger.compact(min_shards=5, small_rows=10) == 2
+    loaded = ledger.load()
+    assert len(loaded) == 20 and [loaded[f"k{i}"]["ok"] for i in range(6)] == [False] * 5 + [True]
+
+
+def test_table_totals_count_the_last_row_of_each_key():
+    import pyarrow as pa
+
+    from cqg_ray.llm.ledger import SCHEMA, table_totals
+
+    rows = [row(0), row(1), row(2, ok=False), row(2)]  # k2 failed, then answered
+    t = pa.Table.from_pylist(rows, schema=SCHEMA).select(["key", "ok", "prompt_tokens", "completion_tokens", "attempts"])
+    assert table_totals(t) == totals({r["key"]: r for r in rows}) == {"requests": 3, "prompt_tokens": 33, "completion_tokens": 9,
+                                                                      "failures": 0, "retries": 0}

@@ -304,3 +304,20 @@ def test_the_run_log_says_what_was_planned_read_and_sent(tmp_path, caplog):
     assert again.calls == []
     runs = stage_stats(run, "labels")["runs"]
     assert [(r["requests"], r["from_ledger"], r["to_send"], r["sent"]) for r in runs] == [(5, 0, 5, 5), (8, 5, 3, 3), (8, 8, 0, 0)]
+
+
+def test_a_resume_reads_keys_not_results_and_shards_are_large(tmp_path, monkeypatch):
+    """At the defaults one run of 70 requests is one shard; a rerun never loads the whole ledger (keys and
+    accounting columns only, then the rows of its own keys)."""
+    run = RunDir(str(tmp_path))
+    llm = fake_llm()
+    assert (llm.flush_every, llm.flush_s) == (50_000, 60.0)
+    reqs = answer_requests(10, 7)
+    first = run_requests(reqs[:40], llm, run, "labels", backend=FakeBackend(llm), progress=False)
+    assert len(Ledger(run, "labels").shards()) == 1
+    monkeypatch.setattr(Ledger, "load", lambda self: (_ for _ in ()).throw(AssertionError("the whole ledger was read")))
+    fb = FakeBackend(llm)
+    second = run_requests(reqs, llm, run, "labels", backend=fb, progress=False)
+    assert len(fb.calls) == 30 and len(Ledger(run, "labels").shards()) == 2
+    assert [r.answers for r in second[:40]] == [r.answers for r in first] and [r.cached for r in second] == [True] * 40 + [False] * 30
+    assert stage_stats(run, "labels")["totals"]["requests"] == 70
