@@ -46,8 +46,9 @@ OPTIONS: dict[str, list[str]] = {
     "property-1.5b-400chars": [WRITER, "cqg.max_text_chars=400"],
     "property-1.5b-20q": [WRITER, *Q20],                                   # 20 candidates a prompt instead of 10
     "property-1.5b-20q-1.5b": [WRITER, *Q20, ANSWER15],                    # ... and the 1.5B answering probes and labels
-    "property-1.5b-20q-kw": [WRITER, *Q20, "cqg.keywords=10"],             # 20 candidates and the cluster's c-TF-IDF words
-    "property-1.5b-20q-kw-1.5b": [WRITER, *Q20, "cqg.keywords=10", ANSWER15],
+    "property-1.5b-kw": [WRITER, "cqg.keywords=10"],                       # the cluster's c-TF-IDF words in the prompt
+    "property-1.5b-kw-1.5b": [WRITER, "cqg.keywords=10", ANSWER15],        # ... and the 1.5B answering probes and labels
+    "property-1.5b-kw6-1.5b": [WRITER, "cqg.keywords=10", ANSWER15, "cqg.questions_per_prompt=6", "llm.max_tokens_generate=160"],
 }
 
 

@@ -182,53 +182,56 @@ JUDGE_INSTRUCTION = ("Read the text and answer the question about it with yes or
 
 
 PROPERTY_SYSTEM = (
-    "You write yes/no questions that describe general properties of texts: their topic, the kind of text, its purpose, its "
-    "tone, the kind of event or thing it describes. A good question is true of every positive text, false of every negative "
-    "text, and would also be true of other texts like the positives. Rules: never copy a phrase from the texts; never name "
-    "a person, place, number or title that appears in only one text; at most 12 words per question; one property per "
-    "question; vary how the questions begin. Reply with a numbered list of questions only."
+    "You write yes/no questions that describe what a group of texts has in common: the things, actions, roles, places, "
+    "topics or problems they are about, or the kind of text they are. A good question is true of every positive text, "
+    "false of every negative text, and would also be true of other texts like the positives. Rules: be specific (not "
+    "\"Is the text about a topic?\"); never copy a phrase from the texts; never name a person, place, number or title "
+    "that appears in only one text; at most 12 words per question; one property per question; no two questions alike; "
+    "vary how the questions begin. Reply with a numbered list of questions only."
 )
 
-# Worked examples (chat turns) on topics of their own: (positives, negatives, questions).
+PROPERTY_KEYWORDS_RULE = " The words typical of texts like the positives, when given, point to what they share."
+
+# Worked examples (chat turns) on topics of their own: (positives, negatives, questions), short texts like the corpus's
+# (captions, reviews, news); each question names a property the positives share and its keywords point to.
 PROPERTY_EXAMPLES: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
-    (("Whisk the eggs with the sugar until pale, then fold in the flour.",
-      "Simmer the tomatoes with garlic for twenty minutes and season to taste.",
-      "Roast the vegetables until the edges turn brown."),
-     ("The senate passed the bill by a narrow margin.",
-      "A dog chases a ball across the park.",
-      "The battery lasts about six hours on one charge."),
-     ("Does the text give cooking instructions?",
-      "Is the text written as steps to follow?",
-      "Are food ingredients mentioned?",
-      "Would this text appear in a recipe?")),
-    (("The home side scored twice in the last ten minutes to win.",
-      "She won the final in straight sets after a slow start.",
-      "The relay team finished second, just behind the leaders."),
-     ("Preheat the oven and grease the pan.",
-      "Shares of the bank fell after its earnings report.",
-      "A woman is reading a book on a bench."),
-     ("Does the text report the outcome of a sports competition?",
-      "Are athletes or teams described competing?",
-      "Is it clear who won or lost?",
-      "Could this be a line from sports news?")),
-    (("Stopped working after two weeks, very disappointed.",
-      "The zipper broke the first time I used it.",
-      "Customer service never answered my emails."),
-     ("This camera takes beautiful photos in low light.",
-      "The museum opens at nine on weekdays.",
-      "Two children are building a sandcastle."),
-     ("Does the text express dissatisfaction?",
-      "Is a product or service being complained about?",
-      "Was the text written by a customer?",
-      "Does the writer describe something failing?")),
+    (("A brown dog leaps to catch a frisbee.",
+      "Two puppies play tug of war on the grass.",
+      "A dog runs through the snow with a stick in its mouth."),
+     ("A man is slicing onions in a kitchen.",
+      "The council approved the new budget on Tuesday.",
+      "This blender is loud but powerful."),
+     ("Is a dog or other pet shown?",
+      "Does an animal play, run or jump?",
+      "Does the scene take place outdoors?",
+      "Is an animal carrying or catching an object?")),
+    (("The battery barely lasts a day now.",
+      "Charging takes forever with the supplied cable.",
+      "After the update my phone dies by noon."),
+     ("The hotel room was spotless and quiet.",
+      "Add the garlic once the oil is hot.",
+      "The striker scored in the final minute."),
+     ("Does the writer complain about battery life?",
+      "Is a phone or other electronic device discussed?",
+      "Are charging or power problems mentioned?",
+      "Has something got worse over time, according to the writer?")),
+    (("Researchers found the enzyme slows tumour growth in mice.",
+      "The trial showed the drug lowered blood pressure.",
+      "A new vaccine protected monkeys against the virus."),
+     ("Shares fell after the bank's earnings report.",
+      "A girl in a red coat waits for the bus.",
+      "The sequel is louder and dumber than the original."),
+     ("Does the text report a medical research finding?",
+      "Is a drug, vaccine or other treatment tested?",
+      "Were animals used in the study described?",
+      "Is a disease or a symptom mentioned?")),
 )
-
 
 # The worked examples' keywords (what ``cqg.keywords`` shows for a cluster), one tuple per example.
 PROPERTY_EXAMPLE_KEYWORDS: tuple[tuple[str, ...], ...] = (
-    ("whisk", "simmer", "roast", "sugar", "flour", "season", "oven", "garlic"),
-    ("scored", "won", "final", "team", "sets", "finished", "leaders", "minutes"),
-    ("broke", "stopped", "disappointed", "customer", "service", "never", "answered", "weeks"),
+    ("dog", "puppies", "catch", "runs", "play", "grass", "snow", "frisbee"),
+    ("battery", "charging", "phone", "lasts", "cable", "update", "dies", "day"),
+    ("researchers", "trial", "drug", "mice", "vaccine", "virus", "growth", "tumour"),
 )
 
 
@@ -247,7 +250,7 @@ def property_messages(positives: list[str], negatives: list[str], n_questions: i
     """CQG asking for properties rather than contents (``cqg.prompt: property``; the paper's A.1 is ``cqg_messages``):
     a system turn with the rules, ``examples`` worked examples as user/assistant turns, then this cluster's texts.
     With ``keywords`` (the cluster's c-TF-IDF words) every user turn, the examples' too, lists its keywords."""
-    msgs: list[Message] = [{"role": "system", "content": PROPERTY_SYSTEM}]
+    msgs: list[Message] = [{"role": "system", "content": PROPERTY_SYSTEM + (PROPERTY_KEYWORDS_RULE if keywords else "")}]
     for (pos, neg, qs), kw in zip(PROPERTY_EXAMPLES[:examples], PROPERTY_EXAMPLE_KEYWORDS):
         msgs.append({"role": "user", "content": property_user(list(pos), list(neg), len(qs), kw if keywords else ())})
         msgs.append({"role": "assistant", "content": "\n".join(f"{i}. {q}" for i, q in enumerate(qs, 1))})

@@ -3,7 +3,7 @@
 import numpy as np
 
 from cqg_ray.cqg.keywords import ctfidf, keyword_sample
-from cqg_ray.llm.prompts import PROPERTY_EXAMPLES, property_messages, property_user
+from cqg_ray.llm.prompts import PROPERTY_EXAMPLES, PROPERTY_KEYWORDS_RULE, PROPERTY_SYSTEM, property_messages, property_user
 
 MUSIC = ["A man plays the guitar on stage.", "Two musicians play guitar and drums.", "A band plays music at a concert.",
          "She plays the drums."]
@@ -34,8 +34,9 @@ def test_keyword_sample_is_seeded_and_bounded():
 
 def test_property_prompt_shows_keywords_in_every_user_turn_only_when_given():
     plain = property_messages(["a b"], ["c d"], 4)
-    assert not any("Words typical" in m["content"] for m in plain)
+    assert not any("Words typical" in m["content"] for m in plain) and plain[0]["content"] == PROPERTY_SYSTEM
     with_kw = property_messages(["a b"], ["c d"], 4, keywords=["guitar", "drums"])
+    assert with_kw[0]["content"] == PROPERTY_SYSTEM + PROPERTY_KEYWORDS_RULE
     users = [m["content"] for m in with_kw if m["role"] == "user"]
     assert len(users) == len(PROPERTY_EXAMPLES) + 1 and all("Words typical of texts like the positives: " in u for u in users)
     assert users[-1] == property_user(["a b"], ["c d"], 4, ["guitar", "drums"])

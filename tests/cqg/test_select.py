@@ -91,13 +91,13 @@ def test_the_example_filter_drops_echoes_of_the_worked_examples():
     from cqg_ray.config import CQGConfig
 
     examples = example_questions(CQGConfig())
-    assert "Is it clear who won or lost?" in examples and len(examples) == 12
+    assert "Is a dog or other pet shown?" in examples and len(examples) == 12
     assert example_questions(CQGConfig(prompt="paper")) == [] and len(example_questions(CQGConfig(examples=1))) == 4
-    qs = ["Is it clear who won or lost in a scientific experiment?",   # a run of 7 example words
-          "Are food ingredients mentioned?",                             # an example question word for word
-          "are food ingredients  mentioned",                             # the same words
-          "Could this be a line from scientific news?",                  # "could this be a line from": 6 words
-          "Does the text report a central bank action?"]                 # its own question
+    qs = ["Is a phone or other electronic device discussed in the review?",  # a run of 7 example words
+          "Is a disease or a symptom mentioned?",                            # an example question word for word
+          "is a disease or a  symptom mentioned",                            # the same words
+          "Does the writer complain about battery drain?",                   # "does the writer complain about battery": 6 words
+          "Does the text report a central bank action?"]                     # its own question
     none = np.zeros(len(qs), bool)
     assert text_filters(qs, ["example"], 25, none, none, examples) == ["example", "example", "example", "example", ""]
     assert text_filters(qs, ["copy", "long"], 25, none, none, examples) == [""] * 5  # the filter is off
