@@ -200,12 +200,15 @@ class CQGConfig(Section):
     keyword_texts: int = Field(100, ge=2, description="texts per cluster that its keywords are read from (a seeded sample)")
     writer_model: str | None = Field(None, description="the model that writes the questions, in place of the llm backend's model for "
                                      "generation only (probes and labels keep the llm's): e.g. bundled:qwen2.5-coder-1.5b")
-    filters: list[Literal["copy", "example", "long", "cut_off", "own_cluster"]] = Field(
-        default_factory=lambda: ["copy", "example", "long", "cut_off", "own_cluster"],
+    filters: list[Literal["copy", "example", "long", "cut_off", "own_cluster", "opening"]] = Field(
+        default_factory=lambda: ["copy", "example", "long", "cut_off", "own_cluster", "opening"],
         description="selection filters (departs from the paper; paper.yaml sets none): copy = shares a run of 6 words with a text the "
                     "run read; example = repeats a question of the property prompt's worked examples (the same words, or a run of "
                     "6 of them); long = more than max_question_words words; cut_off = ends on a function word, or is the last item of "
-                    "a reply that stopped on the token limit; own_cluster = answered yes for at most half of its own cluster's probes")
+                    "a reply that stopped on the token limit; own_cluster = answered yes for at most half of its own cluster's probes; "
+                    "opening = beyond max_opening_share of the kept questions with one opening (first four words), the "
+                    "lowest-quality ones, replaced by their clusters' next best")
+    max_opening_share: float = Field(0.25, gt=0, le=1, description="the opening filter's limit: the most common opening's share of the kept questions")
     max_question_words: int = Field(25, ge=3, description="the long filter's limit")
     n_p: int = Field(6, ge=1, description="n_p: positive samples per cluster")
     n_h: int = Field(18, ge=0, description="n_h: hard negatives per cluster (from the nearest clusters)")

@@ -14,14 +14,14 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # that stage; the LLM ledger keeps every answer, so nothing is asked again): evaluation when evaluate got its
 # faithfulness section (issue 26), questions when cqg got prompt, writer_model, filters and 20 probes (issue 27),
 # model and evaluation when train got its budget and evaluate its active_k sweep (issue 28), questions again for the
-# example filter and the demo's 1.5B writer for 16 clusters (issue 27), questions again for cqg.keywords (issue 27),
+# example filter and the demo's 1.5B writer for 16 clusters (issue 27), questions again for cqg.keywords and the opening filter (issue 27).
 # evaluation when the LLM section got large ledger shards (llm.flush_every 50,000 and llm.flush_s: the faithfulness
 # judge's section is an LLM section; labels and questions hash llm.identity only and keep theirs, issue 30).
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
     "cluster": "2dc43e847309c883",
-    "questions": "99a785889e5357dd",
+    "questions": "dc245710293fecf6",
     "labels": "e40a7d3ea2f87ee8",
     "model": "8508bb1c706ff0fe",
     "evaluation": "63bc25737735821a",
@@ -30,7 +30,7 @@ DEFAULT_HASHES = {
     "prepare": "a32071158441a1dc",
     "encode": "aa72063655ffa91f",
     "cluster": "fe2e5115535f60b6",
-    "questions": "717032e04283b96c",
+    "questions": "ef45585cf5487783",
     "labels": "53a01361097a010d",
     "model": "33f13c8cb84878a5",
     "evaluation": "ee4b468487eeb9ae",

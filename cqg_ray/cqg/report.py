@@ -47,7 +47,7 @@ def write_report(run: RunDir, stage: str, cfg, candidates: pa.Table, texts: dict
     for k in ("clusters", "generation_prompts", "generation_failed", "generated", "dropped_empty", "dropped_not_yes_no", "dropped_duplicate",
               "parsed", "dropped_copy", "dropped_example", "dropped_long", "dropped_cut_off", "probe_prompts", "probe_failed", "probed",
               "dropped_own_cluster",
-              "selected_top_t", "deduped", "questions"):
+              "selected_top_t", "deduped", "dropped_opening", "questions"):
         if k in counts:
             lines.append(f"| {k} | {counts[k]} |")
     lines += ["", "## Eq. 1 quality of kept and dropped questions", "", "| probed questions | n | p25 | median | p75 |", "|---|---:|---:|---:|---:|"]

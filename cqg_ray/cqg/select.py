@@ -4,6 +4,9 @@
 - ``top_t``: per source cluster, the t questions of highest quality (ties: earlier generated first).
 - ``text_filters`` / ``own_cluster_no``: the selection filters (``cqg.filters``): a question copied from a text
   (a run of 6 words), one too long, one cut off, one its own cluster does not answer yes; they drop, never rewrite.
+- ``select``: top-t, then dedup, then the ``opening`` filter: while one opening (first four words) holds more than
+  ``max_opening_share`` of the kept questions, its lowest-quality kept questions beyond that share are dropped and
+  the selection is redone, so their clusters' next-best questions can take their places.
 - ``dedup``: walk the top-t questions from best to worst quality and drop one whose embedding has cosine
   > theta with a question already kept. Done with one faiss range search over all candidates and a
   greedy pass over their neighbour lists, which gives exactly the sequential result at O(m * neighbours)
@@ -118,3 +121,27 @@ def dedup(emb: np.ndarray, order: np.ndarray, theta: float) -> tuple[np.ndarray,
             kept[pos] = True
     return order[kept], duplicate_of
 
+
+
+def select(clusters: np.ndarray, q: np.ndarray, emb: np.ndarray, t: int, theta: float, openings: list[str] | None = None,
+           max_opening_share: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Top ``t`` per cluster by quality (NaN never chosen), greedy dedup at ``theta``, and with ``openings`` the
+    opening cap (see the module docstring). Returns (chosen: the last round's top-t, kept in priority order,
+    duplicate_of, capped: the questions the opening cap dropped)."""
+    q = np.asarray(q, dtype=np.float64).copy()
+    capped = np.zeros(len(q), dtype=bool)
+    while True:
+        chosen = top_t(clusters, np.where(capped, np.nan, q), t)
+        kept, dup_of = dedup(emb, priority_order(q, chosen), theta)
+        if openings is None or max_opening_share >= 1.0 or len(kept) == 0:
+            return chosen, kept, dup_of, capped
+        cap = max(1, int(np.floor(max_opening_share * len(kept))))
+        over = []
+        by_opening: dict[str, list[int]] = {}
+        for i in kept.tolist():  # best first
+            by_opening.setdefault(openings[i], []).append(i)
+        for members in by_opening.values():
+            over.extend(members[cap:])
+        if not over:
+            return chosen, kept, dup_of, capped
+        capped[over] = True

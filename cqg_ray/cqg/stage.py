@@ -31,7 +31,7 @@ import pyarrow as pa
 from cqg_ray.artifacts import Clusters, load_texts
 from cqg_ray.config import PipelineConfig, check_corpus_size
 from cqg_ray.cqg.sampling import Sample, generation_samples, probe_samples, qaemb_articles
-from cqg_ray.cqg.select import dedup, own_cluster_no, priority_order, quality, quality_medians, text_filters, top_t
+from cqg_ray.cqg.select import own_cluster_no, quality, quality_medians, select, text_filters
 from cqg_ray.rundir import StageContext
 
 log = logging.getLogger("cqg_ray")
@@ -267,16 +267,18 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     if "own_cluster" in c.filters:
         reasons[(reasons == "") & own_cluster_no(counts["positive_yes"], counts["positive_n"])] = "own_cluster"
 
-    # 4. selection: top t per cluster among the questions no filter dropped, then global dedup at theta (best quality first)
+    # 4. selection: top t per cluster among the questions no filter dropped, then global dedup at theta (best quality first),
+    #    redone while one opening holds more than cqg.max_opening_share of the kept questions (the opening filter)
     cl_arr = np.array(cand_cluster)
     eligible_q = np.where(reasons == "", q, np.nan)
-    chosen = top_t(cl_arr, eligible_q, c.t)
-    order = priority_order(q, chosen)
+    from cqg_ray.cqg.quality import opening
     from cqg_ray.encoder import load_encoder
 
     enc = load_encoder(cfg.encode.model, backend=cfg.encode.backend)
     emb = enc.encode(cand_text, batch_size=128)
-    kept, dup_of = dedup(emb, order, c.theta_value)
+    share = c.max_opening_share if "opening" in c.filters else 1.0
+    chosen, kept, dup_of, capped = select(cl_arr, eligible_q, emb, c.t, c.theta_value, [opening(x) for x in cand_text], share)
+    reasons[capped] = "opening"
 
     rate = lambda y, n: np.where(n > 0, y / np.maximum(n, 1), np.nan)  # noqa: E731
     is_top = np.zeros(n_cand, bool)
@@ -302,7 +304,7 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
         "clusters": len(clusters), "generation_prompts": len(greqs), "generation_failed": int(sum(not r.ok for r in gres)),
         "generated": n_cand + sum(dropped.values()), "parsed": n_cand, **{f"dropped_{k}": v for k, v in dropped.items()},
         "probe_prompts": len(preqs), "probe_failed": int(sum(not r.ok for r in pres)),
-        **{f"dropped_{f}": int(np.sum(reasons == f)) for f in ("copy", "example", "long", "cut_off", "own_cluster")},
+        **{f"dropped_{f}": int(np.sum(reasons == f)) for f in ("copy", "example", "long", "cut_off", "own_cluster", "opening")},
         "probed": int(np.sum(~np.isnan(q))), "selected_top_t": int(len(chosen)), "deduped": int(len(chosen) - len(kept)), "questions": int(len(kept)),
         "mean_quality_selected": round(float(np.nanmean(q[kept])), 4) if len(kept) else None,
         **quality_medians(q, is_kept),

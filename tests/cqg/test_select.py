@@ -102,3 +102,30 @@ def test_the_example_filter_drops_echoes_of_the_worked_examples():
     assert text_filters(qs, ["example"], 25, none, none, examples) == ["example", "example", "example", "example", ""]
     assert text_filters(qs, ["copy", "long"], 25, none, none, examples) == [""] * 5  # the filter is off
     assert text_filters(qs, ["example"], 25, none, none, []) == [""] * 5  # no examples shown
+
+
+def test_select_caps_an_opening_and_lets_the_clusters_next_best_take_its_place():
+    from cqg_ray.cqg.quality import opening
+    from cqg_ray.cqg.select import select
+
+    texts = ["Is the text about dogs?", "Is the text about cats?", "Is the text about cars?", "Is the text about ships?",
+             "Does a dog run?", "Are cars being repaired?", "Does a ship sail?", "Is a cat asleep?"]
+    clusters = np.array([0, 1, 2, 3, 0, 2, 3, 1])
+    q = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2])
+    emb = np.eye(8, dtype=np.float32)  # no two alike: dedup keeps everything
+    openings = [opening(x) for x in texts]
+    chosen, kept, dup_of, capped = select(clusters, q, emb, 1, 0.8, openings, 1.0)  # no cap: the paper's selection
+    assert kept.tolist() == [0, 1, 2, 3] and not capped.any() and chosen.tolist() == [0, 1, 2, 3]
+    chosen, kept, dup_of, capped = select(clusters, q, emb, 1, 0.8, openings, 0.25)
+    # 4 kept all open with "is the text about": the cap (1 of 4) keeps the best, the other clusters' next best come in
+    assert capped.tolist() == [False, True, True, True, False, False, False, False]
+    assert kept.tolist() == [0, 5, 6, 7] and sorted(chosen.tolist()) == [0, 5, 6, 7]
+    assert max(sum(openings[i] == o for i in kept) for o in set(openings)) == 1
+
+
+def test_select_keeps_one_question_of_an_opening_however_small_the_share():
+    from cqg_ray.cqg.select import select
+
+    emb = np.eye(3, dtype=np.float32)
+    chosen, kept, _, capped = select(np.array([0, 1, 2]), np.array([0.3, 0.2, 0.1]), emb, 1, 0.8, ["a b c d"] * 3, 0.25)
+    assert kept.tolist() == [0] and capped.tolist() == [False, True, True]
