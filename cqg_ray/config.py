@@ -276,7 +276,10 @@ class TrainConfig(Section):
     holdout: float = Field(0.1, ge=0, lt=1, description="fraction of labelled documents held out for evaluation")
     num_workers: int = Field(1, ge=1, description="Ray Train data-parallel workers")
     use_gpu: bool = False
-    cpus_per_worker: float = Field(1.0, gt=0)
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs (and torch threads) per worker; fewer when the workers would leave "
+                                   "Ray Data less than data_cpus of the cluster")
+    data_cpus: float = Field(0.5, ge=0, description="CPUs of the cluster kept free for the Ray Data tasks that read the "
+                             "labelled texts for the workers (workers holding every CPU starve them)")
     checkpoint_every: int = Field(5, ge=1, description="epochs between checkpoints")
     max_failures: int = Field(2, ge=0)
     seed: int = 0

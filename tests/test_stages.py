@@ -16,14 +16,15 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # model and evaluation when train got its budget and evaluate its active_k sweep (issue 28), questions again for the
 # example filter and the demo's 1.5B writer for 16 clusters (issue 27), questions again for cqg.keywords and the opening filter (issue 27).
 # evaluation when the LLM section got large ledger shards (llm.flush_every 50,000 and llm.flush_s: the faithfulness
-# judge's section is an LLM section; labels and questions hash llm.identity only and keep theirs, issue 30).
+# judge's section is an LLM section; labels and questions hash llm.identity only and keep theirs, issue 30), model
+# when train got data_cpus (the CPUs kept for the Ray Data tasks that feed the Train workers, issue 30).
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
     "cluster": "2dc43e847309c883",
     "questions": "dc245710293fecf6",
     "labels": "e40a7d3ea2f87ee8",
-    "model": "8508bb1c706ff0fe",
+    "model": "3b2ae018dd332b60",
     "evaluation": "63bc25737735821a",
 }
 DEFAULT_HASHES = {
@@ -32,7 +33,7 @@ DEFAULT_HASHES = {
     "cluster": "fe2e5115535f60b6",
     "questions": "ef45585cf5487783",
     "labels": "53a01361097a010d",
-    "model": "33f13c8cb84878a5",
+    "model": "b008f7663837f4d8",
     "evaluation": "ee4b468487eeb9ae",
 }
 

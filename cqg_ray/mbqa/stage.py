@@ -1,8 +1,10 @@
 """The training stage (`cqg-ray train`): labels + stored embeddings -> a self-contained model folder.
 
 Reads labels/ (LLM answers), encode/ (the frozen embeddings of the labelled texts; never re-encoded),
-questions/ (texts and provenance); trains the stacked heads with Ray Train (``cqg_ray.mbqa.train``), holds
-out ``train.holdout`` of the labelled documents for the paper's Table 6 report, and writes ``<run>/model/``
+questions/ (texts and provenance). The labels and embeddings reach the Ray Train workers through Ray Data
+(``cqg_ray.mbqa.train_data``: Data workers join them per text); the driver reads the labels' doc_id column only, to
+hold out ``train.holdout`` of the labelled documents for the paper's Table 6 report. A pass of Data workers after
+training counts the labels, the heads' mean P(yes) and their held-out answers. Writes ``<run>/model/``
 (config.json, questions.json, heads.safetensors, eval_report.json), loadable with
 ``InterpretableEmbedder.load``. Ray Train checkpoints live in ``<run>/model/_train/``: a killed run resumes
 from the last one when the stage runs again with the same config.
@@ -15,10 +17,12 @@ import os
 import time
 
 import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from cqg_ray.artifacts import load_embeddings, load_labels, load_questions
+from cqg_ray.artifacts import embedding_files, load_questions
 from cqg_ray.config import PipelineConfig, stage_hash
-from cqg_ray.rundir import StageContext
+from cqg_ray.rundir import ArtifactError, StageContext
 
 log = logging.getLogger("cqg_ray")
 
@@ -33,51 +37,74 @@ def model_budget(cfg: PipelineConfig):
     return Budget(rule="top_k", k=b.k, floor=b.floor, value=b.value, rank=b.rank)
 
 
+def labelled_doc_ids(run) -> np.ndarray:
+    """The distinct labelled doc ids, sorted: the doc_id column of labels.parquet (the one column the driver reads)."""
+    run.require("labels")
+    col = run.read_table("labels/labels.parquet", columns=["doc_id"]).column("doc_id")
+    return np.sort(pc.unique(col).to_numpy(zero_copy_only=False).astype(str))
+
+
+def labels_meta(run) -> tuple[int, int]:
+    """(labelled pairs, pairs without P(yes)) from labels.parquet's footer, without reading its rows."""
+    meta = pq.ParquetFile(run.path("labels", "labels.parquet"), filesystem=run.fs).metadata
+    col = meta.schema.names.index("p_yes")
+    missing = 0
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(col).statistics
+        missing += meta.row_group(g).num_rows if stats is None or not stats.has_null_count else stats.null_count
+    return meta.num_rows, missing
+
+
 def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
+    from cqg_ray.mbqa.label_plan import holdout_docs
     from cqg_ray.mbqa.report import format_report
-    from cqg_ray.mbqa.train import LabelPairs, train_and_evaluate
+    from cqg_ray.mbqa.train import fit_heads
+    from cqg_ray.mbqa.train_data import confusion_report, dataset_stats, run_texts, training_rows
 
     run = ctx.run
     t0 = time.time()
-    labels = load_labels(run)
     qt = load_questions(run)
     m = qt.num_rows
-    if labels.num_rows == 0:
+    n_pairs, no_p_yes = labels_meta(run)
+    if n_pairs == 0:
         raise RuntimeError("train: no labelled pairs (see labels/failures.parquet)")
-    doc_ids = labels.column("doc_id").to_numpy(zero_copy_only=False)
-    ids, emb = load_embeddings(run, np.unique(doc_ids))
-    target = None
-    if cfg.train.soft_labels:
-        p_yes = labels.column("p_yes")
-        if p_yes.null_count:
-            raise RuntimeError(f"train.soft_labels needs P(yes) for every label; {p_yes.null_count} of {labels.num_rows} have none "
-                               "(label with llm.answer_mode=single, or with llm.logprobs on a backend that returns them)")
-        target = p_yes.to_numpy(zero_copy_only=False)
-    pairs = LabelPairs(np.searchsorted(ids, doc_ids), labels.column("question_id").to_numpy(),
-                       labels.column("answer").to_numpy(zero_copy_only=False).astype(np.int8), m, target)
+    if cfg.train.soft_labels and no_p_yes:
+        raise RuntimeError(f"train.soft_labels needs P(yes) for every label; {no_p_yes} of {n_pairs} have none "
+                           "(label with llm.answer_mode=single, or with llm.logprobs on a backend that returns them)")
+    ids = labelled_doc_ids(run)
+    held = ids[holdout_docs(np.arange(len(ids)), cfg.train.holdout, cfg.train.seed)]  # the split by document, as before
+    files = embedding_files(run)
+    d = pq.read_schema(files[0], filesystem=run.fs).field("embedding").type.list_size
+    texts = run_texts(files, run.path("labels", "labels.parquet"), run.fs, held, cfg.train.soft_labels)
     storage = run.uri(ctx.stage, "_train")
     if run.local:
         os.makedirs(storage, exist_ok=True)
     name = f"mbqa-{stage_hash(cfg, 'model')}"
-    log.info("train: %d questions, %d labelled pairs over %d texts (d=%d), %d worker(s), %d epochs", m, len(pairs), len(ids), emb.shape[1],
-             cfg.train.num_workers, cfg.train.epochs)
-    result, report = train_and_evaluate(emb, pairs, cfg.train, storage_path=storage, name=name)
-    n_labels = np.bincount(pairs.question, minlength=m)
-    n_yes = np.bincount(pairs.question, weights=pairs.answer, minlength=m)
+    log.info("train: %d questions, %d labelled pairs over %d texts (d=%d, %d held out), %d worker(s), %d epochs, through Ray Data",
+             m, n_pairs, len(ids), d, len(held), cfg.train.num_workers, cfg.train.epochs)
+    result = fit_heads(training_rows(texts), d, m, cfg.train, storage_path=storage, name=name)
+    stats = dataset_stats(texts, result.heads, cfg.train.tau)  # one more pass: counts, mean P(yes), held-out answers
+    if stats["texts"] != len(ids) or stats["train_pairs"] + stats["held_pairs"] != n_pairs:
+        raise ArtifactError(f"{run.uri('encode')}: {stats['texts']:,} of the {len(ids):,} labelled texts have one embedding "
+                            f"({stats['train_pairs'] + stats['held_pairs']:,} of {n_pairs:,} pairs); redo it: `cqg-ray run --force encode`")
+    report = confusion_report(stats["confusion"], cfg.train.tau) if stats["held_pairs"] else {}
+    report["split"] = {"train_docs": stats["train_texts"], "heldout_docs": stats["texts"] - stats["train_texts"],
+                       "train_pairs": stats["train_pairs"], "heldout_pairs": stats["held_pairs"],
+                       "pos_weight": result.pos_weight, "epochs": result.epochs}
+    n_labels, n_yes = stats["labels"], stats["yes"]
     questions = [{"id": str(r["question_id"]), "text": r["text"], "cluster": int(r["cluster"]),
                   "quality": None if r["quality"] is None or r["quality"] != r["quality"] else float(r["quality"]),
                   "method": r.get("method", "cqg"), "labels": int(n_labels[i]),
                   "yes_rate": round(float(n_yes[i] / n_labels[i]), 4) if n_labels[i] else None}
                  for i, r in enumerate(qt.to_pylist())]
     model = InterpretableEmbedder(cfg.encode.model, questions, result.heads, tau=cfg.train.tau, eval_report=report, device="cpu",
-                                  budget=model_budget(cfg), mean=result.heads.mean_probabilities(emb))
+                                  budget=model_budget(cfg), mean=(stats["prob_sum"] / stats["texts"]).astype(np.float32))
     model.stats_source = f"the {len(ids)} labelled training texts of the run"
     model.save(run.uri(ctx.stage))
     print(format_report(report))
-    ctx.counts.update({"questions": m, "pairs": len(pairs), "texts": int(len(ids)), "epochs": result.epochs,
+    ctx.counts.update({"questions": m, "pairs": n_pairs, "texts": int(len(ids)), "epochs": result.epochs,
                        "pos_weight": round(float(result.pos_weight), 4),
                        "heldout_accuracy": report.get("accuracy") if isinstance(report, dict) else None})
     ctx.extra["final_metrics"] = result.metrics
     ctx.extra["wall_s"] = round(time.time() - t0, 1)
-

@@ -1,13 +1,14 @@
 """Training the MBQA heads with Ray Train on the stored, frozen embeddings (paper section 3.2, Appendix B).
 
-The data is `LabelPairs` (`mbqa.pairs`) over the encoder embeddings of the labelled texts; the loop itself is
-`mbqa.loop.run_epochs`, the same with or without Ray. `TorchTrainer` runs it on `num_workers` data-parallel workers
-(DDP). The driver splits the training texts over the workers (each worker's shard -- its texts' embeddings and their
-pairs -- goes once into the object store), and every worker runs the same number of steps per epoch. Every
-`checkpoint_every` epochs rank 0 writes a checkpoint (`mbqa.checkpoint`) and reports it with `ray.train.report` (the
-only reports: metrics go to the log every epoch); a worker failure restarts from it (`FailureConfig(max_failures)`),
-and calling `train_heads` again with the same storage_path and name after a kill resumes from it. One log line per
-epoch (loss, pairs/s), and a progress bar on the driver fed through a Ray queue.
+The data is a Ray Dataset of labelled texts (`mbqa.train_data`: a row per text, its embedding and its pairs); the loop
+itself is `mbqa.loop.run_epochs`, the same with or without Ray. `TorchTrainer` runs it on `num_workers` data-parallel
+workers (DDP), each reading its shard of the texts through ``get_dataset_shard`` (`TextSplit`: the whole dataset, in
+block order, no rows dropped). Shards differ in size, so the workers agree on the steps of an epoch (the fullest
+shard's, an all-reduce max) and on pos_weight (sums of the shards' answers). Every `checkpoint_every` epochs rank 0
+writes a checkpoint (`mbqa.checkpoint`) and reports it with `ray.train.report` (the only reports: metrics go to the
+log every epoch); a worker failure restarts from it (`FailureConfig(max_failures)`), and calling `fit_heads` again
+with the same storage_path and name after a kill resumes from it. One log line per epoch (loss, pairs/s), and a
+progress bar on the driver fed through a Ray queue.
 """
 
 from __future__ import annotations
@@ -19,15 +20,18 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import torch
+from ray.train import DataConfig
 
 from cqg_ray.config import TrainConfig
 from cqg_ray.log import setup_logging
 from cqg_ray.mbqa.checkpoint import load_checkpoint, save_checkpoint
 from cqg_ray.mbqa.heads import StackedHeads
-from cqg_ray.mbqa.loop import make_optimizer, make_shards, run_epochs, steps_per_epoch
+from cqg_ray.mbqa.loop import make_optimizer, run_epochs, steps_per_epoch
 from cqg_ray.mbqa.pairs import LabelPairs, split_holdout
 from cqg_ray.mbqa.report import evaluate_heads
+from cqg_ray.mbqa.train_data import arrays_dataset, shard_arrays, worker_cpus
 
 log = logging.getLogger("cqg_ray")
 
@@ -39,11 +43,31 @@ def _train_loop_per_worker(config: dict) -> None:
 
     setup_logging()
     cfg = TrainConfig(**config["cfg"])
-    torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
+    torch.set_num_threads(max(1, int(config["cpus"])))
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
-    shard = ray.get(config["shards"][rank])
+    tables = list(ray.train.get_dataset_shard("train").iter_batches(batch_size=None, batch_format="pyarrow"))
+    shard = shard_arrays(pa.concat_tables(tables) if tables else pa.table({}), config["d"])
+
+    def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if world == 1:
+            return t
+        import torch.distributed as dist
+
+        t = t.to(device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return t.cpu()
+
+    # every rank runs the steps of the fullest shard (ranks with unequal step counts would hang in DDP's all-reduce)
+    n_steps = int(all_reduce(torch.tensor([steps_per_epoch([shard], config["m"], cfg.pairs_per_head)]), "max")[0])
+    pairs, yes = (int(v) for v in all_reduce(torch.tensor([len(shard["label"]), int(shard["label"].sum())], dtype=torch.int64)))
+    if pairs == 0:
+        raise ValueError("no labelled pairs to train on")
+    pos_weight = ((pairs - yes) / yes if yes else 1.0) if cfg.pos_weight == "auto" else float(cfg.pos_weight)
+    if rank == 0:
+        log.info("train: %d pairs over %d workers (this one %d texts, %d pairs), pos_weight=%.4f, %d steps/epoch, %d epochs",
+                 pairs, world, len(shard["emb"]), len(shard["label"]), pos_weight, n_steps, cfg.epochs)
 
     torch.manual_seed(cfg.seed)
     heads = StackedHeads(config["d"], config["m"], cfg.hidden).to(device)
@@ -58,20 +82,12 @@ def _train_loop_per_worker(config: dict) -> None:
     if rank == 0 and config["progress"] is not None:
         config["progress"].put({"epoch": start_epoch})  # the bar starts where the run does, 0 or a resumed epoch
     if start_epoch >= cfg.epochs:  # a finished run started again: nothing left to train
-        ray.train.report({"epoch": start_epoch, "start_epoch": start_epoch})
+        ray.train.report({"epoch": start_epoch, "start_epoch": start_epoch, "pos_weight": pos_weight})
         return
     model = ray.train.torch.prepare_model(heads) if world > 1 else heads
 
-    def all_reduce(t: torch.Tensor) -> torch.Tensor:
-        if world == 1:
-            return t
-        import torch.distributed as dist
-
-        t = t.to(device)
-        dist.all_reduce(t)
-        return t.cpu()
-
     def on_epoch_end(epoch: int, metrics: dict) -> None:
+        metrics.update(pos_weight=pos_weight, shard_pairs=len(shard["label"]))  # shard_pairs: rank 0's (the one reported)
         if rank == 0:
             log.info("train: epoch %d/%d loss %.4f pairs %d %.0f pairs/s %.1fs", metrics["epoch"], cfg.epochs,
                      metrics["loss"], metrics["pairs"], metrics["pairs_per_s"], metrics["seconds"])
@@ -87,7 +103,7 @@ def _train_loop_per_worker(config: dict) -> None:
         # no report between checkpoints: each ray.train.report is a barrier with the controller (about 2 s on
         # this Ray), which made small runs (milliseconds an epoch) spend nearly all their time reporting
 
-    run_epochs(heads, opt, shard, config["n_steps"], cfg, config["pos_weight"], start_epoch, on_epoch_end,
+    run_epochs(heads, opt, shard, n_steps, cfg, pos_weight, start_epoch, on_epoch_end,
                model=model, device=device, rank=rank, all_reduce=all_reduce)
 
 
@@ -138,6 +154,62 @@ class TrainResult:
     checkpoint_path: str
 
 
+class TextSplit(DataConfig):
+    """Ray Train's dataset split without its truncation: ``streaming_split(equal=False)`` in the dataset's block order
+    (Train's default, ``equal=True``, drops rows to make the shards equal). Shards may differ in size; the train loop
+    runs the fullest shard's steps on every worker. With ``preserve_order`` the same texts go to the same worker on
+    every run, so a restarted or resumed run trains on the same shards."""
+
+    def configure(self, datasets, world_size, worker_handles=None, worker_node_ids=None, **kwargs):
+        from ray.data import ExecutionOptions
+
+        output = [{} for _ in range(world_size)]
+        for name, ds in datasets.items():
+            ds = ds.copy(ds)
+            ds.context.execution_options = ExecutionOptions(preserve_order=True)
+            for i, split in enumerate(ds.streaming_split(world_size, equal=False)):
+                output[i][name] = split
+        return output
+
+
+def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: str) -> TrainResult:
+    """Train m stacked heads on a Ray Dataset of labelled texts (`train_data.TEXT_COLUMNS`) with Ray Train.
+
+    Every row given is trained on (filter the held-out texts out first). Each worker reads its shard through
+    ``get_dataset_shard``; the workers ask for ``cpus_per_worker`` CPUs, fewer when that would leave Ray Data less
+    than ``train.data_cpus`` of the cluster. A run with the same storage_path and name resumes from its last
+    checkpoint; a worker that dies is restarted from it (`cfg.max_failures` times).
+    """
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    cpus = worker_cpus(cfg.cpus_per_worker, cfg.num_workers, ray.cluster_resources().get("CPU", 0.0), cfg.data_cpus)
+    if cpus < cfg.cpus_per_worker:
+        log.info("train: %d worker(s) at %.2f CPUs each (train.cpus_per_worker %.2f), keeping %.2f CPUs for Ray Data",
+                 cfg.num_workers, cpus, cfg.cpus_per_worker, cfg.data_cpus)
+    bar = EpochBar(cfg.epochs)
+    config = {"cfg": cfg.model_dump(mode="json"), "d": int(d), "m": int(m), "cpus": cpus, "progress": bar.queue}
+    trainer = TorchTrainer(
+        _train_loop_per_worker,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": cpus}),
+        run_config=RunConfig(storage_path=storage_path, name=name,
+                             failure_config=FailureConfig(max_failures=cfg.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
+        datasets={"train": texts},
+        dataset_config=TextSplit(),
+    )
+    with bar:
+        result = trainer.fit()
+    if result.checkpoint is None:
+        raise RuntimeError(f"training run {name} in {storage_path} finished without a checkpoint")
+    with result.checkpoint.as_directory() as folder:
+        heads, epochs = load_checkpoint(folder)
+    metrics = dict(result.metrics or {})
+    return TrainResult(heads, epochs, metrics, float(metrics.get("pos_weight", 1.0)), result.checkpoint.path)
+
+
 def train_heads(
     embeddings: np.ndarray,
     labels: LabelPairs | np.ndarray,
@@ -145,17 +217,12 @@ def train_heads(
     storage_path: str,
     name: str,
 ) -> TrainResult:
-    """Train m stacked heads on the frozen embeddings of the labelled texts with Ray Train.
+    """Train m stacked heads on the frozen embeddings of the labelled texts with Ray Train (`fit_heads`).
 
     embeddings: (n_docs, d) float (rows indexed by `labels.doc`); labels: `LabelPairs`, or a dense (n_docs, m)
     int8 matrix with -1 for unlabelled. Every labelled pair given is trained on (split the held-out documents off
-    first: `train_and_evaluate`). A run with the same storage_path and name resumes from its last checkpoint; a
-    worker that dies is restarted from it (`cfg.max_failures` times).
+    first: `train_and_evaluate`). The arrays become a Ray Dataset of text rows (`train_data.arrays_dataset`).
     """
-    import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
     pairs = labels if isinstance(labels, LabelPairs) else LabelPairs.from_dense(labels)
     embeddings = np.asarray(embeddings)
     if embeddings.ndim != 2:
@@ -169,36 +236,9 @@ def train_heads(
     key = pairs.doc * pairs.n_questions + pairs.question
     if len(np.unique(key)) != len(key):
         raise ValueError("duplicate (text, question) pairs in the labels: keep one answer per pair")
-    pos_weight = pairs.auto_pos_weight() if cfg.pos_weight == "auto" else float(cfg.pos_weight)
-
-    shards = make_shards(pairs, cfg.num_workers, cfg.seed)
-    n_steps = steps_per_epoch(shards, pairs.n_questions, cfg.pairs_per_head)
-    refs = []
-    for s in shards:
-        s = dict(s, emb=np.ascontiguousarray(embeddings[s.pop("docs")]))
-        refs.append(ray.put(s))
-    log.info("train: %d pairs, %d questions, %d texts, d=%d, pos_weight=%.4f, %d workers, %d steps/epoch, %d epochs",
-             len(pairs), pairs.n_questions, len(np.unique(pairs.doc)), embeddings.shape[1], pos_weight,
-             cfg.num_workers, n_steps, cfg.epochs)
-    bar = EpochBar(cfg.epochs)
-    config = {"cfg": cfg.model_dump(mode="json"), "shards": refs, "d": int(embeddings.shape[1]), "m": pairs.n_questions,
-              "n_steps": n_steps, "pos_weight": pos_weight, "progress": bar.queue}
-    trainer = TorchTrainer(
-        _train_loop_per_worker,
-        train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
-                                     resources_per_worker={"CPU": cfg.cpus_per_worker}),
-        run_config=RunConfig(storage_path=storage_path, name=name,
-                             failure_config=FailureConfig(max_failures=cfg.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
-    )
-    with bar:
-        result = trainer.fit()
-    if result.checkpoint is None:
-        raise RuntimeError(f"training run {name} in {storage_path} finished without a checkpoint")
-    with result.checkpoint.as_directory() as folder:
-        heads, epochs = load_checkpoint(folder)
-    return TrainResult(heads, epochs, dict(result.metrics or {}), pos_weight, result.checkpoint.path)
+    log.info("train: %d pairs, %d questions, %d texts, d=%d, %d workers, %d epochs", len(pairs), pairs.n_questions,
+             len(np.unique(pairs.doc)), embeddings.shape[1], cfg.num_workers, cfg.epochs)
+    return fit_heads(arrays_dataset(embeddings, pairs), embeddings.shape[1], pairs.n_questions, cfg, storage_path, name)
 
 
 def train_and_evaluate(

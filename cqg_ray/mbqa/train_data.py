@@ -1,0 +1,200 @@
+"""The training data as Ray Data: one row per labelled text, built by Data workers, gathered per Train worker.
+
+A row is one labelled text: ``doc_id``, ``embedding`` (its frozen encoder embedding), ``question`` (list<int32>),
+``answer`` (list<int8>, the LLM's 0/1), ``target`` (list<float32>, what the heads are fitted to: the answer, or
+P(yes) with soft labels) and ``held`` (held out for the Table 6 report). `run_texts` builds the rows from a run
+directory: Data workers read encode/ and look up each batch's labels in labels/labels.parquet, so every text is
+one row and neither the labels nor the embeddings pass through the driver. `arrays_dataset` builds the same rows
+from arrays (the array API of `train_heads`, tests, benches). Each Ray Train worker turns its shard into the arrays
+`loop.run_epochs` trains on (`shard_arrays`); `TextStats` is the pass after training (per-question label counts,
+the heads' mean probabilities, the confusion counts on held-out pairs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cqg_ray.artifacts import embedding_matrix
+
+TEXT_COLUMNS = ("doc_id", "embedding", "question", "answer", "target", "held")
+BLOCKS = 16  # blocks of `arrays_dataset`: several per Train worker, so each gets a share of the texts
+
+
+def texts_table(doc_id, embedding: np.ndarray, pair_text: np.ndarray, question: np.ndarray, answer: np.ndarray,
+                target: np.ndarray | None = None, held: np.ndarray | None = None) -> pa.Table:
+    """One row per text that has pairs: text i's pairs are those with ``pair_text == i`` (in their order).
+
+    ``doc_id`` and ``embedding`` (n, d) are per text; ``held`` (n,) bool per text (default: none held out).
+    """
+    doc_id = np.asarray(doc_id)
+    embedding = np.asarray(embedding, dtype=np.float32)
+    pair_text = np.asarray(pair_text, dtype=np.int64)
+    target = np.asarray(answer, dtype=np.float32) if target is None else np.asarray(target, dtype=np.float32)
+    held = np.zeros(len(doc_id), dtype=bool) if held is None else np.asarray(held, dtype=bool)
+    order = np.argsort(pair_text, kind="stable")
+    counts = np.bincount(pair_text, minlength=len(doc_id))
+    has = counts > 0
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts[has])]).astype(np.int32))
+    d = embedding.shape[1]
+
+    def lists(values, type_):
+        return pa.ListArray.from_arrays(offsets, pa.array(np.asarray(values)[order], type_))
+
+    return pa.table({
+        "doc_id": pa.array(doc_id[has].astype(str), pa.string()),
+        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embedding[has].ravel(), pa.float32()), d),
+        "question": lists(question, pa.int32()),
+        "answer": lists(answer, pa.int8()),
+        "target": lists(target, pa.float32()),
+        "held": pa.array(held[has], pa.bool_()),
+    })
+
+
+def shard_arrays(table: pa.Table, d: int) -> dict:
+    """A Train worker's shard (text rows) -> the arrays `run_epochs` trains on, in a canonical order.
+
+    Texts sorted by doc_id (a text in two rows is one text), pairs by (text, question), so the arrays depend on
+    which texts the shard holds, not on the order its blocks arrived in. Returns ``emb`` (n, d) float32, ``row``
+    (local text row of each pair), ``question``, ``answer`` (the training target, float32) and ``label`` (the 0/1
+    answers, int8).
+    """
+    if table.num_rows == 0:
+        return {"emb": np.zeros((0, d), np.float32), "row": np.zeros(0, np.int64), "question": np.zeros(0, np.int32),
+                "answer": np.zeros(0, np.float32), "label": np.zeros(0, np.int8)}
+    ids = table.column("doc_id").to_numpy(zero_copy_only=False).astype(str)
+    texts, first, text_of_row = np.unique(ids, return_index=True, return_inverse=True)
+    emb = embedding_matrix(table.column("embedding"))[first].astype(np.float32, copy=False)
+    q_col = pa.chunked_array(table.column("question")).combine_chunks()
+    row_of_pair = pc.list_parent_indices(q_col).to_numpy()
+    row = text_of_row[row_of_pair].astype(np.int64)
+    question = pc.list_flatten(q_col).to_numpy().astype(np.int32)
+    answer = pc.list_flatten(table.column("target")).to_numpy().astype(np.float32)
+    label = pc.list_flatten(table.column("answer")).to_numpy().astype(np.int8)
+    order = np.lexsort((question, row))
+    return {"emb": np.ascontiguousarray(emb), "row": row[order], "question": question[order], "answer": answer[order],
+            "label": label[order]}
+
+
+def worker_cpus(cpus_per_worker: float, num_workers: int, cluster_cpus: float, data_cpus: float) -> float:
+    """CPUs each Train worker asks for: ``cpus_per_worker``, cut so that ``data_cpus`` of the cluster stay free for
+    the Ray Data tasks that feed the workers (workers holding every CPU leave Data none, and training waits forever)."""
+    free = cluster_cpus - data_cpus
+    if free <= 0:
+        raise ValueError(f"train: the cluster has {cluster_cpus:g} CPUs, no more than the {data_cpus:g} kept for Ray Data (train.data_cpus)")
+    return min(float(cpus_per_worker), free / num_workers)
+
+
+def text_stats(table: pa.Table, heads, tau: float) -> dict:
+    """One batch of text rows -> per-question label and yes counts, the sum of each head's P(yes) over the texts,
+    the held-out confusion counts [[tn, fp], [fn, tp]] at tau, the number of texts."""
+    import torch
+
+    from cqg_ray.mbqa.report import predict_pairs
+
+    m = heads.m
+    question = pc.list_flatten(table.column("question")).to_numpy().astype(np.int64)
+    answer = pc.list_flatten(table.column("answer")).to_numpy().astype(np.int64)
+    emb = embedding_matrix(table.column("embedding")).astype(np.float32, copy=False)
+    with torch.no_grad():
+        prob_sum = torch.sigmoid(heads.forward_all(torch.tensor(emb))).double().sum(0).numpy() if len(emb) else np.zeros(m)
+    q_col = pa.chunked_array(table.column("question")).combine_chunks()
+    text = pc.list_parent_indices(q_col).to_numpy()
+    is_held = table.column("held").to_numpy(zero_copy_only=False)[text]
+    pred = predict_pairs(heads, emb, text[is_held], question[is_held]) > tau
+    confusion = np.bincount(answer[is_held] * 2 + pred.astype(np.int64), minlength=4)
+    return {"labels": np.bincount(question, minlength=m), "yes": np.bincount(question, weights=answer, minlength=m).astype(np.int64),
+            "prob_sum": prob_sum, "confusion": confusion, "texts": table.num_rows,
+            "train_pairs": int((~is_held).sum()), "held_pairs": int(is_held.sum()),
+            "train_texts": int((~table.column("held").to_numpy(zero_copy_only=False)).sum())}
+
+
+def add_stats(a: dict, b: dict) -> dict:
+    return {k: a[k] + b[k] for k in a}
+
+
+def confusion_report(confusion: np.ndarray, tau: float) -> dict:
+    """The Table 6 report (`report.classification_report`) from the counts [tn, fp, fn, tp]."""
+    from cqg_ray.mbqa.report import classification_report
+
+    tn, fp, fn, tp = (int(c) for c in confusion)
+    y_true = np.repeat([0, 0, 1, 1], [tn, fp, fn, tp])
+    y_pred = np.repeat([0, 1, 0, 1], [tn, fp, fn, tp])
+    report = classification_report(y_true, y_pred)
+    report["tau"] = tau
+    return report
+
+
+# ------------------------------------------------------------------------------------------ the Ray layer
+
+DATA_TASK_CPUS = 0.25  # what each Data task that reads or builds text rows asks for (fits in train.data_cpus)
+
+
+def label_lookup(batch: pa.Table, labels_path: str, fs, held_ids: pa.Array, soft: bool) -> pa.Table:
+    """A Ray Data task: a batch of encode/ rows -> the text rows of those that are labelled (their labels read from
+    labels.parquet with a doc_id filter, which the file's row-group statistics narrow when it is sorted)."""
+    import pyarrow.dataset as ds
+
+    ids = batch.column("doc_id")
+    emb = embedding_matrix(batch.column("embedding"))
+    labels = ds.dataset(labels_path, filesystem=fs, format="parquet").to_table(
+        columns=["doc_id", "question_id", "answer", "p_yes"], filter=ds.field("doc_id").isin(ids))
+    if soft and labels.column("p_yes").null_count:
+        raise RuntimeError(f"train.soft_labels needs P(yes) for every label; {labels.column('p_yes').null_count} have none")
+    doc_ids = ids.to_numpy(zero_copy_only=False)
+    by_id = np.argsort(doc_ids)
+    pair_text = by_id[np.searchsorted(doc_ids[by_id], labels.column("doc_id").to_numpy(zero_copy_only=False))]
+    return texts_table(doc_ids, emb, pair_text, labels.column("question_id").to_numpy().astype(np.int32),
+                       labels.column("answer").to_numpy(zero_copy_only=False).astype(np.int8),
+                       labels.column("p_yes").to_numpy(zero_copy_only=False) if soft else None,
+                       pc.is_in(ids, value_set=held_ids).to_numpy(zero_copy_only=False))
+
+
+def run_texts(embedding_files: list[str], labels_path: str, fs, held_ids, soft: bool, batch_size: int = 4096):
+    """The run's labelled texts as a Ray Dataset (`TEXT_COLUMNS`): encode/ read by Data workers, labels joined per
+    batch by `label_lookup`. Block order follows the files, so a Train split of it is the same on every run."""
+    import ray.data
+
+    emb = ray.data.read_parquet(embedding_files, filesystem=fs, num_cpus=DATA_TASK_CPUS).select_columns(["doc_id", "embedding"])
+    return emb.map_batches(label_lookup, fn_kwargs={"labels_path": labels_path, "fs": fs, "held_ids": pa.array(list(map(str, held_ids)), pa.string()),
+                                                    "soft": soft},
+                           batch_format="pyarrow", batch_size=batch_size, num_cpus=DATA_TASK_CPUS)
+
+
+def training_rows(texts):
+    """The rows that are not held out."""
+    return texts.map_batches(lambda t: t.filter(pc.invert(t.column("held"))), batch_format="pyarrow", batch_size=None,
+                             num_cpus=DATA_TASK_CPUS)
+
+
+def arrays_dataset(embeddings: np.ndarray, pairs, held: np.ndarray | None = None, blocks: int = BLOCKS):
+    """The texts of `LabelPairs` over embedding rows as a Ray Dataset of `blocks` blocks (``doc_id`` = the row number)."""
+    import ray.data
+
+    docs = np.unique(pairs.doc)
+    table = texts_table(docs, np.asarray(embeddings)[docs], np.searchsorted(docs, pairs.doc), pairs.question, pairs.answer,
+                        pairs.target, None if held is None else np.isin(docs, held))
+    table = table.set_column(0, "doc_id", pa.array([f"{int(i):012d}" for i in docs], pa.string()))
+    rows = max(1, -(-table.num_rows // blocks))
+    return ray.data.from_arrow([table.slice(i, rows) for i in range(0, max(table.num_rows, 1), rows)])
+
+
+def dataset_stats(texts, heads, tau: float) -> dict:
+    """`text_stats` summed over a dataset of text rows (one pass of Data workers; the driver sums the counters)."""
+    import ray
+
+    heads_ref = ray.put(heads)
+
+    def stats(batch: pa.Table) -> dict:
+        s = text_stats(batch, ray.get(heads_ref), tau)
+        return {k: [np.atleast_1d(np.asarray(v, dtype=np.float64))] for k, v in s.items()}
+
+    total = None
+    for batch in texts.map_batches(stats, batch_format="pyarrow", batch_size=2048, num_cpus=DATA_TASK_CPUS).iter_rows():
+        total = dict(batch) if total is None else add_stats(total, batch)
+    if total is None:
+        raise RuntimeError("train: no labelled texts")
+    vectors = ("labels", "yes", "prob_sum", "confusion")
+    return {k: (v if k == "prob_sum" else np.rint(v).astype(np.int64)) if k in vectors else int(round(float(v[0])))
+            for k, v in total.items()}

@@ -1,0 +1,86 @@
+"""The training data's pure core (no Ray): text rows, a worker's shard arrays, the CPUs kept for Ray Data, the stats."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from cqg_ray.mbqa.heads import StackedHeads
+from cqg_ray.mbqa.loop import steps_per_epoch
+from cqg_ray.mbqa.pairs import LabelPairs
+from cqg_ray.mbqa.report import evaluate_heads
+from cqg_ray.mbqa.train_data import confusion_report, shard_arrays, text_stats, texts_table, worker_cpus
+
+
+def small_table():
+    emb = np.arange(12, dtype=np.float32).reshape(3, 4)
+    # text 0: questions 2, 0; text 1: none (dropped); text 2: question 1
+    return texts_table(np.array(["b", "c", "a"]), emb, np.array([0, 2, 0]), np.array([2, 1, 0]), np.array([1, 0, 0]),
+                       np.array([0.9, 0.2, 0.1]), np.array([False, False, True]))
+
+
+def test_texts_table_has_one_row_per_labelled_text():
+    t = small_table()
+    assert t.column_names == ["doc_id", "embedding", "question", "answer", "target", "held"]
+    assert t.column("doc_id").to_pylist() == ["b", "a"]
+    assert t.column("question").to_pylist() == [[2, 0], [1]]
+    assert t.column("answer").to_pylist() == [[1, 0], [0]]
+    assert t.column("held").to_pylist() == [False, True]
+    assert t.column("embedding").to_pylist()[1] == [8.0, 9.0, 10.0, 11.0]
+
+
+def test_shard_arrays_are_canonical_whatever_the_row_order():
+    t = small_table()
+    shard = shard_arrays(t, 4)
+    assert shard["emb"].tolist() == [[8, 9, 10, 11], [0, 1, 2, 3]]  # sorted by doc_id: a, b
+    assert shard["row"].tolist() == [0, 1, 1]
+    assert shard["question"].tolist() == [1, 0, 2]
+    assert shard["label"].tolist() == [0, 0, 1]
+    assert shard["answer"].dtype == np.float32 and shard["answer"].tolist() == pytest.approx([0.2, 0.1, 0.9])
+    backwards = shard_arrays(pa.concat_tables([t.slice(1), t.slice(0, 1)]), 4)
+    for k in shard:
+        assert np.array_equal(backwards[k], shard[k]), k
+    empty = shard_arrays(pa.table({}), 4)
+    assert empty["emb"].shape == (0, 4) and len(empty["row"]) == 0
+
+
+def test_a_text_split_over_two_rows_is_one_text():
+    emb = np.ones((1, 2), np.float32)
+    a = texts_table(np.array(["x"]), emb, np.array([0]), np.array([3]), np.array([1]))
+    b = texts_table(np.array(["x"]), emb, np.array([0]), np.array([1]), np.array([0]))
+    shard = shard_arrays(pa.concat_tables([a, b]), 2)
+    assert len(shard["emb"]) == 1 and shard["row"].tolist() == [0, 0] and shard["question"].tolist() == [1, 3]
+
+
+def test_unequal_shards_give_unequal_step_counts():
+    """What the train loop's all-reduce max is for: two shards of one split need different numbers of steps."""
+    emb = np.zeros((3, 2), np.float32)
+    big = shard_arrays(texts_table(np.array(["a", "b", "c"]), emb, np.array([0, 1, 2]), np.array([0, 0, 0]), np.array([1, 0, 1])), 2)
+    small = shard_arrays(texts_table(np.array(["d"]), emb[:1], np.array([0]), np.array([0]), np.array([1])), 2)
+    assert steps_per_epoch([big], 1, 1) == 3 and steps_per_epoch([small], 1, 1) == 1
+    assert steps_per_epoch([big, small], 1, 1) == 3
+
+
+def test_worker_cpus_keep_cpus_for_ray_data():
+    assert worker_cpus(1.0, 2, cluster_cpus=2, data_cpus=0.5) == 0.75  # 2 x 1 CPU would leave Data nothing
+    assert worker_cpus(1.0, 2, cluster_cpus=8, data_cpus=0.5) == 1.0  # room for both: as asked
+    assert worker_cpus(0.5, 2, cluster_cpus=2, data_cpus=0.5) == 0.5
+    with pytest.raises(ValueError, match="no more than the 2 kept for Ray Data"):
+        worker_cpus(1.0, 1, cluster_cpus=2, data_cpus=2)
+
+
+def test_text_stats_and_the_report_from_counts_match_the_arrays(problem):
+    emb, dense = problem(n_docs=60, d=8, m=3, per_question=30)
+    pairs = LabelPairs.from_dense(dense)
+    docs = np.unique(pairs.doc)
+    held = docs % 3 == 0
+    table = texts_table(docs.astype(str), emb[docs], np.searchsorted(docs, pairs.doc), pairs.question, pairs.answer, None, held)
+    torch.manual_seed(0)
+    heads = StackedHeads(8, 3)
+    s = text_stats(table, heads, 0.5)
+    assert s["labels"].tolist() == np.bincount(pairs.question, minlength=3).tolist()
+    assert s["yes"].tolist() == np.bincount(pairs.question, weights=pairs.answer, minlength=3).astype(int).tolist()
+    assert s["prob_sum"] / s["texts"] == pytest.approx(heads.mean_probabilities(emb[docs]), abs=1e-6)
+    is_held = np.isin(pairs.doc, docs[held])
+    assert (s["held_pairs"], s["train_pairs"], s["train_texts"]) == (int(is_held.sum()), int((~is_held).sum()), int((~held).sum()))
+    assert confusion_report(s["confusion"], 0.5) == evaluate_heads(heads, emb, pairs.select(is_held), 0.5)

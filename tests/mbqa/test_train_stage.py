@@ -1,0 +1,58 @@
+"""The train stage reads labels and embeddings through Ray Data: its model folder says what the arrays say."""
+
+import json
+
+import numpy as np
+import pytest
+
+from cqg_ray.artifacts import load_embeddings, load_labels
+from cqg_ray.mbqa.embedder import InterpretableEmbedder
+from cqg_ray.mbqa.pairs import LabelPairs, split_holdout
+from cqg_ray.mbqa.report import evaluate_heads
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, clustered_run, corpus_file):
+    from cqg_ray.config import stage_hash
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.mbqa.label import run_labels
+    from cqg_ray.mbqa.stage import run_train
+    from cqg_ray.rundir import RunDir, run_stage
+    from tests.conftest import copy_clustered, small_config
+    from tests.evaluate.conftest import lexical_oracle
+
+    d = copy_clustered(clustered_run, tmp_path_factory.mktemp("train_stage") / "run")
+    cfg = small_config(d, corpus_file, t=3, filters=["copy", "example", "long", "cut_off"],
+                       extra={"train": {"epochs": 20, "holdout": 0.2, "num_workers": 2, "checkpoint_every": 20}})
+    run = RunDir(str(d))
+    oracle = FakeBackend(cfg.llm, reply=lexical_oracle)
+    run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=oracle, progress=False))
+    run_stage(run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, backend=oracle, progress=False))
+    manifest = run_stage(run, "model", stage_hash(cfg, "model"), lambda ctx: run_train(cfg, ctx))
+    return run, cfg, manifest
+
+
+def test_the_model_folder_matches_the_labels_and_embeddings(trained_run):
+    """Counts, the held-out split and Table 6 report, and the means: computed here from arrays the old way (labels
+    and embeddings loaded whole), against what the Ray Data passes wrote."""
+    run, cfg, manifest = trained_run
+    labels = load_labels(run)
+    doc_ids = labels.column("doc_id").to_numpy(zero_copy_only=False)
+    ids, emb = load_embeddings(run, np.unique(doc_ids))
+    pairs = LabelPairs(np.searchsorted(ids, doc_ids), labels.column("question_id").to_numpy(),
+                       labels.column("answer").to_numpy(zero_copy_only=False).astype(np.int8), int(labels.column("question_id").to_numpy().max()) + 1)
+    train, test = split_holdout(pairs, cfg.train.holdout, cfg.train.seed)
+    model = InterpretableEmbedder.load(run.uri("model"), device="cpu")
+    report = json.loads(open(run.uri("model", "eval_report.json")).read())
+    assert report["split"] == {"train_docs": len(np.unique(train.doc)), "heldout_docs": len(np.unique(test.doc)),
+                               "train_pairs": len(train), "heldout_pairs": len(test),
+                               "pos_weight": pytest.approx(train.auto_pos_weight()), "epochs": 20}
+    expected = evaluate_heads(model.heads, emb, test, cfg.train.tau)
+    assert {k: v for k, v in report.items() if k != "split"} == expected
+    questions = json.loads(open(run.uri("model", "questions.json")).read())
+    questions = questions["questions"] if isinstance(questions, dict) else questions
+    n = np.bincount(pairs.question, minlength=len(questions))
+    assert [q["labels"] for q in questions] == n.tolist()
+    assert manifest["counts"]["pairs"] == len(pairs) and manifest["counts"]["texts"] == len(ids)
+    assert model.mean == pytest.approx(model.heads.mean_probabilities(emb), abs=1e-6)
