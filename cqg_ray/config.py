@@ -51,6 +51,9 @@ class RayConfig(Section):
     address: str | None = Field(None, description="Ray address; None = local")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray (None = all)")
     include_dashboard: bool = False
+    max_cpus: float | None = Field(None, gt=0, description="CPUs the cluster may grow to (an autoscaler's limit); actor pools start "
+                                   "with what is there and grow to this (None = the CPUs present)")
+    max_gpus: float | None = Field(None, ge=0, description="GPUs the cluster may grow to (an autoscaler's limit; None = the GPUs present)")
 
 
 class CorpusConfig(Section):

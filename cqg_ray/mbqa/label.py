@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import Clusters, load_questions
 from cqg_ray.config import PipelineConfig
+from cqg_ray.pools import declared, pool_range
 from cqg_ray.rundir import StageContext
 
 log = logging.getLogger("cqg_ray")
@@ -154,7 +155,8 @@ class RayPasses:
         import ray
 
         self.args, self.cfg, self.engine = (run_root, stage, cfg, identity), cfg, engine
-        self.cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self.now = ray.cluster_resources()  # the pools start with one actor and may grow to what is declared
+        self.most = declared(self.now, cfg.ray.max_cpus, cfg.ray.max_gpus)
 
     def index(self):
         import ray
@@ -168,12 +170,13 @@ class RayPasses:
         if not groups:
             return []
         if mode == "answer":
-            size, cpus = engine_pool(self.cfg.llm, self.cpus)
+            size, cpus = engine_pool(self.cfg.llm, self.now, self.most)
         else:
-            size, cpus = (1, self.cpus), 1.0
+            size, cpus = pool_range({"CPU": 1}, self.now, self.most), 1.0
         ds = ray.data.from_items([{"group": g} for g in groups], override_num_blocks=len(groups)).map_batches(
             _PassActor, fn_constructor_kwargs={"mode": mode, "args": self.args, "index": index, "engine": self.engine},
-            compute=ray.data.ActorPoolStrategy(min_size=size[0], max_size=min(size[1], len(groups))), batch_size=1, num_cpus=cpus)
+            compute=ray.data.ActorPoolStrategy(min_size=min(size[0], len(groups)), max_size=min(size[1], len(groups))), batch_size=1,
+            num_cpus=cpus)
         return [json.loads(r["out"]) for r in ds.iter_rows()]
 
     def concat(self) -> dict[str, int]:
@@ -182,15 +185,15 @@ class RayPasses:
         return ray.get(ray.remote(concat_parts).remote(*self.args[:2]))
 
 
-def engine_pool(llm, cpus: int) -> tuple[tuple[int, int], float]:
-    """((min, max) actors, CPUs per actor) of the answering pool: llama.cpp ``llamacpp.num_actors`` engines, one CPU
-    each as the embedded pool had; an OpenAI-compatible server one client (it has its own concurrency); the fake engine
-    one per CPU."""
+def engine_pool(llm, now: dict, most: dict) -> tuple[tuple[int, int], float]:
+    """((min, max) actors, CPUs per actor) of the answering pool: llama.cpp up to ``llamacpp.num_actors`` engines, one
+    CPU each as the embedded pool had; an OpenAI-compatible server one client (it has its own concurrency); the fake
+    engine one per CPU present, growing to one per declared CPU (`pools.pool_range`)."""
     if llm.backend == "llamacpp":
-        return (1, llm.llamacpp.num_actors), 1.0
+        return pool_range({"CPU": 1}, now, most, cap=llm.llamacpp.num_actors), 1.0
     if llm.backend == "openai":
         return (1, 1), 1.0
-    return (1, cpus), 1.0
+    return pool_range({"CPU": 1}, now, most), 1.0
 
 
 def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True, engine=None) -> None:
