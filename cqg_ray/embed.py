@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 from cqg_ray.artifacts import EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED_META_KEY, EMBED_SETTINGS, embeddings_table, sparse_table
 from cqg_ray.config import BACKEND_HELP, CorpusConfig, EmbedConfig, EncoderBackend, RayConfig
 from cqg_ray.lease import take_lease
+from cqg_ray.pools import declared
 from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, split_units, run_units
 from cqg_ray.rundir import ArtifactError, RunDir, hash_sections, resolve
 
@@ -142,11 +143,13 @@ def _clear(run: RunDir) -> None:
 
 
 def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig | None = None,
-          corpus: CorpusConfig | None = None, force: bool = False, progress: bool = True) -> dict:
+          corpus: CorpusConfig | None = None, force: bool = False, progress: bool = True, cluster: RayConfig | None = None) -> dict:
     """Embed every row of the corpus files with the model; returns the manifest (also written to OUT/_manifest.json).
 
     `corpus` chooses the readers' options (format, text/id columns, ...); its paths, dedup, limit are ignored.
-    Needs Ray (started locally if nobody did). OUT and the model must be reachable from every node.
+    Needs Ray (started locally if nobody did). OUT and the model must be reachable from every node. The actor pool
+    starts with the actors that fit the cluster now and grows to those that fit ``cluster.max_cpus`` /
+    ``cluster.max_gpus`` (`units.actor_pool_size`; default: what is there).
     """
     import ray
 
@@ -212,14 +215,16 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     # 2. embedding units
     units = split_units(shards, cfg.unit_rows)
     todo_units = pending_units(run, ROOT, units)
-    n_actors, gpus = actor_pool_size(cfg, ray.cluster_resources(), units=len(todo_units))
-    log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, budget %s, %d actor(s) x %s GPU",
-             sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, budget.name, n_actors, gpus)
+    cluster = cluster or RayConfig()
+    now = ray.cluster_resources()
+    pool, gpus = actor_pool_size(cfg, now, declared(now, cluster.max_cpus, cluster.max_gpus), units=len(todo_units))
+    log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, budget %s, %d-%d actor(s) x %s GPU",
+             sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, budget.name, *pool, gpus)
     t0 = time.time()
     rows_now, nodes = run_units(todo_units, EmbedUnits,
                                 {"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output, "budget": budget.to_dict(),
                                  "batch_size": cfg.batch_size, "threads": cfg.torch_threads, "backend": cfg.backend},
-                                n_actors, gpus, cfg.torch_threads, "embed", progress)
+                                pool, gpus, cfg.torch_threads, "embed", progress)
     wall = time.time() - t0
 
     # every input row exactly once: the unit files cover the snapshot's rows one for one
@@ -229,7 +234,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
         raise ArtifactError(f"{out}: unit files with the wrong number of rows: {bad[:5]}; rerun with --force")
     rows = sum(written.values())
     counts = {"files": len(files), "rows": rows, "units": len(units), "units_resumed": len(units) - len(todo_units),
-              "embedded_now": rows_now, "nodes_used": len(nodes), "actors": n_actors if todo_units else 0,
+              "embedded_now": rows_now, "nodes_used": len(nodes), "actors": pool[1] if todo_units else 0,
               **{f"dropped_{k}": v for k, v in dropped.items() if k != "utf8_replaced"},
               **({"replaced_invalid_utf8": dropped["utf8_replaced"]} if "utf8_replaced" in dropped else {})}
     return run.write_manifest(ROOT, config_hash, [], counts, time.time() - t_start, extra={
@@ -292,11 +297,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="texts per encoder call (default 32 on CPU, 128 on GPU)")
     p.add_argument("--backend", default="auto", choices=get_args(EncoderBackend), help=BACKEND_HELP)
     p.add_argument("--unit-rows", type=int, default=10_000, help="rows per work unit (the resume granularity)")
-    p.add_argument("--actors", type=int, default=None, help="actors (default: one per GPU, else one per CPU)")
+    p.add_argument("--actors", type=int, default=None, help="actors (default: one per GPU, else one per CPU, growing with the cluster "
+                                                             "up to --max-gpus / --max-cpus)")
     p.add_argument("--gpus-per-actor", type=float, default=None, help="default: 1 when the cluster has GPUs, else 0")
     p.add_argument("--threads", type=int, default=1, help="torch threads per CPU actor")
     p.add_argument("--address", default=None, help="Ray address (default: the job's RAY_ADDRESS under `ray job submit`, else a local Ray)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray")
+    p.add_argument("--max-cpus", type=float, default=None, help="CPUs the cluster may grow to (an autoscaler's limit; default: those present)")
+    p.add_argument("--max-gpus", type=float, default=None, help="GPUs the cluster may grow to (an autoscaler's limit; default: those present)")
     p.add_argument("--force", action="store_true", help="throw away OUT's previous results and start again")
     p.add_argument("--break-lease", action="store_true", help="write OUT even if another live `cqg-ray embed` holds its lease (that one stops)")
 
@@ -309,9 +317,10 @@ def run_from_args(args) -> dict:
                       backend=args.backend)
     corpus = CorpusConfig(format=args.format, text_column=args.text_column, id_column=args.id_column)
     with take_lease(args.out, "cqg-ray embed", args.break_lease):  # one writer per OUT (LeaseHeld: exit 3)
-        init_ray(RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus))
+        cluster = RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus, max_cpus=args.max_cpus, max_gpus=args.max_gpus)
+        init_ray(cluster)
         m = embed(args.model, args.corpus, args.out, cfg, corpus, force=args.force,
-                  progress=os.environ.get("CQG_RAY_PROGRESS", "1") != "0")
+                  progress=os.environ.get("CQG_RAY_PROGRESS", "1") != "0", cluster=cluster)
     print(json.dumps({k: m.get(k) for k in ("format", "m", "output", "budget", "bytes_per_text", "file_bytes_per_text", "counts",
                                             "texts_per_s", "seconds")}, indent=2))
     return m

@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import corpus_shards, embeddings_table
-from cqg_ray.config import EncodeConfig
+from cqg_ray.config import EncodeConfig, PipelineConfig, RayConfig
+from cqg_ray.pools import declared
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
 from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, split_units, run_units
 
@@ -49,19 +50,29 @@ class EncodeUnits(UnitActor):
         self.run.write_table(f"{self.stage}/{name}", embeddings_table(doc_ids, emb))
 
 
-def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, progress: bool = True) -> None:
+def run_encode(cfg: PipelineConfig, ctx: StageContext) -> None:
+    """The stage as the pipeline runs it: the encode section, with the ray section's declared resources for the pool."""
+    encode(cfg.encode, ctx, cluster=cfg.ray)
+
+
+def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, progress: bool = True,
+           cluster: RayConfig | None = None) -> None:
+    """Encode every prepared document; the actor pool starts with the actors that fit the cluster now and grows to
+    those that fit ``cluster.max_cpus`` / ``cluster.max_gpus`` (`units.actor_pool_size`; default: what is there)."""
     import ray
 
     run = ctx.run
     shards = [(p, pq.ParquetFile(p, filesystem=run.fs).metadata.num_rows) for p in corpus_shards(run)]
     units = split_units(shards, unit_rows or cfg.unit_rows)
     todo = pending_units(run, ctx.stage, units)
-    n_actors, gpus = actor_pool_size(cfg, ray.cluster_resources(), units=len(todo))
-    log.info("encode: %d units (%d done before), %d rows, model %s, %d actor(s) x %s GPU", len(units), len(units) - len(todo),
-             sum(n for _, n in shards), cfg.model, n_actors, gpus)
+    cluster = cluster or RayConfig()
+    now = ray.cluster_resources()
+    pool, gpus = actor_pool_size(cfg, now, declared(now, cluster.max_cpus, cluster.max_gpus), units=len(todo))
+    log.info("encode: %d units (%d done before), %d rows, model %s, %d-%d actor(s) x %s GPU", len(units), len(units) - len(todo),
+             sum(n for _, n in shards), cfg.model, *pool, gpus)
     t0 = time.time()
     rows_done, nodes = run_units(todo, EncodeUnits, {"cfg_json": cfg.model_dump_json(), "run_uri": run.root_uri, "stage": ctx.stage},
-                                 n_actors, gpus, cfg.torch_threads, "encode", progress)
+                                 pool, gpus, cfg.torch_threads, "encode", progress)
     wall = time.time() - t0
     files = run.ls(ctx.stage, suffix=".parquet")
     total = sum(pq.ParquetFile(run.path(ctx.stage, f), filesystem=run.fs).metadata.num_rows for f in files)

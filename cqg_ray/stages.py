@@ -41,7 +41,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("prepare", "prepare", (), ("corpus",), "cqg_ray.corpus:prepare", "corpus",
           "read, clean, dedup and shard the corpus (corpus.*)"),
     Stage("encode", "encode", ("prepare",), ("encode.model", "encode.dtype", "encode.max_seq_length"),
-          "cqg_ray.encode:encode", "encode",
+          "cqg_ray.encode:run_encode", "",
           "encode every document with the frozen sentence encoder (encode.*)"),
     Stage("cluster", "cluster", ("encode",), ("cluster",), "cqg_ray.cluster:cluster", "cluster",
           "faiss k-means, assignments and centroid neighbours (cluster.*: k)"),

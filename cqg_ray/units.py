@@ -4,7 +4,8 @@ A unit is a slice of rows of one Parquet shard, written as one output file ``emb
 skips the units whose file exists, so a killed pass resumes where it stopped and writes every row exactly once.
 
     units = pending_units(run, folder, split_units(shards, unit_rows))
-    rows, nodes = run_units(units, MyUnits, kwargs, *actor_pool_size(cfg, ray.cluster_resources()), threads, "encode")
+    now = ray.cluster_resources()
+    rows, nodes = run_units(units, MyUnits, kwargs, *actor_pool_size(cfg, now, declared(now, max_cpus, max_gpus)), threads, "encode")
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cqg_ray.config import EmbedConfig, EncodeConfig
+from cqg_ray.pools import pool_range
 from cqg_ray.rundir import RunDir
 
 UNIT_ROWS = 10_000
@@ -84,24 +86,29 @@ class UnitActor:
         return {k: np.array(v) for k, v in out.items()}
 
 
-def actor_pool_size(cfg: EncodeConfig | EmbedConfig, cluster_resources: dict, units: int | None = None) -> tuple[int, float]:
-    """(number of actors, GPUs per actor) from the config and the cluster (pure); the encode stage and batch
-    embedding both size their pools with it (num_actors, num_gpus_per_actor, torch_threads). With ``units``, at
-    most one actor per unit (at least one)."""
-    gpus = float(cluster_resources.get("GPU", 0))
-    per = cfg.num_gpus_per_actor if cfg.num_gpus_per_actor is not None else (1.0 if gpus >= 1 else 0.0)
-    if cfg.num_actors is not None:
-        n = cfg.num_actors
-    elif per > 0:
-        n = max(1, int(gpus // per))
-    else:
-        n, per = max(1, int(float(cluster_resources.get("CPU", 1)) // cfg.torch_threads)), 0.0
-    return (n if units is None else max(1, min(n, units))), per
+def actor_pool_size(cfg: EncodeConfig | EmbedConfig, now: dict, most: dict | None = None,
+                    units: int | None = None) -> tuple[tuple[int, int], float]:
+    """((min, max) actors, GPUs per actor) from the config and the cluster (pure); the encode stage and batch embedding
+    both size their pools with it (num_actors, num_gpus_per_actor, torch_threads).
+
+    ``now``: the cluster's resources when the stage starts; ``most``: what it is declared to grow to
+    (``pools.declared`` of ``ray.max_cpus`` / ``ray.max_gpus``; default ``now``). The pool starts with the actors
+    that fit now and grows to those that fit ``most``, so a fixed cluster keeps a fixed pool. GPU actors (one GPU
+    each unless num_gpus_per_actor says otherwise) when the cluster has or may get a GPU, else CPU actors of
+    torch_threads CPUs; a configured num_actors fixes both ends. With ``units``, at most one actor per unit (at
+    least one)."""
+    most = now if most is None else most
+    per = cfg.num_gpus_per_actor if cfg.num_gpus_per_actor is not None else (1.0 if float(most.get("GPU", 0)) >= 1 else 0.0)
+    need = {"GPU": per} if per > 0 else {"CPU": float(cfg.torch_threads)}
+    lo = pool_range(need, now, fixed=cfg.num_actors, work=units)[1]
+    hi = pool_range(need, now, most, fixed=cfg.num_actors, work=units)[1]
+    return (min(lo, hi), hi), (per if per > 0 else 0.0)
 
 
-def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, n_actors: int, gpus: float, threads: int,
+def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, pool: tuple[int, int], gpus: float, threads: int,
               desc: str, progress: bool = True) -> tuple[int, set[str]]:
-    """Send work units to a Ray Data pool of ``actor_cls`` (one unit per call; each call returns rows and node per unit).
+    """Send work units to a Ray Data pool of ``actor_cls`` (``pool``: (min, max) actors, `actor_pool_size`; one unit per
+    call; each call returns rows and node per unit).
 
     Shared by the encode stage and batch embedding. Returns (rows done, ids of the nodes that did them).
     """
@@ -114,7 +121,7 @@ def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, n_actors: 
     ds = ray.data.from_items(units, override_num_blocks=len(units)).map_batches(
         actor_cls,
         fn_constructor_kwargs=constructor_kwargs,
-        compute=ray.data.ActorPoolStrategy(size=n_actors),
+        compute=ray.data.ActorPoolStrategy(min_size=pool[0], max_size=pool[1]),
         batch_size=1,
         num_gpus=gpus or None,
         num_cpus=0 if gpus else threads,

@@ -50,10 +50,12 @@ def mixed_corpus(tmp_path_factory, corpus_file):
 
 
 def test_actor_pool_size():
-    assert actor_pool_size(EmbedConfig(), {"CPU": 2}) == (2, 0.0)
-    assert actor_pool_size(EmbedConfig(torch_threads=2), {"CPU": 8}) == (4, 0.0)
-    assert actor_pool_size(EmbedConfig(), {"CPU": 16, "GPU": 4}) == (4, 1.0)
-    assert actor_pool_size(EmbedConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == (3, 0.5)
+    # ((min, max) actors, GPUs per actor); a fixed cluster (nothing declared) keeps a fixed pool of the same size
+    assert actor_pool_size(EmbedConfig(), {"CPU": 2}) == ((2, 2), 0.0)
+    assert actor_pool_size(EmbedConfig(torch_threads=2), {"CPU": 8}) == ((4, 4), 0.0)
+    assert actor_pool_size(EmbedConfig(), {"CPU": 16, "GPU": 4}) == ((4, 4), 1.0)
+    assert actor_pool_size(EmbedConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == ((3, 3), 0.5)
+    assert actor_pool_size(EmbedConfig(), {"CPU": 16, "GPU": 4}, {"CPU": 16, "GPU": 16}) == ((4, 16), 1.0)  # declared: grows
 
 
 def test_relative_names():

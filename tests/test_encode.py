@@ -7,6 +7,7 @@ from cqg_ray.cluster import cluster
 from cqg_ray.config import ClusterConfig, CorpusConfig, EncodeConfig
 from cqg_ray.corpus import prepare
 from cqg_ray.encode import encode
+from cqg_ray.pools import declared
 from cqg_ray.units import actor_pool_size, split_units
 from cqg_ray.rundir import RunDir, run_stage
 
@@ -19,11 +20,22 @@ def test_split_units():
 
 
 def test_actor_pool_size():
-    assert actor_pool_size(EncodeConfig(), {"CPU": 2}) == (2, 0.0)
-    assert actor_pool_size(EncodeConfig(), {"CPU": 16, "GPU": 4}) == (4, 1.0)
-    assert actor_pool_size(EncodeConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == (3, 0.5)
-    assert actor_pool_size(EncodeConfig(), {"CPU": 16}, units=3) == (3, 0.0)  # never more actors than units
-    assert actor_pool_size(EncodeConfig(), {"CPU": 16}, units=0) == (1, 0.0)
+    # ((min, max) actors, GPUs per actor); a fixed cluster (nothing declared) keeps a fixed pool of the same size
+    assert actor_pool_size(EncodeConfig(), {"CPU": 2}) == ((2, 2), 0.0)
+    assert actor_pool_size(EncodeConfig(), {"CPU": 16, "GPU": 4}) == ((4, 4), 1.0)
+    assert actor_pool_size(EncodeConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == ((3, 3), 0.5)
+    assert actor_pool_size(EncodeConfig(), {"CPU": 16}, units=3) == ((3, 3), 0.0)  # never more actors than units
+    assert actor_pool_size(EncodeConfig(), {"CPU": 16}, units=0) == ((1, 1), 0.0)
+
+
+def test_actor_pool_grows_to_the_declared_resources():
+    now = {"CPU": 4}
+    assert actor_pool_size(EncodeConfig(), now, declared(now, max_cpus=64)) == ((4, 64), 0.0)
+    assert actor_pool_size(EncodeConfig(torch_threads=2), now, declared(now, max_cpus=64)) == ((2, 32), 0.0)
+    # a cluster that starts without GPUs but may get 8: GPU actors, one at first (pending until a GPU node comes)
+    assert actor_pool_size(EncodeConfig(), now, declared(now, max_gpus=8)) == ((1, 8), 1.0)
+    assert actor_pool_size(EncodeConfig(), now, declared(now, max_gpus=8), units=5) == ((1, 5), 1.0)
+    assert actor_pool_size(EncodeConfig(num_actors=3), now, declared(now, max_cpus=64)) == ((3, 3), 0.0)  # a count fixes both
 
 
 def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file):

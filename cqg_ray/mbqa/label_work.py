@@ -205,7 +205,7 @@ class LabelWorker:
         counters = new_run_stats(t0, len(reqs), len(set(keys)), len(set(keys)) - len(todo), len(todo))
         if todo:
             if self.backend is None:
-                self.backend = self.engine() if self.engine is not None else make_backend(self.cfg.llm, in_process=True)
+                self.backend = self.engine() if self.engine is not None else make_backend(self.cfg.llm, in_process=True, cluster=self.cfg.ray)
             if self.writer is None:
                 llm = self.cfg.llm
                 self.writer = BatchWriter(Ledger(self.run, "labels", journal=worker_journal()), llm.flush_every, llm.flush_s)

@@ -6,11 +6,12 @@ import re
 
 import pytest
 
-from cqg_ray.config import LLMConfig, VLLMConfig
+from cqg_ray.config import LLMConfig, RayConfig, VLLMConfig
 from cqg_ray.llm.base import BackendError, Request
 from cqg_ray.llm.prompts import answer_messages
 from cqg_ray.llm.vllm import (
     completion_from_row,
+    engine_concurrency,
     postprocess,
     preprocess,
     processor_config_kwargs,
@@ -25,7 +26,7 @@ def test_processor_config_kwargs_gpu():
     kw = processor_config_kwargs(cfg)
     assert kw == {
         "model_source": "Qwen/Qwen2.5-7B-Instruct",
-        "concurrency": 4,
+        "concurrency": (1, 4),  # ray.data.llm made the int 4 into this autoscaling pool too (get_concurrency)
         "batch_size": 32,
         "should_continue_on_error": True,
         "engine_kwargs": {
@@ -51,9 +52,23 @@ def test_processor_config_is_accepted_by_ray_data_llm():
 
     config = vLLMEngineProcessorConfig(**processor_config_kwargs(VLLMConfig(tensor_parallel_size=2, replicas=3)))
     assert config.should_continue_on_error is True
-    assert config.concurrency == 3
+    assert config.concurrency == (1, 3)
     assert config.engine_kwargs["enable_prefix_caching"] is True
     assert config.engine_kwargs["tensor_parallel_size"] == 2
+
+
+def test_engine_pool_follows_the_declared_gpus():
+    cfg = VLLMConfig(replicas=8)
+    assert engine_concurrency(cfg) == (1, 8)  # nothing declared: up to replicas, as before
+    assert engine_concurrency(cfg, {"CPU": 4}, RayConfig()) == (1, 8)
+    assert engine_concurrency(cfg, {"CPU": 4}, RayConfig(max_gpus=8)) == (1, 8)  # starts with no GPU, may get 8
+    assert engine_concurrency(cfg, {"CPU": 4}, RayConfig(max_gpus=4)) == (1, 4)  # no more engines than GPUs to come
+    assert engine_concurrency(VLLMConfig(replicas=8, tensor_parallel_size=2), {"CPU": 4}, RayConfig(max_gpus=8)) == (1, 4)
+    assert engine_concurrency(VLLMConfig(replicas=2), {"GPU": 1}, RayConfig(max_gpus=8)) == (1, 2)  # replicas caps
+    assert engine_concurrency(cfg, {"CPU": 4, "GPU": 2}, RayConfig(max_cpus=64)) == (1, 8)  # only GPUs bound a GPU pool
+    cpu = VLLMConfig(replicas=8, device="cpu", tensor_parallel_size=2)
+    assert engine_concurrency(cpu, {"CPU": 4}, RayConfig(max_cpus=6)) == (1, 3)
+    assert processor_config_kwargs(cfg, (1, 4))["concurrency"] == (1, 4)
 
 
 def test_sampling_params_constrained_answers():
