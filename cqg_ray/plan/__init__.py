@@ -37,7 +37,8 @@ GPU and no model weights on the build machine), "cpu" the figures measured on th
 figure can be overridden.
 
 Modules: ``capacity`` (the plan), ``tokens`` (the token model), ``packing`` (labelling prompts: estimate and
-simulation), ``throughput`` (presets, ``calibrate``), ``format`` (counts and the table), ``cli``.
+simulation), ``throughput`` (presets, ``calibrate``), ``memory`` (predicted peak memory of the driver and each worker kind, per
+stage), ``format`` (counts and the table), ``cli``.
 """
 
 from cqg_ray.plan.capacity import capacity_plan

@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 from cqg_ray.config import PipelineConfig
 from cqg_ray.plan.format import human
+from cqg_ray.plan.memory import memory_plan
 from cqg_ray.plan.packing import label_packing_estimate, simulate_label_packing
 from cqg_ray.plan.throughput import THROUGHPUTS, Throughput
 from cqg_ray.plan.tokens import Workload, answer_prompt_tokens, clipped_text_tokens, context_check, generation_prompt_tokens, single_pass_tokens
@@ -183,4 +184,5 @@ def capacity_plan(
         "context": context_check(cfg, w),
         "stages": stages,
         "totals": totals,
+        "memory": memory_plan(cfg, counts, d, w),
     }

@@ -52,6 +52,10 @@ def format_plan(p: dict) -> str:
                      f"{dev:>9} {r['wall_hours']:>8.2f}")
     lines.append(f"{'total':<13} {t['llm_requests']:>13,} {human(t['prompt_tokens']):>11} {human(t['completion_tokens']):>11} "
                  f"{human(t['texts_encoded']):>10} {t['gpu_hours']:>9.2f} {t['wall_hours']:>8.2f}")
+    if p.get("memory"):
+        from cqg_ray.plan.memory import format_memory
+
+        lines += ["", *format_memory(p["memory"])]
     lines += [
         "",
         f"k-means runs on the CPU: {p['stages'][1]['cpu_core_hours']:.2f} core-hours (from our faiss benchmark's flop rate)",

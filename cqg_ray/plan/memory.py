@@ -1,0 +1,92 @@
+"""Predicted peak memory per stage of the driver and of each kind of worker (pure; estimates).
+
+Each process is priced by what it holds at its peak, from the plan's counts and the config; nothing is measured here
+except ``PROCESS_BASE``. Byte sizes (the model in docs/cluster.md):
+
+- every process: ``PROCESS_BASE`` (Python with numpy, pyarrow and Ray; the label driver measured 320 MB at 100k pairs,
+  bench/label_scale.py), plus ``TORCH_BASE`` where torch runs (an assumption);
+- a text: prompt_tokens_per_text x chars_per_token bytes, twice (Python strings and Arrow); an embedding d x 4 bytes;
+- model weights: parameters x bytes per parameter (``WEIGHTS``: fp32 encoders, bf16 for vLLM's 7B, ~4.85 bits a weight
+  for the bundled Q4_K_M GGUFs); an engine's KV cache and activations are not counted (vLLM's are on the GPU);
+- driver plans: the labelling plan's arrays 17 bytes a pair (text int32, question int64, source int8, prompt slot
+  int32) and 16 a prompt, its Arrow table and Parquet bytes 4 a pair and 16 a prompt each, held together at the write;
+  the clusters 32 bytes a text (doc id ~24, label 8); k-means its sample and centroids at d x 4 bytes a point;
+- train workers: their shard (labelled texts / workers embeddings, pairs / workers x 9 bytes: question int32, answer,
+  P(yes) float32) and the heads with gradients and Adam's two moments (4 copies of m x (hidden x (d + 2) + 1) floats).
+"""
+
+from __future__ import annotations
+
+from cqg_ray.config import PipelineConfig
+from cqg_ray.plan.tokens import Workload
+
+PROCESS_BASE = 300e6
+TORCH_BASE = 500e6
+WEIGHTS = {  # bytes of a model's weights as loaded: parameters x bytes per parameter
+    "WhereIsAI/UAE-Large-V1": 335e6 * 4,
+    "bundled:all-MiniLM-L6-v2": 22.7e6 * 4,
+    "sentence-transformers/all-MiniLM-L6-v2": 22.7e6 * 4,
+    "Qwen/Qwen2.5-7B-Instruct": 7.6e9 * 2,
+    "bundled:qwen2.5-coder-0.5b": 0.49e9 * 4.85 / 8,
+    "bundled:qwen2.5-coder-1.5b": 1.54e9 * 4.85 / 8,
+    "bundled:smollm2-135m": 0.135e9 * 5 / 8,
+}
+PAIR_BYTES, PROMPT_BYTES = 17, 16  # the labelling plan's arrays
+ID_BYTES = 24  # a doc id string
+
+
+def llm_model(cfg: PipelineConfig) -> str:
+    llm = cfg.llm
+    return {"llamacpp": llm.llamacpp.model, "vllm": llm.vllm.model, "openai": "", "fake": ""}[llm.backend]
+
+
+def memory_plan(cfg: PipelineConfig, counts: dict, dim: int, w: Workload = Workload()) -> list[dict]:
+    """Rows {stage, process, bytes, holds}: the driver and each worker kind of every stage, at its peak (estimates)."""
+    N, k, d, m = counts["docs"], counts["clusters"], dim, counts["questions"]
+    pairs, prompts, texts = counts["label_pairs"], counts["label_prompts"], counts["label_texts"]
+    text = 2 * w.prompt_tokens_per_text * w.chars_per_token
+    enc = WEIGHTS.get(cfg.encode.model)
+    llm_name = llm_model(cfg)
+    llm = WEIGHTS.get(llm_name, 0.0) if llm_name else 0.0
+    heads = m * (cfg.train.hidden * (d + 2) + 1) * 4
+    unit = cfg.encode.unit_rows
+    batch_prompts = max(1, 10_000 // cfg.label.questions_per_prompt)  # label_work.batch_rows
+    workers = cfg.train.num_workers
+    sample = min(N, k * cfg.cluster.max_points_per_centroid)
+    rows = []
+
+    def add(stage, process, nbytes, holds):
+        rows.append({"stage": stage, "process": process, "bytes": int(round(nbytes)), "holds": holds})
+
+    add("prepare", "driver", PROCESS_BASE, "base")
+    add("prepare", "reader task", PROCESS_BASE + cfg.corpus.rows_per_shard * text, f"one shard of {cfg.corpus.rows_per_shard:,} texts")
+    add("encode", "driver", PROCESS_BASE, "base (the units)")
+    add("encode", "encoder actor", PROCESS_BASE + TORCH_BASE + (enc or 0) + unit * (text + d * 4),
+        f"encoder weights{'' if enc else ' (unknown model: not counted)'}, a unit of {unit:,} texts and embeddings")
+    add("cluster", "driver", PROCESS_BASE + (sample + k) * d * 4 + N * (ID_BYTES + 8),
+        f"k-means sample {sample:,} x {d}, centroids, every text's id and label")
+    add("cqg", "driver", PROCESS_BASE + counts["candidates"] * d * 4 + N * (ID_BYTES + 8),
+        "candidate question embeddings (dedup), the clusters")
+    if llm_name:
+        add("cqg", "LLM engine", PROCESS_BASE + llm, f"{llm_name} weights{'' if llm else ' (unknown model: not counted)'}")
+    add("label", "driver", PROCESS_BASE + N * (ID_BYTES + 8) + pairs * PAIR_BYTES + prompts * PROMPT_BYTES + 2 * (pairs * 4 + prompts * 16),
+        f"clusters, plan arrays ({pairs:,} pairs, {prompts:,} prompts), plan table and Parquet bytes")
+    add("label", "label worker", PROCESS_BASE + batch_prompts * text, f"a batch of {batch_prompts:,} prompts' texts")
+    if llm_name:
+        add("label", "LLM engine", PROCESS_BASE + llm + batch_prompts * text, f"{llm_name} weights, a batch of texts")
+    add("train", "driver", PROCESS_BASE + texts * ID_BYTES, "the labels' doc ids (held-out split)")
+    add("train", f"train worker x{workers}", PROCESS_BASE + TORCH_BASE + texts / workers * d * 4 + pairs / workers * 9 + 4 * heads,
+        f"its shard ({texts / workers:,.0f} embeddings, {pairs / workers:,.0f} labels), heads + grads + Adam")
+    add("embed", "driver", PROCESS_BASE, "base (the units)")
+    add("embed", "encoder actor", PROCESS_BASE + TORCH_BASE + (enc or 0) + heads + unit * (text + d * 4 + m * 4),
+        f"encoder weights, heads, a unit of {unit:,} texts, embeddings and probabilities")
+    return rows
+
+
+def format_memory(rows: list[dict]) -> list[str]:
+    """The table's lines: stage, process, peak (GB), holds."""
+    lines = ["predicted peak memory per process (estimates: docs/cluster.md#memory; a worker kind's figure is per process)",
+             f"{'stage':<8} {'process':<16} {'peak GB':>8}  holds"]
+    for r in rows:
+        lines.append(f"{r['stage']:<8} {r['process']:<16} {r['bytes'] / 1e9:>8.2f}  {r['holds']}")
+    return lines
