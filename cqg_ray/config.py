@@ -198,7 +198,7 @@ class CQGConfig(Section):
                                                  "property = rules against copying plus worked examples as chat turns (departs from the "
                                                  "paper: docs/questions.md; paper.yaml sets paper)")
     examples: int = Field(3, ge=0, le=3, description="worked examples in the property prompt (chat turns on topics of their own)")
-    keywords: int = Field(0, ge=0, le=50, description="cluster keywords shown in the property prompt: the top words of c-TF-IDF of the "
+    keywords: int = Field(10, ge=0, le=50, description="cluster keywords shown in the property prompt: the top words of c-TF-IDF of the "
                           "cluster's texts against the other clusters' (0 = none; docs/questions.md)")
     keyword_texts: int = Field(100, ge=2, description="texts per cluster that its keywords are read from (a seeded sample)")
     writer_model: str | None = Field(None, description="the model that writes the questions, in place of the llm backend's model for "
