@@ -23,11 +23,11 @@ SCRIPT = textwrap.dedent('''
             self.run = RunDir(run_uri)
 
         def write_unit(self, name, doc_ids, texts):
-            time.sleep(0.4)
+            time.sleep(1.0)
 
     shard = sys.argv[1] + "/shard.parquet"
-    pq.write_table(pa.table({"doc_id": [str(i) for i in range(60)], "text": ["t"] * 60}), shard)
-    units = split_units([(shard, 60)], 2)  # 30 units of 0.4 s
+    pq.write_table(pa.table({"doc_id": [str(i) for i in range(80)], "text": ["t"] * 80}), shard)
+    units = split_units([(shard, 80)], 2)  # 40 units of 1 s: ~37 s of work left when the node joins, time for an actor to start there on a busy machine
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     ray.init(address=cluster.address, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -62,5 +62,5 @@ def test_a_pool_sized_from_declared_cpus_reaches_a_node_that_joins_later(tmp_pat
     assert line, out.stdout[-3000:] + out.stderr[-3000:]
     res = json.loads(line[0][7:])
     assert res["pool"] == [1, 2] and res["fixed"] == [1, 1]
-    assert res["rows"] == 60 and res["alive"] == 2
+    assert res["rows"] == 80 and res["alive"] == 2
     assert res["nodes"] == 2

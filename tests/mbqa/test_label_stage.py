@@ -14,7 +14,8 @@ def test_label_stage(clustered_run, corpus_file, tmp_path):
     from tests.cqg.test_stage import scripted
 
     d = copy_clustered(clustered_run, tmp_path / "run")
-    cfg = small_config(d, corpus_file, max_clusters=4, extra={"llm": {"answer_mode": "packed"}})
+    # max_opening_share=1: the scripted questions all open "does the text talk about", and packing needs several of them
+    cfg = small_config(d, corpus_file, max_clusters=4, max_opening_share=1.0, extra={"llm": {"answer_mode": "packed"}})
     run = RunDir(str(d))
     fake = FakeBackend(cfg.llm, reply=scripted)
     run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))
