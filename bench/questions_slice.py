@@ -47,6 +47,7 @@ OPTIONS: dict[str, list[str]] = {
     "property-1.5b-20q": [WRITER, *Q20],                                   # 20 candidates a prompt instead of 10
     "property-1.5b-20q-1.5b": [WRITER, *Q20, ANSWER15],                    # ... and the 1.5B answering probes and labels
     "property-1.5b-kw": [WRITER, "cqg.keywords=10"],                       # the cluster's c-TF-IDF words in the prompt
+    "property-1.5b-kw-2p": [WRITER, "cqg.keywords=10", "cqg.prompts_per_cluster=2"],  # two prompts a cluster, other positives
     "property-1.5b-kw-1.5b": [WRITER, "cqg.keywords=10", ANSWER15],        # ... and the 1.5B answering probes and labels
     "property-1.5b-kw6-1.5b": [WRITER, "cqg.keywords=10", ANSWER15, "cqg.questions_per_prompt=6", "llm.max_tokens_generate=160"],
 }

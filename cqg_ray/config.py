@@ -218,6 +218,8 @@ class CQGConfig(Section):
     n_e: int = Field(18, ge=0, description="n_e: easy negatives per cluster (from the other clusters)")
     hard_neighbors: int = Field(3, ge=1, description="nearest clusters that hard negatives come from (paper: 3)")
     questions_per_prompt: int = Field(10, ge=1, description="questions asked of the LLM per generation prompt (paper: 10)")
+    prompts_per_cluster: int = Field(1, ge=1, description="generation prompts per cluster, each on other positives (paper: 1); "
+                                     "their questions compete for the cluster's top t")
     p_p: int = Field(10, ge=0, description="p_p: positive probes per question (paper: 5; 20 probes in all rank questions, 10 do not: "
                      "docs/questions.md)")
     p_h: int = Field(6, ge=0, description="p_h: hard-negative probes per question (paper: 3)")

@@ -14,7 +14,8 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # that stage; the LLM ledger keeps every answer, so nothing is asked again): evaluation when evaluate got its
 # faithfulness section (issue 26), questions when cqg got prompt, writer_model, filters and 20 probes (issue 27),
 # model and evaluation when train got its budget and evaluate its active_k sweep (issue 28), questions again for the
-# example filter and the demo's 1.5B writer for 16 clusters (issue 27), questions again for cqg.keywords (10 by default) and the opening filter (issue 27).
+# example filter and the demo's 1.5B writer for 16 clusters (issue 27),
+# questions again for cqg.keywords (10 by default), the opening filter and cqg.prompts_per_cluster (issue 27).
 # evaluation when the LLM section got large ledger shards (llm.flush_every 50,000 and llm.flush_s: the faithfulness
 # judge's section is an LLM section; labels and questions hash llm.identity only and keep theirs, issue 30), model
 # when train got data_cpus (the CPUs kept for the Ray Data tasks that feed the Train workers, issue 30).
@@ -22,7 +23,7 @@ DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
     "cluster": "2dc43e847309c883",
-    "questions": "465c4091a1ea1af5",
+    "questions": "548119c6c0641527",
     "labels": "e40a7d3ea2f87ee8",
     "model": "3b2ae018dd332b60",
     "evaluation": "63bc25737735821a",
@@ -31,7 +32,7 @@ DEFAULT_HASHES = {
     "prepare": "a32071158441a1dc",
     "encode": "aa72063655ffa91f",
     "cluster": "fe2e5115535f60b6",
-    "questions": "7c6c25d100b5c00e",
+    "questions": "8e8eeff4a4c0927d",
     "labels": "53a01361097a010d",
     "model": "b008f7663837f4d8",
     "evaluation": "ee4b468487eeb9ae",

@@ -67,7 +67,9 @@ def write_report(run: RunDir, stage: str, cfg, candidates: pa.Table, texts: dict
                      f"{s.get('failures', s.get('failed', ''))} | {s.get('retries', '')} |")
     lines += ["", "![quality histogram](quality_hist.png)", "", "## Sample clusters", ""]
     cl = candidates.column("cluster").to_numpy()
-    by_cluster = {s.cluster: s for s in gen}
+    by_cluster: dict = {}
+    for s in gen:
+        by_cluster.setdefault(s.cluster, s)  # a cluster's first generation sample
     shown = 0
     for c in sorted(set(cl[kept].tolist())):
         if shown >= n_clusters_shown:

@@ -88,19 +88,29 @@ def contrastive_sample(index: ClusterIndex, neighbors: np.ndarray, c: int, n_pos
 
 
 def generation_samples(index: ClusterIndex, neighbors: np.ndarray, clusters: list[int], n_p: int, n_h: int, n_e: int,
-                       hard_neighbors: int, seed: int) -> list[Sample]:
-    """The CQG prompt's positives / hard / easy negatives for each cluster (n_p, n_h, n_e)."""
-    return [contrastive_sample(index, neighbors, c, n_p, n_h, n_e, hard_neighbors, seed, salt=0) for c in clusters]
+                       hard_neighbors: int, seed: int, prompts: int = 1) -> list[Sample]:
+    """The CQG prompts' positives / hard / easy negatives (n_p, n_h, n_e): ``prompts`` samples per cluster, cluster by
+    cluster; a cluster's second and later samples prefer positives its earlier ones did not show."""
+    out = []
+    for c in clusters:
+        shown = np.zeros(0, dtype=np.int64)
+        for r in range(prompts):
+            s = contrastive_sample(index, neighbors, c, n_p, n_h, n_e, hard_neighbors, seed, avoid=shown if r else None,
+                                   salt=0 if r == 0 else 10 + r)
+            shown = np.concatenate([shown, s.positives])
+            out.append(s)
+    return out
 
 
 def probe_samples(index: ClusterIndex, neighbors: np.ndarray, gen: list[Sample], p_p: int, p_h: int, p_e: int,
                   hard_neighbors: int, seed: int) -> list[Sample]:
-    """Probe documents per cluster (p_p, p_h, p_e), avoiding the generation sample's documents when possible."""
-    out = []
+    """Probe documents per cluster (p_p, p_h, p_e), one sample per cluster, avoiding the documents of the cluster's
+    generation samples when possible."""
+    shown: dict[int, list[np.ndarray]] = {}
     for s in gen:
-        avoid = np.concatenate([s.positives, s.hard, s.easy])
-        out.append(contrastive_sample(index, neighbors, s.cluster, p_p, p_h, p_e, hard_neighbors, seed, avoid=avoid, salt=1))
-    return out
+        shown.setdefault(s.cluster, []).extend([s.positives, s.hard, s.easy])
+    return [contrastive_sample(index, neighbors, c, p_p, p_h, p_e, hard_neighbors, seed, avoid=np.concatenate(arrs), salt=1)
+            for c, arrs in shown.items()]
 
 
 def qaemb_articles(index: ClusterIndex, c: int, n: int, seed: int) -> np.ndarray:

@@ -171,7 +171,7 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
 
     # 1. sampling
     if c.method == "cqg":
-        gen = generation_samples(index, cl.neighbors, clusters, c.n_p, c.n_h, c.n_e, c.hard_neighbors, c.seed)
+        gen = generation_samples(index, cl.neighbors, clusters, c.n_p, c.n_h, c.n_e, c.hard_neighbors, c.seed, c.prompts_per_cluster)
     else:
         gen = [Sample(k, qaemb_articles(index, k, c.qaemb_articles, c.seed), np.zeros(0, np.int64), np.zeros(0, np.int64)) for k in clusters]
     probes = probe_samples(index, cl.neighbors, gen, c.p_p, c.p_h, c.p_e, c.hard_neighbors, c.seed)

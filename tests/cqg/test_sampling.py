@@ -62,6 +62,23 @@ def test_probes_avoid_generation_texts():
     assert sorted(pr4.positives.tolist()) == [40, 41, 42]
 
 
+def test_several_prompts_per_cluster_show_other_positives_and_share_one_probe_sample():
+    idx = ClusterIndex.build(LABELS)
+    one = generation_samples(idx, NEIGHBORS, [5, 0], 6, 5, 5, 3, seed=0)
+    three = generation_samples(idx, NEIGHBORS, [5, 0], 6, 5, 5, 3, seed=0, prompts=3)
+    assert [s.cluster for s in three] == [5, 5, 5, 0, 0, 0]
+    assert three[0].positives.tolist() == one[0].positives.tolist() and three[3].positives.tolist() == one[1].positives.tolist()
+    big = [set(s.positives.tolist()) for s in three[:3]]  # cluster 5 has 40 texts: three disjoint sets of 6
+    assert all(len(p) == 6 for p in big) and not (big[0] & big[1]) and not (big[2] & (big[0] | big[1]))
+    small = [set(s.positives.tolist()) for s in three[3:]]  # cluster 0 has 10, 4 not shown: drawn from all 10 again
+    assert all(len(p) == 6 and set(LABELS[list(p)]) == {0} for p in small) and len(small[0] | small[1] | small[2]) > 6
+    pr = probe_samples(idx, NEIGHBORS, three, 5, 3, 2, 3, seed=0)
+    assert [p.cluster for p in pr] == [5, 0]
+    shown5 = set(np.concatenate([np.concatenate([s.positives, s.hard, s.easy]) for s in three[:3]]).tolist())
+    assert not set(pr[0].positives.tolist()) & shown5
+    assert [p.positives.tolist() for p in probe_samples(idx, NEIGHBORS, one, 5, 3, 2, 3, seed=0)] != [p.positives.tolist() for p in pr]
+
+
 def test_easy_negatives_rejection_path_on_a_big_corpus():
     labels = np.random.default_rng(0).integers(0, 100, 200_000)
     idx = ClusterIndex.build(labels, 100)
