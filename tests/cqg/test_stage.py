@@ -200,7 +200,7 @@ def test_filters_drop_copies_long_cut_off_and_questions_their_cluster_denies(clu
 def test_property_prompt_by_default_and_the_paper_prompt_verbatim(clustered_run, corpus_file, tmp_path):
     from cqg_ray.cqg.stage import run_cqg
     from cqg_ray.llm.fake import FakeBackend
-    from cqg_ray.llm.prompts import PROPERTY_SYSTEM
+    from cqg_ray.llm.prompts import PROPERTY_KEYWORDS_RULE, PROPERTY_SYSTEM
 
     for prompt in ("property", "paper"):
         d = copy_clustered(clustered_run, tmp_path / prompt)
@@ -214,8 +214,9 @@ def test_property_prompt_by_default_and_the_paper_prompt_verbatim(clustered_run,
             assert len(gen) == 1 and gen[0]["role"] == "user"
             assert gen[0]["content"].startswith("Generate 10 simple yet insightful yes/no questions that determine the properties of an article")
         else:
-            assert [x["role"] for x in gen] == ["system"] + ["user", "assistant"] * 3 + ["user"] and gen[0]["content"] == PROPERTY_SYSTEM
-            assert gen[-1]["content"].startswith("Positive texts:\n1. ")
+            assert [x["role"] for x in gen] == ["system"] + ["user", "assistant"] * 3 + ["user"]
+            assert gen[0]["content"] == PROPERTY_SYSTEM + PROPERTY_KEYWORDS_RULE  # cqg.keywords is 10 by default
+            assert gen[-1]["content"].startswith("Positive texts:\n1. ") and "\n\nWords typical of texts like the positives: " in gen[-1]["content"]
 
 
 def test_cluster_keywords_reach_the_property_prompt(clustered_run, corpus_file, tmp_path):
