@@ -12,8 +12,11 @@ The run directory is synthetic and the same for both sizes: the first --texts se
 
 Printed per size: wall time of the stage, peak driver RSS (VmHWM of the driver process), peak worker RSS (the largest
 VmHWM of the Ray worker processes, polled every 0.5 s), ledger objects written (Parquet shards; journals left: 0),
-and resume: the same stage again (force) sends nothing. Last line: `label_driver_rss_growth_1M_over_100k: X`
-(driver VmHWM at the largest size over the smallest; target <= 1.3).
+and resume: the same stage again (force) sends nothing. Then, at the largest size, a kill -9: the stage runs in a
+process of its own, which is killed with its whole tree (driver, Ray, workers) once about a third of the answers are
+journalled; the rerun's count of answers taken from the ledger must equal those finished before the kill (nothing
+finished is sent again), and the time from its start to its "to send" line is the time to resume (target < 60 s).
+Last line: `label_driver_rss_growth_1M_over_100k: X` (driver VmHWM at the largest size over the smallest; target <= 1.3).
 """
 
 import argparse
@@ -118,14 +121,92 @@ def one(run_dir: str) -> dict:
             "journals_left": journals, "rerun_sent": last["sent"], "rerun_from_ledger": last["from_ledger"], "rerun_s": round(resume, 1)}
 
 
+def once(run_dir: str) -> dict:
+    """The stage once in this process (forced); the seconds from start to its "to send" log line, and its run stats."""
+    import logging
+
+    from cqg_ray.config import PipelineConfig
+    from cqg_ray.llm.ledger import Ledger
+    from cqg_ray.mbqa.label import run_labels
+    from cqg_ray.pipeline import init_ray
+    from cqg_ray.rundir import RunDir, run_stage
+
+    t0 = time.time()
+    seen = {}
+
+    class ToSend(logging.Handler):
+        def emit(self, record):
+            if "to send" in record.getMessage() and "s" not in seen:
+                seen["s"] = time.time() - t0
+
+    logging.getLogger("cqg_ray").addHandler(ToSend())
+    logging.getLogger("cqg_ray").setLevel(logging.INFO)
+    cfg = PipelineConfig(run_dir=run_dir, llm={"backend": "fake"})
+    init_ray(cfg.ray)
+    run = RunDir(run_dir)
+    run_stage(run, "labels", "bench", lambda ctx: run_labels(cfg, ctx, progress=False), deps=[], force=True)
+    last = Ledger(run, "labels").read_stats()["runs"][-1]
+    return {"to_send_line_s": round(seen.get("s", float("nan")), 1), "wall_s": round(time.time() - t0, 1), "sent": last["sent"],
+            "from_ledger": last["from_ledger"], "requests": last["requests"]}
+
+
+def finished_rows(run_dir: str) -> int:
+    """Answers in the labels ledger: shard rows plus whole journal lines."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    folder = os.path.join(run_dir, "llm", "ledger", "labels")
+    rows = sum(pq.read_metadata(f).num_rows for f in glob.glob(os.path.join(folder, "*.parquet")))
+    for f in glob.glob(os.path.join(folder, "*.jsonl")):
+        with open(f, "rb") as fh:
+            for line in fh:
+                try:
+                    rows += isinstance(json.loads(line), dict)
+                except ValueError:
+                    pass
+    return rows
+
+
+def kill_and_resume(run_dir: str, planned: int) -> dict:
+    """kill -9 the stage's whole process tree once ~1/3 of ``planned`` answers are in the ledger, then rerun it."""
+    import signal
+
+    import psutil
+
+    p = subprocess.Popen([sys.executable, __file__, "--once", run_dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    while p.poll() is None and finished_rows(run_dir) < planned // 3:
+        time.sleep(0.5)
+    tree = [p.pid] + [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    p.wait()
+    time.sleep(2)
+    before = finished_rows(run_dir)
+    out = subprocess.run([sys.executable, __file__, "--once", run_dir], capture_output=True, text=True)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode or not lines:
+        sys.exit(f"the rerun after the kill failed:\n{out.stderr[-4000:]}")
+    return {"finished_before_rerun": before, **json.loads(lines[-1][len("RESULT "):])}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000], help="(text, question) pairs per run")
     ap.add_argument("--texts", type=int, default=50_000, help="corpus texts (the same corpus for every size)")
+    ap.add_argument("--no-kill", action="store_true", help="skip the kill -9 and resume at the largest size")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run the stage in this process
+    ap.add_argument("--once", default=None, help=argparse.SUPPRESS)  # internal: the stage once, forced, for kill/resume
     a = ap.parse_args()
     if a.one:
         print("RESULT " + json.dumps(one(a.one)), flush=True)
+        return
+    if a.once:
+        print("RESULT " + json.dumps(once(a.once)), flush=True)
         return
 
     print(cpu_line())
@@ -143,7 +224,15 @@ def main():
             print(f"{n:>9,} pairs ({r['pairs']:,} labelled of {r['planned']:,}): {r['wall_s']:.1f} s, driver peak RSS {r['driver_rss_mb']:.0f} MB, "
                   f"worker peak RSS {r['worker_rss_mb']:.0f} MB, ledger objects {r['ledger_objects']} (journals left {r['journals_left']}); "
                   f"rerun: {r['rerun_sent']} sent, {r['rerun_from_ledger']:,} from the ledger, {r['rerun_s']:.1f} s", flush=True)
-    small, large = min(results), max(results)
+        small, large = min(results), max(results)
+        if not a.no_kill:
+            run_dir = os.path.join(tmp, f"kill-{large}")
+            build_run(run_dir, a.texts, large // PER_QUESTION)
+            k = kill_and_resume(run_dir, results[large]["planned"])
+            exact = k["from_ledger"] == k["finished_before_rerun"] and k["sent"] == k["requests"] - k["from_ledger"]
+            print(f"kill -9 at {large:,} pairs after {k['finished_before_rerun']:,} answers: the rerun took {k['from_ledger']:,} from the "
+                  f"ledger and sent {k['sent']:,} ({'nothing finished sent again' if exact else 'NOT EXACT'}); its 'to send' line "
+                  f"after {k['to_send_line_s']:.1f} s (time to resume), the whole rerun {k['wall_s']:.1f} s", flush=True)
     print(f"label_driver_rss_growth_1M_over_100k: {results[large]['driver_rss_mb'] / results[small]['driver_rss_mb']:.3f}")
 
 
