@@ -194,6 +194,21 @@ class RunDir:
             with self.fs.open_output_stream(p) as f:
                 f.write(data)
 
+    def write_tables(self, rel: str, schema: pa.Schema, tables: Iterable[pa.Table]) -> int:
+        """One Parquet file of ``tables`` (each cast to ``schema``), streamed one table at a time, written atomically as
+        ``write_bytes`` writes; returns its rows."""
+        p = self.path(rel)
+        self.fs.create_dir(os.path.dirname(p), recursive=True)
+        tmp = f"{p}.tmp-{uuid.uuid4().hex[:8]}" if self.local else p  # object stores: one multipart upload
+        rows = 0
+        with self.fs.open_output_stream(tmp) as f, pq.ParquetWriter(f, schema) as w:
+            for t in tables:
+                w.write_table(t.cast(schema))
+                rows += t.num_rows
+        if tmp != p:
+            self.fs.move(tmp, p)
+        return rows
+
     def read_bytes(self, rel: str) -> bytes:
         try:
             with self.fs.open_input_stream(self.path(rel)) as f:

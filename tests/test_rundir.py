@@ -237,3 +237,14 @@ def test_embed_output_changed_behind_its_manifest(tmp_path):
     run.write_table("emb-part-000001-000000000.parquet", pa.table({"doc_id": ["b"]}))
     with pytest.raises(StageMismatch, match=r"redo it: the same `cqg-ray embed \.\.\.` command with --force$"):
         RunDir(str(tmp_path / "out")).verify("")
+
+
+def test_write_tables_streams_tables_into_one_file_cast_to_the_schema(tmp_path):
+    run = RunDir(str(tmp_path / "run"))
+    schema = pa.schema([("k", pa.string()), ("n", pa.int64())])
+    parts = (pa.table({"k": [f"{i}{j}" for j in range(i)], "n": pa.array(range(i), pa.int32())}) for i in (1, 2, 3))
+    assert run.write_tables("stage/all.parquet", schema, parts) == 6
+    t = run.read_table("stage/all.parquet")
+    assert t.schema == schema and t.column("k").to_pylist() == ["10", "20", "21", "30", "31", "32"]
+    assert run.ls("stage") == ["all.parquet"]  # the temp file was renamed, nothing left beside it
+    assert run.write_tables("stage/none.parquet", schema, iter(())) == 0 and run.read_table("stage/none.parquet").num_rows == 0

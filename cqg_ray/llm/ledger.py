@@ -217,14 +217,9 @@ class Ledger:
         small = [n for n in names if pq.ParquetFile(self.run.path(self.folder, n), filesystem=self.run.fs).metadata.num_rows < small_rows]
         if len(small) < min_shards:
             return len(names)
-        name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
-        final = self.run.path(self.folder, name)
-        tmp = f"{final}.tmp-{uuid.uuid4().hex[:8]}" if self.run.local else final
-        with self.run.fs.open_output_stream(tmp) as out, pq.ParquetWriter(out, SCHEMA) as writer:
-            for n in small:  # in name (time) order: the last copy of a key stays the last
-                writer.write_table(pq.read_table(self.run.path(self.folder, n), filesystem=self.run.fs).cast(SCHEMA))
-        if tmp != final:
-            self.run.fs.move(tmp, final)
+        # in name (time) order: the last copy of a key stays the last
+        self.run.write_tables(f"{self.folder}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet", SCHEMA,
+                              (pq.read_table(self.run.path(self.folder, n), filesystem=self.run.fs) for n in small))
         for n in small:  # written first: a kill below leaves duplicates, never a loss
             self.run.rm(self.folder, n)
         return len(self.shards())

@@ -27,7 +27,6 @@ import io
 import json
 import logging
 import time
-import uuid
 
 import numpy as np
 import pyarrow as pa
@@ -85,18 +84,9 @@ def concat_parts(run_root: str, stage: str) -> dict[str, int]:
     run = RunDir(run_root)
     out = {}
     for kind, schema in (("labels", LABELS_SCHEMA), ("failures", FAILURES_SCHEMA)):
-        final = run.path(stage, f"{kind}.parquet")
-        tmp = f"{final}.tmp-{uuid.uuid4().hex[:8]}" if run.local else final
-        rows = 0
-        with run.fs.open_output_stream(tmp) as f, pq.ParquetWriter(f, schema) as w:
-            for name in run.ls(stage, PARTS, suffix=".parquet"):
-                if name.startswith(kind + "-"):
-                    t = pq.read_table(run.path(stage, PARTS, name), filesystem=run.fs).cast(schema)
-                    w.write_table(t)
-                    rows += t.num_rows
-        if tmp != final:
-            run.fs.move(tmp, final)
-        out[kind] = rows
+        parts = (pq.read_table(run.path(stage, PARTS, name), filesystem=run.fs)
+                 for name in run.ls(stage, PARTS, suffix=".parquet") if name.startswith(kind + "-"))
+        out[kind] = run.write_tables(f"{stage}/{kind}.parquet", schema, parts)
     run.rm(stage, PARTS)
     return out
 
