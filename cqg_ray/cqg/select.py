@@ -122,13 +122,12 @@ def dedup(emb: np.ndarray, order: np.ndarray, theta: float) -> tuple[np.ndarray,
     return order[kept], duplicate_of
 
 
-
 def select(clusters: np.ndarray, q: np.ndarray, emb: np.ndarray, t: int, theta: float, openings: list[str] | None = None,
            max_opening_share: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Top ``t`` per cluster by quality (NaN never chosen), greedy dedup at ``theta``, and with ``openings`` the
     opening cap (see the module docstring). Returns (chosen: the last round's top-t, kept in priority order,
     duplicate_of, capped: the questions the opening cap dropped)."""
-    q = np.asarray(q, dtype=np.float64).copy()
+    q = np.asarray(q, dtype=np.float64)
     capped = np.zeros(len(q), dtype=bool)
     while True:
         chosen = top_t(clusters, np.where(capped, np.nan, q), t)

@@ -221,14 +221,16 @@ def run_requests(
     running = table_totals(have)
     fresh: dict[str, dict[str, Any]] = {}  # the rows finished by this run
 
-    def account(rows: list[dict[str, Any]], final: bool = False) -> None:
+    complete = False  # set once every request is answered: the last flush's stats say so
+
+    def account(rows: list[dict[str, Any]]) -> None:
         for row in rows:
             for k, v in asked_again.pop(row["key"], {}).items():  # a failed row asked again (retry_failed)
                 running[k] -= v
             for k, v in row_counts(row).items():
                 running[k] += v
         this_run["wall_s"] = round(time.time() - t0, 3)
-        this_run["complete"] = final
+        this_run["complete"] = complete
         if backend is not None:  # e.g. HTTP calls and retries of the OpenAI backend, this run's share only
             this_run.update({k: v - counters_before.get(k, 0) for k, v in backend.counters().items()})
         if this_run["wall_s"] > 0:
@@ -251,14 +253,11 @@ def run_requests(
     if owns_backend and pending:
         backend = make_backend(llm)
     counters_before = backend.counters() if backend is not None else {}  # a backend given in may have served other runs
-    complete = False
     try:
         answer_pending(pending, backend, llm, stage, on_row, this_run, bar)  # type: ignore[arg-type]
         complete = True
     finally:
-        rows, writer.buffer = writer.buffer, []
-        ledger.append(rows)  # keep what finished, even when the backend raised
-        account(rows, final=complete)
+        writer.flush()  # keep what finished, even when the backend raised
         ledger.close()
         if bar is not None:
             bar.close()
