@@ -4,10 +4,12 @@ Two resumable Ray Data passes write everything under OUT:
 
     OUT/_corpus/part-<file>.parquet     1. snapshot: each input file parsed by the ingestion's readers
                                            (`cqg_ray.corpus.parse_file`) into doc_id, text, source, line; one
-                                           task and one atomic file per input file, the parse tally in its metadata
+                                           task and one atomic file per input file, the parse tally in its metadata,
+                                           row groups of `unit_rows` rows (a unit's rows are one row group)
     OUT/emb-part-<file>-<start>.parquet 2. embedding: units of at most `unit_rows` rows of one snapshot part; an
                                            actor pool (the model loaded once per actor, a GPU per actor when the
-                                           cluster has GPUs) embeds a unit and writes its file atomically
+                                           cluster has GPUs) reads a unit's row group (doc_id and text only, the
+                                           part's footer once per actor), embeds it and writes its file atomically
     OUT/_settings.json                  what the files depend on (model fingerprint, output, budget, inputs)
     OUT/_manifest.json                  written last, by `RunDir.write_manifest` (OUT is a run directory whose one
                                            stage folder is OUT itself): config hash of the settings, counts, timings,
@@ -25,7 +27,10 @@ Why a snapshot instead of `cqg-ray prepare`: prepare deduplicates, samples and r
 set), but batch embedding must give every input row exactly once, in its own file's order. The snapshot keeps
 every row that the readers accept (empty texts are dropped and counted, as in prepare), gives each row a fixed
 place (file, row), so work units are plain row slices, and it is what `cqg-ray search` shows texts from.
-Document ids: the `--id-column` when given, else sha1(file:line:text) (stable, unique per row).
+Document ids: the `--id-column` when given, else sha1(file:line:text) (stable, unique per row). The units read each
+row of the snapshot once: the manifest counts the bytes they read (``unit_bytes_read``, measured through the file
+objects Parquet reads from) beside the snapshot's size (``snapshot_bytes``): a whole pass reads each row group's doc_id
+and text chunks once and each part's footer once per actor that reads it (the source and line columns stay unread).
 
 A killed run resumes: finished snapshot parts and unit files are skipped, half-written files never count (they are
 written to a temporary name and renamed). A rerun of a finished OUT with the same settings is skipped (its manifest
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import logging
 import os
@@ -99,8 +105,9 @@ def part_name(index: int) -> str:
 # ----------------------------------------------------------------------------------------- Ray layer
 
 
-def _snapshot_file(row: dict, cfg_json: str, out_uri: str) -> dict:
-    """Ray Data map: parse one input file with the ingestion's readers, write its rows as one snapshot part."""
+def _snapshot_file(row: dict, cfg_json: str, out_uri: str, unit_rows: int) -> dict:
+    """Ray Data map: parse one input file with the ingestion's readers, write its rows as one snapshot part in row
+    groups of ``unit_rows`` rows (the units' boundaries: a unit reads its own row group and nothing else)."""
     from cqg_ray.corpus import parse_file, read_bytes, rows_table
 
     cfg = CorpusConfig.model_validate_json(cfg_json)
@@ -108,7 +115,9 @@ def _snapshot_file(row: dict, cfg_json: str, out_uri: str) -> dict:
     table = rows_table(res, row["name"], dedup=False).drop_columns(["text_hash"])
     tally = {"dropped": dict(res.dropped), "errors": res.errors}
     table = table.replace_schema_metadata({b"cqg_ray.parse": json.dumps(tally).encode()})
-    RunDir(out_uri).write_table(f"{EMBED_CORPUS}/{row['part']}", table)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=unit_rows)
+    RunDir(out_uri).write_bytes(f"{EMBED_CORPUS}/{row['part']}", buf.getvalue())
     return {"part": row["part"], "rows": table.num_rows}
 
 
@@ -201,7 +210,8 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     if todo:
         try:
             ray.data.from_items(todo, override_num_blocks=len(todo)).map(
-                _snapshot_file, fn_kwargs={"cfg_json": corpus.model_dump_json(), "out_uri": run.root_uri}).take_all()
+                _snapshot_file, fn_kwargs={"cfg_json": corpus.model_dump_json(), "out_uri": run.root_uri,
+                                           "unit_rows": cfg.unit_rows}).take_all()
         except Exception as e:  # a CorpusError inside a Ray task arrives wrapped; give the user the plain message
             raise unwrap_error(e, CorpusError) from None
     parts = [(run.path(EMBED_CORPUS, it["part"]), pq.ParquetFile(run.path(EMBED_CORPUS, it["part"]), filesystem=run.fs)) for it in items]
@@ -221,10 +231,11 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, budget %s, %d-%d actor(s) x %s GPU",
              sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, budget.name, *pool, gpus)
     t0 = time.time()
-    rows_now, nodes = run_units(todo_units, EmbedUnits,
-                                {"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output, "budget": budget.to_dict(),
-                                 "batch_size": cfg.batch_size, "threads": cfg.torch_threads, "backend": cfg.backend},
-                                pool, gpus, cfg.torch_threads, "embed", progress)
+    rows_now, nodes, bytes_read = run_units(todo_units, EmbedUnits,
+                                            {"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output,
+                                             "budget": budget.to_dict(), "batch_size": cfg.batch_size,
+                                             "threads": cfg.torch_threads, "backend": cfg.backend},
+                                            pool, gpus, cfg.torch_threads, "embed", progress)
     wall = time.time() - t0
 
     # every input row exactly once: the unit files cover the snapshot's rows one for one
@@ -235,6 +246,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     rows = sum(written.values())
     counts = {"files": len(files), "rows": rows, "units": len(units), "units_resumed": len(units) - len(todo_units),
               "embedded_now": rows_now, "nodes_used": len(nodes), "actors": pool[1] if todo_units else 0,
+              "snapshot_bytes": sum(run.fs.get_file_info(p).size for p, _ in shards), "unit_bytes_read": bytes_read,
               **{f"dropped_{k}": v for k, v in dropped.items() if k != "utf8_replaced"},
               **({"replaced_invalid_utf8": dropped["utf8_replaced"]} if "utf8_replaced" in dropped else {})}
     return run.write_manifest(ROOT, config_hash, [], counts, time.time() - t_start, extra={

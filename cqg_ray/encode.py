@@ -1,12 +1,15 @@
 """Encoding (`cqg-ray encode`): the frozen sentence encoder `Enc` over the whole corpus with Ray Data.
 
 Work is cut into *units* (``cqg_ray.units``: a slice of rows of one corpus shard, ``unit_rows`` at most). A Ray Data
-actor pool (one encoder per actor, a GPU per actor when the cluster has GPUs) takes units; each actor
-reads its slice, encodes it in one `Encoder.encode` call on the configured backend (texts sorted by length inside,
-so little padding; L2-normalised), and writes ``<run>/encode/emb-<shard>-<start>.parquet`` atomically
-(columns doc_id, embedding: fixed-size list of float32 or float16). A rerun skips units whose file
-exists, so a killed encode resumes where it stopped and every row is written exactly once. Later stages read
-the files with ``cqg_ray.artifacts.load_embeddings``.
+actor pool (one encoder per actor, a GPU per actor when the cluster has GPUs) takes units; each actor reads its
+slice (only the shard's row groups that hold it: ``units.read_unit``), encodes it in one `Encoder.encode` call on the
+configured backend (texts sorted by length inside, so little padding; L2-normalised), and writes
+``<run>/encode/emb-<shard>-<start>.parquet`` atomically (columns doc_id, embedding: fixed-size list of float32 or
+float16). A rerun skips units whose file exists, so a killed encode resumes where it stopped and every row is
+written exactly once. Later stages read the files with ``cqg_ray.artifacts.load_embeddings``. The manifest counts the bytes the units read
+(``unit_bytes_read``) beside the prepared shards' size (``corpus_bytes``): about one read of each row when the shards'
+row groups are no longer than a unit (prepare's Ray Data writer decides them; today one row group a shard, so a
+shard of u units is read u times).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     log.info("encode: %d units (%d done before), %d rows, model %s, %d-%d actor(s) x %s GPU", len(units), len(units) - len(todo),
              sum(n for _, n in shards), cfg.model, *pool, gpus)
     t0 = time.time()
-    rows_done, nodes = run_units(todo, EncodeUnits, {"cfg_json": cfg.model_dump_json(), "run_uri": run.root_uri, "stage": ctx.stage},
+    rows_done, nodes, bytes_read = run_units(todo, EncodeUnits, {"cfg_json": cfg.model_dump_json(), "run_uri": run.root_uri, "stage": ctx.stage},
                                  pool, gpus, cfg.torch_threads, "encode", progress)
     wall = time.time() - t0
     files = run.ls(ctx.stage, suffix=".parquet")
@@ -82,7 +85,8 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     run.check_documents(ctx.stage, digest, "prepare")  # every prepared document embedded once, no other
     ctx.extra["documents_digest"] = digest
     ctx.counts.update({"documents": total, "dim": dim, "units": len(units), "units_resumed": len(units) - len(todo),
-                       "encoded_now": rows_done, "nodes_used": len(nodes), "texts_per_s": round(rows_done / wall, 1) if rows_done else None})
+                       "encoded_now": rows_done, "nodes_used": len(nodes), "texts_per_s": round(rows_done / wall, 1) if rows_done else None,
+                       "corpus_bytes": sum(run.fs.get_file_info(p).size for p, _ in shards), "unit_bytes_read": bytes_read})
     ctx.extra["model"] = cfg.model
     from cqg_ray.encoder import resolve_backend
 

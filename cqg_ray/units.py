@@ -3,15 +3,21 @@
 A unit is a slice of rows of one Parquet shard, written as one output file ``emb-<shard>-<start>.parquet``; a rerun
 skips the units whose file exists, so a killed pass resumes where it stopped and writes every row exactly once.
 
+A unit reads only its own rows (`read_unit`): the row groups of its shard that hold them (doc_id and text column chunks),
+and the shard's footer once per actor (exactly its bytes, cached), so a pass reads each row group once when the shards'
+row groups end where units do (``cqg-ray embed`` writes its snapshot with row groups of ``unit_rows``). Each unit reports
+the bytes it read; ``run_units`` returns their sum.
+
     units = pending_units(run, folder, split_units(shards, unit_rows))
     now = ray.cluster_resources()
-    rows, nodes = run_units(units, MyUnits, kwargs, *actor_pool_size(cfg, now, declared(now, max_cpus, max_gpus)), threads, "encode")
+    rows, nodes, bytes_read = run_units(units, MyUnits, kwargs, *actor_pool_size(cfg, now, declared(now, max_cpus, max_gpus)), threads, "encode")
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 
 import numpy as np
 import pyarrow as pa
@@ -60,27 +66,114 @@ def limit_cpu_threads(threads: int) -> None:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
+class CountingFile:
+    """A readable, seekable file over a pyarrow file that counts the bytes read through it (``bytes_read``); what
+    `read_unit` hands to Parquet, so that a unit's reads are measured, not estimated."""
+
+    def __init__(self, f):
+        self.f, self.bytes_read, self.closed = f, 0, False
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read() if n is None or n < 0 else self.f.read(n)
+        self.bytes_read += len(data)
+        return data
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self.f.seek(pos, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def size(self) -> int:
+        return self.f.size()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        self.f.close()
+
+
+def read_footer(f: CountingFile) -> pq.FileMetaData:
+    """A Parquet file's metadata, reading exactly its footer (length, magic and the Thrift bytes): Arrow's own
+    reader fetches the last 64 KiB, most of a small file."""
+    size = f.size()
+    f.seek(size - 8)
+    tail = f.read(8)
+    if len(tail) != 8 or tail[4:] != b"PAR1":
+        raise OSError("not a Parquet file (no PAR1 footer)")
+    n = int.from_bytes(tail[:4], "little")
+    f.seek(size - 8 - n)
+    return pq.read_metadata(pa.BufferReader(b"PAR1" + f.read(n) + tail))
+
+
+def row_groups_for(meta: pq.FileMetaData, start: int, stop: int) -> tuple[list[int], int]:
+    """(the row groups that hold rows [start, stop), the first one's row number) (pure but for the metadata)."""
+    groups, first, row = [], None, 0
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        if row < stop and row + n > start:
+            groups.append(g)
+            first = row if first is None else first
+        row += n
+    return groups, (start if first is None else first)
+
+
+def read_unit(fs, path: str, start: int, stop: int, columns: tuple[str, ...] = ("doc_id", "text"),
+              meta: pq.FileMetaData | None = None) -> tuple[pa.Table, int, pq.FileMetaData]:
+    """Rows [start, stop) of one Parquet file, reading only the row groups that hold them (``columns`` only) and the
+    footer when ``meta`` is not given. Returns (table, bytes read from ``fs``, the file's metadata)."""
+    with fs.open_input_file(path) as raw:
+        f = CountingFile(raw)
+        meta = meta or read_footer(f)
+        groups, first = row_groups_for(meta, start, stop)
+        if groups:
+            table = pq.ParquetFile(pa.PythonFile(f, mode="r"), metadata=meta).read_row_groups(groups, columns=list(columns))
+        else:
+            table = meta.schema.to_arrow_schema().empty_table().select(list(columns))
+        return table.slice(start - first, stop - start), f.bytes_read, meta
+
+
 class UnitActor:
-    """Base of the Ray Data actors `run_units` drives: reads each unit's rows from its shard, hands them to
-    `write_unit`, and reports rows, seconds and node per unit. Subclasses set `self.run` and define `write_unit`."""
+    """Base of the Ray Data actors `run_units` drives: reads each unit's rows from its shard (`read_unit`: only the
+    row groups that hold them; each shard's footer once per actor), hands them to `write_unit`, and reports rows,
+    bytes read, seconds and node per unit. Subclasses set `self.run` and define `write_unit`."""
 
     run: RunDir
+    FOOTERS = 16  # shards whose metadata an actor keeps (units come in shard order)
 
     def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
         raise NotImplementedError
 
+    def read(self, shard: str, start: int, stop: int) -> tuple[pa.Table, int]:
+        """The unit's doc_id and text columns, and the bytes read for them."""
+        footers = self.__dict__.setdefault("_footers", OrderedDict())
+        table, nbytes, footers[shard] = read_unit(self.run.fs, shard, start, stop, meta=footers.get(shard))
+        footers.move_to_end(shard)
+        while len(footers) > self.FOOTERS:
+            footers.popitem(last=False)
+        return table, nbytes
+
     def __call__(self, batch: dict) -> dict:
         import ray
 
-        node = ray.get_runtime_context().get_node_id()
-        out = {"name": [], "rows": [], "seconds": [], "node": []}
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        out = {"name": [], "rows": [], "bytes": [], "seconds": [], "node": []}
         for shard, start, stop, name in zip(batch["shard"], batch["start"], batch["stop"], batch["name"]):
             t0 = time.time()
-            table = pq.read_table(shard, columns=["doc_id", "text"], filesystem=self.run.fs).slice(int(start), int(stop) - int(start))
+            table, nbytes = self.read(str(shard), int(start), int(stop))
             texts = table.column("text").to_pylist()
             self.write_unit(str(name), table.column("doc_id"), texts)
             out["name"].append(name)
             out["rows"].append(len(texts))
+            out["bytes"].append(nbytes)
             out["seconds"].append(time.time() - t0)
             out["node"].append(node)
         return {k: np.array(v) for k, v in out.items()}
@@ -106,18 +199,19 @@ def actor_pool_size(cfg: EncodeConfig | EmbedConfig, now: dict, most: dict | Non
 
 
 def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, pool: tuple[int, int], gpus: float, threads: int,
-              desc: str, progress: bool = True) -> tuple[int, set[str]]:
+              desc: str, progress: bool = True) -> tuple[int, set[str], int]:
     """Send work units to a Ray Data pool of ``actor_cls`` (``pool``: (min, max) actors, `actor_pool_size`; one unit per
-    call; each call returns rows and node per unit).
+    call; each call returns rows, bytes read and node per unit).
 
-    Shared by the encode stage and batch embedding. Returns (rows done, ids of the nodes that did them).
+    Shared by the encode stage and batch embedding. Returns (rows done, ids of the nodes that did them, bytes the
+    units read from their shards).
     """
     import ray
     from tqdm import tqdm
 
-    rows_done, nodes = 0, set()
+    rows_done, nodes, bytes_read = 0, set(), 0
     if not units:
-        return rows_done, nodes
+        return rows_done, nodes, bytes_read
     ds = ray.data.from_items(units, override_num_blocks=len(units)).map_batches(
         actor_cls,
         fn_constructor_kwargs=constructor_kwargs,
@@ -130,5 +224,6 @@ def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, pool: tupl
         for row in ds.iter_rows():
             bar.update(int(row["rows"]))
             rows_done += int(row["rows"])
+            bytes_read += int(row["bytes"])
             nodes.add(str(row["node"]))
-    return rows_done, nodes
+    return rows_done, nodes, bytes_read
