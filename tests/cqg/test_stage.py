@@ -128,15 +128,18 @@ def test_cqg_real_llm_killed_and_resumed(clustered_run, corpus_file, tmp_path):
     cmd = [sys.executable, "-m", "cqg_ray.cli", "cqg", "-c", str(cfgf)]
     log = open(tmp_path / "first.log", "wb")
     p = subprocess.Popen(cmd, env=ENV, start_new_session=True, stdout=log, stderr=log)
+    from cqg_ray.llm.ledger import Ledger
+
     ledger = d / "llm" / "ledger" / "cqg-generate"
+    finished = lambda: Ledger(RunDir(str(d)), "cqg-generate").columns(["key"]).num_rows  # noqa: E731  shards and workers' journals
     deadline = time.time() + 900
-    while time.time() < deadline and len(list(ledger.glob("*.parquet"))) < 1:
+    while time.time() < deadline and finished() < 1:
         assert p.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
         time.sleep(0.5)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     time.sleep(2)
-    done_before = len(list(ledger.glob("*.parquet")))
+    done_before = finished()
     assert 1 <= done_before < 4  # killed in the middle of generation
     assert not (d / "questions" / "_manifest.json").exists()
     r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=1500)
@@ -235,3 +238,33 @@ def test_cluster_keywords_reach_the_property_prompt(clustered_run, corpus_file, 
     assert sorted(gens) == [0, 1]
     for k, content in gens.items():
         assert f"Words typical of texts like the positives: {', '.join(kw[k]['keywords'])}\n\n" in content
+
+
+@pytest.mark.ray
+def test_cqg_on_ray_streams_its_plans_and_equals_the_in_process_run(clustered_run, corpus_file, tmp_path, ray_local):
+    """Generation and probing as plans answered by Ray Data workers: the same artifacts as in-process, and a rerun sends nothing."""
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.ledger import Ledger
+
+    extra = {"cqg": {"max_opening_share": 1.0}, "llm": {"flush_every": 50_000}}  # the fake LLM's questions share one opening
+    runs = {}
+    for where in ("ray", "local"):
+        d = copy_clustered(clustered_run, tmp_path / where)
+        cfg = small_config(d, corpus_file, max_clusters=4, extra=extra)
+        backend = FakeBackend(cfg.llm) if where == "local" else None
+        run = RunDir(str(d))
+        counts = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=backend, progress=False))["counts"]
+        runs[where] = (run, counts)
+    (ray_run, on_ray), (local_run, local) = runs["ray"], runs["local"]
+    assert on_ray == local and on_ray["generation_prompts"] == 4 and on_ray["probe_prompts"] > 0 and on_ray["questions"] > 0
+    for f in ("questions.parquet", "candidates.parquet", "generations.parquet", "probes.parquet", "keywords.parquet"):
+        assert ray_run.read_table(f"questions/{f}").equals(local_run.read_table(f"questions/{f}")), f
+    for stage in ("cqg-generate", "cqg-probe"):
+        ledger = Ledger(ray_run, stage)
+        assert len(ledger.shards()) == 1 and ledger.journals() == []  # the workers' journals, recovered into one shard
+        assert ledger.read_stats()["runs"][-1]["sent"] == ledger.read_stats()["totals"]["requests"] > 0
+    cfg = small_config(tmp_path / "ray", corpus_file, max_clusters=4, extra=extra)
+    again = run_stage(ray_run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, progress=False), force=True)["counts"]
+    assert again == on_ray
+    assert [Ledger(ray_run, s).read_stats()["runs"][-1]["sent"] for s in ("cqg-generate", "cqg-probe")] == [0, 0]

@@ -1,0 +1,44 @@
+"""The streaming LLM stages' pure parts: the ledger's key index, counters, parts into one file (no Ray)."""
+
+from cqg_ray.llm.ledger import Ledger
+from cqg_ray.llm.stream import KeyIndex, add_counters, concat_parts
+from cqg_ray.rundir import RunDir
+
+
+def row(key: str, ok: bool = True) -> dict:
+    return {"key": key, "text": "yes", "ok": ok, "answers": [True] if ok else None, "p_yes": [0.9] if ok else None, "attempts": 1}
+
+
+def test_key_index_finds_keys_and_the_last_copy_of_a_key(tmp_path):
+    run = RunDir(str(tmp_path))
+    ledger = Ledger(run, "labels")
+    a, b, c = ("a" * 64, "b" * 64, "c" * 64)
+    assert len(KeyIndex.build(ledger)) == 0 and KeyIndex.build(ledger).find([a]).tolist() == [-1]
+    ledger.append([row(b), row(a, ok=False)])
+    ledger.append([row(c), row(a)])  # a answered later: the current row is in the second shard
+    index = KeyIndex.build(ledger)
+    pos = index.find([a, "d" * 64, c, b])
+    assert pos[1] == -1 and len(index) == 3
+    assert [index.shards[index.shard[p]] for p in pos[[0, 2, 3]]] == [ledger.shards()[1], ledger.shards()[1], ledger.shards()[0]]
+    assert index.row[pos[0]] == 1 and index.ok[pos[0]]
+
+
+def test_add_counters_sums_numbers_lists_and_nested_fits():
+    total = {}
+    add_counters(total, {"sent": 2, "answered": [1, 0, 2], "fit": {"checked": 3, "max_tokens_before": 40}})
+    add_counters(total, {"sent": 5, "answered": [0, 1, 1], "fit": {"checked": 1, "max_tokens_before": 12}})
+    assert total == {"sent": 7, "answered": [1, 1, 3], "fit": {"checked": 4, "max_tokens_before": 40}}
+
+
+def test_concat_parts_streams_parts_into_one_file_in_name_order(tmp_path):
+    import pyarrow as pa
+
+    from cqg_ray.mbqa.label_work import FAILURES_SCHEMA, LABELS_SCHEMA
+
+    run = RunDir(str(tmp_path))
+    for g in (1, 0):
+        run.write_table(f"labels/parts/labels-{g:09d}-x.parquet", pa.table({"doc_id": [f"d{g}"], "question_id": [g], "answer": [True],
+                                                                            "p_yes": [0.5], "source": ["cluster"]}, schema=LABELS_SCHEMA))
+    assert concat_parts(str(tmp_path), "labels", {"labels": LABELS_SCHEMA, "failures": FAILURES_SCHEMA}) == {"labels": 2, "failures": 0}
+    assert run.read_table("labels/labels.parquet").column("doc_id").to_pylist() == ["d0", "d1"]
+    assert run.read_table("labels/failures.parquet").num_rows == 0 and not run.exists("labels", "parts")
