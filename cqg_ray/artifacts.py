@@ -13,7 +13,7 @@ Output folder of `cqg-ray embed` (OUT, no run directory around it):
 
     OUT/_manifest.json, OUT/emb-*.parquet, OUT/_corpus/   read_embed_output, embed_output_files, embed_output_texts
 
-The pure helpers (``ClusterIndex``, ``embedding_matrix``, ``embeddings_table``, ``sparse_table``, ``sparse_matrix``) take and
+The pure helpers (``ClusterIndex``, ``add_digests``, ``embedding_matrix``, ``embeddings_table``, ``sparse_table``, ``sparse_matrix``) take and
 return numpy / Arrow.
 """
 
@@ -38,6 +38,17 @@ def embeddings_table(doc_ids, emb: np.ndarray) -> pa.Table:
     emb = np.ascontiguousarray(emb)
     values = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])
     return pa.table({"doc_id": pa.array(doc_ids, pa.string()), "embedding": values})
+
+
+def add_digests(digests) -> str:
+    """The documents digest (``rundir.documents_digest``) of the union of disjoint sets of documents, from theirs: the
+    counts and the 64-bit sums add, so workers digest their own rows and the driver holds one string per part."""
+    total, n = 0, 0
+    for d in digests:
+        count, value = d.split(":")
+        n += int(count)
+        total += int(value, 16)
+    return f"{n}:{total % (1 << 64):016x}"
 
 
 def embedding_matrix(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
