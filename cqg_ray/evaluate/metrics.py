@@ -10,6 +10,7 @@ Task scores are on the paper's scale (x100):
   Gains are the graded relevances, discount 1/log2(rank + 1), the ideal ranking built from all judged
   documents of the query (trec_eval's ``ndcg_cut``, which BEIR and MTEB call through pytrec_eval). A retrieved
   document whose id is the query's own is dropped first where asked (``ranking_from_indices(drop_identical=True)``).
+  The ranking needs only each query's top k: ``CosineTopK`` keeps them while the corpus streams past in chunks.
 - ``kmeans_v_measure``: 100 x V-measure of MiniBatchKMeans with the true number of labels, batch 500,
   ``n_init="auto"``, random_state 42: MTEB's clustering protocol and default seed (Table 3).
 - ``cognitive_load``: paper Eq. 5, the mean over text pairs of <u, v> = sum_i u_i v_i for binary u, v,
@@ -110,6 +111,41 @@ def cognitive_load(U: Matrix, V: Matrix) -> float:
 # ----------------------------------------------------------------------------------------- retrieval
 
 
+class CosineTopK:
+    """Exact top-k documents by cosine for every query, fed the corpus a chunk at a time: only the queries (normalised,
+    float32) and the running best k scores and document indices per query are held, never a score matrix of the
+    whole corpus nor the corpus itself. ``add(D_chunk)`` takes the next documents (dense, binary or sparse; numbered
+    in the order added), ``result()`` gives (scores, doc_indices), both (n_q, min(k, documents added)), best first;
+    ties are broken by the lower document index. Scores are computed per (query batch, document chunk) exactly as
+    ``top_k_cosine`` computes them, which is this class over chunks of D.
+    """
+
+    def __init__(self, Q: Matrix, k: int = 10, query_batch: int = 1024):
+        self.k, self.dims, self.n_docs = k, Q.shape[1], 0
+        self.queries = [l2_normalize(Q[q0 : q0 + query_batch]) for q0 in range(0, Q.shape[0], query_batch)]
+        self.best = [(np.full((q.shape[0], 0), -np.inf, dtype=np.float32), np.zeros((q.shape[0], 0), dtype=np.int64))
+                     for q in self.queries]
+
+    def add(self, D: Matrix) -> None:
+        if D.shape[1] != self.dims:
+            raise ValueError(f"queries have {self.dims} dimensions, documents {D.shape[1]}")
+        d0 = self.n_docs
+        Dn = l2_normalize(D)
+        for j, Qn in enumerate(self.queries):
+            s = Qn @ Dn.T
+            s = np.asarray(s.toarray() if sp.issparse(s) else s, dtype=np.float32)
+            ids = np.broadcast_to(np.arange(d0, d0 + s.shape[1], dtype=np.int64), s.shape)
+            cs, ci = top_k(s, self.k, ids)
+            bs, bi = self.best[j]
+            self.best[j] = top_k(np.concatenate([bs, cs], axis=1), self.k, np.concatenate([bi, ci], axis=1))
+        self.n_docs += D.shape[0]
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self.best:
+            return np.zeros((0, 0), dtype=np.float32), np.zeros((0, 0), dtype=np.int64)
+        return np.concatenate([b[0] for b in self.best]), np.concatenate([b[1] for b in self.best])
+
+
 def top_k_cosine(
     Q: Matrix,
     D: Matrix,
@@ -117,7 +153,7 @@ def top_k_cosine(
     query_batch: int = 1024,
     doc_batch: int = 65536,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k documents by cosine for every query, in chunked matrix products.
+    """Exact top-k documents by cosine for every query, in chunked matrix products (``CosineTopK`` over D's chunks).
 
     Q (n_q, m) and D (n_d, m) may be dense, binary or sparse; D is converted to float one chunk at a time,
     so a large binary corpus is never held as float. Returns (scores, doc_indices), both (n_q, min(k, n_d)),
@@ -125,24 +161,10 @@ def top_k_cosine(
     """
     if Q.shape[1] != D.shape[1]:
         raise ValueError(f"queries have {Q.shape[1]} dimensions, documents {D.shape[1]}")
-    n_q, n_d = Q.shape[0], D.shape[0]
-    k = min(k, n_d)
-    best_s = np.full((n_q, 0), -np.inf, dtype=np.float32)
-    best_i = np.zeros((n_q, 0), dtype=np.int64)
-    out_s, out_i = [], []
-    for q0 in range(0, n_q, query_batch):
-        Qn = l2_normalize(Q[q0 : q0 + query_batch])
-        bs, bi = best_s[q0 : q0 + query_batch], best_i[q0 : q0 + query_batch]
-        for d0 in range(0, n_d, doc_batch):
-            Dn = l2_normalize(D[d0 : d0 + doc_batch])
-            s = Qn @ Dn.T
-            s = np.asarray(s.toarray() if sp.issparse(s) else s, dtype=np.float32)
-            ids = np.broadcast_to(np.arange(d0, d0 + s.shape[1], dtype=np.int64), s.shape)
-            cs, ci = top_k(s, k, ids)
-            bs, bi = top_k(np.concatenate([bs, cs], axis=1), k, np.concatenate([bi, ci], axis=1))
-        out_s.append(bs)
-        out_i.append(bi)
-    return np.concatenate(out_s), np.concatenate(out_i)
+    acc = CosineTopK(Q, k, query_batch)
+    for d0 in range(0, D.shape[0], doc_batch):
+        acc.add(D[d0 : d0 + doc_batch])
+    return acc.result()
 
 
 def ndcg_per_query(ranked: dict[str, list[str]], qrels: dict[str, dict[str, int]], k: int = 10) -> dict[str, float]:

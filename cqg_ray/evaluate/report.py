@@ -6,7 +6,9 @@
 Rows are methods: every interpretable model given (its budgeted vectors, as ``encode(output='sparse')``), the first model's own dense encoder,
 Bag-of-Tokens, and BM25 for retrieval; any other object with ``encode(texts)`` may be passed in the mapping as an
 extra black-box row. Columns are datasets. Each interpretable model's probabilities are computed once per text
-set; the budgeted vectors and the tau, m and budget sweeps are all budgets / slices of them.
+set; the budgeted vectors and the tau, m and budget sweeps are all budgets / slices of them. Retrieval corpora and
+clustering sets stream: their probabilities are budgeted batch by batch and dropped, the budget sweep's retrieval and
+clustering points scored on the way (``tasks``); only STS keeps probabilities, for the m and tau sweeps.
 
 Written to ``out_dir`` (local path or URI): ``results.json`` (every number, NaN as null), ``report.md`` (tables,
 protocol notes and plots), ``sweep_{m,tau}_<model>.png`` and ``.csv``, ``frontier_<model>.png`` and
@@ -30,8 +32,7 @@ import numpy as np
 
 from cqg_ray.config import EvaluateConfig
 from cqg_ray.evaluate.methods import as_models, build_methods
-from cqg_ray.evaluate.metrics import kmeans_v_measure
-from cqg_ray.evaluate.models import budgeted, model_budget
+from cqg_ray.evaluate.models import model_budget
 from cqg_ray.evaluate.sweeps import (
     StsProbs,
     budget_curves,
@@ -46,7 +47,7 @@ from cqg_ray.evaluate.sweeps import (
 )
 from cqg_ray.cqg.quality import format_quality
 from cqg_ray.evaluate.faithfulness import FIGURES, faithfulness, format_faithfulness
-from cqg_ray.evaluate.tasks import SCORERS, TASKS, dataset_info, load_datasets, load_faithfulness_texts, retrieval_score
+from cqg_ray.evaluate.tasks import SCORERS, TASKS, dataset_info, load_datasets, load_faithfulness_texts
 
 log = logging.getLogger("cqg_ray")
 
@@ -95,18 +96,21 @@ def evaluate_model(
     scores: dict[str, dict[str, dict[str, float]]] = {t: {} for t in [*datasets, *(["cognitive_load"] if "sts" in datasets else [])]}
     seconds: dict[str, dict[str, float]] = {m.name: {} for m in methods}
     sts_probs: dict[str, list[StsProbs]] = {m.name: [] for m in methods if m.kind == "interpretable"}
-    task_probs: dict[str, list[tuple[str, Any, tuple]]] = {m.name: [] for m in methods if m.kind == "interpretable"}
+    task_sweeps: dict[str, list[tuple[str, Any, dict]]] = {m.name: [] for m in methods if m.kind == "interpretable"}
+    ks = sorted(set(cfg.active_k))
+    curves = {m.name: budget_curves(model_budget(m.obj), ks, getattr(m.obj, "mean", None) is not None)
+              for m in methods if m.kind == "interpretable"} if ks else {}
 
     for task in TASKS:
         for d in datasets.get(task, []):
-            for name, r in SCORERS[task](d, methods).items():
+            for name, r in SCORERS[task](d, methods, curves).items():
                 for key, value in r.scores.items():
                     scores[key].setdefault(name, {})[d.name] = value
                 seconds[name][f"{task}/{d.name}"] = r.seconds
                 if r.sts_probs is not None:
                     sts_probs[name].append(r.sts_probs)
-                if r.probs is not None:
-                    task_probs[name].append((task, d, r.probs))
+                if r.sweep is not None:
+                    task_sweeps[name].append((task, d, r.sweep))
                 log.info("%s %s %s: %s (%.1fs)", task, d.name, name, ", ".join(f"{k} {v:.2f}" for k, v in r.scores.items()), r.seconds)
 
     sweeps = {}
@@ -116,8 +120,8 @@ def evaluate_model(
         if data:
             ms = list(cfg.m_sweep) or default_m_grid(data[0].probs.shape[1])
             sw.update(m=m_sweep(data, budget, ms, mean), tau=tau_sweep(data, list(cfg.tau_sweep)))
-        if cfg.active_k and (data or task_probs[m.name]):
-            sw["budget"] = budget_sweep(m.obj, data, task_probs[m.name], budget_curves(budget, ks := sorted(set(cfg.active_k)), mean is not None), ks)
+        if ks and (data or task_sweeps[m.name]):
+            sw["budget"] = budget_sweep(m.obj, data, task_sweeps[m.name], curves[m.name], ks)
         if sw:
             sweeps[m.name] = sw
 
@@ -252,20 +256,18 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() or "model"
 
 
-def budget_sweep(model: Any, sts: list[StsProbs], tasks: list[tuple[str, Any, tuple]], curves: dict, ks: list[int]) -> dict:
+def budget_sweep(model: Any, sts: list[StsProbs], tasks: list[tuple[str, Any, dict]], curves: dict, ks: list[int]) -> dict:
     """Per budget rule and k: STS Spearman and load, retrieval nDCG@10, clustering V-measure (x100), each per dataset
-    and averaged, every point scored with exactly the vectors ``budgeted(model, probs, budget)`` gives."""
+    and averaged, every point scored with exactly the vectors ``budgeted(model, probs, budget)`` gives. ``tasks``:
+    (task, dataset, {rule: [score per k]}), scored while the task streamed its texts (``tasks.SCORERS`` with the
+    curves); STS from its kept probabilities."""
     rules: dict[str, dict] = {rule: {} for rule in curves}
     if sts:
         for rule, r in budget_sweep_sts(sts, curves, getattr(model, "mean", None)).items():
             rules[rule]["sts"] = r
-    for rule, budgets in curves.items():
-        for task, d, probs in tasks:
-            if task == "retrieval":
-                vals = [retrieval_score(budgeted(model, probs[0], b), budgeted(model, probs[1], b), d, k=10) for b in budgets]
-            else:
-                vals = [kmeans_v_measure(budgeted(model, probs[0], b), d.labels) for b in budgets]
-            rules[rule].setdefault(task, {})[d.name] = vals
+    for rule in curves:
+        for task, d, points in tasks:
+            rules[rule].setdefault(task, {})[d.name] = list(points[rule])
         for task in ("retrieval", "clustering"):
             if task in rules[rule]:
                 rules[rule][task] = with_average(rules[rule][task])

@@ -1,9 +1,17 @@
 """The three table tasks (STS, retrieval, clustering): their datasets, and every method scored on one dataset; and
 the texts of the faithfulness task (``cqg_ray.evaluate.faithfulness`` scores it).
 
-``SCORERS[task](data, methods)`` gives each method's scores on one dataset, keyed as ``results["scores"]`` is
-(STS also gives the cognitive load of binary embeddings); ``evaluate_sts`` / ``evaluate_retrieval`` /
+``SCORERS[task](data, methods, curves)`` gives each method's scores on one dataset, keyed as ``results["scores"]``
+is (STS also gives the cognitive load of binary embeddings), and for retrieval and clustering the budget sweep's
+points (``curves``: {model name: {rule: [Budget per k]}}); ``evaluate_sts`` / ``evaluate_retrieval`` /
 ``evaluate_clustering`` score any one Encoder.
+
+Retrieval and clustering stream their text sets: texts are embedded ``DOC_BATCH`` at a time, and a model's
+probabilities live only while their batch is scored. Retrieval keeps each query's running top 11 per method and per
+sweep budget (``metrics.CosineTopK``), clustering the budgeted vectors as sparse rows (the active questions), made
+dense one vector set at a time for k-means, which needs every point. So no n x m probabilities of a corpus are ever
+held; the scores equal those of embedding the whole set at once (exactly when it fits one batch; beyond that, up to
+the encoder's own dependence on batch composition).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+import scipy.sparse as sp
 
 from cqg_ray.config import EvaluateConfig
 from cqg_ray.evaluate.data import (
@@ -29,10 +38,21 @@ from cqg_ray.evaluate.data import (
     load_texts,
 )
 from cqg_ray.evaluate.methods import Method, embed_texts
-from cqg_ray.evaluate.metrics import cognitive_load, kmeans_v_measure, ndcg_at_k, ranking_from_indices, sts_spearman, top_k_cosine
+from cqg_ray.evaluate.metrics import (
+    CosineTopK,
+    cognitive_load,
+    kmeans_v_measure,
+    ndcg_at_k,
+    ranking_from_indices,
+    sts_spearman,
+    top_k_cosine,
+)
+from cqg_ray.evaluate.models import budgeted
 from cqg_ray.evaluate.sweeps import StsProbs
 
 TASKS = ("sts", "retrieval", "clustering")
+DOC_BATCH = 16384  # texts of a retrieval corpus or clustering set embedded and scored at a time
+Curves = dict[str, dict[str, list]]  # {model name: {budget rule: [Budget per k]}} (sweeps.budget_curves)
 
 
 # ----------------------------------------------------------------------------------------- datasets
@@ -149,15 +169,17 @@ def evaluate_clustering(encoder: Any, data: ClusteringData) -> float:
 
 @dataclass
 class Scored:
-    """One method on one dataset: its scores (keys of ``results["scores"]``), seconds, and STS probabilities."""
+    """One method on one dataset: its scores (keys of ``results["scores"]``), seconds, STS probabilities, and for an
+    interpretable model on retrieval or clustering the budget sweep's scores ({rule: [score per k]})."""
 
     scores: dict[str, float]
     seconds: float
     sts_probs: StsProbs | None = None
-    probs: tuple[np.ndarray, ...] | None = None  # an interpretable model's probabilities (retrieval: queries, docs), for the sweeps
+    sweep: dict[str, list[float]] | None = None
 
 
-def score_sts(d: StsData, methods: list[Method]) -> dict[str, Scored]:
+def score_sts(d: StsData, methods: list[Method], curves: Curves | None = None) -> dict[str, Scored]:
+    """STS sets are small and their sweeps need the probabilities: they are kept (``Scored.sts_probs``)."""
     texts, i1, i2 = d.unique_texts()
     binary = {m.name: m.binary for m in methods}
     out = {}
@@ -168,32 +190,89 @@ def score_sts(d: StsData, methods: list[Method]) -> dict[str, Scored]:
     return out
 
 
-def score_retrieval(d: RetrievalData, methods: list[Method]) -> dict[str, Scored]:
-    """Seconds: encoding the queries and the corpus, plus the search."""
-    queries, docs = embed_texts(methods, d.queries), embed_texts(methods, d.docs)
+def _batches(texts: list[str], size: int):
+    for start in range(0, len(texts), size):
+        yield texts[start : start + size]
+
+
+def score_retrieval(d: RetrievalData, methods: list[Method], curves: Curves | None = None,
+                    doc_batch: int | None = None) -> dict[str, Scored]:
+    """nDCG@10 of every method, the corpus streamed ``doc_batch`` documents at a time: per method (and per budget of
+    its sweep) only each query's running top 11 are kept. Seconds: encoding the queries and the corpus, plus the
+    search (not the sweep)."""
+    curves = curves or {}
+    byname = {m.name: m for m in methods}
+    queries = embed_texts(methods, d.queries)
+    seconds = {name: secs for name, (_, _, secs) in queries.items()}
+    tops = {name: CosineTopK(X, k=11) for name, (X, _, _) in queries.items()}  # one spare for a dropped identical id
+    sweep = {name: {rule: [CosineTopK(budgeted(byname[name].obj, queries[name][1], b), k=11) for b in budgets]
+                    for rule, budgets in curves.get(name, {}).items()} for name in queries if queries[name][1] is not None}
+    del queries
+    for batch in _batches(d.docs, doc_batch or DOC_BATCH):
+        for name, (X, probs, secs) in embed_texts(methods, batch).items():
+            t0 = time.time()
+            tops[name].add(X)
+            seconds[name] += secs + time.time() - t0
+            for rule, accs in sweep.get(name, {}).items():
+                for b, acc in zip(curves[name][rule], accs):
+                    acc.add(budgeted(byname[name].obj, probs, b))
     out = {}
     for m in methods:
-        t0 = time.time()
         if m.kind == "bm25":
+            t0 = time.time()
             _, idx = m.obj.search(d.docs, d.queries, k=11)  # one spare for a dropped identical id
-            score = ranked_ndcg(idx, d, k=10)
-        else:
-            score = retrieval_score(queries[m.name][0], docs[m.name][0], d, k=10)
-            t0 -= queries[m.name][2] + docs[m.name][2]
-        probs = (queries[m.name][1], docs[m.name][1]) if m.kind == "interpretable" else None
-        out[m.name] = Scored({"retrieval": score}, time.time() - t0, probs=probs)
+            out[m.name] = Scored({"retrieval": ranked_ndcg(idx, d, k=10)}, time.time() - t0)
+            continue
+        t0 = time.time()
+        score = ranked_ndcg(tops[m.name].result()[1], d, k=10)
+        points = {rule: [ranked_ndcg(acc.result()[1], d, k=10) for acc in accs] for rule, accs in sweep.get(m.name, {}).items()}
+        out[m.name] = Scored({"retrieval": score}, seconds[m.name] + time.time() - t0, sweep=points or None)
     return out
 
 
-def score_clustering(d: ClusteringData, methods: list[Method]) -> dict[str, Scored]:
+def _stack(parts: list) -> Any:
+    """One matrix of the row blocks (sparse blocks: CSR)."""
+    if any(sp.issparse(p) for p in parts):
+        return sp.vstack([sp.csr_matrix(p) for p in parts], format="csr")
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+def _dense(parts: list) -> np.ndarray:
+    """The budgeted vectors, kept as sparse rows, made dense (float32) for k-means."""
+    return sp.vstack(parts, format="csr").toarray().astype(np.float32, copy=False)
+
+
+def score_clustering(d: ClusteringData, methods: list[Method], curves: Curves | None = None,
+                     batch: int | None = None) -> dict[str, Scored]:
+    """V-measure of every method; the texts embedded ``batch`` at a time, an interpretable model's budgeted vectors
+    (and each sweep budget's) kept as sparse rows, made dense one set at a time for k-means (MTEB's protocol on the
+    vectors as encoded)."""
+    curves = curves or {}
+    byname = {m.name: m for m in methods}
+    parts: dict[str, list] = {}
+    sweep_parts: dict[str, dict[str, list[list]]] = {}
+    seconds: dict[str, float] = {}
+    for texts in _batches(d.texts, batch or DOC_BATCH):
+        for name, (X, probs, secs) in embed_texts(methods, texts).items():
+            seconds[name] = seconds.get(name, 0.0) + secs
+            if probs is None:
+                parts.setdefault(name, []).append(X)
+                continue
+            parts.setdefault(name, []).append(sp.csr_matrix(X))
+            rules = sweep_parts.setdefault(name, {rule: [[] for _ in budgets] for rule, budgets in curves.get(name, {}).items()})
+            for rule, lists in rules.items():
+                for b, rows in zip(curves[name][rule], lists):
+                    rows.append(sp.csr_matrix(budgeted(byname[name].obj, probs, b)))
     out = {}
-    for name, (X, probs, secs) in embed_texts(methods, d.texts).items():
-        t0 = time.time() - secs
-        score = kmeans_v_measure(X, d.labels)
-        out[name] = Scored({"clustering": score}, time.time() - t0, probs=None if probs is None else (probs,))
+    for name, blocks in parts.items():
+        t0 = time.time()
+        score = kmeans_v_measure(_dense(blocks) if name in sweep_parts else _stack(blocks), d.labels)
+        secs = seconds[name] + time.time() - t0
+        points = {rule: [kmeans_v_measure(_dense(rows), d.labels) for rows in lists] for rule, lists in sweep_parts.get(name, {}).items()}
+        out[name] = Scored({"clustering": score}, secs, sweep=points or None)
     return out
 
 
-SCORERS: dict[str, Callable[[Any, list[Method]], dict[str, Scored]]] = {
+SCORERS: dict[str, Callable[..., dict[str, Scored]]] = {
     "sts": score_sts, "retrieval": score_retrieval, "clustering": score_clustering,
 }
