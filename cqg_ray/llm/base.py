@@ -185,6 +185,12 @@ class Backend:
             for i, c in enumerate(self.complete(requests[start : start + self.batch_size])):
                 yield start + i, c
 
+    def job(self, ds: Any) -> Any:
+        """A Ray Dataset of one-job rows (``cqg_ray.llm.stream.job_row``: key, request_json, n_answers) -> completion rows
+        (those columns + text, prompt_tokens, completion_tokens, p_yes_json, error), for engines that run as a Ray Data
+        stage of their own (vLLM's ``ray.data.llm`` processor). Other engines answer in the stream's actor pool."""
+        raise NotImplementedError(f"{type(self).__name__} answers in the stream's actor pool, not as a Ray Data job")
+
     def prompt_budget(self) -> Any:
         """The engine's context and prompt-token counter (``cqg_ray.llm.fit.PromptBudget``; None when unknown)."""
         from cqg_ray.llm.fit import prompt_budget

@@ -53,6 +53,12 @@ class FakeBackend(Backend):
 
         return replace(fake_budget(self.llm), context=self.n_ctx)
 
+    def job(self, ds):
+        """The one-job stage (``Backend.job``) with this fake's replies, as Ray Data tasks (tests of the vLLM path's pipeline)."""
+        from functools import partial
+
+        return ds.map_batches(partial(fake_job_batch, self.llm, self.reply), batch_size=256)
+
     def complete(self, requests: Sequence[Request]) -> list[Completion]:
         out = []
         for req in requests:
@@ -69,3 +75,18 @@ class FakeBackend(Backend):
                 p_yes = [1.0 if line.rstrip().endswith("yes") else 0.0 for line in r.splitlines()[: req.n_answers]]
             out.append(Completion(r, prompt_tokens=prompt_chars // 4 + 1, completion_tokens=len(r) // 4 + 1, p_yes=p_yes))
         return out
+
+
+def fake_job_batch(llm: LLMConfig, reply, batch: dict) -> dict:
+    """Completion rows for a batch of one-job rows (what ``FakeBackend.job`` maps)."""
+    import json
+
+    from cqg_ray.llm.stream import request_of
+
+    rows = [{k: v[i] for k, v in batch.items()} for i in range(len(batch["key"]))]
+    done = FakeBackend(llm, reply=reply).complete([request_of(r) for r in rows])
+    out = {k: list(batch[k]) for k in ("key", "request_json", "n_answers")}
+    out.update({"text": [c.text for c in done], "prompt_tokens": [c.prompt_tokens for c in done],
+                "completion_tokens": [c.completion_tokens for c in done], "p_yes_json": [json.dumps(c.p_yes) for c in done],
+                "error": [c.error or "" for c in done]})
+    return out

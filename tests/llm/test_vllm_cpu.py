@@ -51,3 +51,8 @@ def test_vllm_backend_on_cpu(tmp_path):
     # the Eiffel Tower text is about a building and mentions a year; the recipe text is a recipe
     assert single[0]["p_yes"][0] > single[3]["p_yes"][0] and single[5]["p_yes"][0] > single[2]["p_yes"][0]
     assert res["second_cached"] == [True] * 9
+    # the same single-pass requests as a streaming plan answered in one Ray Data job: the same answers
+    assert res["job_sent"] == 6 and len(res["job"]) == 6
+    for r, want in zip(res["job"], single):
+        assert r["ok"] and len(r["p_yes"]) == 1 and (r["p_yes"][0] > 0.5) == want["answers"][0]
+        assert abs(r["p_yes"][0] - want["p_yes"][0]) < 0.05

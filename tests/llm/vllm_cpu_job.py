@@ -3,7 +3,9 @@
     python vllm_cpu_job.py MODEL_DIR RUN_DIR      (prints one JSON line: the results)
 
 Builds the same Request objects the pipeline builds and sends them through ``run_requests`` with the
-``vllm`` backend (``ray.data.llm`` + vLLM engine on CPU), twice: the second run must come from the ledger.
+``vllm`` backend (``ray.data.llm`` + vLLM engine on CPU), twice: the second run must come from the ledger. Then the
+single-pass requests again as a streaming stage's plan (``cqg_ray.llm.stream``), answered in one Ray Data job
+(``VLLMBackend.job``: plan -> request rows -> ray.data.llm processor -> ledger rows written by workers).
 """
 
 import json
@@ -45,6 +47,32 @@ if __name__ == "__main__":
     reqs += [r for t in texts for r in answer_requests(t, range(3), qs, "single", 20, 200)]
     first = run_requests(reqs, llm, RunDir(run_dir), "labels", progress=False)
     second = run_requests(reqs, llm, RunDir(run_dir), "labels", progress=False)
+
+    import pyarrow as pa
+
+    from cqg_ray.config import PipelineConfig
+    from cqg_ray.llm.base import backend_identity
+    from cqg_ray.llm.stream import PlanJob, stream_plan, write_plan
+
+    class TextsJob(PlanJob):
+        """Single-pass requests of the plan's texts (the plan holds the texts); their answers as parts."""
+
+        parts = {"answers": pa.schema([("text_row", pa.int64()), ("ok", pa.bool_()), ("p_yes", pa.list_(pa.float64()))])}
+
+        def requests(self, group):
+            plan = self.read(group)
+            return [r for t in plan.column("text").to_pylist() for r in answer_requests(t, range(3), qs, "single", 20, 200)], plan
+
+        def assemble(self, group, reqs, results, plan):
+            self.write_part("answers", group, pa.table({"text_row": [group * 3 + i for i in range(len(reqs))],
+                                                        "ok": [bool(r and r["ok"]) for r in results],
+                                                        "p_yes": [r["p_yes"] if r else None for r in results]}))
+            return {"answered": sum(r is not None for r in results)}
+
+    run = RunDir(run_dir)
+    groups = write_plan(run, "job/plan/plan.parquet", pa.table({"text": texts}), 1)
+    done = stream_plan(TextsJob(run_dir, "job", "labels-job", PipelineConfig(llm=llm)), groups, backend_identity(llm))
+    job = run.read_table("job/answers.parquet").sort_by("text_row").to_pylist()
     print(
         "RESULT "
         + json.dumps(
@@ -52,6 +80,8 @@ if __name__ == "__main__":
                 "first": [{"ok": r.ok, "text": r.text, "answers": r.answers, "p_yes": r.p_yes, "prompt_tokens": r.prompt_tokens,
                            "completion_tokens": r.completion_tokens, "error": r.error} for r in first],
                 "second_cached": [r.cached for r in second],
+                "job": [{"ok": r["ok"], "p_yes": r["p_yes"]} for r in job],
+                "job_sent": done["run"]["sent"],
             }
         ),
         flush=True,
