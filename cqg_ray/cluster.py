@@ -17,6 +17,7 @@ Later stages read them with ``cqg_ray.artifacts.Clusters``.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -191,6 +192,11 @@ def assign_all(run: RunDir, stage: str, centroids: np.ndarray, spherical: bool =
     run.makedirs(parts_rel)
     ref = ray.put(centroids)
     ds = ray.data.read_parquet(embedding_files(run), filesystem=None if run.local else run.fs)
+    # batches in file order: the embedding files hold ascending id ranges, so the parts do too and the final write
+    # streams (without it, a batch may join rows of files far apart and the task must sort every part)
+    options = copy.copy(ds.context.execution_options)
+    options.preserve_order = True
+    ds.context.execution_options = options
     ds = ds.map_batches(_assign_batch, fn_kwargs={"centroids_ref": ref, "spherical": spherical, "parts_uri": run.uri(parts_rel)},
                         batch_format="pyarrow", batch_size=batch_size)
     sizes = np.zeros(len(centroids), np.int64)
@@ -205,6 +211,8 @@ def assign_all(run: RunDir, stage: str, centroids: np.ndarray, spherical: bool =
     out = ray.get(ray.remote(write_assignments).options(num_cpus=1).remote(
         run.root_uri, f"{stage}/assignments.parquet", parts_rel, parts, remap if removed else None))
     run.rm(parts_rel)
+    log.info("cluster: %d documents assigned in %d parts, %s", out["rows"], len(parts),
+             "streamed into one file" if out["streamed"] else "sorted into one file in a task (the parts' id ranges overlap)")
     return {"centroids": centroids[keep] if removed else centroids, "sizes": sizes[keep], "removed": removed,
             "digest": add_digests(digests), "rows": out["rows"], "streamed": out["streamed"]}
 

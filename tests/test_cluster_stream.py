@@ -102,8 +102,8 @@ def test_streamed_assignment_equals_the_in_driver_result(ray_local, tmp_path, la
     assert np.array_equal(got["centroids"], want_centroids)
     assert got["sizes"].tolist() == np.bincount(want_labels).tolist()
     assert got["digest"] == documents_digest(ids) and got["rows"] == len(ids)
-    if layout == "shuffled":
-        assert not got["streamed"]  # parts of random ids overlap: the task sorts them all
+    # batches in file order: parts of id-ordered files stream; parts of random ids overlap and the task sorts them all
+    assert got["streamed"] == (layout == "sorted")
     a = run.read_table("cluster/assignments.parquet")
     assert a.column("doc_id").to_pylist() == ids.tolist()
     assert a.column("cluster").to_numpy().tolist() == want_labels.tolist()
