@@ -1,4 +1,9 @@
-"""The per-text rules of the corpus: cleaning, the text hash (ids, dedup), the sampling key, exact dedup."""
+"""The per-text rules of the corpus: cleaning, the text hash (ids, dedup), the sampling key, exact dedup.
+
+Sampling (``corpus.limit``) keeps the ``limit`` documents with the smallest ``sample_key`` (a seeded hash of the doc
+id), so it depends on no order and needs no global list: ``sample_cut`` finds the limit-th smallest key from a
+histogram of the keys (``key_bins``: counts from the workers) and the few keys of the one bin it falls in.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,34 @@ def sample_key(doc_id: str, seed: int) -> float:
     """A deterministic pseudo-random number in [0, 1) per document, for order-independent sampling."""
     h = hashlib.sha1(f"{seed}:{doc_id}".encode()).digest()
     return int.from_bytes(h[:8], "big") / 2**64
+
+
+def sample_keys(doc_ids, seed: int) -> np.ndarray:
+    """``sample_key`` of each document (float64)."""
+    return np.array([sample_key(d, seed) for d in doc_ids], dtype=np.float64)
+
+
+SAMPLE_BINS = 4096  # histogram bins of the sample keys: the bin of the cut holds ~N / 4096 keys
+
+
+def key_bins(keys: np.ndarray, bins: int = SAMPLE_BINS) -> np.ndarray:
+    """The histogram bin of each key in [0, 1) (``bins`` equal bins; exact for a power of two)."""
+    return np.minimum((np.asarray(keys, np.float64) * bins).astype(np.int64), bins - 1)
+
+
+def cut_bin(hist: np.ndarray, limit: int) -> tuple[int, int]:
+    """(the bin that holds the limit-th smallest key, how many keys lie in the bins below it)."""
+    cum = np.cumsum(hist)
+    if limit < 1 or limit > cum[-1]:
+        raise ValueError(f"limit {limit} outside 1..{int(cum[-1])}")
+    b = int(np.searchsorted(cum, limit))
+    return b, int(cum[b - 1]) if b else 0
+
+
+def sample_cut(keys_in_bin: np.ndarray, limit: int, below: int) -> float:
+    """The limit-th smallest key of all, from the keys of its bin and the count below that bin: the same value as
+    ``np.partition(keys, limit - 1)[limit - 1]`` over every key."""
+    return float(np.sort(np.asarray(keys_in_bin, np.float64))[limit - below - 1])
 
 
 def clean_text(text: Any, min_chars: int = 1, max_chars: int | None = None) -> str | None:

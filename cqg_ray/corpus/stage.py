@@ -1,4 +1,16 @@
-"""The prepare stage (`cqg-ray prepare`) on Ray Data, and the readers of what it writes (``<run>/prepare/``)."""
+"""The prepare stage (`cqg-ray prepare`) on Ray Data, and the readers of what it writes (``<run>/prepare/``).
+
+Every pass over the corpus runs in Ray workers and the driver holds counters only: one tally per input file, the
+histogram of the sample keys (``corpus.limit``: the ``limit`` documents with the smallest seeded hash of their doc id
+are kept; the cut comes from the histogram and the ~N / 4096 keys of one bin, ``clean.sample_cut``) and one summary
+per written shard (rows, first and last doc id, documents digest). Dedup is exact and runs in the workers: the rows
+are hash-partitioned by the first two hex digits of their text hash and each group keeps the first occurrence of
+each text. Ids must be unique among the documents written: each shard's summary names an id it holds twice, and
+since the shards are written from a sort by doc id, neighbouring shards that share an id at their edge name it too
+(shards out of order fall back to one task that reads every id). A sample keeps every copy of an id or none, so an
+id repeated only among documents the sample drops is not reported (before, the driver checked every id before
+sampling).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cqg_ray.artifacts import add_digests
 from cqg_ray.config import CorpusConfig
-from cqg_ray.corpus.clean import dedup_table, sample_key
+from cqg_ray.corpus.clean import SAMPLE_BINS, cut_bin, dedup_table, key_bins, sample_cut, sample_keys
 from cqg_ray.corpus.read import MAX_REPORTED_ERRORS, CorpusError, list_files, parse_file, read_bytes, rows_table
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
 
@@ -44,14 +57,84 @@ def _parse_one(row: dict, cfg_json: str, parts_uri: str) -> dict:
     return {"uri": uri, "rows": table.num_rows, "dropped": json.dumps(dict(res.dropped)), "errors": json.dumps(res.errors)}
 
 
-def _keep_sampled(batch: pa.Table, seed: int, cut: float) -> pa.Table:
-    keys = np.array([sample_key(d, seed) for d in batch.column("doc_id").to_pylist()])
-    return batch.filter(pa.array(keys <= cut))
+KEY = "_sample_key"  # the sample key column, while the corpus is sampled
+
+
+def _add_key(batch: pa.Table, seed: int) -> pa.Table:
+    return batch.append_column(KEY, pa.array(sample_keys(batch.column("doc_id").to_pylist(), seed), pa.float64()))
+
+
+def _key_hist(batch: pa.Table) -> pa.Table:
+    """Ray Data map: the histogram of a batch's sample keys (one row)."""
+    hist = np.bincount(key_bins(batch.column(KEY).to_numpy()), minlength=SAMPLE_BINS)
+    return pa.table({"hist": pa.array([hist.tolist()], pa.list_(pa.int64()))})
+
+
+def _keys_in_bin(batch: pa.Table, b: int) -> pa.Table:
+    keys = batch.column(KEY).to_numpy()
+    return pa.table({KEY: pa.array(keys[key_bins(keys) == b], pa.float64())})
+
+
+def _keep_sampled(batch: pa.Table, cut: float) -> pa.Table:
+    return batch.filter(pa.array(batch.column(KEY).to_numpy() <= cut)).drop_columns([KEY])
 
 
 def _dedup_bucket(batch: pa.Table) -> pa.Table:
     table, _ = dedup_table(batch)
     return table
+
+
+def _sample_cut(ds, limit: int) -> float:
+    """The limit-th smallest sample key of a dataset with a key column, from two passes that return counters: a
+    histogram of the keys, then the keys of the bin where the limit-th falls (~N / SAMPLE_BINS of them)."""
+    hist = np.zeros(SAMPLE_BINS, np.int64)
+    for b in ds.map_batches(_key_hist, batch_format="pyarrow", batch_size=100_000).iter_batches(batch_format="pyarrow", batch_size=None):
+        for h in b.column("hist").to_pylist():
+            hist += np.asarray(h, np.int64)
+    b, below = cut_bin(hist, limit)
+    keys = [t.column(KEY).to_numpy() for t in ds.map_batches(_keys_in_bin, fn_kwargs={"b": b}, batch_format="pyarrow")
+            .iter_batches(batch_format="pyarrow", batch_size=None)]
+    return sample_cut(np.concatenate(keys) if keys else np.zeros(0), limit, below)
+
+
+def _shard_summary(stage_uri: str, name: str) -> dict:
+    """Ray task: one written shard's rows, first and last doc id, whether its ids are sorted, a repeated id ("" if
+    none) and its documents digest."""
+    run = RunDir(stage_uri)
+    ids = pq.read_table(run.path(name), columns=["doc_id"], filesystem=run.fs).column("doc_id").to_numpy(zero_copy_only=False)
+    s = np.sort(ids)
+    rep = s[1:][s[1:] == s[:-1]]
+    return {"name": name, "rows": len(ids), "first": str(s[0]) if len(s) else "", "last": str(s[-1]) if len(s) else "",
+            "sorted": bool(len(ids) < 2 or (ids[1:] >= ids[:-1]).all()), "repeated": str(rep[0]) if len(rep) else "",
+            "digest": documents_digest(ids)}
+
+
+def _all_ids_repeated(stage_uri: str, names: list[str]) -> str:
+    """Ray task, for shards that are not in doc id order (Ray Data wrote them otherwise than sorted): a repeated id
+    among all of them ("" if none)."""
+    run = RunDir(stage_uri)
+    ids = np.sort(np.concatenate([pq.read_table(run.path(n), columns=["doc_id"], filesystem=run.fs).column("doc_id")
+                                  .to_numpy(zero_copy_only=False) for n in names]))
+    rep = ids[1:][ids[1:] == ids[:-1]]
+    return str(rep[0]) if len(rep) else ""
+
+
+def repeated_id(summaries: list[dict]) -> str | None:
+    """A doc id that two shards or one shard hold twice, from the shards' summaries ("" if none), when each shard is
+    sorted and the shards hold ascending ranges that touch at most at one id (what a sort writes); None when they do
+    not, so that only reading every id can tell."""
+    for s in summaries:
+        if s["repeated"]:
+            return s["repeated"]
+    ordered = sorted((s for s in summaries if s["rows"]), key=lambda s: (s["first"], s["last"]))
+    if not all(s["sorted"] for s in ordered):
+        return None
+    for a, b in zip(ordered, ordered[1:]):
+        if a["last"] == b["first"]:
+            return b["first"]
+        if a["last"] > b["first"]:
+            return None
+    return ""
 
 
 def prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
@@ -87,40 +170,42 @@ def prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
         ds = ds.add_column("bucket", lambda b: __import__("pyarrow.compute").compute.utf8_slice_codeunits(b["text_hash"], 0, 2), batch_format="pyarrow")
         ds = (ds.groupby("bucket", num_partitions=max(1, min(256, read_rows // 50_000)))
               .map_groups(_dedup_bucket, batch_format="pyarrow").drop_columns(["bucket"]))
-    ds = ds.drop_columns(["text_hash"]).materialize()
+    ds = ds.drop_columns(["text_hash"])
+    sampling = cfg.limit is not None
+    if sampling:
+        ds = ds.map_batches(_add_key, fn_kwargs={"seed": cfg.sample_seed}, batch_format="pyarrow")
+    ds = ds.materialize()
     n_docs = ds.count() if read_rows else 0
     if cfg.dedup:
         n_dups = read_rows - n_docs
     if n_docs == 0:
         raise CorpusError(f"the corpus is empty after cleaning ({dict(dropped)}); nothing to do")
-    # ids must be unique (an id column with repeats is a data error worth stopping for); only the id column
-    # travels to the driver (~20 bytes a document).
-    ids = np.sort(np.concatenate([b["doc_id"].to_numpy(zero_copy_only=False) for b in
-                                  ds.select_columns(["doc_id"]).iter_batches(batch_format="pyarrow", batch_size=None)]))
-    if len(ids) > 1 and (ids[1:] == ids[:-1]).any():
-        dup = ids[1:][ids[1:] == ids[:-1]][0]
-        raise CorpusError(f"document id {dup!r} appears more than once (check corpus.id_column)")
-    if cfg.limit is not None and n_docs > cfg.limit:
+    if sampling and n_docs > cfg.limit:
         # order-independent seeded sample: keep the `limit` documents with the smallest sample keys
-        keys = np.array([sample_key(d, cfg.sample_seed) for d in ids])
-        cut = np.partition(keys, cfg.limit - 1)[cfg.limit - 1]
-        seed = cfg.sample_seed
-        ds = ds.map_batches(_keep_sampled, fn_kwargs={"seed": seed, "cut": cut}, batch_format="pyarrow")
+        ds = ds.map_batches(_keep_sampled, fn_kwargs={"cut": _sample_cut(ds, cfg.limit)}, batch_format="pyarrow")
+    elif sampling:
+        ds = ds.drop_columns([KEY])
     # Shards sorted by doc_id: the corpus does not depend on how the reading was split.
     ds = ds.sort("doc_id")
     for name in run.ls(ctx.stage, suffix=".parquet"):
         run.rm(ctx.stage, name)
     ds.write_parquet(ctx.uri, filesystem=None if run.local else run.fs, min_rows_per_file=cfg.rows_per_shard,
                      max_rows_per_file=cfg.rows_per_shard, filename_provider=_ShardNames())
+    # Counters per written shard, from the workers: rows, digest, and what tells a repeated id
     shards = run.ls(ctx.stage, suffix=".parquet")
-    n_out = sum(pq.ParquetFile(run.path(ctx.stage, n), filesystem=run.fs).metadata.num_rows for n in shards)
-    ctx.extra["documents_digest"] = documents_digest(
-        d for n in shards for d in pq.read_table(run.path(ctx.stage, n), columns=["doc_id"], filesystem=run.fs).column("doc_id").to_pylist())
-    n_before_limit, table_rows = n_docs, n_out
+    summarize = ray.remote(_shard_summary).options(num_cpus=1)
+    summaries = ray.get([summarize.remote(ctx.uri, n) for n in shards])  # one small dict a shard
+    rep = repeated_id(summaries)
+    if rep is None:
+        rep = ray.get(ray.remote(_all_ids_repeated).remote(ctx.uri, shards))
+    if rep:  # ids must be unique (an id column with repeats is a data error worth stopping for)
+        raise CorpusError(f"document id {rep!r} appears more than once (check corpus.id_column)")
+    n_out = sum(s["rows"] for s in summaries)
+    ctx.extra["documents_digest"] = add_digests(s["digest"] for s in summaries)
     run.rm(parts_rel)
     ctx.counts.update({
-        "files": len(files), "read_rows": read_rows, "duplicates": n_dups, "sampled_out": n_before_limit - table_rows,
-        "documents": table_rows, **{(f"dropped_{k}" if k != "utf8_replaced" else "replaced_invalid_utf8"): v for k, v in dropped.items()},
+        "files": len(files), "read_rows": read_rows, "duplicates": n_dups, "sampled_out": n_docs - n_out,
+        "documents": n_out, **{(f"dropped_{k}" if k != "utf8_replaced" else "replaced_invalid_utf8"): v for k, v in dropped.items()},
     })
     run.write_json(f"{ctx.stage}/stats.json", {**ctx.counts, "errors": errors[:MAX_REPORTED_ERRORS]})
 

@@ -1,0 +1,115 @@
+"""The prepare stage streams (issue 31): the sample's cut from a histogram of seeded keys, ids checked from per-shard
+summaries; its result equals a plain in-memory computation (parse every file, dedup, keep the `limit` smallest keys)."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from cqg_ray.artifacts import load_corpus
+from cqg_ray.config import CorpusConfig
+from cqg_ray.corpus import CorpusError, dedup_table, parse_file, prepare, read_bytes, rows_table, sample_key
+from cqg_ray.corpus.clean import SAMPLE_BINS, cut_bin, key_bins, sample_cut, sample_keys
+from cqg_ray.corpus.read import list_files
+from cqg_ray.corpus.stage import repeated_id
+from cqg_ray.rundir import RunDir, documents_digest, run_stage
+
+
+@pytest.mark.parametrize("n, bins", [(1000, SAMPLE_BINS), (5000, 16), (300, 4)])
+def test_sample_cut_is_the_partition_of_all_keys(n, bins):
+    rng = np.random.default_rng(n)
+    keys = rng.random(n)
+    keys[::50] = keys[1]  # ties
+    keys[:3] = [0.0, 0.5, 1 - 2**-53]  # bin edges
+    hist = np.bincount(key_bins(keys, bins), minlength=bins)
+    assert hist.sum() == n and len(hist) == bins
+    for limit in (1, 2, 7, n // 3, n // 2, n - 1, n):
+        b, below = cut_bin(hist, limit)
+        assert sample_cut(keys[key_bins(keys, bins) == b], limit, below) == np.partition(keys, limit - 1)[limit - 1]
+    with pytest.raises(ValueError):
+        cut_bin(hist, n + 1)
+
+
+def test_sample_keys_are_sample_key():
+    assert sample_keys(["a", "b"], 3).tolist() == [sample_key("a", 3), sample_key("b", 3)]
+
+
+def _s(first, last, rows=2, sorted_=True, repeated=""):
+    return {"first": first, "last": last, "rows": rows, "sorted": sorted_, "repeated": repeated}
+
+
+def test_repeated_id_from_shard_summaries():
+    assert repeated_id([_s("c", "d"), _s("a", "b")]) == ""
+    assert repeated_id([_s("c", "d"), _s("a", "c")]) == "c"  # neighbouring shards share an edge id
+    assert repeated_id([_s("a", "b", repeated="a"), _s("c", "d")]) == "a"
+    assert repeated_id([_s("a", "c"), _s("b", "d")]) is None  # overlapping ranges: only reading every id tells
+    assert repeated_id([_s("a", "b", sorted_=False), _s("c", "d")]) is None
+    assert repeated_id([_s("", "", rows=0), _s("a", "b")]) == ""
+
+
+def test_all_ids_repeated_reads_every_shard(tmp_path):
+    from cqg_ray.corpus.stage import _all_ids_repeated
+
+    run = RunDir(str(tmp_path))
+    run.write_table("a.parquet", pa.table({"doc_id": ["c", "a", "e"]}))
+    run.write_table("b.parquet", pa.table({"doc_id": ["b", "d"]}))
+    assert _all_ids_repeated(run.root_uri, ["a.parquet", "b.parquet"]) == ""
+    run.write_table("c.parquet", pa.table({"doc_id": ["f", "d"]}))
+    assert _all_ids_repeated(run.root_uri, ["a.parquet", "b.parquet", "c.parquet"]) == "d"
+
+
+# ------------------------------------------------------------------------------------------- Ray
+
+
+def reference(c: CorpusConfig) -> pa.Table:
+    """What prepare should write, computed in memory: every file parsed, exact dedup over the whole corpus, the
+    `limit` documents with the smallest sample keys, sorted by doc_id."""
+    tables = [rows_table(parse_file(read_bytes(u), f, u, c), u, c.dedup) for u, f in list_files(c.paths, c.format)]
+    t = pa.concat_tables(tables)
+    if c.dedup:
+        t, _ = dedup_table(t)
+    t = t.drop_columns(["text_hash"])
+    if c.limit is not None and t.num_rows > c.limit:
+        keys = np.array([sample_key(d, c.sample_seed) for d in t.column("doc_id").to_pylist()])
+        t = t.filter(pa.array(keys <= np.partition(keys, c.limit - 1)[c.limit - 1]))
+    return t.sort_by("doc_id")
+
+
+def _corpus(tmp_path, corpus_file):
+    """The 400-text fixture in three files, with texts repeated inside a file and across files."""
+    lines = corpus_file.read_text().splitlines()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text("\n".join(lines[:150] + lines[10:20]) + "\n")
+    (src / "b.jsonl").write_text("\n".join(lines[150:300] + lines[:5]) + "\n")
+    (src / "c.txt").write_text("\n".join(json.loads(x)["text"] for x in lines[300:] + lines[140:160]) + "\n")
+    return src
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("limit", [None, 137])
+def test_prepare_equals_the_in_memory_reference(ray_local, tmp_path, corpus_file, limit):
+    c = CorpusConfig(paths=[str(_corpus(tmp_path, corpus_file))], limit=limit, rows_per_shard=60, sample_seed=3)
+    run = RunDir(str(tmp_path / "run"))
+    m = run_stage(run, "prepare", c.config_hash(), lambda ctx: prepare(c, ctx))
+    want = reference(c)
+    got = load_corpus(run)
+    assert got.equals(want.select(got.column_names))
+    assert m["counts"]["documents"] == want.num_rows == (limit or 400)
+    assert m["counts"]["read_rows"] == 435 and m["counts"]["duplicates"] == 35
+    assert m["counts"]["sampled_out"] == 400 - want.num_rows
+    assert m["documents_digest"] == documents_digest(want.column("doc_id").to_pylist())
+    assert sum(run.parquet_rows("prepare").values()) == want.num_rows
+    assert not run.exists("prepare/_parts")
+
+
+@pytest.mark.ray
+def test_prepare_repeated_id_is_an_error(ray_local, tmp_path):
+    rows = [{"id": f"x{i % 7}" if i in (3, 40) else f"x{i}", "text": f"text number {i}"} for i in range(60)]
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    run = RunDir(str(tmp_path / "run"))
+    c = CorpusConfig(paths=[str(tmp_path / "a.jsonl")], id_column="id", rows_per_shard=10)
+    with pytest.raises(CorpusError, match="document id 'x5' appears more than once"):
+        run_stage(run, "prepare", c.config_hash(), lambda ctx: prepare(c, ctx))
+    assert run.state("prepare").state == "missing"
