@@ -33,13 +33,14 @@ import pyarrow as pa
 
 from cqg_ray.artifacts import Clusters, load_texts
 from cqg_ray.config import PipelineConfig, check_corpus_size
+from cqg_ray.cqg.jobs import ROLES
 from cqg_ray.cqg.sampling import Sample, generation_samples, probe_samples, qaemb_articles
 from cqg_ray.cqg.select import own_cluster_no, quality, quality_medians, select, text_filters
 from cqg_ray.rundir import StageContext
 
 log = logging.getLogger("cqg_ray")
 
-ROLES = ("positive", "hard", "easy")
+GENERATE_ROWS = 16  # generation prompts a batch: enough for an engine's batched decoding, small enough to spread over a pool
 
 
 def _samples_rows(samples: list[Sample], doc_ids: np.ndarray, kind: str) -> dict[str, list]:
@@ -110,7 +111,7 @@ def copies_of(run_root: str, questions: list[str]) -> np.ndarray:
 
 def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True) -> None:
     """The whole stage. ``backend``: an LLM backend to use instead of building one from cfg.llm (tests)."""
-    from cqg_ray.cqg.jobs import (GENERATE_PLAN, PROBE_CANDIDATES, PROBE_PLAN, ROLES, GenerateJob, ProbeJob, fold_probe_counts,
+    from cqg_ray.cqg.jobs import (GENERATE_PLAN, PROBE_CANDIDATES, PROBE_PLAN, GenerateJob, ProbeJob, fold_probe_counts,
                                   generation_plan, probe_plan)
     from cqg_ray.llm.base import backend_identity
     from cqg_ray.llm.fit import budget_summary, stage_budget
@@ -151,7 +152,7 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     gbackend = backend if wllm is cfg.llm else None  # a writer of its own gets its own backend
     budget = stage_budget(cfg.llm, backend)
     gplan = generation_plan(cfg, gen, places, keywords)
-    groups = write_plan(run, f"{ctx.stage}/{GENERATE_PLAN}", gplan, 64)
+    groups = write_plan(run, f"{ctx.stage}/{GENERATE_PLAN}", gplan, GENERATE_ROWS)
     prompt = c.prompt if c.method == "cqg" else "qaemb"
     log.info("cqg: %d clusters, %d generation prompts (%s, prompt %s, writer %s)", len(clusters), gplan.num_rows, c.method, prompt,
              c.writer_model or "the run's llm")
