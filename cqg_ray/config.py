@@ -69,7 +69,7 @@ class CorpusConfig(Section):
     min_chars: int = Field(1, ge=1, description="drop texts shorter than this after stripping")
     limit: int | None = Field(None, ge=1, description="keep only the first N documents (a sample, for demos)")
     sample_seed: int = 0
-    rows_per_shard: int = Field(50_000, ge=1, description="rows per output Parquet shard")
+    rows_per_shard: int = Field(50_000, ge=1, description="rows per output Parquet shard, at most (the shards are equal, ordered splits)")
 
 
 EncoderBackend = Literal["auto", "torch-float32", "torch-bfloat16", "onnx", "onnx-int8", "openvino"]

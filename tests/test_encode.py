@@ -52,10 +52,12 @@ def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file):
 
     # resume: lose one unit file and the manifest (as a kill would), rerun: only that unit is encoded again
     files = run.ls("encode", suffix=".parquet")
+    lost = run.read_table(f"encode/{files[1]}").num_rows  # 3 shards of 80 (equal splits of 240): units of 50 and 30
+    assert sorted({run.read_table(f"encode/{f}").num_rows for f in files}) == [30, 50]
     run.rm("encode", files[1])
     run.invalidate("encode")
     m2 = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, unit_rows=50, progress=False))
-    assert m2["counts"]["encoded_now"] == 50
+    assert m2["counts"]["encoded_now"] == lost
     assert m2["counts"]["units_resumed"] == len(files) - 1
     ids2, x2 = load_embeddings(run)
     assert ids2.tolist() == ids.tolist()

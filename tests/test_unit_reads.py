@@ -256,3 +256,31 @@ def test_embed_reads_its_snapshot_once(ray_local, toy_model, corpus_file, tmp_pa
         for start in range(0, 500, 100):
             got = pq.read_table(run.path(f"emb-{stem}-{start:09d}.parquet"), columns=["doc_id"]).column("doc_id").to_pylist()
             assert got == snap[start : start + 100]
+
+
+def test_prepare_writes_row_groups_that_encode_units_read_once(ray_local, corpus_file, tmp_path):
+    """prepare writes equal, ordered shards in row groups of ROW_GROUP_ROWS; encode's units of that size then read each
+    row group once: the manifest's unit_bytes_read is at most 1.1 x the prepared shards' bytes."""
+    from cqg_ray.config import CorpusConfig, EncodeConfig
+    from cqg_ray.corpus.stage import ROW_GROUP_ROWS, prepare
+    from cqg_ray.encode import encode
+    from cqg_ray.rundir import RunDir, run_stage
+
+    sentences = [json.loads(line)["text"] for line in corpus_file.read_text().splitlines()]
+    rng = random.Random(1)
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": f"{rng.choice(sentences)} ({i})"}) + "\n" for i in range(2400)))
+    run = RunDir(str(tmp_path / "run"))
+    c = CorpusConfig(paths=[str(src)], rows_per_shard=1200)
+    run_stage(run, "prepare", c.config_hash(), lambda ctx: prepare(c, ctx))
+    shards = [run.path("prepare", n) for n in run.ls("prepare", suffix=".parquet")]
+    metas = [pq.read_metadata(p) for p in shards]
+    assert [[mt.row_group(g).num_rows for g in range(mt.num_row_groups)] for mt in metas] == [[ROW_GROUP_ROWS, 200]] * 2
+    ids = [i for p in shards for i in pq.read_table(p, columns=["doc_id"]).column("doc_id").to_pylist()]
+    assert ids == sorted(ids) and len(set(ids)) == 2400
+    e = EncodeConfig(batch_size=64)
+    m = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, unit_rows=ROW_GROUP_ROWS, progress=False))["counts"]
+    assert m["documents"] == 2400 and m["corpus_bytes"] == sum(os.path.getsize(p) for p in shards)
+    ratio = m["unit_bytes_read"] / m["corpus_bytes"]
+    print(f"encode: units read {m['unit_bytes_read']} bytes of {m['corpus_bytes']}-byte shards: ratio {ratio:.4f}")
+    assert 0.5 < ratio <= 1.1

@@ -29,6 +29,7 @@ from cqg_ray.corpus.read import MAX_REPORTED_ERRORS, CorpusError, list_files, pa
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
 
 log = logging.getLogger("cqg_ray")
+ROW_GROUP_ROWS = 1_000  # rows per Parquet row group of a shard (encode.unit_rows is a multiple of it by default)
 
 
 def unwrap_error(err: BaseException, kind: type[BaseException]) -> BaseException:
@@ -187,10 +188,14 @@ def prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
         ds = ds.drop_columns([KEY])
     # Shards sorted by doc_id: the corpus does not depend on how the reading was split.
     ds = ds.sort("doc_id")
+    n_out = min(n_docs, cfg.limit) if sampling else n_docs
+    ds = ds.repartition(max(1, -(-n_out // cfg.rows_per_shard)), shuffle=False)  # ordered, equal blocks: one shard each
     for name in run.ls(ctx.stage, suffix=".parquet"):
         run.rm(ctx.stage, name)
-    ds.write_parquet(ctx.uri, filesystem=None if run.local else run.fs, min_rows_per_file=cfg.rows_per_shard,
-                     max_rows_per_file=cfg.rows_per_shard, filename_provider=_ShardNames())
+    # Row groups of ROW_GROUP_ROWS: an encode unit (a multiple of it) and a streaming LLM stage's batch read only theirs.
+    # (Ray makes a row group at least min_rows_per_file, so the shards' size comes from the blocks above.)
+    ds.write_parquet(ctx.uri, filesystem=None if run.local else run.fs, max_rows_per_file=cfg.rows_per_shard,
+                     filename_provider=_ShardNames(), row_group_size=min(ROW_GROUP_ROWS, cfg.rows_per_shard))
     # Counters per written shard, from the workers: rows, digest, and what tells a repeated id
     shards = run.ls(ctx.stage, suffix=".parquet")
     summarize = ray.remote(_shard_summary).options(num_cpus=1)
