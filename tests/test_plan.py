@@ -327,13 +327,13 @@ def test_memory_table_small(capsys):
     assert lines[at - 1].startswith("predicted peak memory per process (estimates")
     assert lines[at + 1] == "prepare  driver               0.30  base"
     assert lines[at + 4] == "encode   encoder actor        0.89  encoder weights, a unit of 100 texts and embeddings"
-    assert lines[at + 8] == ("label    driver               0.30  clusters, plan arrays (19,000 pairs, 1,372 prompts), plan table "
+    assert lines[at + 9] == ("label    driver               0.30  clusters, places, plan arrays (19,000 pairs, 1,372 prompts), plan table "
                              "and Parquet bytes")
-    assert lines[at + 12] == "train    train worker x1      0.80  its shard (999 embeddings, 19,000 labels), heads + grads + Adam"
+    assert lines[at + 13] == "train    train worker x1      0.80  its shard (999 embeddings, 19,000 labels), heads + grads + Adam"
     assert main(["plan", "--docs", "1000", "--clusters", "10", "--json"]) == 0
     p = json.loads(capsys.readouterr().out)
-    # 300 MB base + 1,000 texts x 32 (ids, labels) + 19,000 pairs x 17 + 1,372 prompts x 16 + 2 x (19,000 x 4 + 1,372 x 16)
-    assert memory_row(p, "label", "driver")["bytes"] == 300_000_000 + 32_000 + 323_000 + 21_952 + 195_904
+    # 300 MB base + 1,000 texts x 44 (ids, labels, places) + 19,000 pairs x 17 + 1,372 prompts x 16 + 2 x (19,000 x 4 + 1,372 x 16)
+    assert memory_row(p, "label", "driver")["bytes"] == 300_000_000 + 44_000 + 323_000 + 21_952 + 195_904
     # base + torch + MiniLM fp32 (22.7M x 4) + 10,000 texts x (2 x 512 characters + 384 x 4)
     assert memory_row(p, "encode", "encoder actor")["bytes"] == 300_000_000 + 500_000_000 + 90_800_000 + 10_000 * (1024 + 1536)
 
@@ -341,12 +341,13 @@ def test_memory_table_small(capsys):
 def test_memory_table_paper(capsys):
     assert main(["plan", "--config", "paper", "--docs", "6.8M", "--gpus", "8"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert "cluster  driver               5.78  k-means sample 1,280,000 x 1024, centroids, every text's id and label" in out
-    assert ("label    driver               0.88  clusters, plan arrays (9,614,000 pairs, 2,450,275 prompts), plan table and "
+    assert "cluster  driver               0.32  the centroids and counters" in out  # the k-means sample is the task's
+    assert "cluster  k-means task         5.73  k-means sample 1,280,000 x 1024, centroids, every text's id (to draw the sample)" in out
+    assert ("label    driver               0.96  clusters, places, plan arrays (9,614,000 pairs, 2,450,275 prompts), plan table and "
             "Parquet bytes") in out
     assert "label    LLM engine          15.50  Qwen/Qwen2.5-7B-Instruct weights, a batch of texts" in out
     assert "train    train worker x2      7.03  its shard (1,201,428 embeddings, 4,807,000 labels), heads + grads + Adam" in out
     p = capacity_plan(load_config("paper"), docs=6_800_000)
     # the driver's plan stays under a GB at the paper's 9.6M pairs: 17 bytes a pair + the plan's table and Parquet bytes
-    assert memory_row(p, "label", "driver")["bytes"] == 300_000_000 + 6_800_000 * 32 + 9_614_000 * 17 + 2_450_275 * 16 + 2 * (
+    assert memory_row(p, "label", "driver")["bytes"] == 300_000_000 + 6_800_000 * 44 + 9_614_000 * 17 + 2_450_275 * 16 + 2 * (
         9_614_000 * 4 + 2_450_275 * 16)

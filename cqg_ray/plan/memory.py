@@ -10,7 +10,8 @@ except ``PROCESS_BASE``. Byte sizes (the model in docs/cluster.md):
   for the bundled Q4_K_M GGUFs); an engine's KV cache and activations are not counted (vLLM's are on the GPU);
 - driver plans: the labelling plan's arrays 17 bytes a pair (text int32, question int64, source int8, prompt slot
   int32) and 16 a prompt, its Arrow table and Parquet bytes 4 a pair and 16 a prompt each, held together at the write;
-  the clusters 32 bytes a text (doc id ~24, label 8); k-means its sample and centroids at d x 4 bytes a point;
+  the clusters 32 bytes a text (doc id ~24, label 8) and each text's place in the corpus shards 12 (shard int32, row
+  int64); the cluster driver its centroids, the k-means task every doc id and its sample at d x 4 bytes a point;
 - train workers: their shard (labelled texts / workers embeddings, pairs / workers x 9 bytes: question int32, answer,
   P(yes) float32) and the heads with gradients and Adam's two moments (4 copies of m x (hidden x (d + 2) + 1) floats).
 """
@@ -33,6 +34,7 @@ WEIGHTS = {  # bytes of a model's weights as loaded: parameters x bytes per para
 }
 PAIR_BYTES, PROMPT_BYTES = 17, 16  # the labelling plan's arrays
 ID_BYTES = 24  # a doc id string
+PLACE_BYTES = 12  # a text's (shard, row) in the corpus shards
 
 
 def llm_model(cfg: PipelineConfig) -> str:
@@ -63,14 +65,15 @@ def memory_plan(cfg: PipelineConfig, counts: dict, dim: int, w: Workload = Workl
     add("encode", "driver", PROCESS_BASE, "base (the units)")
     add("encode", "encoder actor", PROCESS_BASE + TORCH_BASE + (enc or 0) + unit * (text + d * 4),
         f"encoder weights{'' if enc else ' (unknown model: not counted)'}, a unit of {unit:,} texts and embeddings")
-    add("cluster", "driver", PROCESS_BASE + (sample + k) * d * 4 + N * (ID_BYTES + 8),
-        f"k-means sample {sample:,} x {d}, centroids, every text's id and label")
-    add("cqg", "driver", PROCESS_BASE + counts["candidates"] * d * 4 + N * (ID_BYTES + 8),
-        "candidate question embeddings (dedup), the clusters")
+    add("cluster", "driver", PROCESS_BASE + k * d * 4, "the centroids and counters")
+    add("cluster", "k-means task", PROCESS_BASE + (sample + k) * d * 4 + N * ID_BYTES,
+        f"k-means sample {sample:,} x {d}, centroids, every text's id (to draw the sample)")
+    add("cqg", "driver", PROCESS_BASE + counts["candidates"] * d * 4 + N * (ID_BYTES + 8 + PLACE_BYTES),
+        "candidate question embeddings (dedup), the clusters, each text's place")
     if llm_name:
         add("cqg", "LLM engine", PROCESS_BASE + llm, f"{llm_name} weights{'' if llm else ' (unknown model: not counted)'}")
-    add("label", "driver", PROCESS_BASE + N * (ID_BYTES + 8) + pairs * PAIR_BYTES + prompts * PROMPT_BYTES + 2 * (pairs * 4 + prompts * 16),
-        f"clusters, plan arrays ({pairs:,} pairs, {prompts:,} prompts), plan table and Parquet bytes")
+    add("label", "driver", PROCESS_BASE + N * (ID_BYTES + 8 + PLACE_BYTES) + pairs * PAIR_BYTES + prompts * PROMPT_BYTES
+        + 2 * (pairs * 4 + prompts * 16), f"clusters, places, plan arrays ({pairs:,} pairs, {prompts:,} prompts), plan table and Parquet bytes")
     add("label", "label worker", PROCESS_BASE + batch_prompts * text, f"a batch of {batch_prompts:,} prompts' texts")
     if llm_name:
         add("label", "LLM engine", PROCESS_BASE + llm + batch_prompts * text, f"{llm_name} weights, a batch of texts")
