@@ -63,6 +63,13 @@ class Request:
             raise ValueError("a request is either single-pass (yes_no) or packed (n_answers), not both")
 
 
+def request_of(row: dict[str, Any]) -> Request:
+    """The Request of a one-job row (``cqg_ray.llm.stream.job_row``: the request's fields as JSON in ``request_json``)."""
+    import json
+
+    return Request(**json.loads(row["request_json"]))
+
+
 @dataclass
 class Completion:
     """A backend's reply to one request. ``error`` is set (and ``text`` may be empty) when this one request failed."""

@@ -15,7 +15,7 @@ import time
 from typing import Callable, Sequence
 
 from cqg_ray.config import LLMConfig
-from cqg_ray.llm.base import Backend, Completion, Request
+from cqg_ray.llm.base import Backend, Completion, Request, request_of
 
 
 def default_reply(req: Request) -> "str | Completion":
@@ -80,8 +80,6 @@ class FakeBackend(Backend):
 def fake_job_batch(llm: LLMConfig, reply, batch: dict) -> dict:
     """Completion rows for a batch of one-job rows (what ``FakeBackend.job`` maps)."""
     import json
-
-    from cqg_ray.llm.stream import request_of
 
     rows = [{k: v[i] for k, v in batch.items()} for i in range(len(batch["key"]))]
     done = FakeBackend(llm, reply=reply).complete([request_of(r) for r in rows])

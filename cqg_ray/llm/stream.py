@@ -367,13 +367,6 @@ def job_row(key: str, req, llm: LLMConfig, attempt: int) -> dict[str, Any]:
     return {"key": key, "request_json": json.dumps(fields), "n_answers": 0 if req.yes_no else req.n_answers if req.n_answers is not None else -1}
 
 
-def request_of(row: dict[str, Any]):
-    """The Request of a one-job row."""
-    from cqg_ray.llm.base import Request
-
-    return Request(**json.loads(row["request_json"]))
-
-
 class _PendingRows:
     """Ray Data actor: plan row groups -> the one-job rows of their requests the ledger lacks."""
 
@@ -397,7 +390,7 @@ class _LedgerRows:
         self.writer = BatchWriter(Ledger(RunDir(job.run_root), job.ledger, journal=worker_journal()), llm.flush_every, llm.flush_s)
 
     def __call__(self, batch: dict) -> dict:
-        from cqg_ray.llm.base import Completion
+        from cqg_ray.llm.base import Completion, request_of
         from cqg_ray.llm.runner import _finish, _Pending, judge
 
         c = {"sent": 0, "finished": 0, "failures": 0, "again": 0, "prompt_tokens": 0, "completion_tokens": 0}

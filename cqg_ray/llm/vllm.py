@@ -25,7 +25,7 @@ import json
 from typing import Any, Iterator, Sequence
 
 from cqg_ray.config import LLMConfig, RayConfig, VLLMConfig
-from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_regex
+from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_regex, request_of
 from cqg_ray.llm.parse import p_yes_from_tokens, p_yes_from_top
 from cqg_ray.pools import declared, pool_range
 
@@ -179,8 +179,6 @@ def sampling_groups(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def job_preprocess(llm: LLMConfig, row: dict[str, Any]) -> dict[str, Any]:
     """A one-job row (``stream.job_row``) -> the processor's messages and sampling params (pure; unit-tested)."""
-    from cqg_ray.llm.stream import request_of
-
     req = request_of(row)
     temperature = llm.temperature if req.temperature is None else req.temperature
     return {"messages": chat_messages(req), "sampling_params": sampling_params(llm, req, temperature)}

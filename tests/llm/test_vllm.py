@@ -109,7 +109,8 @@ def test_postprocess_and_completion_from_row():
 
 def test_one_job_rows_in_and_out():
     """The one-job pipeline's rows (``stream.job_row``): the request travels as JSON, retries sample, errors become rows."""
-    from cqg_ray.llm.stream import job_row, request_of
+    from cqg_ray.llm.base import request_of
+    from cqg_ray.llm.stream import job_row
 
     llm = LLMConfig(backend="vllm", temperature=0.0)
     req = Request(answer_messages("A text.", ["Is it short?"]), max_tokens=8, yes_no=True, answer_prefix="1.", meta={"doc_id": "d1"})
