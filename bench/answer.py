@@ -15,7 +15,9 @@ Printed: pairs/s, prompt tokens per pair (for single-pass, the tokens actually c
 agreement of (b)'s answers (p_yes > 0.5) with (a)'s, the engine's prefill ceiling (tokens/s on one long prompt)
 and the share of it that answering reaches. With the teacher on (default), both modes' agreement with the bundled
 1.5B model's packed answers, and the 1.5B model's own single-pass answers, are printed too.
-Last line: single_pass_speedup (default engine's pairs/s over the packed path's).
+Last lines: single_pass_speedup (default engine's pairs/s over the packed path's) and, when llama.cpp and a torch
+engine are both among --engines, torch_vs_llamacpp_batched_score (the fastest torch engine's pairs/s over llama.cpp's
+batched single-pass scoring, same pairs).
 """
 
 from __future__ import annotations
@@ -190,12 +192,21 @@ def main() -> None:
         print(f"agreement with the 1.5B teacher: {res['vs_teacher']}")
 
     res["single_pass_speedup"] = round(speedup, 2)
+    torch_sides = [e for e in probs if e.startswith("torch-")]
+    vs = None
+    if "llamacpp" in probs and torch_sides:  # the fastest torch engine against llama.cpp's own batched scoring, same pairs
+        best = max(torch_sides, key=lambda e: res[f"single_{e}"]["pairs_per_s"])
+        vs = res[f"single_{best}"]["pairs_per_s"] / res["single_llamacpp"]["pairs_per_s"]
+        res["torch_vs_llamacpp_batched_score"] = {"engine": best, "ratio": round(vs, 2)}
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
     print(f"agreement: {d['agreement_with_packed']}")
     print(f"prefill_ceiling_share: {d['prefill_ceiling_share']}")
     print(f"prompt_tokens_per_pair: packed {res['packed']['prompt_tokens_per_pair']} single {d['prompt_tokens_per_pair']}")
     print(f"single_pass_speedup: {speedup:.2f}")
+    if vs is not None:
+        print(f"fastest torch engine: {res['torch_vs_llamacpp_batched_score']['engine']}")
+        print(f"torch_vs_llamacpp_batched_score: {vs:.2f}")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ before batching, the baseline), and ``--batch`` sequences at a time on each of `
 dequantised once, static batches of similar length; default dtype: bfloat16 where the CPU has AVX-512-BF16 or AMX,
 float32 elsewhere). Printed per side: wall time (model loading excluded), prompt and generated tokens, how many
 questions it parsed and how many replies are identical to the baseline's; then the prefill ceiling: the time the
-torch engine needs only to read the prompts (``max_tokens=1``), the floor of any batched run on it. Last line:
-generation_batch_speedup (the fastest batched side against the baseline).
+torch engine needs only to read the prompts (``max_tokens=1``), the floor of any batched run on it. Last lines:
+generation_batch_speedup (the fastest batched side against the baseline) and, when llama.cpp and a torch engine both
+ran batched, torch_vs_llamacpp_batched_generate (llama.cpp's batched wall time over the fastest torch engine's).
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ def main() -> None:
     best = min(batched, key=lambda e: batched[e][1])
     print(f"fastest batched: {best}")
     print(f"generation_batch_speedup: {t_one / batched[best][1]:.2f}")
+    if "llamacpp" in batched and torch_engines:  # the fastest torch engine against llama.cpp's own batched decoding
+        fastest = min(torch_engines, key=lambda e: batched[e][1])
+        print(f"fastest torch engine: {fastest}")
+        print(f"torch_vs_llamacpp_batched_generate: {batched['llamacpp'][1] / batched[fastest][1]:.2f}")
     b.close()
 
 
