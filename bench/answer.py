@@ -40,7 +40,7 @@ from cqg_ray.llm.prompts import clip_text  # noqa: E402
 from cqg_ray.config import LLMConfig, LlamaCppConfig  # noqa: E402
 from cqg_ray.llm.answers import answer_requests  # noqa: E402
 from cqg_ray.llm.base import Request, resolve_engine  # noqa: E402
-from cqg_ray.llm.llamacpp import LlamaCppBackend  # noqa: E402
+from cqg_ray.llm.engines.llamacpp import LlamaCppBackend  # noqa: E402
 from cqg_ray.llm.parse import ParseError, parse_answers, parse_questions  # noqa: E402
 
 SMALL, LARGE = "bundled:qwen2.5-coder-0.5b", "bundled:qwen2.5-coder-1.5b"

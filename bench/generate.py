@@ -31,7 +31,7 @@ from _common import cpu_line, cqg_prompts  # noqa: E402
 from cqg_ray.config import LLMConfig, LlamaCppConfig  # noqa: E402
 from cqg_ray.hardware import pick_dtype  # noqa: E402
 from cqg_ray.llm.base import Request, resolve_engine  # noqa: E402
-from cqg_ray.llm.llamacpp import LlamaCppBackend  # noqa: E402
+from cqg_ray.llm.engines.llamacpp import LlamaCppBackend  # noqa: E402
 from cqg_ray.llm.parse import parse_questions  # noqa: E402
 
 

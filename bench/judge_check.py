@@ -34,7 +34,7 @@ from _common import cpu_line  # noqa: E402
 
 from cqg_ray.config import LLMConfig, LlamaCppConfig  # noqa: E402
 from cqg_ray.llm.base import Request  # noqa: E402
-from cqg_ray.llm.llamacpp import LlamaCppBackend  # noqa: E402
+from cqg_ray.llm.engines.llamacpp import LlamaCppBackend  # noqa: E402
 from cqg_ray.llm.prompts import SINGLE_ANSWER_PREFIX, judge_messages, single_answer_messages  # noqa: E402
 
 SETS = [str(ROOT / "bench" / "data" / f) for f in ("judge_pairs.jsonl", "judge_pairs_shipped.jsonl", "judge_pairs_shipped_holdout.jsonl")]

@@ -4,7 +4,7 @@
 
 Each size runs in a fresh process of its own (so its peak RSS is its own): a local Ray with every CPU and the real
 stage (`cqg_ray.mbqa.label.run_labels`: plan -> plan Parquet -> count, answer and assemble passes over Ray Data ->
-labels.parquet), with the FAKE engine (`llm.backend: fake`, `cqg_ray.llm.fake.FakeBackend`: hashed answers, no model)
+labels.parquet), with the FAKE engine (`llm.backend: fake`, `cqg_ray.llm.engines.fake.FakeBackend`: hashed answers, no model)
 behind the real engine interface, in the real engine actor pool. So it measures the orchestration, not an LLM.
 The run directory is synthetic and the same for both sizes: the first --texts sentences of
 ../shared/data/corpus/sentences.jsonl.gz in 100 clusters; the sizes differ only in the number of questions

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from cqg_ray.config import LLMConfig, LlamaCppConfig  # noqa: E402
 from cqg_ray.llm.base import Request  # noqa: E402
-from cqg_ray.llm.llamacpp import LlamaCppBackend  # noqa: E402
+from cqg_ray.llm.engines.llamacpp import LlamaCppBackend  # noqa: E402
 from cqg_ray.llm.parse import ParseError, parse_answers  # noqa: E402
 from cqg_ray.llm.prompts import QAEMB_EXAMPLE_QUESTIONS, answer_messages, clip_text  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Typed configuration: one section per pipeline stage, the paper's defaults, YAML in, clear errors out.
+"""Typed configuration, long on purpose (every stage's section in one place): the paper's defaults, YAML in, clear errors out.
 
 Every default below is the paper's (Table 8 and Appendix B of the CQG-MBQA paper) unless the
 description says otherwise; the paper's symbol is given in each field's description. Some defaults depart from the

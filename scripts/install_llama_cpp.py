@@ -16,7 +16,7 @@ x86 extension ggml can use that this CPU has, AMX never, ``GGML_NATIVE=OFF``, no
 (multimodal only). The wheel is cached under ``~/.cache/cqg-ray/wheels/<version>-<hash of the flags>/``
 (or ``$CQG_RAY_CACHE``), so CI compiles once per machine type and later runs install in seconds.
 
-Stdlib only, and it loads ``cqg_ray/hardware.py`` and ``cqg_ray/llm/bundled.py`` by file path: it runs before the
+Stdlib only, and it loads ``cqg_ray/hardware.py`` and ``cqg_ray/llm/engines/bundled.py`` by file path: it runs before the
 package's dependencies are installed.
 """
 
@@ -83,7 +83,7 @@ def llama_commands(constraints: str | None, cache_dir: str | None = None) -> tup
 
 def load_file(relpath: str):
     """A module of the package loaded from its file, without importing the package (nor putting its folders on
-    sys.path, which would shadow real packages such as `openai` with cqg_ray/llm/openai.py)."""
+    sys.path, which would shadow real packages such as `openai` with cqg_ray/llm/engines/openai.py)."""
     path = os.path.join(PACKAGE, relpath)
     spec = importlib.util.spec_from_file_location("_cqg_ray_" + os.path.basename(relpath)[:-3], path)
     mod = importlib.util.module_from_spec(spec)
@@ -97,7 +97,7 @@ def cpu_flags() -> set[str]:
 
 
 def model_commands(names: list[str], constraints: str | None) -> list[list[str]]:
-    MODELS = load_file("llm/bundled.py").MODELS
+    MODELS = load_file("llm/engines/bundled.py").MODELS
 
     cmds = []
     for name in names:

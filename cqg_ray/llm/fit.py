@@ -1,6 +1,6 @@
 """Prompts that fit the engine: each prompt counted in the engine's tokens against its context, before it is sent.
 
-    budget = prompt_budget(cfg.llm)                 # the engine's context and token counter (None: context unknown)
+    budget = stage_budget(cfg.llm)                  # cqg_ray.llm.backends: the engine's context and token counter (None: unknown)
     fitter = PromptFitter(budget, "cqg-generate")
     req = fitter.contrast(positives, negatives, lambda pos, neg: Request(...), what="cluster 17")   # drops or clips texts
     reqs = fitter.text(text, lambda t: answer_requests(t, ...), what="doc 42")                    # clips the text
@@ -12,7 +12,8 @@ are at most the context: ``n_ctx`` for the embedded engine, ``max_model_len`` fo
 A prompt that fits is returned untouched (same ledger key as before); one that cannot be made to fit raises
 ``PromptTooLong`` naming the stage, the request and the numbers. Counting is exact where the engine's tokenizer is at
 hand; a cheap upper bound (template tokens + UTF-8 bytes of the contents: a byte-level BPE token is at least one byte)
-skips the exact count for prompts far below the limit.
+skips the exact count for prompts far below the limit. Each engine builds its own budget (its ``prompt_budget``; the
+generic ones are here: ``hf_budget``, ``byte_budget``); ``cqg_ray.llm.backends.stage_budget`` picks the one a stage uses.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from cqg_ray.config import LLMConfig
 from cqg_ray.llm.base import Request
 from cqg_ray.llm.prompts import clip_text
 
@@ -195,14 +195,6 @@ def byte_budget(context: int, engine: str) -> PromptBudget:
     return PromptBudget(context, count, f"{engine}, counted as UTF-8 bytes (an upper bound: no tokenizer)", overhead=64, exact=False)
 
 
-def fake_budget(llm: LLMConfig) -> PromptBudget:
-    """The fake backend stands in for the embedded engine: its n_ctx, and the fake's own count (characters / 4 + 1)."""
-    def count(req: Request) -> int:
-        return sum(len(m["content"]) for m in req.messages) // 4 + 1
-
-    return PromptBudget(llm.llamacpp.n_ctx, count, "fake (characters / 4)", overhead=0)
-
-
 def hf_budget(tokenizer_name: str, context: int, engine: str) -> PromptBudget:
     """A Hugging Face tokenizer's chat template (vLLM's own way of building the prompt)."""
     from transformers import AutoTokenizer
@@ -215,67 +207,6 @@ def hf_budget(tokenizer_name: str, context: int, engine: str) -> PromptBudget:
         return len(ids) + (len(tok.encode(req.answer_prefix, add_special_tokens=False)) if req.answer_prefix else 0)
 
     return PromptBudget(context, count, f"{engine}, tokenizer {tokenizer_name}", overhead=template_overhead(count))
-
-
-def llamacpp_budget(llm: LLMConfig) -> PromptBudget:
-    """The embedded engine: the GGUF's own tokenizer and chat template (the vocabulary only is loaded), its n_ctx."""
-    from cqg_ray.llm.llamacpp import ChatTokens
-
-    tokens = ChatTokens.vocab_only(llm.llamacpp)
-
-    def count(req: Request) -> int:
-        return len(tokens(req.messages, req.answer_prefix))
-
-    return PromptBudget(llm.llamacpp.n_ctx, count, f"llama.cpp tokenizer of {llm.llamacpp.model}", overhead=template_overhead(count))
-
-
-def openai_budget(llm: LLMConfig) -> PromptBudget | None:
-    """An OpenAI-compatible server: its context from the config or the server (vLLM's /v1/models), its tokens from
-    the server's /tokenize (vLLM), else from ``openai.tokenizer``, else the byte bound. None when the context is unknown."""
-    from cqg_ray.llm.openai import server_context, server_count
-
-    cfg = llm.openai
-    context = cfg.max_model_len or server_context(llm)
-    if context is None:
-        return None
-    engine = f"OpenAI-compatible server {cfg.base_url}"
-    if cfg.tokenizer:
-        return hf_budget(cfg.tokenizer, context, engine)
-    probe = Request([{"role": "user", "content": "x"}], max_tokens=1)
-    if server_count(llm, probe) is not None:
-        by_bytes = byte_budget(context, engine).count
-
-        def count(req: Request) -> int:
-            n = server_count(llm, req)
-            return n if n is not None else by_bytes(req)
-
-        return PromptBudget(context, count, f"{engine} /tokenize", overhead=template_overhead(count))
-    return byte_budget(context, engine)
-
-
-def prompt_budget(llm: LLMConfig) -> PromptBudget | None:
-    """The budget of the engine ``llm`` names (None: the context length is unknown, nothing can be checked)."""
-    if llm.backend == "fake":
-        return fake_budget(llm)
-    if llm.backend == "llamacpp":
-        return llamacpp_budget(llm)
-    if llm.backend == "vllm":
-        name = llm.vllm.engine_kwargs.get("tokenizer") or llm.vllm.model
-        try:
-            return hf_budget(name, llm.vllm.max_model_len, "vLLM")
-        except Exception as e:  # no transformers or no tokenizer files in this process: the bound still guards
-            log.warning("vLLM prompts counted by bytes: the tokenizer %s could not be loaded here (%s)", name, e)
-            return byte_budget(llm.vllm.max_model_len, "vLLM")
-    if llm.backend == "openai":
-        return openai_budget(llm)
-    raise ValueError(f"unknown LLM backend {llm.backend!r}")
-
-
-def stage_budget(llm: LLMConfig, backend: Any = None) -> PromptBudget | None:
-    """The budget of the backend a stage was handed (tests, a warm engine), else of the engine ``llm`` names."""
-    if backend is not None and hasattr(backend, "prompt_budget"):
-        return backend.prompt_budget()
-    return prompt_budget(llm)
 
 
 def budget_summary(budget: PromptBudget | None) -> dict[str, Any]:

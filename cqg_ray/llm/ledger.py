@@ -29,6 +29,7 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -56,6 +57,7 @@ SCHEMA = pa.schema(
     ]
 )
 STATS = "_stats.json"
+ACCOUNTING = ("key", "ok", "prompt_tokens", "completion_tokens", "attempts")  # the ledger columns a resume reads
 JOURNAL = "_journal.jsonl"
 
 
@@ -306,3 +308,55 @@ def totals(rows: dict[str, dict[str, Any]] | list[dict[str, Any]]) -> dict[str, 
         for k, v in row_counts(r).items():
             t[k] += v
     return t
+
+
+# ----------------------------------------------------------------------------------------- the key index of streaming stages
+
+
+@dataclass
+class KeyIndex:
+    """The ledger's keys, sorted (fixed 64-byte hex), each with its row's place (shard name, row) and ok flag."""
+
+    keys: np.ndarray
+    ok: np.ndarray
+    shard: np.ndarray
+    row: np.ndarray
+    shards: list[str]
+
+    @classmethod
+    def build(cls, ledger: Ledger) -> "KeyIndex":
+        """From the shards' key and ok columns only (journals must be recovered first). The last copy of a key wins."""
+        names = ledger.shards()
+        keys, ok, shard, row = [], [], [], []
+        for i, n in enumerate(names):
+            t = pq.read_table(ledger.run.path(ledger.folder, n), columns=["key", "ok"], filesystem=ledger.run.fs)
+            k = t.column("key").combine_chunks().cast(pa.binary(64))
+            keys.append(np.frombuffer(k.buffers()[1], dtype="S64", count=len(k), offset=k.offset * 64) if len(k) else np.zeros(0, "S64"))
+            ok.append(t.column("ok").combine_chunks().fill_null(False).to_numpy(zero_copy_only=False).astype(bool))
+            shard.append(np.full(t.num_rows, i, dtype=np.int32))
+            row.append(np.arange(t.num_rows, dtype=np.int64))
+        if not names:
+            return cls(np.zeros(0, "S64"), np.zeros(0, bool), np.zeros(0, np.int32), np.zeros(0, np.int64), [])
+        k, o, s, r = (np.concatenate(x) for x in (keys, ok, shard, row))
+        order = np.argsort(k, kind="stable")  # equal keys stay in shard (time) order: the last of each run wins
+        k, o, s, r = k[order], o[order], s[order], r[order]
+        last = np.r_[k[1:] != k[:-1], True]
+        return cls(k[last], o[last], s[last], r[last], names)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def find(self, keys: list[str]) -> np.ndarray:
+        """Position of each key in the index, -1 where the ledger lacks it."""
+        q = np.array(keys, dtype="S64")
+        if not len(self.keys):
+            return np.full(len(q), -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.keys, q), len(self.keys) - 1)
+        return np.where(self.keys[pos] == q, pos, -1)
+
+
+def ledger_index(run_root: str, stage: str):
+    """(KeyIndex, totals) of a ledger after moving killed writers' journals into a shard; and how many rows were recovered."""
+    ledger = Ledger(RunDir(run_root), stage)
+    recovered = ledger.recover()
+    return KeyIndex.build(ledger), {**table_totals(latest(ledger.columns(ACCOUNTING))), "recovered": recovered}

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 from cqg_ray.config import LLMConfig
 from cqg_ray.llm.backends import make_backend
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, backend_identity
-from cqg_ray.llm.ledger import BatchWriter, Ledger, latest, request_key, row_counts, table_totals
+from cqg_ray.llm.ledger import ACCOUNTING, BatchWriter, Ledger, latest, request_key, row_counts, table_totals
 from cqg_ray.llm.parse import ParseError, parse_answers
 from cqg_ray.rundir import RunDir
 
@@ -49,7 +49,6 @@ log = logging.getLogger("cqg_ray")
 
 RETRY_TEMPERATURE = 0.7
 MAX_RUNS_KEPT = 100  # per-run entries kept in _stats.json (totals always cover the whole ledger)
-ACCOUNTING = ("key", "ok", "prompt_tokens", "completion_tokens", "attempts")  # the ledger columns a resume reads
 
 
 @dataclass

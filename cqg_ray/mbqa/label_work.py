@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from cqg_ray.llm.stream import PlanJob
+from cqg_ray.llm.plan_work import PlanJob
 
 PLAN = "plan/plan.parquet"  # under the stage folder
 SOURCES = np.array(["cluster", "neighbor", "random"])

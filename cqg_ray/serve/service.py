@@ -45,7 +45,7 @@ def default_encoder_batch_size(model: InterpretableEmbedder) -> int:
     for the exported backends (openvino, 1 thread: 102 texts/s at 8, 142 at 16, 162 at 32, 148 at 64; 2 threads: 182, 252,
     202, 212) and 8 for torch
     (its per-token cost grows with padding: 89 texts/s at 8, 58 at 32)."""
-    from cqg_ray.encoder import EXPORTED
+    from cqg_ray.encoder_export import EXPORTED
 
     if str(model.device).startswith("cuda"):
         return 64

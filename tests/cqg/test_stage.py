@@ -24,7 +24,7 @@ TOPICS = ["apples", "rivers", "taxes", "music", "football", "weather", "election
 
 def scripted(req):
     """Three distinct questions per generation prompt (topics chosen by the prompt), default answers otherwise."""
-    from cqg_ray.llm.fake import default_reply
+    from cqg_ray.llm.engines.fake import default_reply
 
     if req.n_answers is not None or req.yes_no:
         return default_reply(req)
@@ -38,7 +38,7 @@ def scripted(req):
 def test_cqg_probes_single_pass(clustered_run, corpus_file, tmp_path):
     """Single-pass probing: every candidate is asked on each of its cluster's probe texts, one prompt per pair."""
     from cqg_ray.cqg.stage import run_cqg
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
 
     d = copy_clustered(clustered_run, tmp_path / "run")
     cfg = small_config(d, corpus_file, max_clusters=3)
@@ -58,7 +58,7 @@ def test_cqg_probes_single_pass(clustered_run, corpus_file, tmp_path):
 def test_cqg_with_scripted_llm(clustered_run, corpus_file):
     from cqg_ray.artifacts import load_questions
     from cqg_ray.cqg.stage import run_cqg
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
 
     cfg = small_config(clustered_run, corpus_file, max_clusters=5, extra={"llm": {"answer_mode": "packed"}})
     run = RunDir(str(clustered_run))
@@ -101,7 +101,7 @@ def test_cqg_prompt_texts_are_the_samples(clustered_run, corpus_file):
 
 def test_qaemb_method(clustered_run, corpus_file):
     from cqg_ray.cqg.stage import run_cqg
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
 
     # the fake's random answers would let the own-cluster filter drop every question; this test is about the A.2 plumbing
     cfg = small_config(clustered_run, corpus_file, max_clusters=2, method="qaemb", qaemb_articles=4, filters=["copy", "long", "cut_off"])
@@ -165,7 +165,7 @@ def test_filters_drop_copies_long_cut_off_and_questions_their_cluster_denies(clu
     from cqg_ray.cqg.quality import words as word_tokens
     from cqg_ray.cqg.stage import run_cqg
     from cqg_ray.llm.base import Completion
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
 
     d = copy_clustered(clustered_run, tmp_path / "run")
     cfg = small_config(d, corpus_file, max_clusters=2, t=10)
@@ -202,7 +202,7 @@ def test_filters_drop_copies_long_cut_off_and_questions_their_cluster_denies(clu
 
 def test_property_prompt_by_default_and_the_paper_prompt_verbatim(clustered_run, corpus_file, tmp_path):
     from cqg_ray.cqg.stage import run_cqg
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
     from cqg_ray.llm.prompts import PROPERTY_KEYWORDS_RULE, PROPERTY_SYSTEM
 
     for prompt in ("property", "paper"):
@@ -224,7 +224,7 @@ def test_property_prompt_by_default_and_the_paper_prompt_verbatim(clustered_run,
 
 def test_cluster_keywords_reach_the_property_prompt(clustered_run, corpus_file, tmp_path):
     from cqg_ray.cqg.stage import run_cqg
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
 
     d = copy_clustered(clustered_run, tmp_path / "kw")
     cfg = small_config(d, corpus_file, max_clusters=2, keywords=6)
@@ -244,7 +244,7 @@ def test_cluster_keywords_reach_the_property_prompt(clustered_run, corpus_file, 
 def test_cqg_on_ray_streams_its_plans_and_equals_the_in_process_run(clustered_run, corpus_file, tmp_path, ray_local):
     """Generation and probing as plans answered by Ray Data workers: the same artifacts as in-process, and a rerun sends nothing."""
     from cqg_ray.cqg.stage import run_cqg
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
     from cqg_ray.llm.ledger import Ledger
 
     extra = {"cqg": {"max_opening_share": 1.0}, "llm": {"flush_every": 50_000}}  # the fake LLM's questions share one opening

@@ -133,7 +133,7 @@ def trained_model(tmp_path_factory, clustered_run, corpus_file):
     """The model folder: questions, labels and MBQA heads made by the real stages on the 300-text fixture run."""
     from cqg_ray.config import stage_hash
     from cqg_ray.cqg.stage import run_cqg
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
     from cqg_ray.mbqa.label import run_labels
     from cqg_ray.mbqa.stage import run_train
     from cqg_ray.rundir import RunDir, run_stage

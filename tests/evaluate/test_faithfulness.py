@@ -9,7 +9,7 @@ import pytest
 from cqg_ray.config import EvaluateConfig, FaithfulnessConfig, JudgeLLMConfig
 from cqg_ray.evaluate.faithfulness import faithfulness, figures, format_faithfulness, nearest_pairs, sample_questions, sample_texts
 from cqg_ray.llm.base import Completion
-from cqg_ray.llm.fake import FakeBackend
+from cqg_ray.llm.engines.fake import FakeBackend
 from cqg_ray.llm.prompts import judge_messages
 
 TEXTS = [

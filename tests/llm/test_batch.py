@@ -9,13 +9,13 @@ import pytest
 from cqg_ray.config import LLMConfig, LlamaCppConfig
 from cqg_ray.llm.answers import answer_requests
 from cqg_ray.llm.base import Completion, Request, backend_identity, resolve_engine
-from cqg_ray.llm.batch import common_prefix, p_yes_from_logits, prefix_groups, tree_entries
+from cqg_ray.llm.engines.batch import common_prefix, p_yes_from_logits, prefix_groups, tree_entries
 from cqg_ray.llm.ledger import request_key
 from cqg_ray.llm.parse import p_yes_from_top
 from cqg_ray.llm.prompts import SINGLE_ANSWER_PREFIX, single_answer_prompt
 from cqg_ray.llm.runner import judge
 from cqg_ray.hardware import pick_dtype
-from cqg_ray.llm.torch_engine import tree_mask
+from cqg_ray.llm.engines.torch_engine import tree_mask
 
 A = [1, 2, 3, 4, 5]
 B = [1, 2, 3, 6]

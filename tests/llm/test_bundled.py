@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from cqg_ray.llm import bundled
-from cqg_ray.llm.bundled import MODELS, BundledModel, BundledModelError, assemble, resolve_model
+from cqg_ray.llm.engines import bundled
+from cqg_ray.llm.engines.bundled import MODELS, BundledModel, BundledModelError, assemble, resolve_model
 
 
 @pytest.fixture

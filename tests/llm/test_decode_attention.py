@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from cqg_ray.llm.torch_engine import decode_attention, preallocated_cache  # noqa: E402
+from cqg_ray.llm.engines.torch_engine import decode_attention, preallocated_cache  # noqa: E402
 
 
 class Attn:  # what decode_attention reads of an attention module (nothing but what SDPA's path reads)
@@ -70,7 +70,7 @@ def test_preallocated_cache_holds_what_a_growing_cache_holds():
 
 
 def test_greedy_takes_the_first_of_equal_maxima_as_argmax():
-    from cqg_ray.llm.torch_engine import greedy
+    from cqg_ray.llm.engines.torch_engine import greedy
 
     logits = torch.tensor([[0.5, 2.0, 2.0, -1.0], [3.0, 3.0, 3.0, 3.0], [-2.0, -1.0, -3.0, -1.0]], dtype=torch.bfloat16)
     assert greedy(logits).tolist() == logits.argmax(-1).tolist() == [1, 0, 1]
@@ -86,7 +86,7 @@ def tiny_qwen(dtype):
 
 
 def test_packed_linears_give_the_dense_layers_logits():
-    from cqg_ray.llm.torch_engine import pack_linears
+    from cqg_ray.llm.engines.torch_engine import pack_linears
 
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch has no oneDNN")
@@ -106,7 +106,7 @@ def test_packed_linears_give_the_dense_layers_logits():
 
 
 def test_without_onednn_nothing_is_packed(monkeypatch):
-    from cqg_ray.llm.torch_engine import pack_linears
+    from cqg_ray.llm.engines.torch_engine import pack_linears
 
     model = tiny_qwen(torch.bfloat16)
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)

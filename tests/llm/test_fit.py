@@ -5,8 +5,9 @@ import pytest
 from cqg_ray.config import LLMConfig, LlamaCppConfig
 from cqg_ray.llm.answers import answer_requests
 from cqg_ray.llm.base import Request
-from cqg_ray.llm.fake import FakeBackend
-from cqg_ray.llm.fit import PromptFitter, PromptTooLong, fake_budget
+from cqg_ray.llm.engines.fake import FakeBackend
+from cqg_ray.llm.engines.fake import fake_budget
+from cqg_ray.llm.fit import PromptFitter, PromptTooLong
 from cqg_ray.llm.prompts import cqg_messages
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
@@ -128,8 +129,8 @@ def test_the_fake_budget_counts_as_the_fake_reports():
 @pytest.fixture(scope="module")
 def qwen_budget():
     pytest.importorskip("llama_cpp")
-    from cqg_ray.llm.bundled import MODELS, BundledModelError, part_paths
-    from cqg_ray.llm.fit import prompt_budget
+    from cqg_ray.llm.engines.bundled import MODELS, BundledModelError, part_paths
+    from cqg_ray.llm.backends import prompt_budget
 
     try:
         part_paths(MODELS["qwen2.5-coder-0.5b"])
@@ -141,7 +142,7 @@ def qwen_budget():
 def test_embedded_tokenizer_counts_the_templated_prompt(qwen_budget):
     from llama_cpp import Llama
 
-    from cqg_ray.llm.bundled import resolve_model
+    from cqg_ray.llm.engines.bundled import resolve_model
 
     assert qwen_budget.context == 4096 and qwen_budget.exact and "llama.cpp tokenizer" in qwen_budget.engine
     req = Request([{"role": "user", "content": "Is the sky blue?"}], max_tokens=8)
@@ -183,7 +184,7 @@ def test_embedded_tokenizer_guards_a_crafted_labelling_prompt(qwen_budget):
 
 def test_openai_server_context_and_tokenize_route():
     from cqg_ray.config import OpenAIConfig
-    from cqg_ray.llm.fit import prompt_budget
+    from cqg_ray.llm.backends import prompt_budget
     from tests.llm.fake_openai_server import FakeOpenAIServer
 
     with FakeOpenAIServer(max_model_len=1024) as srv:
@@ -201,7 +202,7 @@ def test_openai_server_context_and_tokenize_route():
 
 def test_openai_server_without_routes():
     from cqg_ray.config import OpenAIConfig
-    from cqg_ray.llm.fit import prompt_budget
+    from cqg_ray.llm.backends import prompt_budget
     from tests.llm.fake_openai_server import FakeOpenAIServer
 
     with FakeOpenAIServer() as srv:

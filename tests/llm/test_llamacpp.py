@@ -8,7 +8,7 @@ from cqg_ray.config import LLMConfig, LlamaCppConfig
 from cqg_ray.llm.answers import answer_requests
 from cqg_ray.llm.backends import make_backend
 from cqg_ray.llm.base import Request, answer_regex
-from cqg_ray.llm.bundled import MODELS, BundledModelError, part_paths
+from cqg_ray.llm.engines.bundled import MODELS, BundledModelError, part_paths
 from cqg_ray.llm.parse import parse_answers, parse_questions
 from cqg_ray.llm.prompts import answer_messages, cqg_messages
 from cqg_ray.llm.runner import run_requests
@@ -40,7 +40,7 @@ def qwen_config(**kw) -> LLMConfig:
 
 @pytest.fixture(scope="module")
 def qwen():
-    from cqg_ray.llm.llamacpp import LlamaCppBackend
+    from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
 
     b = LlamaCppBackend(qwen_config(logprobs=True))
     yield b
@@ -77,7 +77,7 @@ def test_question_generation_gives_a_numbered_list(qwen):
 
 
 def test_prompt_longer_than_the_context_is_a_row_error():
-    from cqg_ray.llm.llamacpp import LlamaCppBackend
+    from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
 
     llm = qwen_config()
     llm.llamacpp.n_ctx = 256
@@ -106,7 +106,7 @@ def test_actor_pool_in_ray(ray_local):
         part_paths(MODELS["smollm2-135m"])
     except BundledModelError as e:
         pytest.skip(str(e))
-    from cqg_ray.llm.llamacpp import LlamaCppActorPool
+    from cqg_ray.llm.engines.llamacpp_pool import LlamaCppActorPool
 
     llm = LLMConfig(backend="llamacpp", llamacpp=LlamaCppConfig(model="bundled:smollm2-135m", n_ctx=1024, n_threads=1, num_actors=1))
     pool = make_backend(llm)
@@ -133,7 +133,7 @@ def test_actor_pool_streams_each_result_as_it_finishes(ray_local):
         part_paths(MODELS["smollm2-135m"])
     except BundledModelError as e:
         pytest.skip(str(e))
-    from cqg_ray.llm.llamacpp import LlamaCppActorPool
+    from cqg_ray.llm.engines.llamacpp_pool import LlamaCppActorPool
 
     llm = LLMConfig(backend="llamacpp", constrained=False,
                     llamacpp=LlamaCppConfig(model="bundled:smollm2-135m", n_ctx=1024, n_threads=1, num_actors=1, batch_generate=2))

@@ -12,8 +12,8 @@ import pytest
 
 from cqg_ray.config import LLMConfig, OpenAIConfig
 from cqg_ray.llm.base import Request, answer_regex
-from cqg_ray.llm.bundled import BundledModelError, resolve_model
-from cqg_ray.llm.openai import OpenAIBackend
+from cqg_ray.llm.engines.bundled import BundledModelError, resolve_model
+from cqg_ray.llm.engines.openai import OpenAIBackend
 from cqg_ray.llm.parse import parse_answers
 from cqg_ray.llm.prompts import answer_messages
 from cqg_ray.llm.runner import run_requests

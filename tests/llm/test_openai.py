@@ -8,7 +8,7 @@ import pytest
 from cqg_ray.config import LLMConfig, OpenAIConfig
 from cqg_ray.llm.base import BackendError, Request, answer_gbnf
 from cqg_ray.llm.ledger import Ledger
-from cqg_ray.llm.openai import OpenAIBackend, OpenAIError, backoff_delay, chat_body, completion_from_json
+from cqg_ray.llm.engines.openai import OpenAIBackend, OpenAIError, backoff_delay, chat_body, completion_from_json
 from cqg_ray.llm.parse import parse_answers
 from cqg_ray.llm.prompts import answer_messages
 from cqg_ray.llm.runner import run_requests

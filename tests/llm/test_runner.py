@@ -4,7 +4,7 @@ import pytest
 
 from cqg_ray.config import LLMConfig
 from cqg_ray.llm.base import BackendError, Completion, Request, answer_gbnf, answer_regex
-from cqg_ray.llm.fake import FakeBackend, default_reply
+from cqg_ray.llm.engines.fake import FakeBackend, default_reply
 from cqg_ray.llm.ledger import Ledger, request_key
 from cqg_ray.llm.prompts import answer_messages, cqg_messages
 from cqg_ray.llm.runner import RETRY_TEMPERATURE, answers_table, run_requests, stage_stats
@@ -273,8 +273,8 @@ def test_grammar_and_regex_for_n_answers():
 
 def test_make_backend_dispatch():
     from cqg_ray.llm.backends import make_backend
-    from cqg_ray.llm.openai import OpenAIBackend
-    from cqg_ray.llm.vllm import VLLMBackend
+    from cqg_ray.llm.engines.openai import OpenAIBackend
+    from cqg_ray.llm.engines.vllm import VLLMBackend
 
     assert isinstance(make_backend(fake_llm()), FakeBackend)
     b = make_backend(LLMConfig(backend="openai"))

@@ -10,7 +10,7 @@ import pytest
 from cqg_ray.config import LLMConfig, LlamaCppConfig
 from cqg_ray.llm.answers import answer_requests
 from cqg_ray.llm.base import Request
-from cqg_ray.llm.bundled import BundledModelError, resolve_model
+from cqg_ray.llm.engines.bundled import BundledModelError, resolve_model
 from cqg_ray.llm.ledger import Ledger
 from cqg_ray.llm.prompts import cqg_messages
 from cqg_ray.rundir import RunDir
@@ -38,7 +38,7 @@ def full_vocab_p_yes(logits: np.ndarray, yes: list[int], no: list[int]) -> float
 
 @pytest.fixture(scope="module")
 def backend():
-    from cqg_ray.llm.llamacpp import LlamaCppBackend
+    from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
 
     try:
         resolve_model("bundled:qwen2.5-coder-0.5b")
@@ -80,8 +80,8 @@ def test_llamacpp_prefix_reuse_gives_the_same_answers(backend):
 
 def test_torch_engine_p_yes_is_the_full_vocabulary_probability(backend):
     torch = pytest.importorskip("torch")
-    from cqg_ray.llm.bundled import hf_folder
-    from cqg_ray.llm.torch_engine import TorchEngine
+    from cqg_ray.llm.engines.bundled import hf_folder
+    from cqg_ray.llm.engines.torch_engine import TorchEngine
 
     scorer = TorchEngine(hf_folder("bundled:qwen2.5-coder-0.5b"), dtype="float32", n_threads=2)
     yes, no = backend.yes_no_token_sets()

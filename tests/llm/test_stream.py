@@ -1,7 +1,8 @@
 """The streaming LLM stages' pure parts: the ledger's key index, counters, parts into one file (no Ray)."""
 
 from cqg_ray.llm.ledger import Ledger
-from cqg_ray.llm.stream import KeyIndex, add_counters, concat_parts
+from cqg_ray.llm.ledger import KeyIndex
+from cqg_ray.llm.stream import add_counters, concat_parts
 from cqg_ray.rundir import RunDir
 
 

@@ -14,7 +14,7 @@ from tests.mbqa.test_label_stream import questions_run
 
 def unreadable_first(req):
     """A third of the packed prompts get an unreadable reply at the first attempt (no seed), a readable one after."""
-    from cqg_ray.llm.fake import default_reply
+    from cqg_ray.llm.engines.fake import default_reply
 
     prompt = "\n".join(m["content"] for m in req.messages)
     if req.n_answers is not None and req.seed is None and hashlib.sha256(prompt.encode()).digest()[0] % 3 == 0:
@@ -29,7 +29,7 @@ def sorted_labels(run):
 
 @pytest.mark.ray
 def test_one_job_labels_equal_the_in_process_passes_with_retries(clustered_run, corpus_file, tmp_path, ray_local):
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
     from cqg_ray.llm.ledger import Ledger
     from cqg_ray.mbqa.label import run_labels
 

@@ -8,7 +8,7 @@ import pytest
 
 from cqg_ray.config import LLMConfig, LlamaCppConfig
 from cqg_ray.llm.base import Request
-from cqg_ray.llm.bundled import BundledModelError, resolve_model
+from cqg_ray.llm.engines.bundled import BundledModelError, resolve_model
 from cqg_ray.llm.ledger import Ledger
 from cqg_ray.llm.parse import parse_questions
 from cqg_ray.llm.prompts import cqg_messages
@@ -29,7 +29,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def backend():
-    from cqg_ray.llm.llamacpp import LlamaCppBackend
+    from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
 
     try:
         resolve_model("bundled:qwen2.5-coder-0.5b")
@@ -79,7 +79,7 @@ def test_torch_batched_generation_equals_transformers_generate_in_float32(backen
 def test_torch_batched_generation_in_bfloat16_stays_close():
     """bfloat16: the shared prefix read apart and the batch size change the sums, so greedy choices may part after a while; the replies
     still start alike. (Measured on the bench's 32 CQG prompts: docs/answer-modes.md.)"""
-    from cqg_ray.llm.llamacpp import LlamaCppBackend
+    from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
 
     b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(generate_engine="torch-bfloat16", batch_generate=4, n_threads=2)))
     try:

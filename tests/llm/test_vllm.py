@@ -9,7 +9,7 @@ import pytest
 from cqg_ray.config import LLMConfig, RayConfig, VLLMConfig
 from cqg_ray.llm.base import BackendError, Request
 from cqg_ray.llm.prompts import answer_messages
-from cqg_ray.llm.vllm import (
+from cqg_ray.llm.engines.vllm import (
     completion_from_row,
     engine_concurrency,
     job_postprocess,
@@ -108,9 +108,9 @@ def test_postprocess_and_completion_from_row():
 
 
 def test_one_job_rows_in_and_out():
-    """The one-job pipeline's rows (``stream.job_row``): the request travels as JSON, retries sample, errors become rows."""
+    """The one-job pipeline's rows (``plan_work.job_row``): the request travels as JSON, retries sample, errors become rows."""
     from cqg_ray.llm.base import request_of
-    from cqg_ray.llm.stream import job_row
+    from cqg_ray.llm.plan_work import job_row
 
     llm = LLMConfig(backend="vllm", temperature=0.0)
     req = Request(answer_messages("A text.", ["Is it short?"]), max_tokens=8, yes_no=True, answer_prefix="1.", meta={"doc_id": "d1"})
@@ -154,7 +154,7 @@ def test_vllm_logprobs_to_p_yes():
 
 
 def test_rows_are_grouped_by_sampling_shape():
-    from cqg_ray.llm.vllm import sampling_groups
+    from cqg_ray.llm.engines.vllm import sampling_groups
 
     llm = LLMConfig(backend="vllm", logprobs=True)
     reqs = [
@@ -171,7 +171,7 @@ def test_single_pass_through_vllm_rows():
     """A single-pass request: one token with 20 logprobs, the reply prefix as a final assistant message (Ray's chat
     template stage continues it), P(yes) from the first position; n_answers 0 marks it in the rows."""
     from cqg_ray.llm.answers import answer_requests
-    from cqg_ray.llm.vllm import chat_messages
+    from cqg_ray.llm.engines.vllm import chat_messages
 
     llm = LLMConfig(backend="vllm")
     req = answer_requests("A cat sat.", [0], ["Is it about an animal?"], "single", 20, 200)[0]

@@ -52,7 +52,8 @@ if __name__ == "__main__":
 
     from cqg_ray.config import PipelineConfig
     from cqg_ray.llm.base import backend_identity
-    from cqg_ray.llm.stream import PlanJob, stream_plan, write_plan
+    from cqg_ray.llm.plan_work import PlanJob
+    from cqg_ray.llm.stream import stream_plan, write_plan
 
     class TextsJob(PlanJob):
         """Single-pass requests of the plan's texts (the plan holds the texts); their answers as parts."""

@@ -9,7 +9,7 @@ import hashlib
 import sys
 import time
 
-from cqg_ray.llm.fake import FakeBackend
+from cqg_ray.llm.engines.fake import FakeBackend
 
 KILL_LABELS = {"n_cluster": 30, "n_neighbor": 20, "n_random": 10, "max_text_chars": 160}  # 60 pairs a question: a run long enough to kill
 

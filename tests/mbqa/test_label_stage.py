@@ -8,7 +8,7 @@ from tests.conftest import copy_clustered, small_config
 
 def test_label_stage(clustered_run, corpus_file, tmp_path):
     from cqg_ray.cqg.stage import run_cqg
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
     from cqg_ray.artifacts import load_labels
     from cqg_ray.mbqa.label import run_labels
     from tests.cqg.test_stage import scripted
@@ -35,7 +35,7 @@ def test_label_stage(clustered_run, corpus_file, tmp_path):
     assert set(labels.column("source").to_pylist()) <= {"cluster", "neighbor", "random"}
     # the answer recorded for a pair is the one the LLM gave on that prompt's line
     call = fake.calls[0]
-    from cqg_ray.llm.fake import default_reply
+    from cqg_ray.llm.engines.fake import default_reply
     from cqg_ray.llm.parse import parse_answers
 
     expect = parse_answers(default_reply(call), call.n_answers)
@@ -55,7 +55,7 @@ def test_label_stage_with_p_yes_and_an_unreadable_text(clustered_run, corpus_fil
     import pyarrow.compute as pc
 
     from cqg_ray.cqg.stage import run_cqg
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
     from cqg_ray.artifacts import load_labels
     from cqg_ray.mbqa.label import run_labels
     from tests.cqg.test_stage import scripted
@@ -107,7 +107,7 @@ def test_label_stage_single_pass(clustered_run, corpus_file, tmp_path):
     P(yes) is recorded as failed after one try (asking again gives the same logits), a rerun sends nothing."""
     from cqg_ray.cqg.stage import run_cqg
     from cqg_ray.llm.base import Completion
-    from cqg_ray.llm.fake import FakeBackend, default_reply
+    from cqg_ray.llm.engines.fake import FakeBackend, default_reply
     from cqg_ray.artifacts import load_labels
     from cqg_ray.mbqa.label import run_labels
     from tests.cqg.test_stage import scripted
@@ -147,7 +147,7 @@ def test_cqg_and_label_prompts_fitted_to_a_small_context(clustered_run, corpus_f
     """Fake engines with small contexts (600 tokens for generation, 90 for single-pass labels): every prompt sent
     fits, counted as the engine counts, and the manifests say how many were clipped and by how much."""
     from cqg_ray.cqg.stage import run_cqg
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
     from cqg_ray.mbqa.label import run_labels
     from tests.cqg.test_stage import scripted
 

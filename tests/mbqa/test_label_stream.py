@@ -19,7 +19,7 @@ ROOT = Path(__file__).parents[2]
 
 def questions_run(clustered_run, corpus_file, dest, label=None, **extra):
     from cqg_ray.cqg.stage import run_cqg
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
     from tests.cqg.test_stage import scripted
 
     d = copy_clustered(clustered_run, dest)
@@ -35,7 +35,7 @@ def sorted_labels(run):
 
 
 def test_streaming_labels_on_ray_equal_the_in_process_run(clustered_run, corpus_file, tmp_path, ray_local):
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
     from cqg_ray.llm.ledger import Ledger
     from cqg_ray.mbqa.label import run_labels
 

@@ -15,7 +15,7 @@ from cqg_ray.mbqa.report import evaluate_heads
 def trained_run(tmp_path_factory, clustered_run, corpus_file):
     from cqg_ray.config import stage_hash
     from cqg_ray.cqg.stage import run_cqg
-    from cqg_ray.llm.fake import FakeBackend
+    from cqg_ray.llm.engines.fake import FakeBackend
     from cqg_ray.mbqa.label import run_labels
     from cqg_ray.mbqa.stage import run_train
     from cqg_ray.rundir import RunDir, run_stage

@@ -63,7 +63,7 @@ def test_print_only_runs_nothing(capsys, tmp_path):
 
 
 def test_model_commands_leave_sys_path_alone():
-    # the package folder on sys.path once made `import openai` find cqg_ray/llm/openai.py (a CI failure)
+    # the package folder on sys.path once made `import openai` find cqg_ray/llm/engines/openai.py (a CI failure)
     import sys
 
     before = list(sys.path)

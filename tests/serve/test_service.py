@@ -137,7 +137,7 @@ def test_counting_tokens_does_not_disturb_a_batch_in_the_worker_thread(model):
 
 
 def test_encoder_batch_size_follows_the_backend_unless_set(model):
-    from cqg_ray.encoder import EXPORTED
+    from cqg_ray.encoder_export import EXPORTED
 
     on_cpu = EmbeddingService(model, ServeConfig()).encoder_batch_size
     assert on_cpu == (32 if model.encoder.backend in EXPORTED else 8)

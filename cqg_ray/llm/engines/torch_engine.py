@@ -30,7 +30,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from cqg_ray.hardware import pick_dtype
-from cqg_ray.llm.batch import common_prefix, p_yes_from_logits, tree_batches
+from cqg_ray.llm.engines.batch import common_prefix, p_yes_from_logits, tree_batches
 
 
 def decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -163,6 +163,9 @@ def server_count(llm: LLMConfig, req: Request) -> int | None:
 class OpenAIBackend(Backend):
     name = "openai"
 
+    def prompt_budget(self):
+        return openai_budget(self.llm)
+
     def __init__(self, llm: LLMConfig, sleep: Callable[[float], None] = time.sleep, transport: httpx.BaseTransport | None = None):
         super().__init__(llm)
         cfg = llm.openai
@@ -267,3 +270,27 @@ class OpenAIBackend(Backend):
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
+
+
+def openai_budget(llm: LLMConfig) -> Any:
+    """An OpenAI-compatible server: its context from the config or the server (vLLM's /v1/models), its tokens from
+    the server's /tokenize (vLLM), else from ``openai.tokenizer``, else the byte bound. None when the context is unknown."""
+    from cqg_ray.llm.fit import PromptBudget, byte_budget, hf_budget, template_overhead
+
+    cfg = llm.openai
+    context = cfg.max_model_len or server_context(llm)
+    if context is None:
+        return None
+    engine = f"OpenAI-compatible server {cfg.base_url}"
+    if cfg.tokenizer:
+        return hf_budget(cfg.tokenizer, context, engine)
+    probe = Request([{"role": "user", "content": "x"}], max_tokens=1)
+    if server_count(llm, probe) is not None:
+        by_bytes = byte_budget(context, engine).count
+
+        def count(req: Request) -> int:
+            n = server_count(llm, req)
+            return n if n is not None else by_bytes(req)
+
+        return PromptBudget(context, count, f"{engine} /tokenize", overhead=template_overhead(count))
+    return byte_budget(context, engine)

@@ -1,7 +1,7 @@
 """The embedded CPU backend: llama-cpp-python with a GGUF model (a bundled one by default).
 
     b = LlamaCppBackend(LLMConfig())                 # in this process (tests, small runs)
-    b = LlamaCppActorPool(LLMConfig())               # llamacpp.num_actors Ray actors, one model each
+    b = LlamaCppActorPool(LLMConfig())               # llamacpp.num_actors Ray actors, one model each (llamacpp_pool.py)
 
 - The chat template is the model's own (read from the GGUF by llama-cpp-python).
 - Sampling: greedy at temperature 0, ``repeat_penalty=1.0`` (llama.cpp's usual 1.1 hurts yes/no lists).
@@ -18,7 +18,7 @@
   that path whatever the build (same speed, per ENVIRONMENT.md).
 - Consecutive prompts sharing a prefix reuse llama.cpp's KV cache for that prefix (llama-cpp-python keeps
   the previous prompt's tokens), which is why the runner sorts requests by prompt.
-- Single-pass requests (``Request.yes_no``) never decode: ``BatchEngine.score`` (``cqg_ray.llm.batch``) evaluates
+- Single-pass requests (``Request.yes_no``) never decode: ``BatchEngine.score`` (``cqg_ray.llm.engines.batch``) evaluates
   each group of prompts sharing a text once, with every question's suffix in the same batch, and reads P(yes)
   from the logits after each suffix. Greedy generation requests (temperature 0, no grammar) are decoded
   ``llamacpp.batch_generate`` at a time by the ``llamacpp.generate_engine``: ``BatchEngine.generate`` (llama.cpp,
@@ -36,8 +36,8 @@ from typing import Any, Iterator, Sequence
 from cqg_ray.config import LLMConfig
 from cqg_ray.hardware import cpu_flags
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, in_order, resolve_engine
-from cqg_ray.llm.batch import BatchEngine
-from cqg_ray.llm.bundled import resolve_model
+from cqg_ray.llm.engines.batch import BatchEngine
+from cqg_ray.llm.engines.bundled import resolve_model
 from cqg_ray.llm.parse import p_yes_from_tokens
 
 INSTALL_HINT = 'pip install "cqg-ray[cpu]"   (in a checkout: python scripts/install_llama_cpp.py, a build for this CPU, cached)'
@@ -173,8 +173,8 @@ class LlamaCppBackend(Backend):
     def torch_engine(self, dtype: str) -> Any:
         """A ``TorchEngine`` on this model's weights dequantised once into the cache (``bundled.hf_folder``), one per dtype."""
         if dtype not in self._torch:
-            from cqg_ray.llm.bundled import hf_folder
-            from cqg_ray.llm.torch_engine import TorchEngine
+            from cqg_ray.llm.engines.bundled import hf_folder
+            from cqg_ray.llm.engines.torch_engine import TorchEngine
 
             cfg = self.llm.llamacpp
             self._torch[dtype] = TorchEngine(hf_folder(cfg.model, cfg.cache_dir), dtype=dtype, n_threads=self.n_threads, max_seqs=cfg.score_batch,
@@ -356,109 +356,13 @@ class LlamaCppBackend(Backend):
             self.model = None
 
 
-class _Worker:
-    """A Ray actor holding one model."""
+def llamacpp_budget(llm: LLMConfig) -> Any:
+    """The embedded engine: the GGUF's own tokenizer and chat template (the vocabulary only is loaded), its n_ctx."""
+    from cqg_ray.llm.fit import PromptBudget, template_overhead
 
-    def __init__(self, llm: LLMConfig, n_threads: int | None):
-        threads = n_threads or available_cpus()
-        self.backend = LlamaCppBackend(llm, n_threads=threads)
+    tokens = ChatTokens.vocab_only(llm.llamacpp)
 
-    def stream(self, requests: list[Request]) -> Iterator[tuple[int, Completion]]:
-        """(index in requests, completion) as each finishes: a Ray streaming generator, so the caller journals
-        every result the moment it exists (a chunk of long generations is minutes of work)."""
-        for item in self.backend.stream(requests):
-            yield item
+    def count(req: Request) -> int:
+        return len(tokens(req.messages, req.answer_prefix))
 
-    def ready(self) -> str:
-        return str(self.backend.model_path)
-
-
-class LlamaCppActorPool(Backend):
-    """``llamacpp.num_actors`` Ray actors, each with its own model; requests go out in contiguous chunks
-    (so prompts sharing a prefix stay on one actor), at most two chunks queued per actor."""
-
-    name = "llamacpp"
-
-    def __init__(self, llm: LLMConfig, chunk_size: int = 4, num_cpus_per_actor: float = 1.0):
-        super().__init__(llm)
-        import ray
-
-        cfg = llm.llamacpp
-        if not ray.is_initialized():
-            raise BackendError("LlamaCppActorPool needs a running Ray (ray.init()); use LlamaCppBackend in-process otherwise")
-        n_threads = cfg.n_threads or max(1, available_cpus() // cfg.num_actors)
-        Worker = ray.remote(num_cpus=num_cpus_per_actor)(_Worker)
-        self.actors = [Worker.remote(llm, n_threads) for _ in range(cfg.num_actors)]
-        self.chunk_size = chunk_size
-        try:
-            ray.get([a.ready.remote() for a in self.actors])
-        except Exception:
-            self.close()
-            raise
-
-    def chunks(self, requests: Sequence[Request]) -> list[list[int]]:
-        """Consecutive runs of requests of one kind, cut to a size that keeps each actor's batching whole:
-        four batches of single-pass prompts (``score_batch`` each: the questions about a text share its prefix), twice
-        ``batch_generate`` greedy generations, ``chunk_size`` of anything else."""
-        cfg = self.llm.llamacpp
-
-        def kind(r: Request) -> tuple[str, int]:
-            if r.yes_no:
-                return "score", 4 * cfg.score_batch
-            if batch_decoded(self.llm, r):
-                return "generate", 2 * cfg.batch_generate
-            return "one", self.chunk_size
-
-        out: list[list[int]] = []
-        last = None
-        for i, r in enumerate(requests):
-            k, size = kind(r)
-            if k != last or len(out[-1]) >= size:
-                out.append([])
-            out[-1].append(i)
-            last = k
-        return out
-
-    def stream(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
-        import ray
-
-        chunks = self.chunks(requests)
-        next_chunk = 0
-        inflight: dict[Any, tuple[Any, list[int]]] = {}
-
-        def submit(actor) -> None:
-            nonlocal next_chunk
-            if next_chunk < len(chunks):
-                idx = chunks[next_chunk]
-                next_chunk += 1
-                gen = actor.stream.options(num_returns="streaming").remote([requests[i] for i in idx])
-                inflight[gen] = (actor, idx)
-
-        for _ in range(2):
-            for a in self.actors:
-                submit(a)
-        try:
-            while inflight:
-                ready, _ = ray.wait(list(inflight), num_returns=1)
-                gen = ready[0]
-                actor, idx = inflight[gen]
-                try:
-                    j, completion = ray.get(next(gen))
-                except StopIteration:  # the chunk is done: the actor takes the next one
-                    del inflight[gen]
-                    submit(actor)
-                    continue
-                yield idx[j], completion
-        finally:
-            for gen in inflight:
-                ray.cancel(gen)
-
-    def complete(self, requests: Sequence[Request]) -> list[Completion]:
-        return in_order(self.stream(requests), len(requests))
-
-    def close(self) -> None:
-        import ray
-
-        for a in getattr(self, "actors", []):
-            ray.kill(a)
-        self.actors = []
+    return PromptBudget(llm.llamacpp.n_ctx, count, f"llama.cpp tokenizer of {llm.llamacpp.model}", overhead=template_overhead(count))

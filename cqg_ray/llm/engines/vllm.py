@@ -178,7 +178,7 @@ def sampling_groups(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 def job_preprocess(llm: LLMConfig, row: dict[str, Any]) -> dict[str, Any]:
-    """A one-job row (``stream.job_row``) -> the processor's messages and sampling params (pure; unit-tested)."""
+    """A one-job row (``plan_work.job_row``) -> the processor's messages and sampling params (pure; unit-tested)."""
     req = request_of(row)
     temperature = llm.temperature if req.temperature is None else req.temperature
     return {"messages": chat_messages(req), "sampling_params": sampling_params(llm, req, temperature)}
@@ -226,6 +226,9 @@ class VLLMBackend(Backend):
                 seen.add(idx)
                 yield idx, c
 
+    def prompt_budget(self):
+        return vllm_budget(self.llm)
+
     def job(self, ds):
         """The one-job stage (``Backend.job``): ``ray.data.llm``'s processor over the streaming stage's request rows, its
         engine pool autoscaling from 1 to what ``engine_concurrency`` allows."""
@@ -246,3 +249,18 @@ class VLLMBackend(Backend):
         if missing:
             raise BackendError(f"vLLM job returned no row for {len(missing)} requests (first: {missing[:5]})")
         return out  # type: ignore[return-value]
+
+
+def vllm_budget(llm: LLMConfig) -> Any:
+    """The model's Hugging Face tokenizer and chat template against ``max_model_len`` (vLLM's own way of building the
+    prompt); UTF-8 bytes when the tokenizer cannot be loaded in this process (the bound still guards)."""
+    import logging
+
+    from cqg_ray.llm.fit import byte_budget, hf_budget
+
+    name = llm.vllm.engine_kwargs.get("tokenizer") or llm.vllm.model
+    try:
+        return hf_budget(name, llm.vllm.max_model_len, "vLLM")
+    except Exception as e:  # no transformers or no tokenizer files in this process
+        logging.getLogger("cqg_ray").warning("vLLM prompts counted by bytes: the tokenizer %s could not be loaded here (%s)", name, e)
+        return byte_budget(llm.vllm.max_model_len, "vLLM")

@@ -49,8 +49,6 @@ class FakeBackend(Backend):
         """Its context ``n_ctx`` and its own token count (characters / 4 + 1, as it reports prompt tokens)."""
         from dataclasses import replace
 
-        from cqg_ray.llm.fit import fake_budget
-
         return replace(fake_budget(self.llm), context=self.n_ctx)
 
     def job(self, ds):
@@ -88,3 +86,13 @@ def fake_job_batch(llm: LLMConfig, reply, batch: dict) -> dict:
                 "completion_tokens": [c.completion_tokens for c in done], "p_yes_json": [json.dumps(c.p_yes) for c in done],
                 "error": [c.error or "" for c in done]})
     return out
+
+
+def fake_budget(llm: LLMConfig):
+    """The fake backend stands in for the embedded engine: its n_ctx, and the fake's own count (characters / 4 + 1)."""
+    from cqg_ray.llm.fit import PromptBudget
+
+    def count(req: Request) -> int:
+        return sum(len(m["content"]) for m in req.messages) // 4 + 1
+
+    return PromptBudget(llm.llamacpp.n_ctx, count, "fake (characters / 4)", overhead=0)
