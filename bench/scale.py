@@ -33,7 +33,8 @@ it has one; polled every 0.5 s, so a stage's first half second may count to the 
   driver     peak RSS of the `cqg-ray run` process during the stage (its VmHWM, reset at each stage start by
              writing 5 to /proc/<pid>/clear_refs)
   worker     the largest peak RSS (VmHWM, reset likewise) of the Ray worker processes (`ray::...`) during the
-             stage; VmHWM counts the object store pages a worker has mapped
+             stage; VmHWM counts the object store pages a worker has mapped; beside it what that process ran
+  anon       the largest private memory (RssAnon: without the object store's shared pages) of a worker, polled
   spilled    bytes of the spill files that appeared during the stage (Ray's spill directory, set to a folder of
              this bench by RAY_object_spilling_directory, listed every 0.5 s)
   files      files under the stage's folder of the run directory (+ its LLM ledger folder, for LLM stages)
@@ -196,6 +197,15 @@ def current_stage(run_dir: str) -> str:
     return "done"
 
 
+def task_name(process_name: str) -> str:
+    """A Ray worker's process title without its prefix and Ray Data's wrapping: "ray::MapWorker(MapBatches(X)).submit"
+    -> "MapBatches(X)"."""
+    name = process_name.removeprefix("ray::").removesuffix(".submit").removesuffix(".__init__")
+    if name.startswith("MapWorker(") and name.endswith(")"):
+        name = name[len("MapWorker("):-1]
+    return name
+
+
 def count_files(folder: str) -> int:
     return sum(len(files) for _, _, files in os.walk(folder)) if os.path.isdir(folder) else 0
 
@@ -255,8 +265,9 @@ class Monitor(threading.Thread):
         return workers, system
 
     def _rec(self, stage: str) -> dict:
-        return self.stages.setdefault(stage, {"driver_rss_mb": 0.0, "worker_rss_mb": 0.0, "worker": "", "system_rss_mb": 0.0,
-                                              "spilled_bytes": 0, "spill_files": 0, "t0": time.time()})
+        return self.stages.setdefault(stage, {"driver_rss_mb": 0.0, "worker_rss_mb": 0.0, "worker": "", "worker_anon_mb": 0.0,
+                                              "system_rss_mb": 0.0, "spilled_bytes": 0, "spill_files": 0, "t0": time.time(),
+                                              "_tasks": {}, "_peak_pid": None})
 
     def poll(self) -> None:
         stage = current_stage(self.run_dir)
@@ -274,9 +285,14 @@ class Monitor(threading.Thread):
         r = self._rec(stage)
         r["driver_rss_mb"] = max(r["driver_rss_mb"], _status_kb(self.pid, "VmHWM") / 1024)
         for pid, name in workers:
+            if name.startswith("ray::") and name != "ray::IDLE":  # what the process ran during the stage (its peak may come after, when it is idle)
+                r["_tasks"].setdefault(pid, set()).add(task_name(name))
             mb = _status_kb(pid, "VmHWM") / 1024
             if mb > r["worker_rss_mb"]:
-                r["worker_rss_mb"], r["worker"] = mb, name
+                r["worker_rss_mb"], r["_peak_pid"] = mb, pid
+            r["worker_anon_mb"] = max(r["worker_anon_mb"], _status_kb(pid, "RssAnon") / 1024)
+        if r["_peak_pid"] is not None:
+            r["worker"] = ", ".join(sorted(r["_tasks"].get(r["_peak_pid"], ()))) or "(idle: a task of an earlier stage)"
         for pid, _ in system:
             r["system_rss_mb"] = max(r["system_rss_mb"], _status_kb(pid, "VmHWM") / 1024)
         disk = 0
@@ -345,10 +361,10 @@ def run_size(n: int, work: str, encoder: str, sentences: list[str], rows_per_fil
         r["counts"] = (manifest or {}).get("counts", {})
         r["files"] = count_files(os.path.join(run_dir, s))
         r["ledger_files"] = count_files(os.path.join(run_dir, "llm", "ledger", LEDGERS[s])) if s in LEDGERS else 0
-        for k in ("driver_rss_mb", "worker_rss_mb", "system_rss_mb"):
+        for k in ("driver_rss_mb", "worker_rss_mb", "worker_anon_mb", "system_rss_mb"):
             r[k] = round(r[k], 1)
-        r.pop("t0", None)
-        r.pop("t1", None)
+        for k in ("t0", "t1", "_tasks", "_peak_pid"):
+            r.pop(k, None)
         stages[s] = r
     with open(log_path) as f:
         tail = f.read()[-3000:]
@@ -371,14 +387,15 @@ def print_size(r: dict, log) -> None:
     m = st.get("questions", {}).get("counts", {}).get("questions")
     log(f"--- {n:,} texts ({size_name(n)}): {r['wall_s']:.0f} s in all (exit {r['rc']}); {r['input_files']} JSONL inputs, {fmt_bytes(r['input_bytes'])}; "
         f"k = {max(2, n // 1000)}, m = {m}, labelled pairs = {pairs}")
-    log(f"{'stage':<11} {'wall s':>8} {'driver MB':>10} {'worker MB':>10} {'spilled':>10} {'files':>7}  largest worker")
+    log(f"{'stage':<11} {'wall s':>8} {'driver MB':>10} {'worker MB':>10} {'anon MB':>8} {'spilled':>10} {'files':>7}  "
+        "the largest worker ran")
     for s in STAGES:
         if s not in st:
             continue
         x = st[s]
         files = f"{x['files']}" + (f"+{x['ledger_files']}" if x["ledger_files"] else "")
-        log(f"{s:<11} {x['wall_s']:>8.1f} {x['driver_rss_mb']:>10.0f} {x['worker_rss_mb']:>10.0f} {fmt_bytes(x['spilled_bytes']):>10} {files:>7}  "
-            f"{x['worker'][:48]}{'' if x['finished'] else '  (did not finish)'}")
+        log(f"{s:<11} {x['wall_s']:>8.1f} {x['driver_rss_mb']:>10.0f} {x['worker_rss_mb']:>10.0f} {x['worker_anon_mb']:>8.0f} "
+            f"{fmt_bytes(x['spilled_bytes']):>10} {files:>7}  {x['worker'][:80]}{'' if x['finished'] else '  (did not finish)'}")
     log(f"driver peak (whole run) {r['driver_rss_mb']:.0f} MB; spill files on disk at most {fmt_bytes(r['spill_peak_on_disk_bytes'])}")
 
 
@@ -387,7 +404,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 300_000, 1_000_000], help="texts per run")
     ap.add_argument("--out", default=None, help="write every figure as JSON here")
     ap.add_argument("--work", default=None, help="folder for inputs and run directories (default: a temporary one, removed)")
-    ap.add_argument("--keep", action="store_true", help="keep each size's inputs and run directory (default: removed after its figures)")
+    ap.add_argument("--keep", action="store_true", help="keep each size's inputs and run directory (default: removed after its figures; "
+                    "its config.yaml and run.log stay in --work)")
     ap.add_argument("--rows-per-file", type=int, default=100_000, help="rows per JSONL input file")
     ap.add_argument("--encoder", default=None, help="the static encoder's folder (default: built once under ~/.cache/cqg-ray/bench/)")
     a = ap.parse_args(argv)
@@ -409,8 +427,9 @@ def main(argv=None) -> int:
         for n in a.sizes:
             r = results[n] = run_size(n, work, encoder, sentences, a.rows_per_file, log)
             print_size(r, log)
-            if not a.keep:
-                shutil.rmtree(os.path.join(work, f"n{n}"), ignore_errors=True)
+            if not a.keep:  # the inputs, run directory and spill files go; the config and the run's log stay (with --work)
+                for sub in ("input", "run", "spill"):
+                    shutil.rmtree(os.path.join(work, f"n{n}", sub), ignore_errors=True)
     finally:
         if not a.work and not a.keep:
             shutil.rmtree(work, ignore_errors=True)

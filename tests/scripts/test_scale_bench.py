@@ -76,4 +76,7 @@ def test_growth_and_the_last_lines():
     w, d, stage = scale.growth(results)
     assert stage == "labels" and w == pytest.approx(3.0) and d == pytest.approx(1.25)
     assert scale.growth_lines(w, d) == ["worker_rss_growth_1M_over_100k: 3.000", "driver_rss_growth_1M_over_100k: 1.250"]
+    assert scale.task_name("ray::MapWorker(MapBatches(EncodeUnits)).submit") == "MapBatches(EncodeUnits)"
+    assert scale.task_name("ray::MapWorker(MapBatches(EncodeUnits)).__init__") == "MapBatches(EncodeUnits)"
+    assert scale.task_name("ray::keywords_of") == "keywords_of"
     assert scale.size_name(1_000_000) == "1M" and scale.size_name(300_000) == "300k" and scale.fmt_bytes(1.5e9) == "1.5 GB"
