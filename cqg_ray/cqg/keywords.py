@@ -24,15 +24,23 @@ def ctfidf(docs: list[list[str]], n: int, min_df: int = 2) -> list[list[str]]:
     except ValueError:  # nothing but stop words
         return [[] for _ in docs]
     vocab = vec.get_feature_names_out()
-    # per class: in how many of its texts each word occurs (binary per text, so one long text cannot dominate)
-    df = np.vstack([np.asarray(vec.transform(d).sum(axis=0)).ravel() if d else np.zeros(len(vocab)) for d in docs])
-    tf = df / np.maximum(df.sum(axis=1, keepdims=True), 1)
-    idf = np.log1p(df.sum(axis=1).mean() / np.maximum(df.sum(axis=0), 1))
-    w = np.where(df >= min_df, tf * idf, 0.0)
+    # per class: in how many of its texts each word occurs (binary per text, so one long text cannot dominate); sparse
+    # throughout (classes x vocabulary is mostly zeros: a dense one is k x V floats, gigabytes at thousands of clusters)
+    from scipy import sparse
+
+    sizes = np.array([len(d) for d in docs])
+    member = sparse.csr_matrix((np.ones(sizes.sum()), (np.repeat(np.arange(len(docs)), sizes), np.arange(sizes.sum()))),
+                               shape=(len(docs), sizes.sum()))
+    df = (member @ vec.transform([t for d in docs for t in d])).tocsr().astype(np.float64)
+    rows = np.asarray(df.sum(axis=1)).ravel()
+    idf = np.log1p(rows.mean() / np.maximum(np.asarray(df.sum(axis=0)).ravel(), 1))
     out = []
     for c in range(len(docs)):
-        order = np.lexsort((vocab, -w[c]))
-        out.append([str(vocab[j]) for j in order[:n] if w[c, j] > 0])
+        lo, hi = df.indptr[c], df.indptr[c + 1]
+        cols, counts = df.indices[lo:hi], df.data[lo:hi]
+        w = np.where(counts >= min_df, counts / max(rows[c], 1) * idf[cols], 0.0)
+        order = np.lexsort((vocab[cols], -w))
+        out.append([str(vocab[cols[j]]) for j in order[:n] if w[j] > 0])
     return out
 
 

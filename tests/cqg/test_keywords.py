@@ -42,3 +42,26 @@ def test_property_prompt_shows_keywords_in_every_user_turn_only_when_given():
     assert users[-1] == property_user(["a b"], ["c d"], 4, ["guitar", "drums"])
     assert users[-1] == ("Positive texts:\n1. a b\n\nNegative texts:\n1. c d\n\nWords typical of texts like the positives: guitar, "
                          "drums\n\nWrite 4 yes/no questions that are true of all positive texts and false of all negative texts.")
+
+
+def dense_ctfidf(docs, n, min_df=2):
+    """The dense computation ctfidf replaced (classes x vocabulary arrays), kept here as the reference."""
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    vec = CountVectorizer(stop_words="english", token_pattern=r"(?u)\b[^\W\d_][^\W\d_']+\b", lowercase=True, binary=True)
+    vec.fit([t for d in docs for t in d])
+    vocab = vec.get_feature_names_out()
+    df = np.vstack([np.asarray(vec.transform(d).sum(axis=0)).ravel() if d else np.zeros(len(vocab)) for d in docs])
+    tf = df / np.maximum(df.sum(axis=1, keepdims=True), 1)
+    idf = np.log1p(df.sum(axis=1).mean() / np.maximum(df.sum(axis=0), 1))
+    w = np.where(df >= min_df, tf * idf, 0.0)
+    return [[str(vocab[j]) for j in np.lexsort((vocab, -w[c]))[:n] if w[c, j] > 0] for c in range(len(docs))]
+
+
+def test_sparse_ctfidf_equals_the_dense_computation():
+    rng = np.random.default_rng(0)
+    words = [f"w{chr(97 + i)}{chr(97 + j)}" for i in range(12) for j in range(12)]
+    docs = [[" ".join(rng.choice(words[c * 9: c * 9 + 40], size=int(rng.integers(3, 12)))) for _ in range(int(rng.integers(0, 30)))]
+            for c in range(12)]
+    got = ctfidf(docs, 7)
+    assert got == dense_ctfidf(docs, 7) and sum(map(len, got)) > 40
