@@ -327,9 +327,11 @@ def test_memory_table_small(capsys):
     assert lines[at - 1].startswith("predicted peak memory per process (estimates")
     assert lines[at + 1] == "prepare  driver               0.30  base"
     assert lines[at + 4] == "encode   encoder actor        0.89  encoder weights, a unit of 100 texts and embeddings"
-    assert lines[at + 9] == ("label    driver               0.30  clusters, places, plan arrays (19,000 pairs, 1,372 prompts), plan table "
+    assert lines[at + 8] == "cqg      keywords task        0.30  1,000 keyword texts (100 a cluster) and their sparse word counts"
+    assert lines[at + 10] == ("label    driver               0.30  clusters, places, plan arrays (19,000 pairs, 1,372 prompts), plan table "
                              "and Parquet bytes")
-    assert lines[at + 13] == "train    train worker x1      0.80  its shard (999 embeddings, 19,000 labels), heads + grads + Adam"
+    assert lines[at + 11] == "label    ledger index         0.31  every ledger key of 19,000 requests, sorted"
+    assert lines[at + 15] == "train    train worker x1      0.80  its shard (999 embeddings, 19,000 labels), heads + grads + Adam"
     assert main(["plan", "--docs", "1000", "--clusters", "10", "--json"]) == 0
     p = json.loads(capsys.readouterr().out)
     # 300 MB base + 1,000 texts x 44 (ids, labels, places) + 19,000 pairs x 17 + 1,372 prompts x 16 + 2 x (19,000 x 4 + 1,372 x 16)
@@ -346,6 +348,7 @@ def test_memory_table_paper(capsys):
     assert ("label    driver               0.96  clusters, places, plan arrays (9,614,000 pairs, 2,450,275 prompts), plan table and "
             "Parquet bytes") in out
     assert "label    LLM engine          15.50  Qwen/Qwen2.5-7B-Instruct weights, a batch of texts" in out
+    assert "label    ledger index         1.87  every ledger key of 2,450,275 requests, sorted" in out  # packed: one key a prompt
     assert "train    train worker x2      7.03  its shard (1,201,428 embeddings, 4,807,000 labels), heads + grads + Adam" in out
     p = capacity_plan(load_config("paper"), docs=6_800_000)
     # the driver's plan stays under a GB at the paper's 9.6M pairs: 17 bytes a pair + the plan's table and Parquet bytes

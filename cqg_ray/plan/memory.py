@@ -12,6 +12,8 @@ except ``PROCESS_BASE``. Byte sizes (the model in docs/cluster.md):
   int32) and 16 a prompt, its Arrow table and Parquet bytes 4 a pair and 16 a prompt each, held together at the write;
   the clusters 32 bytes a text (doc id ~24, label 8) and each text's place in the corpus shards 12 (shard int32, row
   int64); the cluster driver its centroids, the k-means task every doc id and its sample at d x 4 bytes a point;
+- tasks: the keywords task the clusters' keyword texts and their sparse counts; the ledger index task every key of the
+  labels ledger while it sorts them (``KEY_INDEX_BYTES`` a request, measured by bench/scale.py);
 - train workers: their shard (labelled texts / workers embeddings, pairs / workers x 9 bytes: question int32, answer,
   P(yes) float32) and the heads with gradients and Adam's two moments (4 copies of m x (hidden x (d + 2) + 1) floats).
 """
@@ -35,6 +37,8 @@ WEIGHTS = {  # bytes of a model's weights as loaded: parameters x bytes per para
 PAIR_BYTES, PROMPT_BYTES = 17, 16  # the labelling plan's arrays
 ID_BYTES = 24  # a doc id string
 PLACE_BYTES = 12  # a text's (shard, row) in the corpus shards
+KEY_INDEX_BYTES = 640  # the ledger index task's peak a request (keys read, concatenated, sorted): 1.07 GB at 1.2M, bench/scale.py
+KEYWORD_COUNT_BYTES = 160  # a keyword text's sparse word counts (~10 words x int32 index + float64 count + the vectorizer's copy)
 
 
 def llm_model(cfg: PipelineConfig) -> str:
@@ -70,10 +74,16 @@ def memory_plan(cfg: PipelineConfig, counts: dict, dim: int, w: Workload = Workl
         f"k-means sample {sample:,} x {d}, centroids, every text's id (to draw the sample)")
     add("cqg", "driver", PROCESS_BASE + counts["candidates"] * d * 4 + N * (ID_BYTES + 8 + PLACE_BYTES),
         "candidate question embeddings (dedup), the clusters, each text's place")
+    kw = k * cfg.cqg.keyword_texts if cfg.cqg.prompt == "property" and cfg.cqg.keywords > 0 else 0
+    if kw:
+        add("cqg", "keywords task", PROCESS_BASE + kw * (text + ID_BYTES + KEYWORD_COUNT_BYTES),
+            f"{kw:,} keyword texts ({cfg.cqg.keyword_texts} a cluster) and their sparse word counts")
     if llm_name:
         add("cqg", "LLM engine", PROCESS_BASE + llm, f"{llm_name} weights{'' if llm else ' (unknown model: not counted)'}")
     add("label", "driver", PROCESS_BASE + N * (ID_BYTES + 8 + PLACE_BYTES) + pairs * PAIR_BYTES + prompts * PROMPT_BYTES
         + 2 * (pairs * 4 + prompts * 16), f"clusters, places, plan arrays ({pairs:,} pairs, {prompts:,} prompts), plan table and Parquet bytes")
+    requests = pairs if cfg.llm.answer_mode == "single" else prompts
+    add("label", "ledger index", PROCESS_BASE + requests * KEY_INDEX_BYTES, f"every ledger key of {requests:,} requests, sorted")
     add("label", "label worker", PROCESS_BASE + batch_prompts * text, f"a batch of {batch_prompts:,} prompts' texts")
     if llm_name:
         add("label", "LLM engine", PROCESS_BASE + llm + batch_prompts * text, f"{llm_name} weights, a batch of texts")
