@@ -33,13 +33,15 @@ class ShardTexts:
     """Texts by (shard, row) from the corpus shards, reading only the row groups that hold them (the last call's kept)."""
 
     def __init__(self, run):
-        from cqg_ray.artifacts import corpus_shards
-
-        self.run, self.paths = run, corpus_shards(run)
+        self.run, self.paths = run, None  # listed on first use: a job whose plan holds its own texts never needs them
         self.files: dict[int, tuple[pq.ParquetFile, np.ndarray]] = {}
         self.held: dict[tuple[int, int], pa.ChunkedArray] = {}
 
     def _file(self, s: int) -> tuple[pq.ParquetFile, np.ndarray]:
+        if self.paths is None:
+            from cqg_ray.artifacts import corpus_shards
+
+            self.paths = corpus_shards(self.run)
         if s not in self.files:
             f = pq.ParquetFile(self.paths[s], filesystem=self.run.fs)
             md = f.metadata
