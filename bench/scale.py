@@ -15,7 +15,7 @@ Two things are cheap stand-ins, so that the three sizes fit in well under 45 min
     sentence-transformers folder (under ~/.cache/cqg-ray/bench/, or $CQG_RAY_CACHE/bench/) and loaded by the real
     encoder interface (`cqg_ray.encoder.load_encoder`, backend torch-float32) in the real encode actor pool. Nothing
     loads from a model hub.
-  * THE LLM IS FAKE: `llm.backend: fake` (`cqg_ray.llm.fake.FakeBackend`: hashed answers, three questions a
+  * THE LLM IS FAKE: `llm.backend: fake` (`cqg_ray.llm.engines.fake.FakeBackend`: hashed answers, three questions a
     generation prompt, of which its parser keeps one, as they differ in a digit only; no model) behind the real
     engine interface; generation, probing and labelling stream
     through `cqg_ray/llm/stream.py` as they would with a real engine. The fake's questions all open alike, so
