@@ -150,19 +150,23 @@ class PlanWorker:
         return {"requests": len(reqs), "unique": unique, "from_ledger": from_ledger, "to_send": unique - from_ledger,
                 "fit": self.job.fit_counts()}
 
+    def _missing(self, group: int) -> tuple[list, list[str], dict[str, Any]]:
+        """The batch's requests, their keys, and {key: request} of those the ledger lacks (each key once, plan order)."""
+        reqs, keys, _ = self.requests(group)
+        self.job.fit_counts()
+        todo: dict[str, Any] = {}
+        for k, r, d in zip(keys, reqs, self._done(keys)):
+            if not d and k not in todo:
+                todo[k] = r
+        return reqs, keys, todo
+
     def answer(self, group: int) -> dict[str, Any]:
         from cqg_ray.llm.backends import make_backend
         from cqg_ray.llm.ledger import BatchWriter
         from cqg_ray.llm.runner import _Pending, _prefix_order, answer_pending, new_run_stats
 
         t0 = time.time()
-        reqs, keys, _ = self.requests(group)
-        self.job.fit_counts()
-        done = self._done(keys)
-        todo: dict[str, Any] = {}
-        for k, r, d in zip(keys, reqs, done):
-            if not d and k not in todo:
-                todo[k] = _Pending(k, r)
+        reqs, keys, todo = self._missing(group)
         counters = new_run_stats(t0, len(reqs), len(set(keys)), len(set(keys)) - len(todo), len(todo))
         llm = self.job.llm
         if todo:
@@ -170,7 +174,7 @@ class PlanWorker:
                 self.backend = self.engine() if self.engine is not None else make_backend(llm, in_process=True, cluster=self.job.cfg.ray)
             if self.writer is None:
                 self.writer = BatchWriter(Ledger(self.job.run, self.job.ledger, journal=worker_journal()), llm.flush_every, llm.flush_s)
-            pending = sorted(todo.values(), key=lambda p: _prefix_order(p.request))
+            pending = sorted((_Pending(k, r) for k, r in todo.items()), key=lambda p: _prefix_order(p.request))
             answer_pending(pending, self.backend, llm, self.job.ledger, self.writer.add, counters)
         counters["shards"] = self.writer.shards if self.writer is not None else 0
         counters["wall_s"] = round(time.time() - t0, 3)
@@ -180,13 +184,7 @@ class PlanWorker:
         """The batch's requests the ledger lacks as one-job rows (``job_row``), prefix order, at ``attempt``'s sampling."""
         from cqg_ray.llm.runner import _prefix_order
 
-        reqs, keys, _ = self.requests(group)
-        self.job.fit_counts()
-        done = self._done(keys)
-        todo: dict[str, Any] = {}
-        for k, r, d in zip(keys, reqs, done):
-            if not d and k not in todo:
-                todo[k] = r
+        _, _, todo = self._missing(group)
         return [job_row(k, r, self.job.llm, attempt) for k, r in sorted(todo.items(), key=lambda kr: _prefix_order(kr[1]))]
 
     def close(self) -> None:
