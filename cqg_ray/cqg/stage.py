@@ -115,8 +115,8 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
                                   generation_plan, probe_plan)
     from cqg_ray.llm.base import backend_identity
     from cqg_ray.llm.backends import stage_budget
-    from cqg_ray.llm.fit import budget_summary
-    from cqg_ray.llm.stream import corpus_places, fit_report, rows_per_group, stream_plan, write_plan
+    from cqg_ray.llm.fit import budget_summary, fit_report
+    from cqg_ray.llm.stream import corpus_places, rows_per_group, stream_plan, write_plan
 
     import ray
 

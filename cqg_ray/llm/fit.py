@@ -164,9 +164,7 @@ class PromptFitter:
 
     def report(self) -> dict[str, int]:
         """The counts under the names a stage's manifest uses (``<stage>_prompts_clipped``, ...)."""
-        c = self.counts
-        return {"prompts_checked": c["checked"], "prompts_clipped": c["clipped"], "texts_dropped": c["texts_dropped"],
-                "chars_cut": c["chars_cut"], "longest_prompt_tokens": c["max_tokens_before"]}
+        return fit_report(self.counts)
 
     def log(self) -> None:
         c = self.counts
@@ -207,6 +205,13 @@ def hf_budget(tokenizer_name: str, context: int, engine: str) -> PromptBudget:
         return len(ids) + (len(tok.encode(req.answer_prefix, add_special_tokens=False)) if req.answer_prefix else 0)
 
     return PromptBudget(context, count, f"{engine}, tokenizer {tokenizer_name}", overhead=template_overhead(count))
+
+
+def fit_report(counts: dict) -> dict[str, int]:
+    """Fitter counts (one fitter's, or several summed) under the names a stage's manifest uses (``<stage>_prompts_clipped``, ...)."""
+    return {"prompts_checked": counts.get("checked", 0), "prompts_clipped": counts.get("clipped", 0),
+            "texts_dropped": counts.get("texts_dropped", 0), "chars_cut": counts.get("chars_cut", 0),
+            "longest_prompt_tokens": counts.get("max_tokens_before", 0)}
 
 
 def budget_summary(budget: PromptBudget | None) -> dict[str, Any]:

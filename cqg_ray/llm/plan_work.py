@@ -256,7 +256,7 @@ class _LedgerRows:
 
     def __call__(self, batch: dict) -> dict:
         from cqg_ray.llm.base import Completion, request_of
-        from cqg_ray.llm.runner import _finish, _Pending, judge
+        from cqg_ray.llm.runner import _finish, _Pending, judge, settled
 
         c = {"sent": 0, "finished": 0, "failures": 0, "again": 0, "prompt_tokens": 0, "completion_tokens": 0}
         for i in range(len(batch["key"])):
@@ -269,7 +269,7 @@ class _LedgerRows:
             c["sent"] += 1
             c["prompt_tokens"] += done.prompt_tokens
             c["completion_tokens"] += done.completion_tokens
-            if ok or self.attempt >= self.job.llm.max_attempts or (req.yes_no and not done.error):  # same prompt, same logits
+            if settled(req, done, ok, self.attempt, self.job.llm.max_attempts):
                 p = _Pending(str(row["key"]), req, attempts=self.attempt, prompt_tokens=done.prompt_tokens,
                              completion_tokens=done.completion_tokens, text=done.text, error=error)
                 self.writer.add(_finish(p, ok, answers, done.p_yes if ok else None))

@@ -112,6 +112,12 @@ def judge(req: Request, c: Completion) -> tuple[bool, list[bool] | None, str | N
         return False, None, f"unparseable: {e}"
 
 
+def settled(req: Request, c: Completion, ok: bool, attempt: int, max_attempts: int) -> bool:
+    """Whether a judged completion is final: accepted, the last attempt, a reply the backend marks final, or a
+    single-pass answer the backend gave (the same prompt gives the same logits, so asking again cannot change it)."""
+    return ok or attempt >= max_attempts or c.final or (req.yes_no and not c.error)
+
+
 def new_run_stats(t0: float, requests: int, unique: int, from_ledger: int, to_send: int) -> dict[str, Any]:
     """One run's entry of ``_stats.json`` (counters start at zero)."""
     return {
@@ -162,7 +168,7 @@ def answer_pending(pending: list[_Pending], backend: Backend, llm: LLMConfig, st
             this_run["completion_tokens"] += c.completion_tokens
             ok, answers, error = judge(p.request, c)
             p.error = error
-            if ok or attempt == llm.max_attempts or c.final or (p.request.yes_no and not c.error):  # same prompt, same logits
+            if settled(p.request, c, ok, attempt, llm.max_attempts):
                 this_run["finished"] += 1
                 this_run["failures"] += 0 if ok else 1
                 if not ok:

@@ -63,11 +63,6 @@ def add_counters(total: dict, part: dict) -> dict:
     return total
 
 
-def fit_report(fit: dict) -> dict[str, int]:
-    """A pass's summed fitter counts under the names a stage's manifest uses (as ``PromptFitter.report``)."""
-    return {"prompts_checked": fit.get("checked", 0), "prompts_clipped": fit.get("clipped", 0), "texts_dropped": fit.get("texts_dropped", 0),
-            "chars_cut": fit.get("chars_cut", 0), "longest_prompt_tokens": fit.get("max_tokens_before", 0)}
-
 # ----------------------------------------------------------------------------------------- plans
 
 
@@ -97,7 +92,7 @@ def write_plan(run, path: str, table: pa.Table, rows: int) -> list[int]:
     buf = io.BytesIO()
     pq.write_table(table, buf, row_group_size=max(1, rows))
     run.write_bytes(path, buf.getvalue())
-    return list(range(pq.ParquetFile(run.path(path), filesystem=run.fs).num_row_groups)) if table.num_rows else []
+    return list(range(pq.ParquetFile(pa.BufferReader(buf.getvalue())).num_row_groups)) if table.num_rows else []
 
 
 # ----------------------------------------------------------------------------------------- the passes, mapped
@@ -107,11 +102,11 @@ def answer_in_one_job(job: PlanJob, identity: dict, groups: list[int], index, ba
     """The answer pass as one Ray Data job per attempt: plan groups -> pending request rows (CPU actors) ->
     ``backend.job`` (vLLM: ``ray.data.llm``'s processor with its autoscaling engine pool) -> judged rows into the
     ledger (CPU actors). A row that failed with attempts left goes again in the next attempt's job, after
-    ``reindex()`` (the journals into a shard, the keys again) tells the pending rows what is done."""
+    ``reindex()`` (the journals into a shard, the keys again) tells the pending rows what is done; after the last
+    attempt the caller reindexes, as after any answer pass."""
     import ray
 
-    counters: dict[str, int] = {"sent": 0, "finished": 0, "failures": 0, "retries": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0,
-                                "completion_tokens": 0, "shards": 0}
+    counters = dict.fromkeys(SENT_COUNTERS, 0)
     for attempt in range(1, job.llm.max_attempts + 1):
         pool = ray.data.ActorPoolStrategy(min_size=1, max_size=max(1, min(size[1], len(groups))))
         ds = ray.data.from_items([{"group": g} for g in groups], override_num_blocks=len(groups)).map_batches(
@@ -127,9 +122,9 @@ def answer_in_one_job(job: PlanJob, identity: dict, groups: list[int], index, ba
             counters["retries"] += c.get("sent", 0)
         for k in ("sent", "finished", "failures", "prompt_tokens", "completion_tokens"):
             counters[k] += c.get(k, 0)
-        index = reindex()
         if not c.get("again"):
-            break
+            break  # the caller reindexes once the pass is over
+        index = reindex()
         log.info("llm %s: attempt %d for %d requests", job.ledger, attempt + 1, c["again"])
     return counters
 
@@ -148,7 +143,17 @@ def concat_parts(run_root: str, stage: str, kinds: dict[str, pa.Schema]) -> dict
     return out
 
 
-class LocalPasses:
+class _Passes:
+    """What both kinds of passes share: the answer pass as a ``map`` of ``PlanWorker.answer`` whose counters are summed."""
+
+    def answer(self, groups: list[int], index) -> dict[str, Any]:
+        sent: dict = {}
+        for part in self.map("answer", groups, index):
+            add_counters(sent, {k: part[k] for k in SENT_COUNTERS})
+        return sent
+
+
+class LocalPasses(_Passes):
     """The passes in this process, one batch after another (tests, a backend handed in, no Ray)."""
 
     def __init__(self, job: PlanJob, identity: dict, backend):
@@ -165,12 +170,6 @@ class LocalPasses:
         finally:
             worker.close()
 
-    def answer(self, groups: list[int], index) -> dict[str, Any]:
-        sent: dict = {}
-        for part in self.map("answer", groups, index):
-            add_counters(sent, {k: part[k] for k in SENT_COUNTERS})
-        return sent
-
     def concat(self) -> dict[str, int]:
         return concat_parts(self.job.run_root, self.job.stage, self.job.parts)
 
@@ -186,7 +185,7 @@ def engine_pool(llm: LLMConfig, now: dict, most: dict) -> tuple[tuple[int, int],
     return pool_range({"CPU": 1}, now, most), 1.0
 
 
-class RayPasses:
+class RayPasses(_Passes):
     """The passes on Ray: Ray Data over the plan's row groups; the ledger's index and the part files through tasks."""
 
     def __init__(self, job: PlanJob, identity: dict, engine=None, one_job: bool | None = None):
@@ -222,10 +221,7 @@ class RayPasses:
     def answer(self, groups: list[int], index) -> dict[str, Any]:
         """The answer pass: an engine actor pool over the groups, or (vLLM) one Ray Data job per attempt (`answer_in_one_job`)."""
         if not self.one_job:
-            sent: dict = {}
-            for part in self.map("answer", groups, index):
-                add_counters(sent, {k: part[k] for k in SENT_COUNTERS})
-            return sent
+            return super().answer(groups, index)
         from cqg_ray.llm.backends import make_backend
 
         backend = self.engine() if self.engine is not None else make_backend(self.job.llm, cluster=self.job.cfg.ray)

@@ -42,8 +42,8 @@ def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: b
     through ``engine().job`` (default: for vLLM; see ``cqg_ray.llm.stream.answer_in_one_job``)."""
     from cqg_ray.llm.base import backend_identity
     from cqg_ray.llm.backends import stage_budget
-    from cqg_ray.llm.fit import budget_summary
-    from cqg_ray.llm.stream import corpus_places, fit_report, stream_plan, write_plan
+    from cqg_ray.llm.fit import budget_summary, fit_report
+    from cqg_ray.llm.stream import corpus_places, stream_plan, write_plan
     from cqg_ray.mbqa.label_plan import make_label_plan
     from cqg_ray.mbqa.label_work import PLAN, LabelJob, batch_rows, plan_table
 
