@@ -35,6 +35,7 @@ it has one; polled every 0.5 s, so a stage's first half second may count to the 
   worker     the largest peak RSS (VmHWM, reset likewise) of the Ray worker processes (`ray::...`) during the
              stage; VmHWM counts the object store pages a worker has mapped; beside it what that process ran
   anon       the largest private memory (RssAnon: without the object store's shared pages) of a worker, polled
+  shm        the shared pages (RssShmem: the object store's) that the largest worker had mapped at its peak
   spilled    bytes of the spill files that appeared during the stage (Ray's spill directory, set to a folder of
              this bench by RAY_object_spilling_directory, listed every 0.5 s)
   files      files under the stage's folder of the run directory (+ its LLM ledger folder, for LLM stages)
@@ -265,7 +266,7 @@ class Monitor(threading.Thread):
         return workers, system
 
     def _rec(self, stage: str) -> dict:
-        return self.stages.setdefault(stage, {"driver_rss_mb": 0.0, "worker_rss_mb": 0.0, "worker": "", "worker_anon_mb": 0.0,
+        return self.stages.setdefault(stage, {"driver_rss_mb": 0.0, "worker_rss_mb": 0.0, "worker": "", "worker_anon_mb": 0.0, "worker_shm_mb": 0.0,
                                               "system_rss_mb": 0.0, "spilled_bytes": 0, "spill_files": 0, "t0": time.time(),
                                               "_tasks": {}, "_peak_pid": None})
 
@@ -290,6 +291,7 @@ class Monitor(threading.Thread):
             mb = _status_kb(pid, "VmHWM") / 1024
             if mb > r["worker_rss_mb"]:
                 r["worker_rss_mb"], r["_peak_pid"] = mb, pid
+                r["worker_shm_mb"] = _status_kb(pid, "RssShmem") / 1024
             r["worker_anon_mb"] = max(r["worker_anon_mb"], _status_kb(pid, "RssAnon") / 1024)
         if r["_peak_pid"] is not None:
             r["worker"] = ", ".join(sorted(r["_tasks"].get(r["_peak_pid"], ()))) or "(idle: a task of an earlier stage)"
@@ -361,7 +363,7 @@ def run_size(n: int, work: str, encoder: str, sentences: list[str], rows_per_fil
         r["counts"] = (manifest or {}).get("counts", {})
         r["files"] = count_files(os.path.join(run_dir, s))
         r["ledger_files"] = count_files(os.path.join(run_dir, "llm", "ledger", LEDGERS[s])) if s in LEDGERS else 0
-        for k in ("driver_rss_mb", "worker_rss_mb", "worker_anon_mb", "system_rss_mb"):
+        for k in ("driver_rss_mb", "worker_rss_mb", "worker_anon_mb", "worker_shm_mb", "system_rss_mb"):
             r[k] = round(r[k], 1)
         for k in ("t0", "t1", "_tasks", "_peak_pid"):
             r.pop(k, None)
@@ -387,14 +389,14 @@ def print_size(r: dict, log) -> None:
     m = st.get("questions", {}).get("counts", {}).get("questions")
     log(f"--- {n:,} texts ({size_name(n)}): {r['wall_s']:.0f} s in all (exit {r['rc']}); {r['input_files']} JSONL inputs, {fmt_bytes(r['input_bytes'])}; "
         f"k = {max(2, n // 1000)}, m = {m}, labelled pairs = {pairs}")
-    log(f"{'stage':<11} {'wall s':>8} {'driver MB':>10} {'worker MB':>10} {'anon MB':>8} {'spilled':>10} {'files':>7}  "
+    log(f"{'stage':<11} {'wall s':>8} {'driver MB':>10} {'worker MB':>10} {'anon MB':>8} {'shm MB':>7} {'spilled':>10} {'files':>7}  "
         "the largest worker ran")
     for s in STAGES:
         if s not in st:
             continue
         x = st[s]
         files = f"{x['files']}" + (f"+{x['ledger_files']}" if x["ledger_files"] else "")
-        log(f"{s:<11} {x['wall_s']:>8.1f} {x['driver_rss_mb']:>10.0f} {x['worker_rss_mb']:>10.0f} {x['worker_anon_mb']:>8.0f} "
+        log(f"{s:<11} {x['wall_s']:>8.1f} {x['driver_rss_mb']:>10.0f} {x['worker_rss_mb']:>10.0f} {x['worker_anon_mb']:>8.0f} {x.get('worker_shm_mb', 0):>7.0f} "
             f"{fmt_bytes(x['spilled_bytes']):>10} {files:>7}  {x['worker'][:80]}{'' if x['finished'] else '  (did not finish)'}")
     log(f"driver peak (whole run) {r['driver_rss_mb']:.0f} MB; spill files on disk at most {fmt_bytes(r['spill_peak_on_disk_bytes'])}")
 

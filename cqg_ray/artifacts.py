@@ -172,22 +172,28 @@ def embedding_files(run: RunDir) -> list[str]:
 
 
 def load_embeddings(run: RunDir, doc_ids=None) -> tuple[np.ndarray, np.ndarray]:
-    """(doc_ids, embeddings float32) sorted by doc_id; only the given ids when ``doc_ids`` is set (streamed per file)."""
-    wanted = None if doc_ids is None else pa.array(sorted(set(np.asarray(doc_ids, dtype=object).tolist())), pa.string())
-    parts = []
+    """(doc_ids, embeddings float32) sorted by doc_id; only the given ids when ``doc_ids`` is set.
+
+    Read one file at a time into one (n, d) array: the wanted rows once, never a copy of the whole."""
+    wanted = np.unique(np.asarray(load_doc_ids(run) if doc_ids is None else doc_ids, dtype=object)).astype(object)
+    value_set = pa.array(wanted, pa.string())
+    out, seen = None, np.zeros(len(wanted), np.int64)
     for f in embedding_files(run):
         t = pq.read_table(f, filesystem=run.fs)
-        if wanted is not None:
-            t = t.filter(pc.is_in(t.column("doc_id"), value_set=wanted))
-        parts.append(t)
-    table = pa.concat_tables(parts).sort_by("doc_id")
-    if wanted is not None and table.num_rows != len(wanted):
-        found = len(set(table.column("doc_id").to_pylist()))
-        what = (f"embeddings missing for {len(wanted) - found:,} of {len(wanted):,} requested documents" if found < len(wanted) else
-                f"{table.num_rows - found:,} documents embedded more than once")
+        pos = pc.index_in(t.column("doc_id"), value_set=value_set)
+        if pos.null_count:
+            t, pos = t.filter(pos.is_valid()), pos.drop_null()
+        pos = pos.to_numpy(zero_copy_only=False).astype(np.int64)
+        if out is None:
+            out = np.empty((len(wanted), t.schema.field("embedding").type.list_size), np.float32)
+        out[pos] = embedding_matrix(t.column("embedding"))
+        np.add.at(seen, pos, 1)
+    missing, extra = int((seen == 0).sum()), int(seen.sum() - (seen > 0).sum())
+    if missing or extra:
+        what = (f"embeddings missing for {missing:,} of {len(wanted):,} requested documents" if missing else
+                f"{extra:,} documents embedded more than once")
         raise ArtifactError(f"{run.uri('encode')}: {what}; redo it: `cqg-ray run --force encode` (or `cqg-ray encode --force`)")
-    ids = table.column("doc_id").to_numpy(zero_copy_only=False)
-    return ids, embedding_matrix(table.column("embedding")).astype(np.float32, copy=False)
+    return wanted, out if out is not None else np.zeros((0, 0), np.float32)
 
 
 def load_doc_ids(run: RunDir) -> np.ndarray:

@@ -20,7 +20,6 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 import torch
 from ray.train import DataConfig
 
@@ -47,8 +46,7 @@ def _train_loop_per_worker(config: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
-    tables = list(ray.train.get_dataset_shard("train").iter_batches(batch_size=None, batch_format="pyarrow"))
-    shard = shard_arrays(pa.concat_tables(tables) if tables else pa.table({}), config["d"])
+    shard = shard_arrays(ray.train.get_dataset_shard("train").iter_batches(batch_size=None, batch_format="pyarrow"), config["d"])
 
     def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if world == 1:
@@ -67,7 +65,7 @@ def _train_loop_per_worker(config: dict) -> None:
     pos_weight = ((pairs - yes) / yes if yes else 1.0) if cfg.pos_weight == "auto" else float(cfg.pos_weight)
     if rank == 0:
         log.info("train: %d pairs over %d workers (this one %d texts, %d pairs), pos_weight=%.4f, %d steps/epoch, %d epochs",
-                 pairs, world, len(shard["emb"]), len(shard["label"]), pos_weight, n_steps, cfg.epochs)
+                 pairs, world, shard["texts"], len(shard["label"]), pos_weight, n_steps, cfg.epochs)
 
     torch.manual_seed(cfg.seed)
     heads = StackedHeads(config["d"], config["m"], cfg.hidden).to(device)

@@ -5,12 +5,14 @@ A row is one labelled text: ``doc_id``, ``embedding`` (its frozen encoder embedd
 P(yes) with soft labels) and ``held`` (held out for the Table 6 report). `run_texts` builds the rows from a run
 directory: Data workers read encode/ and look up each batch's labels in labels/labels.parquet, so every text is
 one row and neither the labels nor the embeddings pass through the driver. `arrays_dataset` builds the same rows
-from arrays (the array API of `train_heads`, tests, benches). Each Ray Train worker turns its shard into the arrays
-`loop.run_epochs` trains on (`shard_arrays`); `TextStats` is the pass after training (per-question label counts,
-the heads' mean probabilities, the confusion counts on held-out pairs).
+from arrays (the array API of `train_heads`, tests, benches). Each Ray Train worker turns its shard, batch by batch,
+into the arrays `loop.run_epochs` trains on (`shard_arrays`); `TextStats` is the pass after training (per-question
+label counts, the heads' mean probabilities, the confusion counts on held-out pairs).
 """
 
 from __future__ import annotations
+
+from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -52,29 +54,39 @@ def texts_table(doc_id, embedding: np.ndarray, pair_text: np.ndarray, question: 
     })
 
 
-def shard_arrays(table: pa.Table, d: int) -> dict:
-    """A Train worker's shard (text rows) -> the arrays `run_epochs` trains on, in a canonical order.
+def shard_arrays(tables: Iterable[pa.Table], d: int) -> dict:
+    """A Train worker's shard (batches of text rows, as they arrive) -> the arrays `run_epochs` trains on.
 
-    Texts sorted by doc_id (a text in two rows is one text), pairs by (text, question), so the arrays depend on
-    which texts the shard holds, not on the order its blocks arrived in. Returns ``emb`` (n, d) float32, ``row``
-    (local text row of each pair), ``question``, ``answer`` (the training target, float32) and ``label`` (the 0/1
-    answers, int8).
+    The embeddings are copied once, batch by batch, into one buffer that grows in place (``ndarray.resize``: a
+    realloc, so no second copy of the shard), and no batch is kept. The pairs come out in a canonical order, texts
+    by doc_id (a text in two rows is one text), then question, so what is trained (``question``, ``answer``,
+    ``emb[row]``) depends on which texts the shard holds, not on the order its blocks arrived in; ``emb`` itself is
+    in arrival order. Returns ``emb`` (rows, d) float32, ``row`` (the emb row of each pair's text), ``question``,
+    ``answer`` (the training target, float32), ``label`` (the 0/1 answers, int8) and ``texts`` (distinct texts).
     """
-    if table.num_rows == 0:
-        return {"emb": np.zeros((0, d), np.float32), "row": np.zeros(0, np.int64), "question": np.zeros(0, np.int32),
-                "answer": np.zeros(0, np.float32), "label": np.zeros(0, np.int8)}
-    ids = table.column("doc_id").to_numpy(zero_copy_only=False).astype(str)
-    texts, first, text_of_row = np.unique(ids, return_index=True, return_inverse=True)
-    emb = embedding_matrix(table.column("embedding"))[first].astype(np.float32, copy=False)
-    q_col = pa.chunked_array(table.column("question")).combine_chunks()
-    row_of_pair = pc.list_parent_indices(q_col).to_numpy()
-    row = text_of_row[row_of_pair].astype(np.int64)
-    question = pc.list_flatten(q_col).to_numpy().astype(np.int32)
-    answer = pc.list_flatten(table.column("target")).to_numpy().astype(np.float32)
-    label = pc.list_flatten(table.column("answer")).to_numpy().astype(np.int8)
-    order = np.lexsort((question, row))
-    return {"emb": np.ascontiguousarray(emb), "row": row[order], "question": question[order], "answer": answer[order],
-            "label": label[order]}
+    emb = np.zeros((0, d), np.float32)
+    ids, text, question, answer, label = [], [], [], [], []
+    for table in tables:
+        n, start = table.num_rows, len(emb)
+        if n == 0:
+            continue
+        ids.append(table.column("doc_id").to_numpy(zero_copy_only=False).astype(str))
+        emb.resize((start + n, d), refcheck=False)
+        emb[start:] = embedding_matrix(table.column("embedding"))
+        q_col = pa.chunked_array(table.column("question")).combine_chunks()
+        text.append(pc.list_parent_indices(q_col).to_numpy().astype(np.int64) + start)
+        question.append(pc.list_flatten(q_col).to_numpy().astype(np.int32))
+        answer.append(pc.list_flatten(table.column("target")).to_numpy().astype(np.float32))
+        label.append(pc.list_flatten(table.column("answer")).to_numpy().astype(np.int8))
+    if not ids:
+        return {"emb": emb, "row": np.zeros(0, np.int64), "question": np.zeros(0, np.int32),
+                "answer": np.zeros(0, np.float32), "label": np.zeros(0, np.int8), "texts": 0}
+    names, first, rank = np.unique(np.concatenate(ids), return_index=True, return_inverse=True)
+    text_rank = rank[np.concatenate(text)]
+    question, answer, label = np.concatenate(question), np.concatenate(answer), np.concatenate(label)
+    order = np.lexsort((question, text_rank))
+    return {"emb": emb, "row": first[text_rank][order].astype(np.int64), "question": question[order],
+            "answer": answer[order], "label": label[order], "texts": len(names)}
 
 
 def worker_cpus(cpus_per_worker: float, num_workers: int, cluster_cpus: float, data_cpus: float) -> float:

@@ -31,32 +31,52 @@ def test_texts_table_has_one_row_per_labelled_text():
 
 def test_shard_arrays_are_canonical_whatever_the_row_order():
     t = small_table()
-    shard = shard_arrays(t, 4)
-    assert shard["emb"].tolist() == [[8, 9, 10, 11], [0, 1, 2, 3]]  # sorted by doc_id: a, b
-    assert shard["row"].tolist() == [0, 1, 1]
+    shard = shard_arrays([t], 4)
+    assert shard["emb"].tolist() == [[0, 1, 2, 3], [8, 9, 10, 11]]  # in arrival order: b, a
+    assert shard["row"].tolist() == [1, 0, 0]  # pairs by doc_id: a's question 1, then b's 0 and 2
     assert shard["question"].tolist() == [1, 0, 2]
     assert shard["label"].tolist() == [0, 0, 1]
     assert shard["answer"].dtype == np.float32 and shard["answer"].tolist() == pytest.approx([0.2, 0.1, 0.9])
-    backwards = shard_arrays(pa.concat_tables([t.slice(1), t.slice(0, 1)]), 4)
-    for k in shard:
+    assert shard["texts"] == 2
+    backwards = shard_arrays([t.slice(1), pa.table({}), t.slice(0, 1)], 4)  # other blocks, other order, an empty one
+    assert backwards["row"].tolist() == [0, 1, 1]
+    for k in ("question", "answer", "label"):
         assert np.array_equal(backwards[k], shard[k]), k
-    empty = shard_arrays(pa.table({}), 4)
-    assert empty["emb"].shape == (0, 4) and len(empty["row"]) == 0
+    assert np.array_equal(backwards["emb"][backwards["row"]], shard["emb"][shard["row"]])  # each pair sees the same text
+    empty = shard_arrays([], 4)
+    assert empty["emb"].shape == (0, 4) and len(empty["row"]) == 0 and empty["texts"] == 0
+
+
+def test_shard_arrays_copy_each_batch_once_and_keep_none():
+    """The embeddings buffer owns its memory (no view into a batch), holds each row once, and the batches are gone."""
+    import gc
+    import weakref
+
+    emb = np.arange(40, dtype=np.float32).reshape(10, 4)
+    batches = [texts_table(np.array([f"d{i}" for i in range(j, j + 5)]), emb[j:j + 5], np.arange(5), np.zeros(5, int), np.ones(5, int))
+               for j in (0, 5)]
+    alive = [weakref.ref(b.column("embedding").chunk(0).buffers()[-1]) for b in batches]
+    shard = shard_arrays(iter(batches), 4)
+    del batches
+    gc.collect()
+    assert [r() for r in alive] == [None, None]
+    assert shard["emb"].flags.owndata and shard["emb"].tolist() == emb.tolist()
+    assert shard["row"].tolist() == list(range(10))
 
 
 def test_a_text_split_over_two_rows_is_one_text():
     emb = np.ones((1, 2), np.float32)
     a = texts_table(np.array(["x"]), emb, np.array([0]), np.array([3]), np.array([1]))
     b = texts_table(np.array(["x"]), emb, np.array([0]), np.array([1]), np.array([0]))
-    shard = shard_arrays(pa.concat_tables([a, b]), 2)
-    assert len(shard["emb"]) == 1 and shard["row"].tolist() == [0, 0] and shard["question"].tolist() == [1, 3]
+    shard = shard_arrays([a, b], 2)
+    assert shard["texts"] == 1 and shard["row"].tolist() == [0, 0] and shard["question"].tolist() == [1, 3]
 
 
 def test_unequal_shards_give_unequal_step_counts():
     """What the train loop's all-reduce max is for: two shards of one split need different numbers of steps."""
     emb = np.zeros((3, 2), np.float32)
-    big = shard_arrays(texts_table(np.array(["a", "b", "c"]), emb, np.array([0, 1, 2]), np.array([0, 0, 0]), np.array([1, 0, 1])), 2)
-    small = shard_arrays(texts_table(np.array(["d"]), emb[:1], np.array([0]), np.array([0]), np.array([1])), 2)
+    big = shard_arrays([texts_table(np.array(["a", "b", "c"]), emb, np.array([0, 1, 2]), np.array([0, 0, 0]), np.array([1, 0, 1]))], 2)
+    small = shard_arrays([texts_table(np.array(["d"]), emb[:1], np.array([0]), np.array([0]), np.array([1]))], 2)
     assert steps_per_epoch([big], 1, 1) == 3 and steps_per_epoch([small], 1, 1) == 1
     assert steps_per_epoch([big, small], 1, 1) == 3
 
