@@ -396,7 +396,7 @@ def print_size(r: dict, log) -> None:
             continue
         x = st[s]
         files = f"{x['files']}" + (f"+{x['ledger_files']}" if x["ledger_files"] else "")
-        log(f"{s:<11} {x['wall_s']:>8.1f} {x['driver_rss_mb']:>10.0f} {x['worker_rss_mb']:>10.0f} {x['worker_anon_mb']:>8.0f} {x.get('worker_shm_mb', 0):>7.0f} "
+        log(f"{s:<11} {x['wall_s']:>8.1f} {x['driver_rss_mb']:>10.0f} {x['worker_rss_mb']:>10.0f} {x['worker_anon_mb']:>8.0f} {x['worker_shm_mb']:>7.0f} "
             f"{fmt_bytes(x['spilled_bytes']):>10} {files:>7}  {x['worker'][:80]}{'' if x['finished'] else '  (did not finish)'}")
     log(f"driver peak (whole run) {r['driver_rss_mb']:.0f} MB; spill files on disk at most {fmt_bytes(r['spill_peak_on_disk_bytes'])}")
 
