@@ -67,15 +67,22 @@ class StackedHeads(nn.Module):
         return torch.einsum("bmh,mh->bm", hid.view(-1, m, h), self.w2) + self.b2
 
     @torch.no_grad()
-    def mean_probabilities(self, x, chunk: int = 4096):
-        """(m,) float32 numpy: each head's mean sigma(logit) over the texts x (n, d) (the centring statistics)."""
+    def probability_sums(self, x, floats: int = 1 << 22):
+        """(m,) float64 numpy: each head's sum of sigma(logit) over the texts x (n, d), in chunks of texts whose hidden
+        activations (chunk x m x hidden) stay under ``floats`` numbers (16 MB), however many heads there are."""
         import numpy as np
 
-        x = torch.as_tensor(np.asarray(x, dtype=np.float32))
-        total = torch.zeros(self.w1.shape[0], dtype=torch.float64)
-        for i in range(0, len(x), chunk):
-            total += torch.sigmoid(self.forward_all(x[i : i + chunk].to(self.w1.device, self.w1.dtype))).double().sum(0).cpu()
-        return (total / max(len(x), 1)).float().numpy()
+        x = np.asarray(x, dtype=np.float32)
+        m, h, _ = self.w1.shape
+        chunk = max(1, floats // (m * h))
+        total = torch.zeros(m, dtype=torch.float64)
+        for i in range(0, len(x), chunk):  # torch.tensor copies the chunk (x may be a read-only Arrow buffer)
+            total += torch.sigmoid(self.forward_all(torch.tensor(x[i : i + chunk]).to(self.w1.device, self.w1.dtype))).double().sum(0).cpu()
+        return total.numpy()
+
+    def mean_probabilities(self, x):
+        """(m,) float32 numpy: each head's mean sigma(logit) over the texts x (n, d) (the centring statistics)."""
+        return (self.probability_sums(x) / max(len(x), 1)).astype("float32")
 
     def forward_grouped(self, x: torch.Tensor) -> torch.Tensor:
         """(m, K, d) -> (m, K) logits: head i on its own K texts x[i] (one batched matmul)."""

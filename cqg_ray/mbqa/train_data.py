@@ -101,16 +101,13 @@ def worker_cpus(cpus_per_worker: float, num_workers: int, cluster_cpus: float, d
 def text_stats(table: pa.Table, heads, tau: float) -> dict:
     """One batch of text rows -> per-question label and yes counts, the sum of each head's P(yes) over the texts,
     the held-out confusion counts [[tn, fp], [fn, tp]] at tau, the number of texts."""
-    import torch
-
     from cqg_ray.mbqa.report import predict_pairs
 
     m = heads.m
     question = pc.list_flatten(table.column("question")).to_numpy().astype(np.int64)
     answer = pc.list_flatten(table.column("answer")).to_numpy().astype(np.int64)
     emb = embedding_matrix(table.column("embedding")).astype(np.float32, copy=False)
-    with torch.no_grad():
-        prob_sum = torch.sigmoid(heads.forward_all(torch.tensor(emb))).double().sum(0).numpy() if len(emb) else np.zeros(m)
+    prob_sum = heads.probability_sums(emb) if len(emb) else np.zeros(m)
     q_col = pa.chunked_array(table.column("question")).combine_chunks()
     text = pc.list_parent_indices(q_col).to_numpy()
     is_held = table.column("held").to_numpy(zero_copy_only=False)[text]

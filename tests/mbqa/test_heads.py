@@ -1,5 +1,7 @@
 import math
 
+import numpy as np
+
 import pytest
 import torch
 from torch import nn
@@ -118,3 +120,17 @@ def test_corrupt_or_mismatched_files_raise(heads):
     bad = save(tensors, metadata={"config": '{"format": "cqg_ray.StackedHeads", "d": 12, "m": 8, "hidden": 3}'})
     with pytest.raises(ValueError, match="do not match"):
         StackedHeads.from_bytes(bad)
+
+
+def test_probability_sums_come_in_chunks_bounded_by_the_heads_and_equal_one_pass():
+    torch.manual_seed(0)
+    heads = StackedHeads(6, 5, hidden=4)
+    x = np.random.default_rng(0).standard_normal((37, 6)).astype(np.float32)
+    whole = torch.sigmoid(heads.forward_all(torch.tensor(x))).double().sum(0).detach().numpy()
+    seen = []
+    forward_all = heads.forward_all
+    heads.forward_all = lambda t: (seen.append(len(t)), forward_all(t))[1]
+    sums = heads.probability_sums(x, floats=5 * 4 * 8)  # 8 texts x 5 heads x 4 hidden a chunk
+    assert seen == [8, 8, 8, 8, 5]
+    assert sums.dtype == np.float64 and np.allclose(sums, whole, rtol=0, atol=1e-12)
+    assert heads.mean_probabilities(x) == pytest.approx((whole / 37).astype(np.float32), abs=1e-7)
