@@ -108,14 +108,15 @@ class Head:
 
     def stop(self) -> None:
         """Stop this head only: SIGTERM to the `ray start --block` process group (its Ray processes share its fate),
-        then SIGKILL to anything still running from this head's temp dir."""
+        SIGKILL to the group after 10 s (a graceful stop with Serve's actors up took 30 s), then SIGKILL to anything
+        still running from this head's temp dir."""
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
             try:
-                self.proc.wait(timeout=60)
+                self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=30)

@@ -99,7 +99,7 @@ def test_torch_engine_p_yes_is_the_full_vocabulary_probability(backend):
 
 
 def test_batched_generation_decodes_like_one_at_a_time(backend):
-    reqs = [Request(cqg_messages([t], [u], n_questions=3), max_tokens=60) for t in TEXTS for u in TEXTS if u != t]
+    reqs = [Request(cqg_messages([t], [u], n_questions=3), max_tokens=60) for t in TEXTS for u in TEXTS if u != t][:4]
     batched = dict(backend.generate_batched(reqs))
     one = [backend.complete_one(r) for r in reqs]
     assert sorted(batched) == list(range(len(reqs)))
