@@ -447,6 +447,10 @@ def main(argv=None) -> int:
     log(f"growth {size_name(large)} over {size_name(small)}: worker peak of the largest stage ({stage}) "
         f"{ok[large]['stages'][stage]['worker_rss_mb']:.0f} / {ok[small]['stages'][stage]['worker_rss_mb']:.0f} MB (target <= 1.5); "
         f"driver peak {ok[large]['driver_rss_mb']:.0f} / {ok[small]['driver_rss_mb']:.0f} MB (target <= 1.3)")
+    st_l, st_s = ok[large]["stages"], ok[small]["stages"]
+    anon = max((s for s in st_l if s in st_s and st_s[s]["worker_anon_mb"]), key=lambda s: st_l[s]["worker_anon_mb"])
+    log(f"private memory (RssAnon, without the object store's pages) of the stage with the largest at {size_name(large)} ({anon}): "
+        f"{st_l[anon]['worker_anon_mb']:.0f} / {st_s[anon]['worker_anon_mb']:.0f} MB = {st_l[anon]['worker_anon_mb'] / st_s[anon]['worker_anon_mb']:.3f}")
     for line in growth_lines(w, d):
         log(line)
     return 0 if len(ok) == len(results) else 1

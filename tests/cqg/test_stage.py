@@ -121,8 +121,10 @@ def test_cqg_real_llm_killed_and_resumed(clustered_run, corpus_file, tmp_path):
     import yaml
 
     d = copy_clustered(clustered_run, tmp_path / "run")
-    # two sequences decoded at a time, so the 4 generations finish in two waves and the kill lands between them
-    cfg = small_config(d, corpus_file, backend="llamacpp", max_clusters=4, extra={"llm": {"llamacpp": {"n_ctx": 2048, "batch_generate": 2}}})
+    # two sequences decoded at a time, so the 4 generations finish in two waves and the kill lands between them;
+    # 120 tokens hold ~8 of the 10 questions asked (the last one cut off, which the filters drop)
+    cfg = small_config(d, corpus_file, backend="llamacpp", max_clusters=4,
+                       extra={"llm": {"max_tokens_generate": 120, "llamacpp": {"n_ctx": 2048, "batch_generate": 2}}})
     cfgf = tmp_path / "c.yaml"
     cfgf.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     cmd = [sys.executable, "-m", "cqg_ray.cli", "cqg", "-c", str(cfgf)]
