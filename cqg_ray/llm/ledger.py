@@ -315,9 +315,10 @@ def totals(rows: dict[str, dict[str, Any]] | list[dict[str, Any]]) -> dict[str, 
 
 @dataclass
 class KeyIndex:
-    """The ledger's keys, sorted (fixed 64-byte hex), each with its row's place (shard name, row) and ok flag."""
+    """The ledger's keys, sorted, each with its row's place (shard name, row) and ok flag. A key (64 hex digits of a
+    sha256) is held as its 32 bytes: the same order as the hex, half the memory."""
 
-    keys: np.ndarray
+    keys: np.ndarray  # (n,) S32
     ok: np.ndarray
     shard: np.ndarray
     row: np.ndarray
@@ -325,34 +326,58 @@ class KeyIndex:
 
     @classmethod
     def build(cls, ledger: Ledger) -> "KeyIndex":
-        """From the shards' key and ok columns only (journals must be recovered first). The last copy of a key wins."""
+        """From the shards' key and ok columns only (journals must be recovered first). The last copy of a key wins.
+
+        One shard is read at a time and only its binary keys and places are kept (41 bytes a row); the sorted index
+        is made one array at a time, and copied again only when a key has several copies."""
         names = ledger.shards()
         keys, ok, shard, row = [], [], [], []
         for i, n in enumerate(names):
             t = pq.read_table(ledger.run.path(ledger.folder, n), columns=["key", "ok"], filesystem=ledger.run.fs)
-            k = t.column("key").combine_chunks().cast(pa.binary(64))
-            keys.append(np.frombuffer(k.buffers()[1], dtype="S64", count=len(k), offset=k.offset * 64) if len(k) else np.zeros(0, "S64"))
+            keys.append(binary_keys(t.column("key").combine_chunks()))
             ok.append(t.column("ok").combine_chunks().fill_null(False).to_numpy(zero_copy_only=False).astype(bool))
             shard.append(np.full(t.num_rows, i, dtype=np.int32))
-            row.append(np.arange(t.num_rows, dtype=np.int64))
+            row.append(np.arange(t.num_rows, dtype=np.int32))
+            del t
         if not names:
-            return cls(np.zeros(0, "S64"), np.zeros(0, bool), np.zeros(0, np.int32), np.zeros(0, np.int64), [])
-        k, o, s, r = (np.concatenate(x) for x in (keys, ok, shard, row))
+            return cls(np.zeros(0, "S32"), np.zeros(0, bool), np.zeros(0, np.int32), np.zeros(0, np.int32), [])
+        k = np.concatenate(keys)
+        del keys
         order = np.argsort(k, kind="stable")  # equal keys stay in shard (time) order: the last of each run wins
-        k, o, s, r = k[order], o[order], s[order], r[order]
+        k = k[order]
         last = np.r_[k[1:] != k[:-1], True]
-        return cls(k[last], o[last], s[last], r[last], names)
+        unique = bool(last.all())
+        take = order if unique else order[last]
+        del order
+        o, s, r = (np.concatenate(x)[take] for x in (ok, shard, row))
+        return cls(k if unique else k[last], o, s, r, names)
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def find(self, keys: list[str]) -> np.ndarray:
-        """Position of each key in the index, -1 where the ledger lacks it."""
-        q = np.array(keys, dtype="S64")
+        """Position of each key (64 hex digits) in the index, -1 where the ledger lacks it."""
+        q = binary_keys(pa.array(keys, pa.string()))
         if not len(self.keys):
             return np.full(len(q), -1, dtype=np.int64)
         pos = np.minimum(np.searchsorted(self.keys, q), len(self.keys) - 1)
         return np.where(self.keys[pos] == q, pos, -1)
+
+
+_NIBBLE = np.full(256, 255, np.uint8)
+_NIBBLE[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16)
+_NIBBLE[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
+
+
+def binary_keys(keys: pa.Array) -> np.ndarray:
+    """Ledger keys (strings of 64 hex digits) -> their 32 bytes each, as an (n,) S32 array in the same order."""
+    k = keys.cast(pa.binary(64))  # raises when a key is not 64 bytes long
+    if not len(k):
+        return np.zeros(0, "S32")
+    digits = _NIBBLE[np.frombuffer(k.buffers()[1], np.uint8, count=len(k) * 64, offset=k.offset * 64).reshape(-1, 64)]
+    if (digits == 255).any():
+        raise ValueError("ledger keys must be 64 hex digits")
+    return np.ascontiguousarray((digits[:, 0::2] << 4) | digits[:, 1::2]).view("S32").ravel()
 
 
 def ledger_index(run_root: str, stage: str):

@@ -1,7 +1,12 @@
 """The streaming LLM stages' pure parts: the ledger's key index, counters, parts into one file (no Ray)."""
 
-from cqg_ray.llm.ledger import Ledger
-from cqg_ray.llm.ledger import KeyIndex
+import hashlib
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from cqg_ray.llm.ledger import KeyIndex, Ledger, binary_keys
 from cqg_ray.llm.stream import add_counters, concat_parts
 from cqg_ray.rundir import RunDir
 
@@ -22,6 +27,19 @@ def test_key_index_finds_keys_and_the_last_copy_of_a_key(tmp_path):
     assert pos[1] == -1 and len(index) == 3
     assert [index.shards[index.shard[p]] for p in pos[[0, 2, 3]]] == [ledger.shards()[1], ledger.shards()[1], ledger.shards()[0]]
     assert index.row[pos[0]] == 1 and index.ok[pos[0]]
+
+
+def test_binary_keys_keep_the_hex_order_and_every_byte():
+    hexes = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(500)] + ["ab" * 31 + "00", "ab" * 31 + "01", "00" * 32]
+    b = binary_keys(pa.array(hexes))
+    assert b.dtype == np.dtype("S32") and [bytes(x).ljust(32, b"\0").hex() for x in b] == hexes
+    assert np.argsort(b, kind="stable").tolist() == np.argsort(np.array(hexes), kind="stable").tolist()
+    assert b[-3] != b[-2] and len(np.unique(b)) == len(hexes)
+    assert binary_keys(pa.array(["AB" * 32])) == binary_keys(pa.array(["ab" * 32]))
+    with pytest.raises(ValueError, match="64 hex digits"):
+        binary_keys(pa.array(["g" * 64]))
+    with pytest.raises(pa.ArrowInvalid):
+        binary_keys(pa.array(["ab"]))
 
 
 def test_add_counters_sums_numbers_lists_and_nested_fits():
