@@ -348,7 +348,7 @@ def test_memory_table_paper(capsys):
     assert ("label    driver               0.96  clusters, places, plan arrays (9,614,000 pairs, 2,450,275 prompts), plan table and "
             "Parquet bytes") in out
     assert "label    LLM engine          15.50  Qwen/Qwen2.5-7B-Instruct weights, a batch of texts" in out
-    assert "label    ledger index         1.87  every ledger key of 2,450,275 requests, sorted" in out  # packed: one key a prompt
+    assert "label    ledger index         1.23  every ledger key of 2,450,275 requests, sorted" in out  # packed: one key a prompt
     assert "train    train worker x2      7.03  its shard (1,201,428 embeddings, 4,807,000 labels), heads + grads + Adam" in out
     p = capacity_plan(load_config("paper"), docs=6_800_000)
     # the driver's plan stays under a GB at the paper's 9.6M pairs: 17 bytes a pair + the plan's table and Parquet bytes

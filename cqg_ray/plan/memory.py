@@ -37,7 +37,8 @@ WEIGHTS = {  # bytes of a model's weights as loaded: parameters x bytes per para
 PAIR_BYTES, PROMPT_BYTES = 17, 16  # the labelling plan's arrays
 ID_BYTES = 24  # a doc id string
 PLACE_BYTES = 12  # a text's (shard, row) in the corpus shards
-KEY_INDEX_BYTES = 640  # the ledger index task's peak a request (keys read, concatenated, sorted): 1.07 GB at 1.2M, bench/scale.py
+KEY_INDEX_BYTES = 380  # the ledger index task's peak a request (32-byte keys read, concatenated, sorted): 640 in bench/scale.py
+# with hex keys, scaled by what the binary keys cut from the build's peak on a 1.2M-key ledger (+387 -> +226 MB)
 KEYWORD_COUNT_BYTES = 160  # a keyword text's sparse word counts (~10 words x int32 index + float64 count + the vectorizer's copy)
 
 
