@@ -23,11 +23,11 @@ SCRIPT = textwrap.dedent('''
             self.run = RunDir(run_uri)
 
         def write_unit(self, name, doc_ids, texts):
-            time.sleep(1.0)
+            time.sleep(0.75)
 
     shard = sys.argv[1] + "/shard.parquet"
     pq.write_table(pa.table({"doc_id": [str(i) for i in range(80)], "text": ["t"] * 80}), shard)
-    units = split_units([(shard, 80)], 2)  # 40 units of 1 s: ~37 s of work left when the node joins, time for an actor to start there on a busy machine
+    units = split_units([(shard, 80)], 2)  # 40 units of 0.75 s: ~27 s of work left when the node joins, time for an actor to start there on a busy machine
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     ray.init(address=cluster.address, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
