@@ -174,16 +174,17 @@ def embedding_files(run: RunDir) -> list[str]:
 def load_embeddings(run: RunDir, doc_ids=None) -> tuple[np.ndarray, np.ndarray]:
     """(doc_ids, embeddings float32) sorted by doc_id; only the given ids when ``doc_ids`` is set.
 
-    Read one file at a time into one (n, d) array: the wanted rows once, never a copy of the whole."""
-    wanted = np.unique(np.asarray(load_doc_ids(run) if doc_ids is None else doc_ids, dtype=object)).astype(object)
-    value_set = pa.array(wanted, pa.string())
+    Read one file at a time into one (n, d) array: the wanted rows once, never a copy of the whole. A row's place is
+    its id's position in the sorted wanted ids (a binary search, nothing rebuilt per file)."""
+    wanted = np.unique(np.asarray(load_doc_ids(run) if doc_ids is None else doc_ids, dtype=object))
     out, seen = None, np.zeros(len(wanted), np.int64)
     for f in embedding_files(run):
         t = pq.read_table(f, filesystem=run.fs)
-        pos = pc.index_in(t.column("doc_id"), value_set=value_set)
-        if pos.null_count:
-            t, pos = t.filter(pos.is_valid()), pos.drop_null()
-        pos = pos.to_numpy(zero_copy_only=False).astype(np.int64)
+        ids = t.column("doc_id").to_numpy(zero_copy_only=False)
+        pos = np.minimum(np.searchsorted(wanted, ids), max(len(wanted) - 1, 0))
+        hit = wanted[pos] == ids if len(wanted) else np.zeros(len(ids), bool)
+        if not hit.all():
+            t, pos = t.filter(pa.array(hit)), pos[hit]
         if out is None:
             out = np.empty((len(wanted), t.schema.field("embedding").type.list_size), np.float32)
         out[pos] = embedding_matrix(t.column("embedding"))
