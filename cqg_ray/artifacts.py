@@ -207,9 +207,11 @@ def load_doc_ids(run: RunDir) -> np.ndarray:
 
 
 class Clusters:
-    """The cluster stage's output as numpy arrays aligned to sorted doc ids."""
+    """The cluster stage's output aligned to sorted doc ids: ``doc_ids`` an Arrow string array (a text's id is
+    ``doc_ids[i]``, several ``doc_ids.take(rows)``; ~20 bytes an id, where Python strings take ~75), ``labels``,
+    ``neighbors`` and ``sizes`` numpy arrays."""
 
-    def __init__(self, doc_ids: np.ndarray, labels: np.ndarray, neighbors: np.ndarray, sizes: np.ndarray):
+    def __init__(self, doc_ids: pa.Array, labels: np.ndarray, neighbors: np.ndarray, sizes: np.ndarray):
         self.doc_ids, self.labels, self.neighbors, self.sizes = doc_ids, labels, neighbors, sizes
 
     @property
@@ -222,13 +224,13 @@ class Clusters:
     @classmethod
     def load(cls, run: RunDir) -> "Clusters":
         run.require("cluster")
-        a = run.read_table("cluster/assignments.parquet")
+        a = run.read_table("cluster/assignments.parquet", columns=["doc_id", "cluster"])
         nb = run.read_table("cluster/neighbors.parquet").sort_by("cluster")
         neighbors = np.array(nb.column("neighbors").to_pylist(), dtype=np.int32).reshape(nb.num_rows, -1)
         labels = a.column("cluster").to_numpy()
         if labels.max(initial=-1) >= nb.num_rows:
             raise ArtifactError(f"{run.uri('cluster')}: assignments name a cluster that neighbors.parquet lacks")
-        return cls(a.column("doc_id").to_numpy(zero_copy_only=False), labels, neighbors, nb.column("size").to_numpy())
+        return cls(a.column("doc_id").combine_chunks(), labels, neighbors, nb.column("size").to_numpy())
 
 
 # ----------------------------------------------------------------------------------------- questions/, labels/, model/

@@ -140,7 +140,7 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     run.write_table(f"{ctx.stage}/samples.parquet", pa.table(_samples_rows(gen, cl.doc_ids, c.method)))
     keywords: dict[int, list[str]] = {}
     if show_keywords:
-        kw_samples = {k: cl.doc_ids[keyword_sample(index.members(k), c.keyword_texts, c.seed, k)].tolist() for k in range(cl.k)}
+        kw_samples = {k: cl.doc_ids.take(keyword_sample(index.members(k), c.keyword_texts, c.seed, k)).to_pylist() for k in range(cl.k)}
         keywords = ray.get(ray.remote(keywords_of).remote(run.root_uri, c, kw_samples)) if ray.is_initialized() else \
             keywords_of(run.root_uri, c, kw_samples)
         del kw_samples

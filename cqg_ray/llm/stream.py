@@ -67,7 +67,8 @@ def add_counters(total: dict, part: dict) -> dict:
 
 
 def corpus_places(run, doc_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(shard, row) of each of ``doc_ids`` in the corpus shards; one shard's ids read at a time."""
+    """(shard, row) of each of ``doc_ids`` (an Arrow string array, or anything ``pa.array`` takes) in the corpus shards;
+    one shard's ids read at a time, and only that shard's ids hashed (each id is looked up in it)."""
     from cqg_ray.artifacts import ArtifactError, corpus_shards
 
     shard = np.full(len(doc_ids), -1, dtype=np.int32)
@@ -75,11 +76,10 @@ def corpus_places(run, doc_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ids = pa.array(doc_ids, pa.string())
     for i, path in enumerate(corpus_shards(run)):
         mine = pq.read_table(path, columns=["doc_id"], filesystem=run.fs).column("doc_id").combine_chunks()
-        pos = pc.index_in(mine, value_set=ids).to_numpy(zero_copy_only=False)
-        found = ~np.isnan(pos.astype(float))
-        at = pos[found].astype(np.int64)
-        shard[at] = i
-        row[at] = np.flatnonzero(found)
+        pos = pc.index_in(ids, value_set=mine)
+        found = pos.is_valid().to_numpy(zero_copy_only=False)
+        shard[found] = i
+        row[found] = pos.drop_null().to_numpy()
     if (shard < 0).any():
         raise ArtifactError(f"{int((shard < 0).sum())} documents are not in the corpus shards; redo `cqg-ray cluster`")
     return shard, row

@@ -22,9 +22,10 @@ LABELS_SCHEMA = pa.schema([("doc_id", pa.string()), ("question_id", pa.int32()),
 FAILURES_SCHEMA = pa.schema([("doc_id", pa.string()), ("question_ids", pa.list_(pa.int32())), ("text", pa.string()), ("error", pa.string())])
 
 
-def plan_table(plan, doc_ids: np.ndarray, doc_shard: np.ndarray, doc_row: np.ndarray) -> pa.Table:
+def plan_table(plan, doc_ids, doc_shard: np.ndarray, doc_row: np.ndarray) -> pa.Table:
     """One row per planned prompt, in corpus order (shard, row) so a batch reads few shards: prompt_id, doc_id, shard,
-    row, question_index (list<int32>), source (list<int8>, aligned). ``doc_shard``/``doc_row`` place each text."""
+    row, question_index (list<int32>), source (list<int8>, aligned). ``doc_ids``: the corpus ids (an Arrow string array,
+    or anything ``pa.array`` takes); ``doc_shard``/``doc_row`` place each text."""
     n = plan.n_prompts
     src_key = plan.pair_doc.astype(np.int64) * (int(plan.pair_question.max(initial=0)) + 1) + plan.pair_question
     src_order = np.argsort(src_key)
@@ -35,7 +36,7 @@ def plan_table(plan, doc_ids: np.ndarray, doc_shard: np.ndarray, doc_row: np.nda
     offsets = pa.array(plan.prompt_offsets.astype(np.int32))
     table = pa.table({
         "prompt_id": np.arange(n, dtype=np.int64),
-        "doc_id": pa.array(doc_ids[plan.prompt_doc], pa.string()),
+        "doc_id": pa.array(doc_ids, pa.string()).take(plan.prompt_doc),
         "shard": doc_shard[plan.prompt_doc].astype(np.int32),
         "row": doc_row[plan.prompt_doc].astype(np.int64),
         "question_index": pa.ListArray.from_arrays(offsets, pa.array(plan.prompt_questions.astype(np.int32))),

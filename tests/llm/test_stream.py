@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from cqg_ray.llm.ledger import KeyIndex, Ledger, binary_keys
-from cqg_ray.llm.stream import add_counters, concat_parts
-from cqg_ray.rundir import RunDir
+from cqg_ray.llm.stream import add_counters, concat_parts, corpus_places
+from cqg_ray.rundir import ArtifactError, RunDir
 
 
 def row(key: str, ok: bool = True) -> dict:
@@ -61,3 +61,16 @@ def test_concat_parts_streams_parts_into_one_file_in_name_order(tmp_path):
     assert concat_parts(str(tmp_path), "labels", {"labels": LABELS_SCHEMA, "failures": FAILURES_SCHEMA}) == {"labels": 2, "failures": 0}
     assert run.read_table("labels/labels.parquet").column("doc_id").to_pylist() == ["d0", "d1"]
     assert run.read_table("labels/failures.parquet").num_rows == 0 and not run.exists("labels", "parts")
+
+
+def test_corpus_places_finds_each_id_in_its_shard_and_names_the_missing(tmp_path):
+    run = RunDir(str(tmp_path))
+    run.write_table("prepare/part-000000.parquet", pa.table({"doc_id": ["a", "c", "e"], "text": ["ta", "tc", "te"]}))
+    run.write_table("prepare/part-000001.parquet", pa.table({"doc_id": ["b", "d"], "text": ["tb", "td"]}))
+    run.write_manifest("prepare", "h", [], {}, 0.0)
+    shard, row = corpus_places(run, pa.array(["e", "b", "a", "d"]))
+    assert shard.tolist() == [0, 1, 0, 1] and row.tolist() == [2, 0, 0, 1]
+    shard, row = corpus_places(run, np.array(["d", "c"], dtype=object))  # numpy ids too
+    assert shard.tolist() == [1, 0] and row.tolist() == [1, 1]
+    with pytest.raises(ArtifactError, match="1 documents are not in the corpus shards"):
+        corpus_places(run, pa.array(["a", "zz"]))
