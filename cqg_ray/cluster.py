@@ -4,7 +4,8 @@ Pure core (numpy in, numpy out): ``train_kmeans``, ``assign``, ``centroid_neighb
 ``empty_remap``, its renumbering from cluster sizes).
 Ray layer, streamed: one Ray task draws the seeded sample of at most k * max_points_per_centroid documents (faiss'
 own cap), reads their embeddings and trains; a Ray Data ``map_batches`` over the embedding files assigns every
-document, each worker writing its batch as a Parquet part and returning counters (rows, cluster sizes, a documents
+document (one task a file, which it reads itself, so the embeddings never enter the object store), each worker
+writing its batches as Parquet parts and returning counters (rows, cluster sizes, a documents
 digest); clusters left empty are dropped (the rest renumbered) by one task that streams the parts into the final
 file. The driver holds the centroids and those counters, never the sample, the doc ids or the assignments. It saves:
 
@@ -17,7 +18,6 @@ Later stages read them with ``cqg_ray.artifacts.Clusters``.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import time
@@ -139,6 +139,16 @@ def _assign_batch(batch: pa.Table, centroids_ref, spherical: bool, parts_uri: st
                      "sizes": [np.bincount(labels, minlength=len(centroids)).tolist()]}, schema=COUNTERS_SCHEMA)
 
 
+def _assign_files(batch: pa.Table, root: str, centroids_ref, spherical: bool, parts_uri: str, rows: int) -> pa.Table:
+    """Ray Data map over embedding files (a ``path`` column, inside the run's filesystem): each file read here in
+    batches of ``rows`` rows, each batch assigned and written as a part (`_assign_batch`); their counters."""
+    fs = RunDir(root).fs
+    out = [_assign_batch(pa.Table.from_batches([b]), centroids_ref, spherical, parts_uri)
+           for path in batch.column("path").to_pylist()
+           for b in pq.ParquetFile(path, filesystem=fs).iter_batches(batch_size=rows, columns=["doc_id", "embedding"])]
+    return pa.concat_tables(out) if out else COUNTERS_SCHEMA.empty_table()
+
+
 def _ordered_disjoint(firsts: list[str], lasts: list[str]) -> bool:
     """Whether parts in this order hold ascending, disjoint ranges of doc ids."""
     return all(lasts[i] < firsts[i + 1] for i in range(len(firsts) - 1))
@@ -191,14 +201,13 @@ def assign_all(run: RunDir, stage: str, centroids: np.ndarray, spherical: bool =
     run.rm(parts_rel)  # what a killed run left
     run.makedirs(parts_rel)
     ref = ray.put(centroids)
-    ds = ray.data.read_parquet(embedding_files(run), filesystem=None if run.local else run.fs)
-    # batches in file order: the embedding files hold ascending id ranges, so the parts do too and the final write
-    # streams (without it, a batch may join rows of files far apart and the task must sort every part)
-    options = copy.copy(ds.context.execution_options)
-    options.preserve_order = True
-    ds.context.execution_options = options
-    ds = ds.map_batches(_assign_batch, fn_kwargs={"centroids_ref": ref, "spherical": spherical, "parts_uri": run.uri(parts_rel)},
-                        batch_format="pyarrow", batch_size=batch_size)
+    files = embedding_files(run)
+    # one task a file, which it reads itself: the embeddings never enter the object store, and a part never joins
+    # rows of two files (the files hold ascending id ranges, so the parts do too and the final write streams)
+    ds = ray.data.from_items([{"path": p} for p in files], override_num_blocks=max(1, len(files)))
+    ds = ds.map_batches(_assign_files, fn_kwargs={"root": run.root_uri, "centroids_ref": ref, "spherical": spherical,
+                                                  "parts_uri": run.uri(parts_rel), "rows": batch_size},
+                        batch_format="pyarrow", batch_size=1)
     sizes = np.zeros(len(centroids), np.int64)
     parts, digests = [], []
     for b in ds.iter_batches(batch_format="pyarrow", batch_size=None):

@@ -84,6 +84,21 @@ def _encoded_run(path, layout: str, n=500, d=16, files=4, seed=0) -> tuple[RunDi
     return run, ids, x
 
 
+def test_a_file_task_reads_its_file_in_batches_and_writes_one_part_a_batch(tmp_path):
+    run, ids, x = _encoded_run(tmp_path / "run", "shuffled", n=50, files=2)
+    centroids = x[:3]
+    paths = run.ls("encode", suffix=".parquet")
+    out = cl._assign_files(pa.table({"path": [run.path("encode", p) for p in paths]}), run.root_uri, centroids, True, run.uri("parts"), rows=10)
+    assert out.num_rows == 6 and out.column("rows").to_pylist() == [10, 10, 5, 10, 10, 5]  # 25 rows a file, no part spans two
+    for p, first, last in zip(*(out.column(k).to_pylist() for k in ("part", "first", "last"))):
+        t = run.read_table(f"parts/{p}")
+        assert t.column("doc_id").to_pylist() == sorted(t.column("doc_id").to_pylist()) and (first, last) == (t["doc_id"][0].as_py(), t["doc_id"][-1].as_py())
+        want, _ = assign(load_embeddings(run, t.column("doc_id").to_pylist())[1], centroids)
+        assert t.column("cluster").to_pylist() == want.tolist()
+    assert sum(np.array(out.column("sizes").to_pylist()).sum(axis=0)) == 50
+    assert cl._assign_files(pa.table({"path": pa.array([], pa.string())}), run.root_uri, centroids, True, run.uri("parts"), rows=10).num_rows == 0
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("layout", ["sorted", "shuffled"])
 def test_streamed_assignment_equals_the_in_driver_result(ray_local, tmp_path, layout):

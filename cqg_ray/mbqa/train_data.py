@@ -145,7 +145,7 @@ def label_lookup(batch: pa.Table, labels_path: str, fs, held_ids: pa.Array, soft
     labels.parquet with a doc_id filter, which the file's row-group statistics narrow when it is sorted)."""
     import pyarrow.dataset as ds
 
-    ids = batch.column("doc_id")
+    ids = batch.column("doc_id").combine_chunks()  # one typed array, also for a batch of no rows
     emb = embedding_matrix(batch.column("embedding"))
     labels = ds.dataset(labels_path, filesystem=fs, format="parquet").to_table(
         columns=["doc_id", "question_id", "answer", "p_yes"], filter=ds.field("doc_id").isin(ids))
@@ -160,15 +160,33 @@ def label_lookup(batch: pa.Table, labels_path: str, fs, held_ids: pa.Array, soft
                        pc.is_in(ids, value_set=held_ids).to_numpy(zero_copy_only=False))
 
 
+def file_texts(batch: pa.Table, labels_path: str, fs, held_ids: pa.Array, soft: bool, rows: int) -> pa.Table:
+    """A Ray Data task over embedding files (a ``path`` column): each file read here in batches of ``rows`` rows, each
+    batch's labels looked up (`label_lookup`); the text rows of the labelled texts. Only these rows leave the task:
+    the embeddings of the unlabelled texts never enter the object store."""
+    import pyarrow.parquet as pq
+
+    out, schema = [], None
+    for path in batch.column("path").to_pylist():
+        f = pq.ParquetFile(path, filesystem=fs)
+        schema = f.schema_arrow
+        for b in f.iter_batches(batch_size=rows, columns=["doc_id", "embedding"]):
+            out.append(label_lookup(pa.Table.from_batches([b]), labels_path, fs, held_ids, soft))
+    if not out and schema is not None:  # files without rows: no rows, of the files' embedding width
+        out.append(label_lookup(schema.empty_table().select(["doc_id", "embedding"]), labels_path, fs, held_ids, soft))
+    return pa.concat_tables(out)
+
+
 def run_texts(embedding_files: list[str], labels_path: str, fs, held_ids, soft: bool, batch_size: int = 4096):
-    """The run's labelled texts as a Ray Dataset (`TEXT_COLUMNS`): encode/ read by Data workers, labels joined per
-    batch by `label_lookup`. Block order follows the files, so a Train split of it is the same on every run."""
+    """The run's labelled texts as a Ray Dataset (`TEXT_COLUMNS`): one task a file of encode/ (`file_texts`: it reads
+    the file and joins its labels per batch). Block order follows the files, so a Train split of it is the same on
+    every run."""
     import ray.data
 
-    emb = ray.data.read_parquet(embedding_files, filesystem=fs, num_cpus=DATA_TASK_CPUS).select_columns(["doc_id", "embedding"])
-    return emb.map_batches(label_lookup, fn_kwargs={"labels_path": labels_path, "fs": fs, "held_ids": pa.array(list(map(str, held_ids)), pa.string()),
-                                                    "soft": soft},
-                           batch_format="pyarrow", batch_size=batch_size, num_cpus=DATA_TASK_CPUS)
+    paths = ray.data.from_items([{"path": p} for p in embedding_files], override_num_blocks=max(1, len(embedding_files)))
+    return paths.map_batches(file_texts, fn_kwargs={"labels_path": labels_path, "fs": fs, "held_ids": pa.array(list(map(str, held_ids)), pa.string()),
+                                                    "soft": soft, "rows": batch_size},
+                             batch_format="pyarrow", batch_size=1, num_cpus=DATA_TASK_CPUS)
 
 
 def training_rows(texts):

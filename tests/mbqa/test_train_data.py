@@ -9,7 +9,7 @@ from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.mbqa.loop import steps_per_epoch
 from cqg_ray.mbqa.pairs import LabelPairs
 from cqg_ray.mbqa.report import evaluate_heads
-from cqg_ray.mbqa.train_data import confusion_report, shard_arrays, text_stats, texts_table, worker_cpus
+from cqg_ray.mbqa.train_data import confusion_report, file_texts, label_lookup, shard_arrays, text_stats, texts_table, worker_cpus
 
 
 def small_table():
@@ -104,3 +104,30 @@ def test_text_stats_and_the_report_from_counts_match_the_arrays(problem):
     is_held = np.isin(pairs.doc, docs[held])
     assert (s["held_pairs"], s["train_pairs"], s["train_texts"]) == (int(is_held.sum()), int((~is_held).sum()), int((~held).sum()))
     assert confusion_report(s["confusion"], 0.5) == evaluate_heads(heads, emb, pairs.select(is_held), 0.5)
+
+
+def test_a_file_task_gives_the_rows_of_its_labelled_texts(tmp_path):
+    """`file_texts` reads its embedding files in batches and joins their labels: the same rows as `label_lookup` on the
+    files' rows at once; a file with no rows gives none."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from cqg_ray.artifacts import embeddings_table
+
+    rng = np.random.default_rng(0)
+    ids = np.array([f"d{i:03d}" for i in range(30)], dtype=object)
+    emb = rng.normal(size=(30, 4)).astype(np.float32)
+    for i, part in enumerate((slice(0, 17), slice(17, 30), slice(0, 0))):
+        pq.write_table(embeddings_table(ids[part], emb[part]), tmp_path / f"emb-{i}.parquet")
+    labelled = ids[::3]  # every third text, two questions each
+    pq.write_table(pa.table({"doc_id": np.repeat(labelled, 2).astype(str), "question_id": np.tile(np.int32([0, 1]), len(labelled)),
+                             "answer": np.arange(2 * len(labelled)) % 2 == 0, "p_yes": np.linspace(0, 1, 2 * len(labelled), dtype=np.float32),
+                             "source": ["cluster"] * (2 * len(labelled))}), tmp_path / "labels.parquet")
+    fs, held = pafs.LocalFileSystem(), pa.array(["d003", "d027"])
+    paths = [str(tmp_path / f"emb-{i}.parquet") for i in range(3)]
+    got = file_texts(pa.table({"path": paths}), str(tmp_path / "labels.parquet"), fs, held, True, rows=4)
+    whole = label_lookup(embeddings_table(ids, emb), str(tmp_path / "labels.parquet"), fs, held, True)
+    assert got.to_pylist() == whole.to_pylist() and got.num_rows == 10
+    assert got.column("held").to_pylist().count(True) == 2
+    empty = file_texts(pa.table({"path": paths[2:]}), str(tmp_path / "labels.parquet"), fs, held, True, rows=4)
+    assert empty.num_rows == 0 and empty.schema == got.schema
