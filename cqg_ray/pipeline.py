@@ -72,9 +72,26 @@ def run_pipeline(cfg: PipelineConfig, until: str | None = None, force: list[str]
         if s.name in skip_names:
             continue
         out[s.name] = run_one(cfg, s.name, force=s.name in force_names)
+        release_memory()
         if s.name == until:
             break
     return out
+
+
+def release_memory() -> None:
+    """Give what a finished stage freed back to the OS (Python's garbage, Arrow's pool, glibc's heap), so that the
+    driver's memory between stages is what it still holds, not what earlier stages once used."""
+    import ctypes
+    import gc
+
+    import pyarrow as pa
+
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing more to give back
+        pass
 
 
 def saved_config(run: RunDir) -> PipelineConfig | None:

@@ -45,3 +45,28 @@ def test_status_judges_stages_against_the_saved_config(tmp_path):
     assert "(config changed)" in run_status(run).splitlines()[4]
     run.write_bytes("config.yaml", b"cluster:\n  kk: 1\n")  # unreadable: judged by the manifests alone
     assert run_status(run).splitlines()[4].split()[:2] == ["cluster", "done"]
+
+
+def test_release_memory_gives_the_freed_heap_back():
+    """Memory freed in the middle of the heap (a live allocation above it) stays in RSS until release_memory."""
+    import platform
+
+    from cqg_ray.pipeline import release_memory
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("malloc_trim is glibc's")
+
+    def rss_mb() -> float:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+    chunks = [bytearray(64 * 1024) for _ in range(3000)]  # ~190 MB of heap blocks (under glibc's mmap threshold)
+    pin = bytearray(64 * 1024)  # above them: the heap's top cannot shrink past it
+    held = rss_mb()
+    del chunks
+    freed = rss_mb()
+    release_memory()
+    after = rss_mb()
+    assert held - freed < 50, (held, freed)  # free() alone gives little back
+    assert freed - after > 150, (freed, after)  # malloc_trim gives the freed pages back
+    assert len(pin) == 64 * 1024
