@@ -47,11 +47,13 @@ def train_killing_a_worker(emb, dense, cfg, storage, name, after_epoch: int = 2)
     run_dir = os.path.join(storage, name)
     deadline = time.time() + 240
     while time.time() < deadline and t.is_alive():
-        snap = os.path.join(run_dir, "checkpoint_manager_snapshot.json")
-        if os.path.exists(snap) and latest_checkpoint_epoch(Path(run_dir)) >= after_epoch:
-            break
+        try:
+            if latest_checkpoint_epoch(Path(run_dir)) >= after_epoch:
+                break
+        except (OSError, ValueError, KeyError):  # not written yet, or caught while Ray rewrites it (an empty file)
+            pass
         time.sleep(0.05)
-    killed_at = latest_checkpoint_epoch(Path(run_dir))
+    killed_at = settled_checkpoint_epoch(Path(run_dir))
     assert t.is_alive() and killed_at < cfg.epochs, "training ended before a worker could be killed"
     workers = sorted(train_worker_pids() - before)
     assert len(workers) == cfg.num_workers, workers
@@ -148,6 +150,18 @@ def latest_checkpoint_epoch(run_dir) -> int:
     snap = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
     name = snap["latest_checkpoint_result"]["checkpoint_dir_name"]
     return json.loads((run_dir / name / "state.json").read_text())["epoch"]
+
+
+def settled_checkpoint_epoch(run_dir, seconds: float = 10.0) -> int:
+    """`latest_checkpoint_epoch`, read again while Ray is caught rewriting its snapshot (an empty or partial file)."""
+    deadline = time.time() + seconds
+    while True:
+        try:
+            return latest_checkpoint_epoch(run_dir)
+        except (OSError, ValueError, KeyError):
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 @pytest.mark.slow
