@@ -3,7 +3,7 @@
 Run directory (each reader first checks that the writing stage finished, naming the command to run if not):
 
     prepare/    corpus_shards, load_corpus, load_texts     doc_id, text, ... Parquet shards sorted by doc_id
-    encode/     embedding_files, load_doc_ids, load_embeddings    doc_id, embedding (fixed_size_list<float>[d])
+    encode/     embedding_files, embedding_batches, load_doc_ids, load_embeddings    doc_id, embedding (fixed_size_list<float>[d])
     cluster/    Clusters.load (labels, neighbours, sizes aligned to sorted doc ids), ClusterIndex (members per cluster)
     questions/  load_questions                            question_id, text, cluster, quality, ... best quality first
     labels/     load_labels                               doc_id, question_id, answer, p_yes, source
@@ -169,6 +169,19 @@ def embedding_files(run: RunDir) -> list[str]:
     """Paths (inside run.fs) of the encode stage's embedding files."""
     run.require("encode")
     return [run.path("encode", n) for n in run.ls("encode", suffix=".parquet")]
+
+
+def embedding_batches(paths: list[str], fs, rows: int) -> Iterator[pa.Table]:
+    """``doc_id`` and ``embedding`` of encode/ files (paths inside ``fs``), ``rows`` rows at a time, file by file; a
+    file without rows gives one empty table of its schema."""
+    for path in paths:
+        f = pq.ParquetFile(path, filesystem=fs)
+        empty = True
+        for b in f.iter_batches(batch_size=rows, columns=["doc_id", "embedding"]):
+            empty = False
+            yield pa.Table.from_batches([b])
+        if empty:
+            yield f.schema_arrow.empty_table().select(["doc_id", "embedding"])
 
 
 def load_embeddings(run: RunDir, doc_ids=None) -> tuple[np.ndarray, np.ndarray]:

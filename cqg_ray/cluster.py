@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cqg_ray.artifacts import add_digests, embedding_files, embedding_matrix, load_doc_ids, load_embeddings
+from cqg_ray.artifacts import add_digests, embedding_batches, embedding_files, embedding_matrix, load_doc_ids, load_embeddings
 from cqg_ray.config import ClusterConfig
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
 from cqg_ray.search import top_k
@@ -142,10 +142,7 @@ def _assign_batch(batch: pa.Table, centroids_ref, spherical: bool, parts_uri: st
 def _assign_files(batch: pa.Table, root: str, centroids_ref, spherical: bool, parts_uri: str, rows: int) -> pa.Table:
     """Ray Data map over embedding files (a ``path`` column, inside the run's filesystem): each file read here in
     batches of ``rows`` rows, each batch assigned and written as a part (`_assign_batch`); their counters."""
-    fs = RunDir(root).fs
-    out = [_assign_batch(pa.Table.from_batches([b]), centroids_ref, spherical, parts_uri)
-           for path in batch.column("path").to_pylist()
-           for b in pq.ParquetFile(path, filesystem=fs).iter_batches(batch_size=rows, columns=["doc_id", "embedding"])]
+    out = [_assign_batch(t, centroids_ref, spherical, parts_uri) for t in embedding_batches(batch.column("path").to_pylist(), RunDir(root).fs, rows)]
     return pa.concat_tables(out) if out else COUNTERS_SCHEMA.empty_table()
 
 

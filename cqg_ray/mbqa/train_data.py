@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cqg_ray.artifacts import embedding_matrix
+from cqg_ray.artifacts import embedding_batches, embedding_matrix
 
 TEXT_COLUMNS = ("doc_id", "embedding", "question", "answer", "target", "held")
 BLOCKS = 16  # blocks of `arrays_dataset`: several per Train worker, so each gets a share of the texts
@@ -164,17 +164,7 @@ def file_texts(batch: pa.Table, labels_path: str, fs, held_ids: pa.Array, soft: 
     """A Ray Data task over embedding files (a ``path`` column): each file read here in batches of ``rows`` rows, each
     batch's labels looked up (`label_lookup`); the text rows of the labelled texts. Only these rows leave the task:
     the embeddings of the unlabelled texts never enter the object store."""
-    import pyarrow.parquet as pq
-
-    out, schema = [], None
-    for path in batch.column("path").to_pylist():
-        f = pq.ParquetFile(path, filesystem=fs)
-        schema = f.schema_arrow
-        for b in f.iter_batches(batch_size=rows, columns=["doc_id", "embedding"]):
-            out.append(label_lookup(pa.Table.from_batches([b]), labels_path, fs, held_ids, soft))
-    if not out and schema is not None:  # files without rows: no rows, of the files' embedding width
-        out.append(label_lookup(schema.empty_table().select(["doc_id", "embedding"]), labels_path, fs, held_ids, soft))
-    return pa.concat_tables(out)
+    return pa.concat_tables([label_lookup(t, labels_path, fs, held_ids, soft) for t in embedding_batches(batch.column("path").to_pylist(), fs, rows)])
 
 
 def run_texts(embedding_files: list[str], labels_path: str, fs, held_ids, soft: bool, batch_size: int = 4096):

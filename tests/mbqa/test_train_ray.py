@@ -47,11 +47,8 @@ def train_killing_a_worker(emb, dense, cfg, storage, name, after_epoch: int = 2)
     run_dir = os.path.join(storage, name)
     deadline = time.time() + 240
     while time.time() < deadline and t.is_alive():
-        try:
-            if latest_checkpoint_epoch(Path(run_dir)) >= after_epoch:
-                break
-        except (OSError, ValueError, KeyError):  # not written yet, or caught while Ray rewrites it (an empty file)
-            pass
+        if polled_checkpoint_epoch(Path(run_dir)) >= after_epoch:
+            break
         time.sleep(0.05)
     killed_at = settled_checkpoint_epoch(Path(run_dir))
     assert t.is_alive() and killed_at < cfg.epochs, "training ended before a worker could be killed"
@@ -152,6 +149,14 @@ def latest_checkpoint_epoch(run_dir) -> int:
     return json.loads((run_dir / name / "state.json").read_text())["epoch"]
 
 
+def polled_checkpoint_epoch(run_dir) -> int:
+    """`latest_checkpoint_epoch`, or -1 while there is none yet or Ray is caught rewriting its snapshot (an empty file)."""
+    try:
+        return latest_checkpoint_epoch(run_dir)
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
 def settled_checkpoint_epoch(run_dir, seconds: float = 10.0) -> int:
     """`latest_checkpoint_epoch`, read again while Ray is caught rewriting its snapshot (an empty or partial file)."""
     deadline = time.time() + seconds
@@ -176,11 +181,8 @@ def test_driver_killed_with_sigkill_resumes(ray_local, problem, tmp_path):
     try:
         while time.time() < deadline:
             assert proc.poll() is None, "the training driver ended before it could be killed"
-            try:
-                if latest_checkpoint_epoch(run_dir) >= 2:
-                    break
-            except (OSError, ValueError, KeyError):  # not written yet, or caught while Ray rewrites it
-                pass
+            if polled_checkpoint_epoch(run_dir) >= 2:
+                break
             time.sleep(0.5)
     finally:
         kill_session(proc.pid)  # the driver and every Ray process it started (train actors run in their own groups)
