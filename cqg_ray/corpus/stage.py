@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import add_digests
@@ -78,6 +80,20 @@ def _keys_in_bin(batch: pa.Table, b: int) -> pa.Table:
 
 def _keep_sampled(batch: pa.Table, cut: float) -> pa.Table:
     return batch.filter(pa.array(batch.column(KEY).to_numpy() <= cut)).drop_columns([KEY])
+
+
+def read_parts(paths: list[str], fs, rows: int, bucket: bool) -> Iterator[pa.Table]:
+    """The parse step's part files, ``rows`` rows at a time, with the dedup ``bucket`` column (the text hash's first two
+    hex digits) when ``bucket``."""
+    for path in paths:
+        for b in pq.ParquetFile(path, filesystem=fs).iter_batches(batch_size=rows):
+            t = pa.Table.from_batches([b])
+            yield t.append_column("bucket", pc.utf8_slice_codeunits(t.column("text_hash"), 0, 2)) if bucket else t
+
+
+def _read_parts(batch: pa.Table, fs, rows: int, dedup: bool) -> Iterator[pa.Table]:
+    """Ray Data map over part paths (a ``path`` column): `read_parts`, a block per batch."""
+    yield from read_parts(batch.column("path").to_pylist(), fs, rows, dedup)
 
 
 def _dedup_bucket(batch: pa.Table) -> pa.Table:
@@ -164,11 +180,15 @@ def prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
         log.warning("prepare: %s", e)
     read_rows = sum(t["rows"] for t in tallies)
 
-    ds = ray.data.read_parquet(parts_uri, filesystem=run.fs if not run.local else None)
+    # one task a part, reading it in blocks of at most rows_per_shard rows (read_parquet packs several files into one
+    # task and one block: 700k rows of a 1M corpus in one worker)
+    parts = [run.path(parts_rel, n) for n in run.ls(parts_rel, suffix=".parquet")]
+    ds = ray.data.from_items([{"path": p} for p in parts], override_num_blocks=max(1, len(parts))).map_batches(
+        _read_parts, fn_kwargs={"fs": run.fs, "rows": cfg.rows_per_shard, "dedup": cfg.dedup and read_rows > 0},
+        batch_format="pyarrow", batch_size=1)
     n_dups = 0
     if cfg.dedup and read_rows:
-        # Exact dedup at scale: hash-partition by text hash, dedup inside each group.
-        ds = ds.add_column("bucket", lambda b: __import__("pyarrow.compute").compute.utf8_slice_codeunits(b["text_hash"], 0, 2), batch_format="pyarrow")
+        # Exact dedup at scale: hash-partition by text hash (the bucket column), dedup inside each group.
         ds = (ds.groupby("bucket", num_partitions=max(1, min(256, read_rows // 50_000)))
               .map_groups(_dedup_bucket, batch_format="pyarrow").drop_columns(["bucket"]))
     ds = ds.drop_columns(["text_hash"])

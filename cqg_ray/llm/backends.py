@@ -25,7 +25,7 @@ def make_backend(llm: LLMConfig, *, in_process: bool | None = None, cluster: Ray
     ``in_process=False``; the model in this process when Ray is not running or ``in_process=True``.
     """
     if llm.backend == "fake":
-        return FakeBackend(llm)
+        return FakeBackend(llm, record=False)
     if llm.backend == "openai":
         return OpenAIBackend(llm)
     if llm.backend == "vllm":

@@ -283,6 +283,18 @@ def test_make_backend_dispatch():
     assert isinstance(make_backend(LLMConfig(backend="vllm")), VLLMBackend)  # vllm itself is imported only when it runs
 
 
+def test_fake_records_requests_only_when_asked():
+    from cqg_ray.llm.backends import make_backend
+
+    reqs = [Request(messages=[{"role": "user", "content": f"q{i}"}], max_tokens=8) for i in range(3)]
+    run_fake = make_backend(fake_llm())  # what a pipeline run builds: a million requests must not stay in memory
+    run_fake.complete(reqs)
+    assert (run_fake.sent, run_fake.calls) == (3, [])
+    test_fake = FakeBackend(fake_llm())
+    test_fake.complete(reqs)
+    assert (test_fake.sent, test_fake.calls) == (3, reqs)
+
+
 def test_no_requests(tmp_path):
     assert run_requests([], fake_llm(), RunDir(str(tmp_path)), "labels", backend=FakeBackend(fake_llm()), progress=False) == []
 

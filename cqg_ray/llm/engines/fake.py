@@ -5,7 +5,8 @@ and the line number; a single-pass request gets P(yes) from a hash of the prompt
 numbered list of three yes/no questions. Its context is ``n_ctx`` (default: the embedded engine's, ``llm.llamacpp.n_ctx``)
 and a prompt counts characters / 4 + 1 tokens (``prompt_budget``). Pass ``reply`` to
 script anything else (a function of the request returning text or a ``Completion``). Every request sent is
-appended to ``calls``.
+appended to ``calls`` (``record=True``, what tests read) or only counted in ``sent`` (``record=False``: what
+``make_backend`` builds for a run, whose millions of requests would otherwise stay in the worker's memory).
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ class FakeBackend(Backend):
     name = "fake"
 
     def __init__(self, llm: LLMConfig | None = None, reply: Callable[[Request], "str | Completion"] | None = None, delay_s: float = 0.0, batch_size: int = 8,
-                 n_ctx: int | None = None):
+                 n_ctx: int | None = None, record: bool = True):
         super().__init__(llm or LLMConfig(backend="fake"))
+        self.record = record
         self.n_ctx = n_ctx or self.llm.llamacpp.n_ctx  # the context it stands in for (the prompt-length guard's budget)
         self.reply = reply or default_reply
         self.delay_s = delay_s
         self.batch_size = batch_size
-        self.calls: list[Request] = []
-
+        self.calls: list[Request] = []  # every request sent, when recording
+        self.sent = 0  # requests sent
     def prompt_budget(self):
         """Its context ``n_ctx`` and its own token count (characters / 4 + 1, as it reports prompt tokens)."""
         from dataclasses import replace
@@ -60,7 +62,9 @@ class FakeBackend(Backend):
     def complete(self, requests: Sequence[Request]) -> list[Completion]:
         out = []
         for req in requests:
-            self.calls.append(req)
+            self.sent += 1
+            if self.record:
+                self.calls.append(req)
             if self.delay_s:
                 time.sleep(self.delay_s)
             r = self.reply(req)
@@ -80,7 +84,7 @@ def fake_job_batch(llm: LLMConfig, reply, batch: dict) -> dict:
     import json
 
     rows = [{k: v[i] for k, v in batch.items()} for i in range(len(batch["key"]))]
-    done = FakeBackend(llm, reply=reply).complete([request_of(r) for r in rows])
+    done = FakeBackend(llm, reply=reply, record=False).complete([request_of(r) for r in rows])
     out = {k: list(batch[k]) for k in ("key", "request_json", "n_answers")}
     out.update({"text": [c.text for c in done], "prompt_tokens": [c.prompt_tokens for c in done],
                 "completion_tokens": [c.completion_tokens for c in done], "p_yes_json": [json.dumps(c.p_yes) for c in done],
