@@ -277,7 +277,11 @@ def latest(table: pa.Table) -> pa.Table:
 
 def table_totals(table: pa.Table) -> dict[str, int]:
     """``totals`` over a table of ledger columns (key, ok, prompt_tokens, completion_tokens, attempts), last row per key."""
-    t = latest(table)
+    return _row_sums(latest(table))
+
+
+def _row_sums(t: pa.Table) -> dict[str, int]:
+    """``totals`` over rows that are each a key's current row (ok, prompt_tokens, completion_tokens, attempts)."""
     if t.num_rows == 0:
         return {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "failures": 0, "retries": 0}
     attempts = pc.fill_null(t.column("attempts"), 1)
@@ -380,8 +384,24 @@ def binary_keys(keys: pa.Array) -> np.ndarray:
     return np.ascontiguousarray((digits[:, 0::2] << 4) | digits[:, 1::2]).view("S32").ravel()
 
 
+def index_totals(ledger: Ledger, index: KeyIndex) -> dict[str, int]:
+    """``table_totals`` of the shards' rows that ``index`` keeps (each key's current row), read a shard at a time and
+    without the keys (grouping a million string keys took ~700 MB)."""
+    out = _row_sums(pa.table({}))
+    order = np.argsort(index.shard, kind="stable")
+    bounds = np.searchsorted(index.shard[order], np.arange(len(index.shards) + 1))
+    for i, name in enumerate(index.shards):
+        rows = np.sort(index.row[order[bounds[i]:bounds[i + 1]]])
+        if len(rows):
+            t = pq.read_table(ledger.run.path(ledger.folder, name), columns=list(ACCOUNTING[1:]), filesystem=ledger.run.fs)
+            for k, v in _row_sums(t.take(pa.array(rows))).items():
+                out[k] += v
+    return out
+
+
 def ledger_index(run_root: str, stage: str):
     """(KeyIndex, totals) of a ledger after moving killed writers' journals into a shard; and how many rows were recovered."""
     ledger = Ledger(RunDir(run_root), stage)
     recovered = ledger.recover()
-    return KeyIndex.build(ledger), {**table_totals(latest(ledger.columns(ACCOUNTING))), "recovered": recovered}
+    index = KeyIndex.build(ledger)
+    return index, {**index_totals(ledger, index), "recovered": recovered}

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from cqg_ray.llm.ledger import KeyIndex, Ledger, binary_keys
+from cqg_ray.llm.ledger import ACCOUNTING, KeyIndex, Ledger, binary_keys, index_totals, ledger_index, table_totals
 from cqg_ray.llm.stream import add_counters, concat_parts, corpus_places
 from cqg_ray.rundir import ArtifactError, RunDir
 
@@ -27,6 +27,21 @@ def test_key_index_finds_keys_and_the_last_copy_of_a_key(tmp_path):
     assert pos[1] == -1 and len(index) == 3
     assert [index.shards[index.shard[p]] for p in pos[[0, 2, 3]]] == [ledger.shards()[1], ledger.shards()[1], ledger.shards()[0]]
     assert index.row[pos[0]] == 1 and index.ok[pos[0]]
+
+
+def test_index_totals_equal_the_totals_of_every_row_read_with_its_key(tmp_path):
+    run = RunDir(str(tmp_path))
+    ledger = Ledger(run, "labels")
+    a, b, c = ("a" * 64, "b" * 64, "c" * 64)
+    assert index_totals(ledger, KeyIndex.build(ledger)) == table_totals(ledger.columns(ACCOUNTING))
+    ledger.append([{**row(b), "prompt_tokens": 5, "completion_tokens": 1}, {**row(a, ok=False), "prompt_tokens": 7, "attempts": 3}])
+    ledger.append([{**row(c), "prompt_tokens": 11, "attempts": 2}, {**row(a), "prompt_tokens": 13, "completion_tokens": 2}])
+    expected = {"requests": 3, "prompt_tokens": 29, "completion_tokens": 3, "failures": 0, "retries": 1}  # a's failed row is not current
+    assert index_totals(ledger, KeyIndex.build(ledger)) == table_totals(ledger.columns(ACCOUNTING)) == expected
+    ledger.append([{**row(b, ok=False), "prompt_tokens": 17}])  # b failed on a retry: its current row
+    index, totals = ledger_index(run.root_uri, "labels")
+    assert totals == {**table_totals(ledger.columns(ACCOUNTING)), "recovered": 0}
+    assert totals == {"requests": 3, "prompt_tokens": 41, "completion_tokens": 2, "failures": 1, "retries": 1, "recovered": 0}
 
 
 def test_binary_keys_keep_the_hex_order_and_every_byte():
