@@ -131,3 +131,24 @@ def test_a_file_task_gives_the_rows_of_its_labelled_texts(tmp_path):
     assert got.column("held").to_pylist().count(True) == 2
     empty = file_texts(pa.table({"path": paths[2:]}), str(tmp_path / "labels.parquet"), fs, held, True, rows=4)
     assert empty.num_rows == 0 and empty.schema == got.schema
+    # labels in no order, in row groups of 3: the lookup's id range prunes row groups by their statistics, never a label
+    shuffled = pq.read_table(tmp_path / "labels.parquet").take(rng.permutation(2 * len(labelled)))
+    pq.write_table(shuffled, tmp_path / "labels-shuffled.parquet", row_group_size=3)
+    again = file_texts(pa.table({"path": paths}), str(tmp_path / "labels-shuffled.parquet"), fs, held, True, rows=4)
+
+    def rows(t):  # a text's pairs in question order (they follow the labels file's order)
+        return sorted((r["doc_id"], r["embedding"], r["held"], sorted(zip(r["question"], r["answer"], r["target"]))) for r in t.to_pylist())
+
+    assert rows(again) == rows(got) and again.num_rows == 10
+
+
+def test_a_data_worker_fetches_the_heads_once(ray_local):
+    import ray
+
+    from cqg_ray.mbqa.heads import StackedHeads
+    from cqg_ray.mbqa.train_data import worker_heads
+
+    a, b = ray.put(StackedHeads(4, 3, 2)), ray.put(StackedHeads(4, 5, 2))
+    first = worker_heads(a)
+    assert worker_heads(a) is first and first.m == 3
+    assert worker_heads(b).m == 5 and worker_heads(a) is not first  # a new model replaces the kept one
