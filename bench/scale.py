@@ -24,6 +24,10 @@ Two things are cheap stand-ins, so that the three sizes fit in well under 45 min
     encoder cannot tell apart at 0.8). So this measures the orchestration and the data movement, not an encoder or
     an LLM.
 
+Training is data-parallel and sized like its data: one Ray Train worker per 250k texts (1 at 100k, 2 at 300k, 4 at 1M;
+`train.num_workers`), since each worker holds its shard's embeddings (about 68k labelled texts, 100 MB, a worker) and
+the heads with Adam's state (99 MB at m = 2,000). With one worker at 1M that worker alone held 1,222 MB.
+
 The texts are sentences of ../shared/data/corpus/sentences.jsonl.gz (340k), drawn seeded, each made unique by a
 counter word ("... [w123]"), so dedup keeps all N; they are written as JSONL input files of --rows-per-file rows.
 
@@ -141,6 +145,14 @@ def write_corpus(out_dir: str, n: int, sentences: list[str], rows_per_file: int 
     return paths
 
 
+TEXTS_PER_TRAIN_WORKER = 250_000  # corpus texts per Ray Train worker (about 68k labelled texts, 100 MB of embeddings)
+
+
+def train_workers(n: int) -> int:
+    """Ray Train workers for n texts: data-parallel training is sized by its data, each worker holding its shard."""
+    return max(1, -(-n // TEXTS_PER_TRAIN_WORKER))
+
+
 def scale_config(n: int, run_dir: str, inputs: list[str], encoder: str, sts: str = STS) -> dict:
     """The pipeline config of one size (a dict for `config_from_dict` / YAML)."""
     return {
@@ -151,7 +163,7 @@ def scale_config(n: int, run_dir: str, inputs: list[str], encoder: str, sts: str
         "llm": {"backend": "fake"},
         "cqg": {"prompts_per_cluster": 2, "t": 2, "theta": 1.0, "max_opening_share": 1.0, "filters": ["copy", "example", "long", "cut_off", "opening"]},
         "label": {"n_cluster": 300, "n_neighbor": 180, "n_random": 120},
-        "train": {"epochs": 1, "checkpoint_every": 1, "lr": 0.001},
+        "train": {"epochs": 1, "checkpoint_every": 1, "lr": 0.001, "num_workers": train_workers(n)},
         "evaluate": {"tasks": ["sts"], "sts": [sts], "baselines": ["dense"], "active_k": [16, 64], "tau_sweep": [0.5]},
     }
 

@@ -59,6 +59,23 @@ def test_all_ids_repeated_reads_every_shard(tmp_path):
     assert _all_ids_repeated(run.root_uri, ["a.parquet", "b.parquet", "c.parquet"]) == "d"
 
 
+def test_read_parts_gives_each_file_in_blocks_with_the_dedup_bucket(tmp_path):
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from cqg_ray.corpus.stage import read_parts
+
+    for name, n in (("a", 5), ("b", 0), ("c", 2)):
+        pq.write_table(pa.table({"doc_id": [f"{name}{i}" for i in range(n)], "text_hash": [f"{i:02x}ff" for i in range(n)]},
+                                schema=pa.schema([("doc_id", pa.string()), ("text_hash", pa.string())])), tmp_path / f"{name}.parquet")
+    paths = [str(tmp_path / f"{x}.parquet") for x in "abc"]
+    blocks = list(read_parts(paths, pafs.LocalFileSystem(), 2, True))
+    assert [b.num_rows for b in blocks] == [2, 2, 1, 2]  # no block spans two files; an empty file gives none
+    assert [r["doc_id"] for b in blocks for r in b.to_pylist()] == ["a0", "a1", "a2", "a3", "a4", "c0", "c1"]
+    assert blocks[1].column("bucket").to_pylist() == ["02", "03"]
+    assert [b.column_names for b in read_parts(paths[:1], pafs.LocalFileSystem(), 9, False)] == [["doc_id", "text_hash"]]
+
+
 # ------------------------------------------------------------------------------------------- Ray
 
 
@@ -92,7 +109,11 @@ def _corpus(tmp_path, corpus_file):
 def test_prepare_equals_the_in_memory_reference(ray_local, tmp_path, corpus_file, limit):
     c = CorpusConfig(paths=[str(_corpus(tmp_path, corpus_file))], limit=limit, rows_per_shard=60, sample_seed=3)
     run = RunDir(str(tmp_path / "run"))
+    import ray.data
+
+    before = ray.data.DataContext.get_current().shuffle_input_batch_bytes
     m = run_stage(run, "prepare", c.config_hash(), lambda ctx: prepare(c, ctx))
+    assert ray.data.DataContext.get_current().shuffle_input_batch_bytes == before  # the stage's smaller batches end with it
     want = reference(c)
     got = load_corpus(run)
     assert got.equals(want.select(got.column_names))

@@ -154,8 +154,23 @@ def repeated_id(summaries: list[dict]) -> str | None:
     return ""
 
 
+SHUFFLE_BATCH_BYTES = 64 << 20  # input a dedup shuffle task partitions at once (Ray Data's default, 1 GiB, is a whole 1M corpus)
+
+
 def prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
     """Read, clean, dedup, sample and write the corpus under ``ctx.uri``."""
+    import ray.data
+
+    data_ctx = ray.data.DataContext.get_current()
+    before = data_ctx.shuffle_input_batch_bytes
+    data_ctx.shuffle_input_batch_bytes = min(before, SHUFFLE_BATCH_BYTES)
+    try:
+        _prepare(cfg, ctx)
+    finally:
+        data_ctx.shuffle_input_batch_bytes = before
+
+
+def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
     import ray
 
     files = list_files(cfg.paths, cfg.format)

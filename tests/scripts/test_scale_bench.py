@@ -52,6 +52,7 @@ def test_config_has_the_shapes(tmp_path):
     questions = cfg.cluster.k * min(cfg.cqg.t, cfg.cqg.prompts_per_cluster)  # the fake's parser keeps one question a prompt
     assert questions * per_question >= 100_000  # at least N label pairs
     assert cfg.encode.model == str(tmp_path / "enc") and cfg.encode.backend == "torch-float32"
+    assert cfg.train.num_workers == 1 and [scale.train_workers(n) for n in (300_000, 1_000_000)] == [2, 4]
 
 
 def test_stage_of_a_run_directory(tmp_path):
