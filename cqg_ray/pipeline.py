@@ -16,12 +16,24 @@ from cqg_ray.rundir import RunDir, format_status, run_stage
 log = logging.getLogger("cqg_ray")
 
 
+MALLOC_ARENA_MAX = "2"  # glibc heaps per process for the Ray workers a local Ray starts (jobs/runtime_env.yaml: on a cluster)
+
+
+def worker_malloc_env(environ=os.environ) -> None:
+    """Cap glibc's per-thread heaps (arenas) in the workers a local Ray will start, unless the user set it: Ray runs
+    tasks on several threads, and each thread's arena kept what torch and Arrow freed (a model-stage stats worker of the
+    1M rehearsal grew to 1.66 GB over 80 files, 0.93 GB with 2 arenas, as fast)."""
+    environ.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENA_MAX)
+
+
 def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
     """Start or join Ray once per process."""
     import ray
 
     if ray.is_initialized():
         return
+    if not cfg.address:
+        worker_malloc_env()  # the raylet and its workers inherit this process's environment
     kwargs = {"include_dashboard": cfg.include_dashboard, "log_to_driver": not quiet, "configure_logging": True,
               "logging_level": logging.WARNING if quiet else logging.INFO}
     if cfg.address:

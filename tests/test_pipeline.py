@@ -70,3 +70,28 @@ def test_release_memory_gives_the_freed_heap_back():
     assert held - freed < 50, (held, freed)  # free() alone gives little back
     assert freed - after > 150, (freed, after)  # malloc_trim gives the freed pages back
     assert len(pin) == 64 * 1024
+
+
+def test_worker_malloc_env_caps_glibc_heaps_unless_set():
+    from cqg_ray.pipeline import worker_malloc_env
+
+    env = {}
+    worker_malloc_env(env)
+    assert env == {"MALLOC_ARENA_MAX": "2"}
+    mine = {"MALLOC_ARENA_MAX": "8"}
+    worker_malloc_env(mine)
+    assert mine == {"MALLOC_ARENA_MAX": "8"}  # the user's choice stays
+
+
+@pytest.mark.ray
+def test_a_local_ray_started_by_init_ray_gives_its_workers_two_heaps(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = ("import os, ray\nfrom cqg_ray.config import RayConfig\nfrom cqg_ray.pipeline import init_ray\n"
+              "init_ray(RayConfig(num_cpus=1))\nprint(ray.get(ray.remote(lambda: os.environ.get('MALLOC_ARENA_MAX')).remote()))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "RAY_ADDRESS")}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "2"
