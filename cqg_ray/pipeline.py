@@ -32,8 +32,8 @@ def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
 
     if ray.is_initialized():
         return
-    if not cfg.address:
-        worker_malloc_env()  # the raylet and its workers inherit this process's environment
+    if cfg.address in (None, "", "local"):  # Ray starts a local instance: its raylet and workers inherit our environment
+        worker_malloc_env()
     kwargs = {"include_dashboard": cfg.include_dashboard, "log_to_driver": not quiet, "configure_logging": True,
               "logging_level": logging.WARNING if quiet else logging.INFO}
     if cfg.address:

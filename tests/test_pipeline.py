@@ -84,13 +84,14 @@ def test_worker_malloc_env_caps_glibc_heaps_unless_set():
 
 
 @pytest.mark.ray
-def test_a_local_ray_started_by_init_ray_gives_its_workers_two_heaps(tmp_path):
+@pytest.mark.parametrize("address", [None, "local"])  # RAY_ADDRESS=local (what bench/scale.py sets) also starts one
+def test_a_local_ray_started_by_init_ray_gives_its_workers_two_heaps(tmp_path, address):
     import os
     import subprocess
     import sys
 
     script = ("import os, ray\nfrom cqg_ray.config import RayConfig\nfrom cqg_ray.pipeline import init_ray\n"
-              "init_ray(RayConfig(num_cpus=1))\nprint(ray.get(ray.remote(lambda: os.environ.get('MALLOC_ARENA_MAX')).remote()))\n")
+              f"init_ray(RayConfig(num_cpus=1, address={address!r}))\nprint(ray.get(ray.remote(lambda: os.environ.get('MALLOC_ARENA_MAX')).remote()))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "RAY_ADDRESS")}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
