@@ -19,7 +19,11 @@ from cqg_ray.config import TrainConfig
 from cqg_ray.mbqa import train
 from cqg_ray.mbqa.train import LabelPairs, TrainResult, train_and_evaluate, train_heads
 
+from .conftest import make_problem
+
 CFG = TrainConfig(epochs=4, lr=1e-2, num_workers=2, cpus_per_worker=0.5, checkpoint_every=1, seed=0)
+# the 1-worker run of `one_worker_run` (the 2-workers test's tolerances were measured at 40 epochs)
+ONE_WORKER = TrainConfig(epochs=40, lr=1e-2, num_workers=1, cpus_per_worker=0.5, checkpoint_every=40, seed=0)
 
 
 def train_worker_pids() -> set[int]:
@@ -84,18 +88,30 @@ def test_worker_killed_midway_restarts_from_last_checkpoint_and_a_killed_run_res
         torch.testing.assert_close(resumed.heads.state_dict()[k], v)
 
 
+@pytest.fixture(scope="module")
+def one_worker_run(ray_local, tmp_path_factory):
+    """`train_and_evaluate` with 1 worker on `make_problem()` (each Ray Train run costs ~20 s of actor start-ups on 2
+    cores, so the held-out test reads this run, and the 2-workers test compares against it)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the tests' one_torch_thread (the held-out evaluation runs here, in the driver)
+    try:
+        emb, dense = make_problem()
+        return train_and_evaluate(emb, dense, ONE_WORKER, str(tmp_path_factory.mktemp("one")), "one")
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.slow
-def test_train_and_evaluate_holds_out_documents(ray_local, problem, tmp_path):
+def test_train_and_evaluate_holds_out_documents(one_worker_run, problem):
     emb, dense = problem()
-    cfg = CFG.model_copy(update={"num_workers": 1, "cpus_per_worker": 1.0, "epochs": 12, "checkpoint_every": 12})
-    result, report = train_and_evaluate(emb, dense, cfg, str(tmp_path), "eval")
+    result, report = one_worker_run
     pairs = LabelPairs.from_dense(dense)
     split = report["split"]
     assert split["train_pairs"] + split["heldout_pairs"] == len(pairs)
     assert split["heldout_docs"] == round(0.1 * len(np.unique(pairs.doc)))
     assert report["no"]["support"] + report["yes"]["support"] == split["heldout_pairs"]
     assert report["accuracy"] > 0.85
-    assert result.epochs == 12
+    assert result.epochs == ONE_WORKER.epochs
 
 
 def test_the_epoch_bar_shows_where_a_resumed_run_starts(ray_local, problem, tmp_path, monkeypatch):
@@ -204,7 +220,7 @@ def predictions(heads, emb):
     return torch.sigmoid(heads.forward_all(torch.tensor(emb))).detach().numpy()
 
 
-def test_two_workers_give_the_heads_of_one_within_noise(ray_local, problem, tmp_path):
+def test_two_workers_give_the_heads_of_one_within_noise(one_worker_run, problem, tmp_path):
     """2 data-parallel workers reading their shards through Ray Data against 1 worker, same data, seed and epochs.
 
     The weights follow another path (DDP averages two shards' gradients: half the steps, each on twice the pairs;
@@ -213,9 +229,8 @@ def test_two_workers_give_the_heads_of_one_within_noise(ray_local, problem, tmp_
     same answer at tau 0.5 on 96.5%, held-out accuracy 0.926 vs 0.946; 2 workers against 1: 0.022, 98.8%, 0.936 vs
     0.926. The test asks for less than seed-to-seed noise plus a margin: < 0.05, >= 95%, accuracy within 0.03."""
     emb, dense = problem()
-    cfg = TrainConfig(epochs=40, lr=1e-2, num_workers=1, cpus_per_worker=0.5, checkpoint_every=40, seed=0)
-    one, one_report = train_and_evaluate(emb, dense, cfg, str(tmp_path), "one")
-    two, two_report = train_and_evaluate(emb, dense, cfg.model_copy(update={"num_workers": 2}), str(tmp_path), "two")
+    one, one_report = one_worker_run
+    two, two_report = train_and_evaluate(emb, dense, ONE_WORKER.model_copy(update={"num_workers": 2}), str(tmp_path), "two")
     train_pairs = one_report["split"]["train_pairs"]
     assert one.metrics["pairs"] == two.metrics["pairs"] == train_pairs
     assert one.metrics["shard_pairs"] == train_pairs
