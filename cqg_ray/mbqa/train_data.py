@@ -217,7 +217,9 @@ def worker_heads(ref):
 
 
 def dataset_stats(texts, heads, tau: float) -> dict:
-    """`text_stats` summed over a dataset of text rows (one pass of Data workers; the driver sums the counters)."""
+    """`text_stats` summed over a dataset of text rows (one pass of Data workers; the driver sums the counters). A task
+    takes one block (an encode file's labelled texts): with a batch size Ray Data bundled many files into one task,
+    whose worker reached 0.93 GB over 80 files of the 1M rehearsal (0.70 GB this way)."""
     import ray
 
     heads_ref = ray.put(heads)
@@ -227,7 +229,7 @@ def dataset_stats(texts, heads, tau: float) -> dict:
         return {k: [np.atleast_1d(np.asarray(v, dtype=np.float64))] for k, v in s.items()}
 
     total = None
-    for batch in texts.map_batches(stats, batch_format="pyarrow", batch_size=2048, num_cpus=DATA_TASK_CPUS).iter_rows():
+    for batch in texts.map_batches(stats, batch_format="pyarrow", batch_size=None, num_cpus=DATA_TASK_CPUS).iter_rows():
         total = dict(batch) if total is None else add_stats(total, batch)
     if total is None:
         raise RuntimeError("train: no labelled texts")
