@@ -91,9 +91,9 @@ def read_parts(paths: list[str], fs, rows: int, bucket: bool) -> Iterator[pa.Tab
             yield t.append_column("bucket", pc.utf8_slice_codeunits(t.column("text_hash"), 0, 2)) if bucket else t
 
 
-def _read_parts(batch: pa.Table, fs, rows: int, dedup: bool) -> Iterator[pa.Table]:
+def _read_parts(batch: pa.Table, fs, rows: int, bucket: bool) -> Iterator[pa.Table]:
     """Ray Data map over part paths (a ``path`` column): `read_parts`, a block per batch."""
-    yield from read_parts(batch.column("path").to_pylist(), fs, rows, dedup)
+    yield from read_parts(batch.column("path").to_pylist(), fs, rows, bucket)
 
 
 def _dedup_bucket(batch: pa.Table) -> pa.Table:
@@ -197,12 +197,12 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
 
     # one task a part, reading it in blocks of at most rows_per_shard rows (read_parquet packs several files into one
     # task and one block: 700k rows of a 1M corpus in one worker)
+    dedup = bool(cfg.dedup and read_rows)
     parts = [run.path(parts_rel, n) for n in run.ls(parts_rel, suffix=".parquet")]
     ds = ray.data.from_items([{"path": p} for p in parts], override_num_blocks=max(1, len(parts))).map_batches(
-        _read_parts, fn_kwargs={"fs": run.fs, "rows": cfg.rows_per_shard, "dedup": cfg.dedup and read_rows > 0},
-        batch_format="pyarrow", batch_size=1)
+        _read_parts, fn_kwargs={"fs": run.fs, "rows": cfg.rows_per_shard, "bucket": dedup}, batch_format="pyarrow", batch_size=1)
     n_dups = 0
-    if cfg.dedup and read_rows:
+    if dedup:
         # Exact dedup at scale: hash-partition by text hash (the bucket column), dedup inside each group.
         ds = (ds.groupby("bucket", num_partitions=max(1, min(256, read_rows // 50_000)))
               .map_groups(_dedup_bucket, batch_format="pyarrow").drop_columns(["bucket"]))

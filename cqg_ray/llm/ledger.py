@@ -386,12 +386,12 @@ def binary_keys(keys: pa.Array) -> np.ndarray:
 
 def index_totals(ledger: Ledger, index: KeyIndex) -> dict[str, int]:
     """``table_totals`` of the shards' rows that ``index`` keeps (each key's current row), read a shard at a time and
-    without the keys (grouping a million string keys took ~700 MB)."""
+    without the keys (grouping the 1.2M string keys of the 1M rehearsal's ledger peaked at 883 MB)."""
     out = _row_sums(pa.table({}))
     order = np.argsort(index.shard, kind="stable")
     bounds = np.searchsorted(index.shard[order], np.arange(len(index.shards) + 1))
     for i, name in enumerate(index.shards):
-        rows = np.sort(index.row[order[bounds[i]:bounds[i + 1]]])
+        rows = index.row[order[bounds[i]:bounds[i + 1]]]
         if len(rows):
             t = pq.read_table(ledger.run.path(ledger.folder, name), columns=list(ACCOUNTING[1:]), filesystem=ledger.run.fs)
             for k, v in _row_sums(t.take(pa.array(rows))).items():

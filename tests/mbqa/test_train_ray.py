@@ -174,15 +174,15 @@ def polled_checkpoint_epoch(run_dir) -> int:
 
 
 def settled_checkpoint_epoch(run_dir, seconds: float = 10.0) -> int:
-    """`latest_checkpoint_epoch`, read again while Ray is caught rewriting its snapshot (an empty or partial file)."""
+    """`latest_checkpoint_epoch`, polled while Ray is caught rewriting its snapshot (an empty or partial file); after
+    ``seconds`` one last read raises what it meets."""
     deadline = time.time() + seconds
-    while True:
-        try:
-            return latest_checkpoint_epoch(run_dir)
-        except (OSError, ValueError, KeyError):
-            if time.time() > deadline:
-                raise
-            time.sleep(0.05)
+    while time.time() < deadline:
+        epoch = polled_checkpoint_epoch(run_dir)
+        if epoch >= 0:
+            return epoch
+        time.sleep(0.05)
+    return latest_checkpoint_epoch(run_dir)
 
 
 @pytest.mark.slow

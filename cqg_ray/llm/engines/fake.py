@@ -47,6 +47,7 @@ class FakeBackend(Backend):
         self.batch_size = batch_size
         self.calls: list[Request] = []  # every request sent, when recording
         self.sent = 0  # requests sent
+
     def prompt_budget(self):
         """Its context ``n_ctx`` and its own token count (characters / 4 + 1, as it reports prompt tokens)."""
         from dataclasses import replace
