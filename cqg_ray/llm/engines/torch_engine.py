@@ -1,7 +1,7 @@
 """Single-pass yes/no scoring and batched greedy generation in torch (transformers), on the bundled model's weights
 dequantised once.
 
-    engine = TorchEngine("~/.cache/cqg-ray/models/qwen2.5-coder-0.5b-hf", dtype="bfloat16", n_threads=2)
+    engine = TorchEngine("~/.cache/cqg-ray/models/qwen2.5-coder-0.5b-hf", dtype="bfloat16", n_threads=2)   # device="cuda" on a GPU
     engine.score([tokens, ...], yes_ids, no_ids)            # -> [(p_yes, shared_tokens), ...], like BatchEngine.score
     for i, tokens in engine.generate([prompt_tokens, ...], [260, ...]): ...  # like BatchEngine.generate
 
@@ -169,40 +169,52 @@ def tree_mask(token_lists: Sequence[Sequence[int]], lcp: Sequence[int], n_entrie
 class TorchEngine:
     """A causal LM in torch that scores single-pass prompts as prefix trees and decodes greedy batches."""
 
-    def __init__(self, model_dir: str | Path, dtype: str = "auto", n_threads: int | None = None, max_seqs: int = 64, max_tokens: int = 2048,
-                 gen_seqs: int = 16, eos_ids: Sequence[int] = ()):
+    def __init__(self, model_dir: str | Path | None, dtype: str = "auto", n_threads: int | None = None, max_seqs: int = 64, max_tokens: int = 2048,
+                 gen_seqs: int = 16, eos_ids: Sequence[int] = (), device: str = "cpu", model=None):
+        """``model_dir``: a transformers folder; or ``model``: a causal LM already built (``model_dir`` None), e.g.
+        random weights for a benchmark, moved to ``device`` in ``dtype``. ``device``: "cpu", or "cuda" (no oneDNN
+        packing there)."""
         import torch
         from transformers import AutoModelForCausalLM
 
         self.torch = torch
         if n_threads:
             torch.set_num_threads(n_threads)
-        self.dtype_name = pick_dtype() if dtype == "auto" else dtype
+        self.device = torch.device(device)
+        self.dtype_name = (pick_dtype() if self.device.type == "cpu" else "bfloat16") if dtype == "auto" else dtype
         self.dtype = getattr(torch, self.dtype_name)
-        self.model = AutoModelForCausalLM.from_pretrained(str(Path(model_dir).expanduser()), dtype=self.dtype,
-                                                          attn_implementation=register_decode_attention()).eval()
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(str(Path(model_dir).expanduser()), dtype=self.dtype,
+                                                         attn_implementation=register_decode_attention())
+        else:
+            model.set_attn_implementation(register_decode_attention())
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.out = self.model.get_output_embeddings().weight  # dense: scoring reads its yes and no rows
-        self.packed = pack_linears(self.model, gen_seqs)
+        self.packed = pack_linears(self.model, gen_seqs) if self.device.type == "cpu" else 0
         self.lm_head = self.model.get_output_embeddings()
         self.max_seqs, self.max_tokens = max_seqs, max_tokens
         self.gen_seqs = gen_seqs
         self.min_shared_prefix = 16  # a batch's common prefix shorter than this is read with the rest
         self.eos_ids = list(eos_ids) or [int(t) for t in np.atleast_1d(self.model.generation_config.eos_token_id or self.model.config.eos_token_id)]
 
+    def tensor(self, data, dtype=None):
+        """``data`` as a tensor on the engine's device."""
+        return self.torch.as_tensor(data, dtype=dtype, device=self.device)
+
     def score(self, token_lists: Sequence[Sequence[int]], yes_ids: Sequence[int], no_ids: Sequence[int], share_prefix: bool = True) -> list[tuple[float, int]]:
         """(P(yes) at the position after each prompt, prompt tokens shared with another prompt of its batch) per prompt."""
         torch = self.torch
-        rows = torch.as_tensor(list(yes_ids) + list(no_ids))
+        rows = self.tensor(list(yes_ids) + list(no_ids))
         ny = len(yes_ids)
         yes_cols, no_cols = range(ny), range(ny, ny + len(no_ids))
         out: list[tuple[float, int]] = [(float("nan"), 0)] * len(token_lists)
         for indices, group, entries, last, shared in tree_batches(token_lists, self.max_seqs if share_prefix else 1, self.max_tokens):
-            mask = torch.from_numpy(tree_mask(group, shared, len(entries)))[None, None]
-            ids = torch.tensor([[e[0] for e in entries]])
-            pos = torch.tensor([[e[1] for e in entries]])
+            mask = self.tensor(tree_mask(group, shared, len(entries)))[None, None]
+            ids = self.tensor([[e[0] for e in entries]])
+            pos = self.tensor([[e[1] for e in entries]])
             with torch.inference_mode():
                 hidden = self.model.model(input_ids=ids, position_ids=pos, attention_mask=mask).last_hidden_state[0]
-                logits = (hidden[last] @ self.out[rows].T).double().numpy()  # the yes and no rows of the output matrix only
+                logits = (hidden[last] @ self.out[rows].T).double().cpu().numpy()  # the yes and no rows of the output matrix only
             for j, i in enumerate(indices):
                 out[i] = (p_yes_from_logits(logits[j], yes_cols, no_cols), shared[j])
         return out
@@ -238,12 +250,12 @@ class TorchEngine:
         capacity = filled + max(max_tokens)
         cache = preallocated_cache(self.model.config, capacity)
         prefix = DynamicCache(config=self.model.config)
-        mask = torch.zeros((n, capacity), dtype=torch.long)
+        mask = torch.zeros((n, capacity), dtype=torch.long, device=self.device)
         mask[:, :shared] = 1
         last_hidden = []
         with torch.inference_mode():
             if shared:
-                self.model.model(input_ids=torch.tensor([list(prompts[0][:shared])]), position_ids=torch.arange(shared)[None],
+                self.model.model(input_ids=self.tensor([list(prompts[0][:shared])]), position_ids=torch.arange(shared, device=self.device)[None],
                                  past_key_values=prefix, use_cache=True)
             for j, p in enumerate(prompts):
                 row = DynamicCache(config=self.model.config)
@@ -251,7 +263,7 @@ class TorchEngine:
                     for own, pre in zip(row.layers, prefix.layers):
                         own.lazy_initialization(pre.keys, pre.values)
                         own.keys, own.values = pre.keys, pre.values
-                hidden = self.model.model(input_ids=torch.tensor([list(p[shared:])]), position_ids=torch.arange(shared, len(p))[None],
+                hidden = self.model.model(input_ids=self.tensor([list(p[shared:])]), position_ids=torch.arange(shared, len(p), device=self.device)[None],
                                           past_key_values=row, use_cache=True).last_hidden_state
                 last_hidden.append(hidden[0, -1])
                 start = filled - (len(p) - shared)
@@ -262,17 +274,17 @@ class TorchEngine:
                     layer.put(j, start, own.keys[0, :, shared:], own.values[0, :, shared:])
                 mask[j, start:filled] = 1
             nxt = greedy(self.lm_head(torch.stack(last_hidden)))
-        last_pos = torch.as_tensor([len(p) - 1 for p in prompts])
-        eos = torch.as_tensor(self.eos_ids, dtype=torch.long)
+        last_pos = self.tensor([len(p) - 1 for p in prompts])
+        eos = self.tensor(self.eos_ids, dtype=torch.long)
         rows = list(range(n))  # batch row -> index into prompts, for the sequences still running
         outs: list[list[int]] = [[] for _ in range(n)]
         with torch.inference_mode():
             while rows:
-                done = torch.isin(nxt, eos)
+                done, tokens = torch.isin(nxt, eos).tolist(), nxt.tolist()  # one copy from the device a step
                 keep = []
                 for r, j in enumerate(rows):
                     if not done[r]:
-                        outs[j].append(int(nxt[r]))
+                        outs[j].append(tokens[r])
                     if done[r] or len(outs[j]) >= max_tokens[j]:
                         yield j, outs[j]
                     else:
@@ -280,7 +292,7 @@ class TorchEngine:
                 if not keep:
                     break
                 if len(keep) < len(rows):  # finished sequences leave the batch: their cache rows and mask rows go
-                    sel = torch.as_tensor(keep)
+                    sel = self.tensor(keep)
                     cache.batch_select_indices(sel)
                     mask, nxt, last_pos = mask[sel], nxt[sel], last_pos[sel]
                     rows = [rows[r] for r in keep]
