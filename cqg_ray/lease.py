@@ -7,7 +7,9 @@
 rewrites the heartbeat every ``ttl_s / 6`` seconds and the file is deleted on exit. A lease is *stale*, and the next
 writer takes it over, when its heartbeat is older than ``ttl_s`` (default 60 s, ``CQG_RAY_LEASE_TTL_S``), or at once
 when its holder ran on this machine and that process is gone (``kill -9``: a rerun resumes without waiting).
-``break_lease=True`` takes a live lease too; the holder notices at its next heartbeat and stops (KeyboardInterrupt).
+``break_lease=True`` takes a live lease too; the holder notices at its next heartbeat and stops (KeyboardInterrupt,
+from a SIGINT it sends itself; ``take_lease`` handles SIGINT while it holds the lease even where the process was started
+with SIGINT ignored, as a shell script's background jobs are).
 
 Guarantees, by filesystem:
 - local paths (and shared POSIX filesystems): the lease is created with ``os.link`` of a written temp file (atomic,
@@ -318,11 +320,29 @@ def acquire(root: str, command: str, break_lease: bool = False, ttl: float | Non
 def take_lease(root: str, command: str, break_lease: bool = False) -> Iterator[Lease]:
     """Hold the run directory's lease, with a heartbeat, for the duration of the block."""
     lease = acquire(root, command, break_lease)
-    lease.start_heartbeat()
+    with sigint_handled():
+        lease.start_heartbeat()
+        try:
+            yield lease
+        finally:
+            lease.release()
+
+
+@contextlib.contextmanager
+def sigint_handled() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt inside the block even where the process started with SIGINT ignored (a shell
+    script's ``cmd &``, a test runner's worker): a lost lease stops its holder with that signal. Outside the main
+    thread, or where SIGINT already has a handler, nothing changes."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        yield lease
+        yield
     finally:
-        lease.release()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def current(root: str) -> dict | None:

@@ -96,9 +96,12 @@ def test_a_killed_holder_on_this_machine_is_stale_at_once(tmp_path):
     lease.release()
 
 
-def test_break_lease_takes_a_live_one_and_the_holder_stops(tmp_path):
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_break_lease_takes_a_live_one_and_the_holder_stops(tmp_path, sigint):
+    """The holder stops at its next heartbeat, also when it was started with SIGINT ignored (a shell script's `cmd &`)."""
     code = textwrap.dedent(f"""
-        import time
+        import signal, time
+        signal.signal(signal.SIGINT, signal.{'SIG_IGN' if sigint == 'ignored' else 'default_int_handler'})
         from cqg_ray import lease as L
         try:
             with L.take_lease({str(tmp_path)!r}, 'cqg-ray run') as lease:
@@ -119,6 +122,20 @@ def test_break_lease_takes_a_live_one_and_the_holder_stops(tmp_path):
     assert "lease on" in err and "lost" in err
     assert json.loads((tmp_path / L.LEASE).read_text())["token"] == mine.token  # the old holder did not delete ours
     mine.release()
+
+
+def test_sigint_is_handled_while_a_lease_is_held_and_ignored_again_after(tmp_path):
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with L.take_lease(str(tmp_path), "cqg-ray run"):
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    with L.take_lease(str(tmp_path), "cqg-ray run"):  # a handler already there is left alone
+        assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_two_writers_started_together_exactly_one_proceeds(tmp_path):
