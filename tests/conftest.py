@@ -7,6 +7,7 @@ test that starts Ray unmarked is caught.
 """
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +20,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("CQG_RAY_PROGRESS", "0")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+# Started in the background of a script (`pytest &`, and so its xdist workers), this process and every subprocess it
+# starts would ignore SIGINT: the tests that press Ctrl-C on a `cqg-ray` subprocess run as a user at a terminal does
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -37,6 +42,22 @@ def pytest_collection_modifyitems(config, items):
                 if item.get_closest_marker(tier):
                     item.add_marker(pytest.mark.timeout(seconds))
                     break
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist hands whole files out in this order: longest first
+        items[:] = heaviest_files_first(items)
+
+
+def heaviest_files_first(items: list) -> list:
+    """Items regrouped by file, files with more `slow` tests (then more `ray` tests) first, the order otherwise kept:
+    with whole files handed to two workers, the short files fill the end instead of one worker running a long one
+    alone while the other waits."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def weight(group: list) -> tuple[int, int]:
+        return (sum(bool(i.get_closest_marker("slow")) for i in group), sum(bool(i.get_closest_marker("ray")) for i in group))
+
+    return [item for group in sorted(files.values(), key=weight, reverse=True) for item in group]
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -27,9 +27,20 @@ ONE_WORKER = TrainConfig(epochs=40, lr=1e-2, num_workers=1, cpus_per_worker=0.5,
 
 
 def train_worker_pids() -> set[int]:
-    """PIDs of the Ray Train worker actors now alive (their process title starts with ray::RayTrainWorker)."""
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
-    return {int(line.split(None, 1)[0]) for line in out.splitlines() if line.split(None, 1)[-1].startswith("ray::RayTrainWorker")}
+    """PIDs of the Ray Train worker actors now alive in this process's Ray: descendants of this process (the local Ray
+    it started) whose process title starts with ray::RayTrainWorker. Another Ray on the machine is not counted."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()]
+    parent = {int(r[0]): int(r[1]) for r in rows}
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return {int(r[0]) for r in rows if len(r) == 3 and r[2].startswith("ray::RayTrainWorker") and ours(int(r[0]))}
 
 
 def train_killing_a_worker(emb, dense, cfg, storage, name, after_epoch: int = 2):
@@ -88,15 +99,45 @@ def test_worker_killed_midway_restarts_from_last_checkpoint_and_a_killed_run_res
         torch.testing.assert_close(resumed.heads.state_dict()[k], v)
 
 
+class KeptBars:
+    """``train.EpochBar`` replaced, inside ``with``, by one that keeps every bar it makes (with the bars on: tests turn
+    them off in conftest)."""
+
+    def __init__(self):
+        self.bars: list[train.EpochBar] = []
+
+    def __enter__(self):
+        kept = self.bars
+
+        class KeptBar(train.EpochBar):
+            def __init__(self, epochs):
+                super().__init__(epochs)
+                kept.append(self)
+
+        self.patch = pytest.MonkeyPatch()
+        self.patch.setenv("CQG_RAY_PROGRESS", "1")
+        self.patch.setattr(train, "EpochBar", KeptBar)
+        return self
+
+    def __exit__(self, *exc):
+        self.patch.undo()
+
+    def shown(self) -> list[list[int]]:
+        return [b.shown for b in self.bars]
+
+
 @pytest.fixture(scope="module")
 def one_worker_run(ray_local, tmp_path_factory):
-    """`train_and_evaluate` with 1 worker on `make_problem()` (each Ray Train run costs ~20 s of actor start-ups on 2
-    cores, so the held-out test reads this run, and the 2-workers test compares against it)."""
+    """`train_and_evaluate` with 1 worker on `make_problem()`, and the epoch counts its bar showed (each Ray Train run
+    costs ~20 s of actor start-ups on 2 cores, so the held-out and epoch-bar tests read this run, and the 2-workers
+    test compares against it)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # as the tests' one_torch_thread (the held-out evaluation runs here, in the driver)
     try:
         emb, dense = make_problem()
-        return train_and_evaluate(emb, dense, ONE_WORKER, str(tmp_path_factory.mktemp("one")), "one")
+        with KeptBars() as bars:
+            result = train_and_evaluate(emb, dense, ONE_WORKER, str(tmp_path_factory.mktemp("one")), "one")
+        return (*result, bars.shown())
     finally:
         torch.set_num_threads(before)
 
@@ -104,7 +145,7 @@ def one_worker_run(ray_local, tmp_path_factory):
 @pytest.mark.slow
 def test_train_and_evaluate_holds_out_documents(one_worker_run, problem):
     emb, dense = problem()
-    result, report = one_worker_run
+    result, report, _ = one_worker_run
     pairs = LabelPairs.from_dense(dense)
     split = report["split"]
     assert split["train_pairs"] + split["heldout_pairs"] == len(pairs)
@@ -114,23 +155,13 @@ def test_train_and_evaluate_holds_out_documents(one_worker_run, problem):
     assert result.epochs == ONE_WORKER.epochs
 
 
-def test_the_epoch_bar_shows_where_a_resumed_run_starts(ray_local, problem, tmp_path, monkeypatch):
-    """The driver's bar follows rank 0's epochs; a run resumed from a checkpoint (here: one already finished, which
-    trains nothing) starts the bar at the checkpoint's epoch instead of leaving it at 0/N."""
-    bars = []
-
-    class KeptBar(train.EpochBar):
-        def __init__(self, epochs):
-            super().__init__(epochs)
-            bars.append(self)
-
-    monkeypatch.setenv("CQG_RAY_PROGRESS", "1")  # tests turn the bars off (conftest)
-    monkeypatch.setattr(train, "EpochBar", KeptBar)
-    emb, dense = problem()
-    cfg = CFG.model_copy(update={"num_workers": 1, "cpus_per_worker": 1.0, "epochs": 3, "checkpoint_every": 3})
-    assert train_heads(emb, dense, cfg, str(tmp_path), "bar").epochs == 3
-    assert train_heads(emb, dense, cfg, str(tmp_path), "bar").epochs == 3  # finished: resumed at epoch 3, nothing to train
-    assert [b.shown for b in bars] == [[0, 1, 2, 3], [3]]
+@pytest.mark.slow
+def test_the_epoch_bar_shows_where_a_resumed_run_starts(one_worker_run, driver_killed_and_resumed):
+    """The driver's bar follows rank 0's epochs from 0; a run resumed from a checkpoint starts the bar at the
+    checkpoint's epoch instead of leaving it at 0/N, and a finished run started again shows only its last epoch."""
+    assert one_worker_run[2] == [list(range(ONE_WORKER.epochs + 1))]
+    done, _, _, bars = driver_killed_and_resumed
+    assert bars == [[done, done + 1], [done + 1]]
 
 
 DRIVER = textwrap.dedent("""
@@ -185,10 +216,13 @@ def settled_checkpoint_epoch(run_dir, seconds: float = 10.0) -> int:
     return latest_checkpoint_epoch(run_dir)
 
 
-@pytest.mark.slow
-def test_driver_killed_with_sigkill_resumes(ray_local, problem, tmp_path):
-    """The driver process (and the Ray it started) is SIGKILLed mid-run; a new driver resumes from its checkpoint."""
+@pytest.fixture(scope="module")
+def driver_killed_and_resumed(ray_local, tmp_path_factory):
+    """A training driver (and the Ray it started) SIGKILLed once its second checkpoint exists, then in this process the
+    run resumed for one more epoch and started once more: (the checkpoint's epoch, the resumed result, the result of
+    the start after it, the epoch counts their bars showed)."""
     size = {"n_docs": 2000, "d": 64, "m": 200, "per_question": 600}
+    tmp_path = tmp_path_factory.mktemp("sigkill")
     script = tmp_path / "driver.py"
     script.write_text(DRIVER.format(tests=os.path.dirname(__file__), problem=size, storage=str(tmp_path)))
     run_dir = tmp_path / "sigkill"
@@ -205,12 +239,20 @@ def test_driver_killed_with_sigkill_resumes(ray_local, problem, tmp_path):
         proc.wait()
     done = latest_checkpoint_epoch(run_dir)
     assert done >= 2, "no second checkpoint within the time limit"
-    emb, dense = problem(**size)
+    emb, dense = make_problem(**size)
     cfg = TrainConfig(epochs=done + 1, lr=1e-2, num_workers=2, cpus_per_worker=0.5, checkpoint_every=1)
-    r = train_heads(emb, dense, cfg, str(tmp_path), "sigkill")
+    with KeptBars() as bars:
+        r = train_heads(emb, dense, cfg, str(tmp_path), "sigkill")
+        again = train_heads(emb, dense, cfg, str(tmp_path), "sigkill")
+    return done, r, again, bars.shown()
+
+
+@pytest.mark.slow
+def test_driver_killed_with_sigkill_resumes(driver_killed_and_resumed):
+    """The driver process (and the Ray it started) is SIGKILLed mid-run; a new driver resumes from its checkpoint."""
+    done, r, again, _ = driver_killed_and_resumed
     assert r.metrics["start_epoch"] == done and r.epochs == done + 1
     # started once more, the finished run has nothing left to do and returns its final heads
-    again = train_heads(emb, dense, cfg, str(tmp_path), "sigkill")
     assert again.epochs == done + 1
     for k, v in r.heads.state_dict().items():
         assert torch.equal(again.heads.state_dict()[k], v)
@@ -229,7 +271,7 @@ def test_two_workers_give_the_heads_of_one_within_noise(one_worker_run, problem,
     same answer at tau 0.5 on 96.5%, held-out accuracy 0.926 vs 0.946; 2 workers against 1: 0.022, 98.8%, 0.936 vs
     0.926. The test asks for less than seed-to-seed noise plus a margin: < 0.05, >= 95%, accuracy within 0.03."""
     emb, dense = problem()
-    one, one_report = one_worker_run
+    one, one_report, _ = one_worker_run
     two, two_report = train_and_evaluate(emb, dense, ONE_WORKER.model_copy(update={"num_workers": 2}), str(tmp_path), "two")
     train_pairs = one_report["split"]["train_pairs"]
     assert one.metrics["pairs"] == two.metrics["pairs"] == train_pairs
