@@ -38,8 +38,8 @@ def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
               "logging_level": logging.WARNING if quiet else logging.INFO}
     if cfg.address:
         ray.init(address=cfg.address, **kwargs)
-    else:
-        ray.init(num_cpus=cfg.num_cpus, **kwargs)
+    else:  # a new local Ray ("local": not a cluster that `ray start` left its address file for); RAY_ADDRESS still decides
+        ray.init(address=None if os.environ.get("RAY_ADDRESS") else "local", num_cpus=cfg.num_cpus, **kwargs)
     import ray.data
 
     if quiet:  # Ray Data's per-dataset progress log lines; our own bars and logs say what is happening

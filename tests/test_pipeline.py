@@ -83,6 +83,27 @@ def test_worker_malloc_env_caps_glibc_heaps_unless_set():
     assert mine == {"MALLOC_ARENA_MAX": "8"}  # the user's choice stays
 
 
+def test_no_address_starts_a_new_local_ray_even_where_a_ray_start_cluster_runs(monkeypatch):
+    """ray.init(address=None) joins the cluster whose address `ray start` (or a ray.cluster_utils head) left in
+    /tmp/ray/ray_current_cluster: a `cqg-ray` run without an address would join another run's cluster, or fail on
+    num_cpus. init_ray asks for address "local" then, and leaves RAY_ADDRESS to Ray where it is set."""
+    import ray
+
+    from cqg_ray.config import RayConfig
+    from cqg_ray.pipeline import init_ray
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append((kw.get("address"), kw.get("num_cpus"))))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    init_ray(RayConfig(num_cpus=3))
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    init_ray(RayConfig(num_cpus=3))
+    init_ray(RayConfig(address="auto"))
+    assert calls == [("local", 3), (None, 3), ("auto", None)]
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("address", [None, "local"])  # RAY_ADDRESS=local (what bench/scale.py sets) also starts one
 def test_a_local_ray_started_by_init_ray_gives_its_workers_two_heaps(tmp_path, address):
