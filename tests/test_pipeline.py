@@ -96,7 +96,7 @@ def test_no_address_starts_a_new_local_ray_even_where_a_ray_start_cluster_runs(m
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: calls.append((kw.get("address"), kw.get("num_cpus"))))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # what init_ray would set for a local Ray: restored after the test
     init_ray(RayConfig(num_cpus=3))
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     init_ray(RayConfig(num_cpus=3))

@@ -1,6 +1,7 @@
 """Ray Train: 2 data-parallel workers; a worker process SIGKILLed mid-run (restarted, or the run resumed later) and a
 SIGKILLed driver, all resumed from the last checkpoint."""
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -99,31 +101,21 @@ def test_worker_killed_midway_restarts_from_last_checkpoint_and_a_killed_run_res
         torch.testing.assert_close(resumed.heads.state_dict()[k], v)
 
 
-class KeptBars:
-    """``train.EpochBar`` replaced, inside ``with``, by one that keeps every bar it makes (with the bars on: tests turn
-    them off in conftest)."""
+@contextlib.contextmanager
+def kept_bars() -> Iterator[list]:
+    """Inside the block ``train.EpochBar`` is one that keeps every bar it makes in the list yielded (the bars on:
+    tests turn them off in conftest)."""
+    bars: list[train.EpochBar] = []
 
-    def __init__(self):
-        self.bars: list[train.EpochBar] = []
+    class KeptBar(train.EpochBar):
+        def __init__(self, epochs):
+            super().__init__(epochs)
+            bars.append(self)
 
-    def __enter__(self):
-        kept = self.bars
-
-        class KeptBar(train.EpochBar):
-            def __init__(self, epochs):
-                super().__init__(epochs)
-                kept.append(self)
-
-        self.patch = pytest.MonkeyPatch()
-        self.patch.setenv("CQG_RAY_PROGRESS", "1")
-        self.patch.setattr(train, "EpochBar", KeptBar)
-        return self
-
-    def __exit__(self, *exc):
-        self.patch.undo()
-
-    def shown(self) -> list[list[int]]:
-        return [b.shown for b in self.bars]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CQG_RAY_PROGRESS", "1")
+        mp.setattr(train, "EpochBar", KeptBar)
+        yield bars
 
 
 @pytest.fixture(scope="module")
@@ -135,9 +127,9 @@ def one_worker_run(ray_local, tmp_path_factory):
     torch.set_num_threads(1)  # as the tests' one_torch_thread (the held-out evaluation runs here, in the driver)
     try:
         emb, dense = make_problem()
-        with KeptBars() as bars:
+        with kept_bars() as bars:
             result = train_and_evaluate(emb, dense, ONE_WORKER, str(tmp_path_factory.mktemp("one")), "one")
-        return (*result, bars.shown())
+        return (*result, [b.shown for b in bars])
     finally:
         torch.set_num_threads(before)
 
@@ -241,10 +233,10 @@ def driver_killed_and_resumed(ray_local, tmp_path_factory):
     assert done >= 2, "no second checkpoint within the time limit"
     emb, dense = make_problem(**size)
     cfg = TrainConfig(epochs=done + 1, lr=1e-2, num_workers=2, cpus_per_worker=0.5, checkpoint_every=1)
-    with KeptBars() as bars:
+    with kept_bars() as bars:
         r = train_heads(emb, dense, cfg, str(tmp_path), "sigkill")
         again = train_heads(emb, dense, cfg, str(tmp_path), "sigkill")
-    return done, r, again, bars.shown()
+    return done, r, again, [b.shown for b in bars]
 
 
 @pytest.mark.slow
