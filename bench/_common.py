@@ -57,8 +57,9 @@ def cqg_prompts(n_prompts: int, seed: int = 0, n_pos: int = 6, n_neg: int = 12, 
 
 def cpu_line() -> str:
     """The CPU model and the flags that decide engine choices (for the top of a bench's output)."""
-    from cqg_ray.hardware import cpu_flags, cpu_model
+    from cqg_ray.hardware import cpu_flags, cpu_model, max_isa
 
-    model, flags = cpu_model(), cpu_flags()
+    model, flags = cpu_model(), cpu_flags(capped=False)
     keep = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni") if f in flags]
-    return f"cpu: {model}, {os.cpu_count()} cores; flags: {' '.join(keep) or 'none of avx2/avx512/amx'}"
+    capped = f"; kernels capped at {max_isa().upper()} (CQG_RAY_MAX_CPU_ISA)" if max_isa() else ""
+    return f"cpu: {model}, {os.cpu_count()} cores; flags: {' '.join(keep) or 'none of avx2/avx512/amx'}{capped}"

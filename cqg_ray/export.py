@@ -17,7 +17,7 @@ import argparse
 import json
 import os
 
-from cqg_ray.hardware import cpu_flags, cpu_model
+from cqg_ray.hardware import cpu_flags, cpu_model, max_isa
 from cqg_ray.rundir import ArtifactError, RunDir
 from cqg_ray.stages import NAMES
 
@@ -27,8 +27,9 @@ BUILD_STAGES = tuple(n for n in NAMES if n != "evaluation")  # the stages that b
 
 def cpu_name() -> str:
     """The CPU model and the vector extensions that matter here, e.g. 'AMD EPYC (avx512_bf16, avx512f), 2 cores'."""
-    shown = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
-    return f"{cpu_model()} ({', '.join(shown) or 'no AVX2'}), {os.cpu_count()} cores"
+    shown = sorted(cpu_flags(capped=False) & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    capped = f"; kernels capped at {max_isa().upper()}" if max_isa() else ""
+    return f"{cpu_model()} ({', '.join(shown) or 'no AVX2'}{capped}), {os.cpu_count()} cores"
 
 
 def build_record(run: RunDir) -> dict:

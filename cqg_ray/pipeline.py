@@ -38,8 +38,10 @@ def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
               "logging_level": logging.WARNING if quiet else logging.INFO}
     if cfg.address:
         ray.init(address=cfg.address, **kwargs)
-    else:  # a new local Ray ("local": not a cluster that `ray start` left its address file for); RAY_ADDRESS still decides
-        ray.init(address=None if os.environ.get("RAY_ADDRESS") else "local", num_cpus=cfg.num_cpus, **kwargs)
+    elif os.environ.get("RAY_ADDRESS"):  # RAY_ADDRESS still decides
+        ray.init(address=None, num_cpus=cfg.num_cpus, **kwargs)
+    else:  # a new local Ray ("local": not a cluster that `ray start` left its address file for)
+        start_local_ray(ray.init, address="local", num_cpus=cfg.num_cpus, **kwargs)
     import ray.data
 
     if quiet:  # Ray Data's per-dataset progress log lines; our own bars and logs say what is happening
@@ -52,6 +54,30 @@ def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
         ctx.enable_operator_progress_bars = False  # one overall bar is enough
     except AttributeError:
         pass
+
+
+RAY_START_TRIES = 3  # Ray gives a new node's raylet 30 s (fixed) to register: a busy 2-core machine can take longer
+
+
+def start_local_ray(init, tries: int = RAY_START_TRIES, **kwargs) -> None:
+    """``init(**kwargs)``, started again where Ray's own start timed out ("timed out during startup"), after stopping
+    the processes the failed start left (this process's children started since); any other error is raised."""
+    import time
+
+    import psutil  # Ray's own dependency
+
+    for attempt in range(1, tries + 1):
+        began = time.time() - 1  # create_time is rounded
+        try:
+            return init(**kwargs)
+        except Exception as e:  # Ray raises a bare Exception for it
+            if "timed out during startup" not in str(e) or attempt == tries:
+                raise
+            log.warning("Ray's local start timed out (%s); starting it again (%d of %d)", e, attempt + 1, tries)
+            left = [p for p in psutil.Process().children(recursive=True) if p.create_time() >= began]
+            for p in left:
+                p.kill()
+            psutil.wait_procs(left, timeout=30)
 
 
 def ray_address(cli_address: str | None, config_address: str | None) -> str | None:

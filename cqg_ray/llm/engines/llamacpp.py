@@ -52,7 +52,8 @@ def available_cpus() -> int:
 
 
 def cpu_has_amx() -> bool:
-    return "amx_tile" in cpu_flags()
+    """The hardware's AMX, whatever CQG_RAY_MAX_CPU_ISA says: the crash workaround follows the CPU, not a choice."""
+    return "amx_tile" in cpu_flags(capped=False)
 
 
 @contextlib.contextmanager

@@ -121,7 +121,8 @@ def greedy(logits):
 def pack_linears(model, rows: int) -> int:
     """Replace the model's ``nn.Linear`` layers (decoder and output) by ``PackedLinear`` (oneDNN's blocked weight layout for
     about ``rows`` input rows; same products, 10-50% faster at 32 rows in bfloat16 on a 2-core AVX-512-BF16 CPU).
-    Returns how many were packed: 0 where this torch has no oneDNN linear (the model is left as it was)."""
+    Returns how many were packed: 0 where this torch has no oneDNN linear, or for a bfloat16 model where the CPU
+    (as ``hardware.cpu_flags`` reads it) has no native bfloat16 (the model is left as it was)."""
     import torch
 
     class PackedLinear(torch.nn.Module):
@@ -137,6 +138,8 @@ def pack_linears(model, rows: int) -> int:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
     if not torch.backends.mkldnn.is_available():
+        return 0
+    if model.dtype == torch.bfloat16 and pick_dtype() != "bfloat16":  # oneDNN refuses it (AVX2) or emulates it (capped)
         return 0
     try:
         probe = torch.nn.Linear(8, 4, dtype=model.dtype)
