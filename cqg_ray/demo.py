@@ -1,7 +1,8 @@
 """`cqg-ray demo`: the whole pipeline on a sample of ../shared/data with the embedded LLM, then two explanations.
 
 Runs (or resumes) every stage of the packaged demo config (cqg_ray/configs/demo.yaml), then prints the evaluation
-table and, for two STS-B test pairs (one the annotators call near-identical, one unrelated), the questions both texts
+tables once (the evaluation stage prints them when it runs; the demo prints them when the stage was already done)
+and, for two STS-B test pairs (one the annotators call near-identical, one unrelated), the questions both texts
 answer yes, the ones they differ on, and the similarity: what the paper's case-study figure shows.
 """
 
@@ -36,17 +37,22 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, brea
     from cqg_ray.rundir import RunDir
 
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    run = RunDir(cfg.run_dir)
     with take_lease(cfg.run_dir, "cqg-ray demo", break_lease):  # LeaseHeld: the CLI says who holds it (exit 3)
         print(f"cqg-ray demo: run directory {cfg.run_dir} (interrupt any time; the same command resumes)", flush=True)
-        run_pipeline(cfg)
-    run = RunDir(cfg.run_dir)
+        before = run.manifest("evaluation")
+        manifests = run_pipeline(cfg)
+    # the evaluation stage prints its tables as it finishes; a stage skipped as done printed nothing (a run of it
+    # writes a new manifest, so an unchanged one means it was skipped)
+    evaluated_now = manifests.get("evaluation") is not None and manifests["evaluation"] != before
     print()
     print(run_status(run))
     if run.exists("evaluation", "results.json"):
-        from cqg_ray.evaluate.report import format_tables
+        if not evaluated_now:
+            from cqg_ray.evaluate.report import format_tables
 
-        print()
-        print(format_tables(run.read_json("evaluation/results.json")))
+            print()
+            print(format_tables(run.read_json("evaluation/results.json")))
         print(f"(full report with the load frontier and the tau and m sweep plots: {run.uri('evaluation', 'report.md')})")
     model = InterpretableEmbedder.load(run.uri("model"))
     sts = cfg.evaluate.sts[0] if cfg.evaluate.sts else None

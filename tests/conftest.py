@@ -148,3 +148,40 @@ def clustered_run(tmp_path_factory, corpus_file, ray_local):
     for stage in ("prepare", "encode", "cluster"):
         run_one(cfg, stage)
     return d
+
+
+# A run directory made without Ray: a prepared corpus of four texts and a hand-set model folder (tests.serve.toy_model)
+# at <run_dir>/model, whose first question is a corpus text word for word.
+TOY_CORPUS = ["A man in a khaki jacket and ball cap walks down the street.", "The central bank raised interest rates again.",
+              "A small dog chases a red ball across the park.", "The new phone has a larger screen and a faster chip."]
+TOY_QUESTIONS = ["The central bank raised interest rates again?", "Is the text about animals?", "Does the text mention a device?",
+                 "Does the text describe clothing?"]
+
+
+def toy_run(run_dir, encoder, config: dict | None = None, prepare: bool = True):
+    """Write config.yaml, a finished prepare stage (TOY_CORPUS; with ``prepare``) and a finished model stage
+    (TOY_QUESTIONS on ``encoder``, a loaded bundled MiniLM) into ``run_dir``; return the config (``config``: its
+    sections, besides run_dir and the torch-float32 encoder backend)."""
+    import pyarrow as pa
+
+    from cqg_ray.config import dump_config, stage_hash
+    from cqg_ray.rundir import RunDir, run_stage
+    from tests.serve.toy_model import build_toy_model
+
+    cfg = config_from_dict({"run_dir": str(run_dir), "encode": {"backend": "torch-float32"}, **(config or {})})
+    run = RunDir(str(run_dir))
+    run.write_bytes("config.yaml", dump_config(cfg).encode())
+    if prepare:
+        table = pa.table({"doc_id": [f"d{i}" for i in range(len(TOY_CORPUS))], "text": TOY_CORPUS})
+        run_stage(run, "prepare", stage_hash(cfg, "prepare"), lambda ctx: run.write_table("prepare/part-00000.parquet", table), deps=[])
+    run_stage(run, "model", stage_hash(cfg, "model"),
+              lambda ctx: build_toy_model(ctx.uri, TOY_QUESTIONS, encoder_model=encoder), deps=[])
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def toy_encoder():
+    """The bundled MiniLM on torch float32, CPU (for toy_run and the model folders it writes)."""
+    from cqg_ray.encoder import load_encoder
+
+    return load_encoder("bundled:all-MiniLM-L6-v2", backend="torch-float32", device="cpu")

@@ -9,7 +9,9 @@
 - top opening share: the share of the most common opening (first four words), with that opening;
 - near-duplicate share: questions whose embedding has cosine >= theta with another question's.
 Words are lower-cased ``[a-z0-9']+`` tokens. The measures are pure (lists and arrays in, numbers out; the corpus is
-streamed); ``model_quality`` reads a model folder, the corpus its ``run_config.yaml`` names and the model's encoder.
+streamed); ``model_quality`` reads a model folder, the model's encoder and the corpus the model was built from: the
+one its ``run_config.yaml`` names (an exported or shipped model), or for a run's own model folder (``<run_dir>/model``)
+that run's prepared corpus (else the corpus its ``config.yaml`` names).
 """
 
 from __future__ import annotations
@@ -122,9 +124,10 @@ def format_quality(q: dict) -> str:
 # ----------------------------------------------------------------------------------------- a model folder
 
 
-def corpus_texts(paths: list[str], base: str | None = None) -> Iterator[str]:
+def corpus_texts(paths: list[str], base: str | None = None, settings: Any = None) -> Iterator[str]:
     """Every text of the corpus files, streamed file by file; a relative path that does not exist here is tried
-    against ``base`` (a model's checkout: models/<name>/../..)."""
+    against ``base`` (a model's checkout: models/<name>/../..). ``settings``: the ``CorpusConfig`` the files were
+    read with (format, text column, ...; its paths are ignored); None = the defaults."""
     from cqg_ray.config import CorpusConfig
     from cqg_ray.corpus import list_files, parse_file, read_bytes
 
@@ -133,14 +136,36 @@ def corpus_texts(paths: list[str], base: str | None = None) -> Iterator[str]:
         if "://" not in p and not os.path.exists(p) and base and os.path.exists(os.path.join(base, p)):
             p = os.path.join(base, p)
         found.append(p)
-    cfg = CorpusConfig(paths=found)
+    cfg = CorpusConfig(paths=found) if settings is None else settings.model_copy(update={"paths": found})
     for uri, fmt in list_files(found, cfg.format):
         yield from parse_file(read_bytes(uri), fmt, uri, cfg).texts
 
 
+def model_run(folder: str) -> Any:
+    """The run directory (a ``RunDir``) whose model stage a model folder is (``<run_dir>/model``, the run holding a
+    ``config.yaml`` or a finished prepare stage), or None."""
+    from cqg_ray.rundir import RunDir
+
+    folder = folder.rstrip("/")
+    if "://" in folder:
+        parent, _, name = folder.rpartition("/")
+        if "://" not in parent or parent.endswith(":/"):  # the model folder is a bucket's root
+            return None
+    else:
+        folder = os.path.abspath(folder)
+        parent, name = os.path.dirname(folder), os.path.basename(folder)
+    if name != "model":
+        return None
+    run = RunDir(parent)
+    return run if run.exists("config.yaml") or run.manifest("prepare") is not None else None
+
+
 def model_quality(model: str, corpus: list[str] | None = None, encoder: Any = None) -> dict:
-    """The measures for a model folder (or a shipped model's name) against ``corpus`` files, by default the corpus its
-    ``run_config.yaml`` read (theta from there too); ``encoder``: the model's loaded encoder, to save loading it."""
+    """The measures for a model folder (or a shipped model's name) against ``corpus`` files, by default the corpus the
+    model was built from (theta from the same config): the one its ``run_config.yaml`` read (an exported or shipped
+    model); for a run's model folder (``<run_dir>/model``, no run_config.yaml) the run's prepared corpus, or where the
+    run has no finished prepare stage the corpus its ``config.yaml`` names; with none of these, no copy rate.
+    ``encoder``: the model's loaded encoder, to save loading it."""
     import yaml
 
     from cqg_ray.config import config_from_dict
@@ -150,11 +175,26 @@ def model_quality(model: str, corpus: list[str] | None = None, encoder: Any = No
     folder = resolve_model(model)
     run = RunDir(folder)
     questions = [q["text"] for q in run.read_json("questions.json")]
-    cfg = config_from_dict(yaml.safe_load(run.read_bytes("run_config.yaml")) if run.exists("run_config.yaml") else {})
+    own = None  # the run directory the folder is the model of (no run_config.yaml: not exported)
+    if run.exists("run_config.yaml"):
+        cfg = config_from_dict(yaml.safe_load(run.read_bytes("run_config.yaml")))
+    else:
+        from cqg_ray.pipeline import saved_config
+
+        own = model_run(folder)
+        cfg = (saved_config(own) if own is not None else None) or config_from_dict({})
     if encoder is None:
         from cqg_ray.encoder import load_encoder
 
         encoder = load_encoder(run.read_json("config.json")["encoder"])
-    paths = corpus or list(cfg.corpus.paths)
-    texts = corpus_texts(paths, base=os.path.dirname(os.path.dirname(os.path.abspath(folder)))) if paths else None  # no corpus: no copy rate
+    base = os.path.dirname(os.path.dirname(os.path.abspath(folder)))
+    texts: Iterable[str] | None = None  # no corpus: no copy rate
+    if corpus:
+        texts = corpus_texts(corpus, base=base)
+    elif own is not None and own.manifest("prepare") is not None:
+        from cqg_ray.artifacts import corpus_texts as prepared_texts
+
+        texts = prepared_texts(own)
+    elif cfg.corpus.paths:
+        texts = corpus_texts(list(cfg.corpus.paths), base=base, settings=cfg.corpus if own is not None else None)
     return question_quality(questions, texts, encoder.encode(questions, batch_size=128), cfg.cqg.theta_value)

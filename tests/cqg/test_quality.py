@@ -57,3 +57,36 @@ def test_the_shipped_models_quality_from_the_command_line(capsys):
     out = capsys.readouterr().out
     assert "questions: 636" in out and "copy_rate: 0.5597" in out and "words_median: 14" in out and "words_max: 219" in out
     assert "cut_off_share: 0.0440" in out and "top_opening_share: 0.7547   ('is the article about')" in out
+
+
+def test_a_runs_model_folder_is_measured_against_the_runs_prepared_corpus(tmp_path, toy_encoder, corpus_file):
+    """A run's model folder has no run_config.yaml: the copy rate is against the run's prepared corpus (not the files
+    its config.yaml names: the 400-text fixture holds no toy text), theta from its config.yaml."""
+    from cqg_ray.cqg.cli import quality_report
+    from cqg_ray.cqg.quality import model_quality
+    from tests.conftest import TOY_QUESTIONS, toy_run
+
+    toy_run(tmp_path / "run", toy_encoder, {"corpus": {"paths": [str(corpus_file)]}, "cqg": {"theta": 0.9}})
+    q = model_quality(str(tmp_path / "run" / "model"), encoder=toy_encoder)
+    assert q["questions"] == 4 and q["copy_rate"] == 0.25 and q["theta"] == 0.9  # the first question is a corpus text
+    assert copied(TOY_QUESTIONS, iter(["The central bank raised interest rates again."])).tolist() == [True, False, False, False]
+    assert model_quality(str(tmp_path / "run" / "model"), [str(corpus_file)], encoder=toy_encoder)["copy_rate"] == 0.0  # given files win
+    assert quality_report(str(tmp_path / "run" / "model"))["copy_rate"] == 0.25  # `cqg-ray questions MODEL --quality`
+
+
+def test_a_runs_model_folder_without_a_prepared_corpus_reads_the_files_its_config_names(tmp_path, toy_encoder):
+    """No finished prepare stage: the corpus files of the run's config.yaml, read with its corpus settings (here a
+    JSONL whose texts are in a "sentence" field); a model folder in no run and without run_config.yaml: no copy rate."""
+    import json
+    import shutil
+
+    from cqg_ray.cqg.quality import model_quality
+    from tests.conftest import TOY_CORPUS, toy_run
+
+    corpus = tmp_path / "sentences.jsonl"
+    corpus.write_text("".join(json.dumps({"sentence": t}) + "\n" for t in TOY_CORPUS))
+    toy_run(tmp_path / "run", toy_encoder, {"corpus": {"paths": [str(corpus)], "text_column": "sentence"}}, prepare=False)
+    q = model_quality(str(tmp_path / "run" / "model"), encoder=toy_encoder)
+    assert q["copy_rate"] == 0.25 and q["theta"] == 0.8
+    shutil.copytree(tmp_path / "run" / "model", tmp_path / "elsewhere" / "model")
+    assert model_quality(str(tmp_path / "elsewhere" / "model"), encoder=toy_encoder)["copy_rate"] is None
