@@ -29,15 +29,19 @@ def corpus_sample(n: int, seed: int = 0, min_chars: int = 40, max_chars: int = 3
     return [t[:max_chars] for t in texts[:n]]
 
 
-def cqg_prompts(n_prompts: int, seed: int = 0, n_pos: int = 6, n_neg: int = 12, max_chars: int = 200, k: int | None = None, with_clusters: bool = False):
-    """Real CQG (A.1) prompts: the shared corpus embedded by the bundled encoder and clustered with faiss into ``k``
-    clusters (default ``n_prompts``); the prompt of cluster c (c < n_prompts) has n_pos texts of c and n_neg texts of
-    the other clusters. ``with_clusters``: also return the clustered texts and their cluster labels."""
+def cqg_prompts(n_prompts: int, seed: int = 0, n_pos: int = 6, n_neg: int = 12, max_chars: int = 200, k: int | None = None, with_clusters: bool = False,
+                prompt: str = "paper"):
+    """Real CQG prompts (A.1, or ``prompt="property"``: the property prompt with its worked examples, no keywords): the
+    shared corpus embedded by the bundled encoder and clustered with faiss into ``k`` clusters (default ``n_prompts``);
+    the prompt of cluster c (c < n_prompts) has n_pos texts of c and n_neg texts of the other clusters.
+    ``with_clusters``: also return the clustered texts and their cluster labels."""
     import faiss
     import numpy as np
 
     from cqg_ray.encoder import load_encoder
-    from cqg_ray.llm.prompts import clip_text, cqg_messages
+    from cqg_ray.llm.prompts import clip_text, cqg_messages, property_messages
+
+    messages = {"paper": cqg_messages, "property": property_messages}[prompt]
 
     k = k or n_prompts
     texts = corpus_sample(max(2000, 40 * k), seed)
@@ -51,7 +55,7 @@ def cqg_prompts(n_prompts: int, seed: int = 0, n_pos: int = 6, n_neg: int = 12, 
         own, other = np.flatnonzero(labels == c), np.flatnonzero(labels != c)
         pos = rng.choice(own, min(n_pos, len(own)), replace=False)
         neg = rng.choice(other, n_neg, replace=False)
-        prompts.append(cqg_messages([clip_text(texts[i], max_chars) for i in pos], [clip_text(texts[i], max_chars) for i in neg]))
+        prompts.append(messages([clip_text(texts[i], max_chars) for i in pos], [clip_text(texts[i], max_chars) for i in neg]))
     return (prompts, texts, labels) if with_clusters else prompts
 
 

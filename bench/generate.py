@@ -2,6 +2,10 @@
 
     python bench/generate.py                      # 32 CQG prompts on clusters of the shared corpus, bundled 0.5B model
     python bench/generate.py --prompts 8 --batch 8 --engines torch-float32
+    python bench/generate.py --demo --prompts 4 --no-baseline --engines llamacpp,torch-float32   # the demo's own work
+
+``--demo``: what the demo's questions stage asks instead: the property prompt (3 worked examples) with 6 positives
+and 36 negatives (n_p, n_h + n_e) clipped at 200 characters, written by the bundled 1.5B (``cqg.writer_model``).
 
 Every side runs the same A.1 prompts (6 positives, 12 negatives, texts clipped at 200 characters, as the demo) with
 greedy decoding and at most 260 new tokens: one at a time through llama.cpp's ``create_chat_completion`` (the path
@@ -52,10 +56,16 @@ def main() -> None:
     ap.add_argument("--engines", default=f"llamacpp,torch-{pick_dtype()}", help="batched engines to compare (llamacpp, torch-float32, torch-bfloat16)")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the prompt-reading-only run")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--demo", action="store_true", help="the demo's prompts and writer: property prompt, 6 + 36 texts, the bundled 1.5B")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the one-at-a-time llama.cpp run (the batched sides are compared alone)")
     args = ap.parse_args()
+    if args.demo and args.model == ap.get_default("model"):
+        args.model = "bundled:qwen2.5-coder-1.5b"
     print(cpu_line())
     print(f"llamacpp.generate_engine auto -> {resolve_engine('auto')} on this CPU", flush=True)
-    reqs = [Request(m, max_tokens=args.max_tokens) for m in cqg_prompts(args.prompts, args.seed)]
+    shape = {"n_pos": 6, "n_neg": 36, "prompt": "property"} if args.demo else {}
+    reqs = [Request(m, max_tokens=args.max_tokens) for m in cqg_prompts(args.prompts, args.seed, **shape)]
+    print(f"{len(reqs)} {'property (demo)' if args.demo else 'A.1'} prompts, model {args.model}", flush=True)
     b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(model=args.model, batch_generate=args.batch)))
 
     batched: dict[str, tuple[list, float]] = {}
@@ -81,17 +91,20 @@ def main() -> None:
         pt = sum(c.prompt_tokens for c in got.values())
         print(f"{torch_engines[0]} prompt reading only (max_tokens=1): {ceiling:.1f} s, {pt / ceiling:.0f} prompt tok/s", flush=True)
 
-    t0 = time.perf_counter()
-    one = [b.complete_one(r) for r in reqs]
-    t_one = time.perf_counter() - t0
-    report("llamacpp one at a time", one, t_one)
-    for engine, (outs, wall) in batched.items():
-        report(f"{engine} batched x{args.batch}", outs, wall, one)
-    if ceiling:
-        print(f"ceiling: {t_one / ceiling:.2f}x if decoding cost nothing on {torch_engines[0]} (one at a time {t_one:.1f} s / prompt reading {ceiling:.1f} s)")
     best = min(batched, key=lambda e: batched[e][1])
+    if not args.no_baseline:
+        t0 = time.perf_counter()
+        one = [b.complete_one(r) for r in reqs]
+        t_one = time.perf_counter() - t0
+        report("llamacpp one at a time", one, t_one)
+        for engine, (outs, wall) in batched.items():
+            report(f"{engine} batched x{args.batch}", outs, wall, one)
+        if ceiling:
+            print(f"ceiling: {t_one / ceiling:.2f}x if decoding cost nothing on {torch_engines[0]} "
+                  f"(one at a time {t_one:.1f} s / prompt reading {ceiling:.1f} s)")
     print(f"fastest batched: {best}")
-    print(f"generation_batch_speedup: {t_one / batched[best][1]:.2f}")
+    if not args.no_baseline:
+        print(f"generation_batch_speedup: {t_one / batched[best][1]:.2f}")
     if "llamacpp" in batched and torch_engines:  # the fastest torch engine against llama.cpp's own batched decoding
         fastest = min(torch_engines, key=lambda e: batched[e][1])
         print(f"fastest torch engine: {fastest}")
