@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cqg_ray import progress
 from cqg_ray.artifacts import corpus_shards, embeddings_table
 from cqg_ray.config import EncodeConfig, PipelineConfig, RayConfig
 from cqg_ray.pools import declared
@@ -28,6 +29,9 @@ from cqg_ray.rundir import RunDir, StageContext, documents_digest
 from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, split_units, run_units
 
 log = logging.getLogger("cqg_ray")
+
+
+PROGRESS_TEXTS = 1024  # texts encoded between two advances of the progress counter (a few seconds on 2 cores)
 
 
 class EncodeUnits(UnitActor):
@@ -48,7 +52,11 @@ class EncodeUnits(UnitActor):
         self.stage = stage
 
     def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
-        emb = self.model.encode(texts, batch_size=self.batch_size)
+        parts = []
+        for i in range(0, len(texts), PROGRESS_TEXTS):  # the texts counter advances within a unit
+            parts.append(self.model.encode(texts[i : i + PROGRESS_TEXTS], batch_size=self.batch_size))
+            progress.add(texts=len(parts[-1]))
+        emb = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else self.model.encode([], batch_size=self.batch_size)
         emb = emb.astype(np.float16 if self.cfg.dtype == "float16" else np.float32, copy=False)
         self.run.write_table(f"{self.stage}/{name}", embeddings_table(doc_ids, emb))
 
@@ -75,7 +83,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
              sum(n for _, n in shards), cfg.model, *pool, gpus)
     t0 = time.time()
     rows_done, nodes, bytes_read = run_units(todo, EncodeUnits, {"cfg_json": cfg.model_dump_json(), "run_uri": run.root_uri, "stage": ctx.stage},
-                                 pool, gpus, cfg.torch_threads, "encode", progress)
+                                 pool, gpus, cfg.torch_threads, "encode", progress, run=run)
     wall = time.time() - t0
     files = run.ls(ctx.stage, suffix=".parquet")
     total = sum(pq.ParquetFile(run.path(ctx.stage, f), filesystem=run.fs).metadata.num_rows for f in files)

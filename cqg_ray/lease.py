@@ -282,6 +282,22 @@ class Lease:
                 self.store.delete()
 
 
+_held: dict[str, Lease] = {}  # the leases this process holds, by run directory (note_stage writes into them)
+
+
+def note_stage(root: str, stage: str) -> None:
+    """Record in the lease this process holds on ``root`` (if any) the stage it is running now: `cqg-ray status` shows
+    that stage as running while the lease is live, interrupted once it is stale."""
+    lease = _held.get(RunDir(root).root_uri)
+    if lease is None:
+        return
+    lease.record.update(stage=stage, stage_started_at=time.time())
+    try:
+        lease.heartbeat()
+    except Exception as e:  # the next heartbeat writes it again
+        log.warning("lease on %s: stage not recorded: %s", lease.run.root_uri, e)
+
+
 def acquire(root: str, command: str, break_lease: bool = False, ttl: float | None = None) -> Lease:
     """Take the run directory's lease (LeaseHeld when a live writer holds it and ``break_lease`` is False)."""
     run = RunDir(root)
@@ -322,9 +338,11 @@ def take_lease(root: str, command: str, break_lease: bool = False) -> Iterator[L
     lease = acquire(root, command, break_lease)
     with sigint_handled():
         lease.start_heartbeat()
+        _held[lease.run.root_uri] = lease
         try:
             yield lease
         finally:
+            _held.pop(lease.run.root_uri, None)
             lease.release()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 from cqg_ray import stages
 from cqg_ray.config import ConfigError, PipelineConfig, RayConfig, config_from_dict, dump_config, stage_hash
@@ -92,9 +93,12 @@ def ray_address(cli_address: str | None, config_address: str | None) -> str | No
 
 def run_one(cfg: PipelineConfig, stage: str, force: bool = False) -> dict:
     """Run one stage (by name or command; if not done), after saving the config into the run directory."""
+    from cqg_ray.lease import note_stage
+
     s = stages.get(stage)
     run = RunDir(cfg.run_dir)
     run.write_bytes("config.yaml", dump_config(cfg).encode())
+    note_stage(cfg.run_dir, s.name)
     return run_stage(run, s.name, stage_hash(cfg, s.name), lambda ctx: s.run(cfg, ctx), s.reads, force=force)
 
 
@@ -145,7 +149,27 @@ def saved_config(run: RunDir) -> PipelineConfig | None:
 
 
 def run_status(run: RunDir) -> str:
-    """The table `cqg-ray status` prints: each stage done / stale / missing, judged against the run's saved config."""
+    """The table `cqg-ray status` prints: each stage done / stale / missing, judged against the run's saved config;
+    the stage a live run is in shows as running (interrupted once its lease is stale), with its last progress line."""
     cfg = saved_config(run)  # None: judge by manifests and inputs alone
     hashes = {s.name: stage_hash(cfg, s.name) for s in stages.STAGES} if cfg is not None else None
-    return format_status(run, hashes)
+    return format_status(run, hashes, live_stage(run))
+
+
+def live_stage(run: RunDir) -> tuple[str, str, str] | None:
+    """(stage, "running" or "interrupted", what it has done) for the stage the run directory's lease names, from the
+    lease and ``_progress.json``; None when no lease names a stage."""
+    from cqg_ray.lease import current, stale_reason
+    from cqg_ray.progress import fmt_duration, read_progress
+
+    lease = current(run.root_uri)
+    if not lease or not lease.get("stage"):
+        return None
+    state = "interrupted" if stale_reason(lease) else "running"
+    p = read_progress(run)
+    if p and p.get("updated_at", 0) >= lease.get("stage_started_at", 0):
+        age = f" ({fmt_duration(time.time() - p['updated_at'])} ago)" if state == "interrupted" else ""
+        what = f"{p.get('desc', '')}: {p.get('line', '')}{age}"
+    else:
+        what = f"started {fmt_duration(time.time() - lease.get('stage_started_at', time.time()))} ago"
+    return lease["stage"], state, what

@@ -408,14 +408,17 @@ def status_table(run: RunDir, config_hashes: dict[str, str] | None = None) -> li
     return rows
 
 
-def format_status(run: RunDir, config_hashes: dict[str, str] | None = None) -> str:
-    """The table `cqg-ray status` prints: one line per stage (state, seconds, the first counts, why stale)."""
+def format_status(run: RunDir, config_hashes: dict[str, str] | None = None, live: tuple[str, str, str] | None = None) -> str:
+    """The table `cqg-ray status` prints: one line per stage (state, seconds, the first counts, why stale). ``live``:
+    (stage, "running" or "interrupted", its progress) for the stage a run is in, shown in place of missing or stale."""
     lines = [f"run: {run.root_uri}", f"{'stage':<12} {'state':<8} {'seconds':>9}  counts"]
     rows = status_table(run, config_hashes)
     for r in rows:
         counts = ", ".join(f"{k}={v}" for k, v in list(r["counts"].items())[:6])
         secs = f"{r['seconds']:.1f}" if r["seconds"] is not None else "-"
         stale = f"  ({r['reason']})" if r["state"] in ("stale", "changed") else ""
+        if live is not None and live[0] == r["stage"] and r["state"] != "done":
+            r["state"], counts, stale = live[1], live[2], ""
         lines.append(f"{r['stage']:<12} {r['state']:<8} {secs:>9}  {counts}{stale}")
     if any(r["state"] == "changed" for r in rows):
         lines.append("changed: the stage's folder no longer matches its manifest; " + redo_hint(next(r["stage"] for r in rows if r["state"] == "changed")))

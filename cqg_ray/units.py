@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cqg_ray import progress
 from cqg_ray.config import EmbedConfig, EncodeConfig
 from cqg_ray.pools import pool_range
 from cqg_ray.rundir import RunDir
@@ -170,7 +171,10 @@ class UnitActor:
             t0 = time.time()
             table, nbytes = self.read(str(shard), int(start), int(stop))
             texts = table.column("text").to_pylist()
+            before = progress.snapshot()["texts"]
             self.write_unit(str(name), table.column("doc_id"), texts)
+            progress.add(texts=max(0, len(texts) - (progress.snapshot()["texts"] - before)))  # what write_unit did not count as it went
+            progress.flush_relay()
             out["name"].append(name)
             out["rows"].append(len(texts))
             out["bytes"].append(nbytes)
@@ -198,32 +202,42 @@ def actor_pool_size(cfg: EncodeConfig | EmbedConfig, now: dict, most: dict | Non
     return (min(lo, hi), hi), (per if per > 0 else 0.0)
 
 
+def relaying(actor_cls):
+    """``actor_cls`` taking one more constructor argument, ``progress_queue``: where its texts counter goes."""
+    def __init__(self, *args, progress_queue=None, **kwargs):
+        progress.relay(progress_queue)
+        actor_cls.__init__(self, *args, **kwargs)
+
+    return type(actor_cls.__name__, (actor_cls,), {"__init__": __init__})
+
+
 def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, pool: tuple[int, int], gpus: float, threads: int,
-              desc: str, progress: bool = True) -> tuple[int, set[str], int]:
+              desc: str, show_progress: bool = True, run: RunDir | None = None) -> tuple[int, set[str], int]:
     """Send work units to a Ray Data pool of ``actor_cls`` (``pool``: (min, max) actors, `actor_pool_size`; one unit per
-    call; each call returns rows, bytes read and node per unit).
+    call; each call returns rows, bytes read and node per unit). Progress: texts as the actors encode them (a bar, or
+    a log line every 30 s; ``run``'s ``_progress.json``).
 
     Shared by the encode stage and batch embedding. Returns (rows done, ids of the nodes that did them, bytes the
     units read from their shards).
     """
     import ray
-    from tqdm import tqdm
 
     rows_done, nodes, bytes_read = 0, set(), 0
     if not units:
         return rows_done, nodes, bytes_read
-    ds = ray.data.from_items(units, override_num_blocks=len(units)).map_batches(
-        actor_cls,
-        fn_constructor_kwargs=constructor_kwargs,
-        compute=ray.data.ActorPoolStrategy(min_size=pool[0], max_size=pool[1]),
-        batch_size=1,
-        num_gpus=gpus or None,
-        num_cpus=0 if gpus else threads,
-    )
-    with tqdm(total=sum(u["stop"] - u["start"] for u in units), unit="text", desc=desc, disable=not progress) as bar:
+    with progress.View(desc, "text", sum(u["stop"] - u["start"] for u in units), kind="texts", run=run, stage=desc, remote=True,
+                       show=show_progress) as view:
+        ds = ray.data.from_items(units, override_num_blocks=len(units)).map_batches(
+            relaying(actor_cls),
+            fn_constructor_kwargs={**constructor_kwargs, "progress_queue": view.queue},
+            compute=ray.data.ActorPoolStrategy(min_size=pool[0], max_size=pool[1]),
+            batch_size=1,
+            num_gpus=gpus or None,
+            num_cpus=0 if gpus else threads,
+        )
         for row in ds.iter_rows():
-            bar.update(int(row["rows"]))
             rows_done += int(row["rows"])
+            view.floor = rows_done  # whole units: what the view shows even where the actors' counters do not arrive
             bytes_read += int(row["bytes"])
             nodes.add(str(row["node"]))
     return rows_done, nodes, bytes_read

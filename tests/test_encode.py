@@ -38,13 +38,19 @@ def test_actor_pool_grows_to_the_declared_resources():
     assert actor_pool_size(EncodeConfig(num_actors=3), now, declared(now, max_cpus=64)) == ((3, 3), 0.0)  # a count fixes both
 
 
-def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file):
+def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file, monkeypatch):
+    from cqg_ray.progress import read_progress
+
     run = RunDir(str(tmp_path / "run"))
     c = CorpusConfig(paths=[str(corpus_file)], limit=240, rows_per_shard=100)
     run_stage(run, "prepare", c.config_hash(), lambda ctx: prepare(c, ctx))
     e = EncodeConfig(batch_size=32)
+    monkeypatch.setenv("CQG_RAY_PROGRESS", "1")  # the actors relay their texts to the driver's view (no bar: progress=False)
     m = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, unit_rows=50, progress=False))
+    monkeypatch.setenv("CQG_RAY_PROGRESS", "0")
     assert m["counts"]["documents"] == 240
+    p = read_progress(run)
+    assert (p["stage"], p["done"], p["total"], p["final"]) == ("encode", 240, 240, True)  # counted in the actors
     assert m["counts"]["dim"] == 384
     ids, x = load_embeddings(run)
     assert ids.tolist() == load_corpus(run, ["doc_id"]).column("doc_id").to_pylist()

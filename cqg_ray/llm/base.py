@@ -166,6 +166,7 @@ class Backend:
     """Batched chat completions. Subclasses implement ``complete``; ``stream`` yields results as they finish."""
 
     name = "base"
+    remote_engines = False  # True where the engines run in Ray actors (their progress counters come through a queue)
     batch_size = 8  # requests per ``complete`` call in the default ``stream``
 
     def __init__(self, llm: LLMConfig):

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -43,6 +42,8 @@ from cqg_ray.llm.backends import make_backend
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, backend_identity
 from cqg_ray.llm.ledger import ACCOUNTING, BatchWriter, Ledger, latest, request_key, row_counts, table_totals
 from cqg_ray.llm.parse import ParseError, parse_answers
+from cqg_ray.progress import View
+from cqg_ray.progress import add as add_progress
 from cqg_ray.rundir import RunDir
 
 log = logging.getLogger("cqg_ray")
@@ -139,10 +140,10 @@ def new_run_stats(t0: float, requests: int, unique: int, from_ledger: int, to_se
 
 
 def answer_pending(pending: list[_Pending], backend: Backend, llm: LLMConfig, stage: str, on_row: Callable[[dict[str, Any]], None],
-                   this_run: dict[str, Any], bar: Any = None) -> None:
+                   this_run: dict[str, Any]) -> None:
     """Send ``pending`` through ``backend`` with the retry rules of the module docstring; ``on_row(row)`` gets each
-    finished ledger row the moment it is judged; ``this_run``'s counters are updated. Used by ``run_requests`` and by
-    the workers of streaming stages."""
+    finished ledger row the moment it is judged; ``this_run``'s counters are updated, and ``progress``'s ``finished``
+    for each. Used by ``run_requests`` and by the workers of streaming stages."""
     for attempt in range(1, llm.max_attempts + 1):
         if not pending:
             break
@@ -174,13 +175,19 @@ def answer_pending(pending: list[_Pending], backend: Backend, llm: LLMConfig, st
                 if not ok:
                     log.warning("llm %s: request failed after %d attempts: %s", stage, p.attempts, error)
                 on_row(_finish(p, ok, answers, c.p_yes if ok else None))  # journalled there: a kill from here on cannot lose it
-                if bar is not None:
-                    bar.update(1)
+                add_progress(finished=1)
             else:
                 again.append(p)
         if len(received) != len(pending):
             raise BackendError(f"{type(backend).__name__} returned no result for {len(pending) - len(received)} of {len(pending)} requests")
         pending = again
+
+
+def generation_prior(requests) -> float:
+    """Tokens a request is expected to generate before any has finished: none for single-pass requests, half of
+    ``max_tokens`` for the others (the mean of the ones given)."""
+    want = [0.0 if r.yes_no else r.max_tokens / 2 for r in requests]
+    return sum(want) / len(want) if want else 0.0
 
 
 def run_requests(
@@ -192,7 +199,8 @@ def run_requests(
     backend: Backend | None = None,
     retry_failed: bool = False,
 ) -> list[LLMResult]:
-    """Results for ALL ``requests`` (from the ledger or new), aligned with the input order. See module docstring."""
+    """Results for ALL ``requests`` (from the ledger or new), aligned with the input order. See module docstring.
+    ``progress``: show the requests finished, tokens read and generated, and the time left as they advance."""
     t0 = time.time()
     for r in requests:
         r.validate()
@@ -250,22 +258,19 @@ def run_requests(
         fresh[row["key"]] = row
         writer.add(row)
 
-    bar = None
-    if progress and pending and os.environ.get("CQG_RAY_PROGRESS", "1") != "0":
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(pending), desc=f"llm {stage}", unit="req")
+    ledger.write_stats(stats)  # the run's entry (to_send) from its start: `cqg-ray status` reads it
     if owns_backend and pending:
         backend = make_backend(llm)
     counters_before = backend.counters() if backend is not None else {}  # a backend given in may have served other runs
+    view = View(f"llm {stage}", "req", len(pending), run=run, stage=stage, show=progress and bool(pending),
+                         remote=bool(pending) and getattr(backend, "remote_engines", False), gen_per_request=generation_prior(p.request for p in pending))
     try:
-        answer_pending(pending, backend, llm, stage, on_row, this_run, bar)  # type: ignore[arg-type]
+        with view:
+            answer_pending(pending, backend, llm, stage, on_row, this_run)  # type: ignore[arg-type]
         complete = True
     finally:
         writer.flush()  # keep what finished, even when the backend raised
         ledger.close()
-        if bar is not None:
-            bar.close()
         if owns_backend and backend is not None:
             backend.close()
     ledger.compact()

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from cqg_ray import progress
 from cqg_ray.config import LLMConfig
 from cqg_ray.llm.ledger import Ledger, ledger_index
 from cqg_ray.llm.plan_work import PARTS, PlanJob, PlanWorker, _LedgerRows, _PassActor, _PendingRows
@@ -212,7 +213,8 @@ class RayPasses(_Passes):
         else:
             size, cpus = pool_range({"CPU": 1}, self.now, self.most), 1.0
         ds = ray.data.from_items([{"group": g} for g in groups], override_num_blocks=len(groups)).map_batches(
-            _PassActor, fn_constructor_kwargs={"mode": mode, "job": self.job, "identity": self.identity, "index": index, "engine": self.engine},
+            _PassActor, fn_constructor_kwargs={"mode": mode, "job": self.job, "identity": self.identity, "index": index, "engine": self.engine,
+                                               "progress_queue": progress.queue() if mode == "answer" else None},
             compute=ray.data.ActorPoolStrategy(min_size=min(size[0], len(groups)), max_size=min(size[1], len(groups))), batch_size=1,
             num_cpus=cpus)
         for r in ds.iter_rows():
@@ -277,7 +279,9 @@ def stream_plan(job: PlanJob, groups: list[int], identity: dict, backend=None, e
     stats.update({"stage": job.ledger, "model": identity})
     totals = {k: v for k, v in before.items() if k != "recovered"}
     if work:
-        sent = passes.answer(work, index)
+        ledger.write_stats(stats)  # the run's entry (to_send) from its start: `cqg-ray status` reads it
+        with progress.View(f"llm {job.ledger}", "req", c.get("to_send", 0), run=ledger.run, stage=job.ledger, remote=isinstance(passes, RayPasses)):
+            sent = passes.answer(work, index)
         this_run.update({k: v for k, v in sent.items() if k != "shards"})
         index, after = passes.index()  # the workers' journals into a shard, and the ledger's keys again
         totals = {k: v for k, v in after.items() if k != "recovered"}

@@ -28,6 +28,7 @@ Loading checks that the files exist and parse, and that questions, heads, config
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
@@ -38,6 +39,8 @@ import torch
 from cqg_ray.explain import Explanation, explanation
 from cqg_ray.mbqa.budget import Budget, active_mask, apply_budget, sparse_budget
 from cqg_ray.mbqa.heads import StackedHeads
+from cqg_ray.progress import View as progress_view
+from cqg_ray.progress import add as add_progress
 from cqg_ray.rundir import ArtifactError, RunDir, versions
 
 FORMAT = "cqg-ray-mbqa"
@@ -281,11 +284,9 @@ class InterpretableEmbedder:
 
         The active questions are the model's ``budget``; for one call, ``k`` asks for top-k, ``threshold`` for the tau
         rule, ``budget`` for any ``Budget``. Texts go through the encoder `chunk_size` at a time (the encoder batches
-        them by `batch_size`); progress: a tqdm bar over texts (None = when > chunk_size texts).
+        them by `batch_size`); progress: texts encoded, a bar or a log line every 30 s (None = when > chunk_size texts).
         binary / packed: the old flags (deprecated): binary=False is output="probs", packed=True is output="packed".
         """
-        from tqdm import tqdm
-
         output = _output(output, binary, packed)
         b = self.budget_for(threshold, k, budget)
         if isinstance(texts, str):
@@ -294,11 +295,11 @@ class InterpretableEmbedder:
         enc = self.encoder
         show = len(texts) > chunk_size if progress is None else progress
         outs = []
-        with tqdm(total=len(texts), disable=not show, desc="encode", unit="text") as bar:
+        with progress_view("encode", "text", len(texts), kind="texts") if show else contextlib.nullcontext():  # no thread per small call
             for i in range(0, len(texts), chunk_size):
                 chunk = texts[i : i + chunk_size]
                 outs.append(self._probs(torch.from_numpy(enc.encode(chunk, batch_size=batch_size, normalize=self.normalize))))
-                bar.update(len(chunk))
+                add_progress(texts=len(chunk))
         probs = torch.cat(outs) if outs else torch.zeros(0, self.m)
         return self._finish(probs, output, b)
 

@@ -83,7 +83,7 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
     name = f"mbqa-{stage_hash(cfg, 'model')}"
     log.info("train: %d questions, %d labelled pairs over %d texts (d=%d, %d held out), %d worker(s), %d epochs, through Ray Data",
              m, n_pairs, len(ids), d, len(held), cfg.train.num_workers, cfg.train.epochs)
-    result = fit_heads(training_rows(texts), d, m, cfg.train, storage_path=storage, name=name)
+    result = fit_heads(training_rows(texts), d, m, cfg.train, storage_path=storage, name=name, run=ctx.run)
     stats = dataset_stats(texts, result.heads, cfg.train.tau)  # one more pass: counts, mean P(yes), held-out answers
     if stats["texts"] != len(ids) or stats["train_pairs"] + stats["held_pairs"] != n_pairs:
         raise ArtifactError(f"{run.uri('encode')}: {stats['texts']:,} of the {len(ids):,} labelled texts have one embedding "

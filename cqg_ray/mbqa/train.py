@@ -106,11 +106,12 @@ def _train_loop_per_worker(config: dict) -> None:
 
 
 class EpochBar:
-    """A tqdm bar on the driver that follows the epochs rank 0 puts in a Ray queue while `trainer.fit()` blocks: the
-    epoch it starts at (0, or the checkpoint's when resuming), then each epoch as it ends."""
+    """The driver's progress view (a bar, or a log line every 30 s; ``_progress.json`` in ``run``) of the epochs rank 0
+    puts in a Ray queue while `trainer.fit()` blocks: the epoch it starts at (0, or the checkpoint's when resuming),
+    then each epoch as it ends."""
 
-    def __init__(self, epochs: int):
-        self.epochs = epochs
+    def __init__(self, epochs: int, run=None):
+        self.epochs, self.run = epochs, run
         self.shown: list[int] = []  # the epoch counts the bar has shown, in order
         self.queue = None
         if os.environ.get("CQG_RAY_PROGRESS", "1") != "0":
@@ -120,25 +121,33 @@ class EpochBar:
 
     def __enter__(self):
         if self.queue is not None:
+            from cqg_ray import progress
+
+            self.view = progress.View("train", "epoch", self.epochs, kind="epochs", run=self.run, stage="train").__enter__()
             self.thread = threading.Thread(target=self._follow, daemon=True)
             self.thread.start()
         return self
 
     def _follow(self) -> None:
-        from tqdm.auto import tqdm
+        from cqg_ray import progress
 
-        with tqdm(total=self.epochs, desc="train", unit="epoch") as bar:
-            for p in iter(self.queue.get, None):  # None: fit() returned
-                bar.n = min(int(p["epoch"]), self.epochs)
-                if "loss" in p:
-                    bar.set_postfix(loss=f"{p['loss']:.4f}", refresh=False)
-                bar.refresh()
-                self.shown.append(bar.n)
+        counted = None  # the epoch the counter stands at (None until the first message: where the run starts)
+        for p in iter(self.queue.get, None):  # None: fit() returned
+            n = min(int(p["epoch"]), self.epochs)
+            if counted is None:
+                self.view.initial, counted = n, n
+            progress.add(epochs=n - counted)
+            counted = n
+            if "loss" in p:
+                self.view.note = f"loss {p['loss']:.4f}"
+            self.view.refresh()
+            self.shown.append(n)
 
     def __exit__(self, *exc):
         if self.queue is not None:
             self.queue.put(None)
             self.thread.join()
+            self.view.__exit__(*exc)
             self.queue.shutdown()
         return False
 
@@ -170,13 +179,14 @@ class TextSplit(DataConfig):
         return output
 
 
-def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: str) -> TrainResult:
+def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: str, run=None) -> TrainResult:
     """Train m stacked heads on a Ray Dataset of labelled texts (`train_data.TEXT_COLUMNS`) with Ray Train.
 
     Every row given is trained on (filter the held-out texts out first). Each worker reads its shard through
     ``get_dataset_shard``; the workers ask for ``cpus_per_worker`` CPUs, fewer when that would leave Ray Data less
     than ``train.data_cpus`` of the cluster. A run with the same storage_path and name resumes from its last
-    checkpoint; a worker that dies is restarted from it (`cfg.max_failures` times).
+    checkpoint; a worker that dies is restarted from it (`cfg.max_failures` times). ``run``: the run directory whose
+    ``_progress.json`` follows the epochs.
     """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -186,7 +196,7 @@ def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: 
     if cpus < cfg.cpus_per_worker:
         log.info("train: %d worker(s) at %.2f CPUs each (train.cpus_per_worker %.2f), keeping %.2f CPUs for Ray Data",
                  cfg.num_workers, cpus, cfg.cpus_per_worker, cfg.data_cpus)
-    bar = EpochBar(cfg.epochs)
+    bar = EpochBar(cfg.epochs, run)
     config = {"cfg": cfg.model_dump(mode="json"), "d": int(d), "m": int(m), "cpus": cpus, "progress": bar.queue}
     trainer = TorchTrainer(
         _train_loop_per_worker,

@@ -60,6 +60,21 @@ def test_torch_batched_generation_equals_one_at_a_time_in_float32(backend):
     assert all(len(one[i]) == 16 for i in one)
 
 
+def test_prompts_read_in_chunks_generate_what_one_pass_does(backend):
+    """Generation reads each prompt ``read_chunk`` tokens a pass (progress advances between them): 7 a pass decodes
+    the same tokens as one pass a prompt."""
+    engine = backend.generator
+    tokens = [backend.prompt_tokens(r) for r in cqg_requests(12)[:4]]
+    whole = dict(engine.generate(tokens, [12] * len(tokens)))
+    engine.read_chunk = 7
+    try:
+        chunked = dict(engine.generate(tokens, [12] * len(tokens)))
+    finally:
+        engine.read_chunk = 512
+    assert min(len(t) for t in tokens) > 7 * 3
+    assert [chunked[i] for i in range(len(tokens))] == [whole[i] for i in range(len(tokens))]
+
+
 def test_torch_batched_generation_equals_transformers_generate_in_float32(backend):
     """The engine's own decoding (its attention for one query row, its preallocated cache, the shared prefix read once,
     left padding) against transformers' ``generate`` with SDPA attention on the same weights, one prompt at a time."""

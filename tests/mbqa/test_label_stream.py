@@ -34,16 +34,22 @@ def sorted_labels(run):
     return t.take(pc.sort_indices(t, [("doc_id", "ascending"), ("question_id", "ascending")])).to_pylist()
 
 
-def test_streaming_labels_on_ray_equal_the_in_process_run(clustered_run, corpus_file, tmp_path, ray_local):
+def test_streaming_labels_on_ray_equal_the_in_process_run(clustered_run, corpus_file, tmp_path, ray_local, monkeypatch):
     from cqg_ray.llm.engines.fake import FakeBackend
     from cqg_ray.llm.ledger import Ledger
     from cqg_ray.mbqa.label import run_labels
+    from cqg_ray.progress import read_progress
 
     for mode in ("single", "packed"):
         d, cfg = questions_run(clustered_run, corpus_file, tmp_path / mode / "ray", answer_mode=mode)
         e, _ = questions_run(clustered_run, corpus_file, tmp_path / mode / "local", answer_mode=mode)
         ray_run, local_run = RunDir(str(d)), RunDir(str(e))
+        monkeypatch.setenv("CQG_RAY_PROGRESS", "1")  # the workers relay requests and tokens to the driver's view
         on_ray = run_stage(ray_run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, progress=False))["counts"]
+        monkeypatch.setenv("CQG_RAY_PROGRESS", "0")
+        p = read_progress(ray_run)  # the answer pass's last line: every request finished in a worker, their tokens read
+        assert (p["stage"], p["done"], p["total"], p["final"]) == ("labels", on_ray["prompts"], on_ray["prompts"], True)
+        assert "prompt tokens read" in p["line"]
         fake = FakeBackend(cfg.llm)
         local = run_stage(local_run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, backend=fake, progress=False))["counts"]
         assert on_ray == local and on_ray["pairs_labelled"] == on_ray["pairs_planned"] > 0

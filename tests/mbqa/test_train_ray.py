@@ -108,8 +108,8 @@ def kept_bars() -> Iterator[list]:
     bars: list[train.EpochBar] = []
 
     class KeptBar(train.EpochBar):
-        def __init__(self, epochs):
-            super().__init__(epochs)
+        def __init__(self, epochs, run=None):
+            super().__init__(epochs, run)
             bars.append(self)
 
     with pytest.MonkeyPatch.context() as mp:

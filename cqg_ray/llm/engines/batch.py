@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import ctypes
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import numpy as np
+
+from cqg_ray import progress
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -145,6 +148,7 @@ class BatchEngine:
         self.score_seqs, self.score_ctx = score_seqs, score_ctx
         self.gen_seqs, self.gen_ctx_per_seq = gen_seqs, gen_ctx_per_seq
         self.n_ubatch = n_ubatch
+        self.score_step = n_ubatch * 4  # tree tokens per decode call when scoring: a tree is read in a few, progress advancing between
         self._score_ctx = None
         self._gen_ctx = None
 
@@ -206,11 +210,21 @@ class BatchEngine:
             if len(t) > self.score_ctx:
                 raise ValueError(f"a prompt of {len(t)} tokens does not fit the scoring context ({self.score_ctx})")
         out: list[tuple[float, int]] = [(float("nan"), 0)] * len(token_lists)
-        for indices, _, entries, last, shared in tree_batches(token_lists, self.score_seqs if share_prefix else 1, self.score_ctx):
+        batches = list(tree_batches(token_lists, self.score_seqs if share_prefix else 1, self.score_ctx))
+        progress.add(handed=len(token_lists), planned=sum(len(b[2]) for b in batches))
+        step = self.score_step
+        for indices, _, entries, last, shared in batches:
             self._clear(ctx)
-            self._decode(ctx, entries)
-            for j, i in enumerate(indices):
-                out[i] = (p_yes_from_logits(self._logits(ctx, last[j]), yes_ids, no_ids), shared[j])
+            prompt_at = {e: j for j, e in enumerate(last)}  # entry -> the prompt whose answer position it is
+            for c0 in range(0, len(entries), step):
+                chunk = entries[c0 : c0 + step]
+                t0 = time.perf_counter()
+                self._decode(ctx, chunk)
+                progress.add(read=len(chunk), read_s=time.perf_counter() - t0)
+                for e in range(c0, c0 + len(chunk)):
+                    if e in prompt_at:
+                        j = prompt_at[e]
+                        out[indices[j]] = (p_yes_from_logits(self._logits(ctx, e - c0), yes_ids, no_ids), shared[j])
         return out
 
     # ------------------------------------------------------------------ generation
@@ -228,9 +242,10 @@ class BatchEngine:
                 raise ValueError("an empty prompt cannot be generated from")
             if len(p) + max_tokens[i] > self.gen_ctx_per_seq:
                 raise ValueError(f"prompt {i}: {len(p)} tokens + {max_tokens[i]} new ones do not fit a sequence's context ({self.gen_ctx_per_seq})")
+        progress.add(handed=len(prompts), planned=sum(len(p) for p in prompts))
         queue = list(range(len(prompts)))[::-1]
         slots: dict[int, _Slot] = {}
-        budget = self.n_ubatch * 4  # tokens per decode call
+        budget = self.n_ubatch  # prompt tokens per decode call (llama.cpp's micro-batch: a call per chunk costs nothing more)
         while queue or slots:
             for s in range(self.gen_seqs):
                 if s not in slots and queue:
@@ -254,7 +269,12 @@ class BatchEngine:
                 for s, sl in slots.items():  # every running sequence: its last token
                     entries.append((sl.out[-1], len(sl.prompt) + len(sl.out) - 1, (s,), True))
                     reads[s] = len(entries) - 1
+            t0 = time.perf_counter()
             self._decode(ctx, entries)
+            if reading is not None:
+                progress.add(read=len(entries), read_s=time.perf_counter() - t0)
+            else:
+                progress.add(generated=len(entries), generate_s=time.perf_counter() - t0)
             for s, idx in reads.items():
                 sl = slots[s]
                 tok = int(np.argmax(self._logits(ctx, idx)))

@@ -12,9 +12,11 @@ appended to ``calls`` (``record=True``, what tests read) or only counted in ``se
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from typing import Callable, Sequence
 
+from cqg_ray import progress
 from cqg_ray.config import LLMConfig
 from cqg_ray.llm.base import Backend, Completion, Request, request_of
 
@@ -61,13 +63,22 @@ class FakeBackend(Backend):
         return ds.map_batches(partial(fake_job_batch, self.llm, self.reply), batch_size=256)
 
     def complete(self, requests: Sequence[Request]) -> list[Completion]:
+        """The replies of a batch, all at its end; while ``delay_s`` a request passes, its prompt tokens count as read
+        (``progress``), a little at a time, as an engine's would."""
         out = []
-        for req in requests:
+        tokens = [sum(len(m["content"]) for m in r.messages) // 4 + 1 for r in requests]
+        progress.add(handed=len(requests), planned=sum(tokens))
+        for req, n in zip(requests, tokens):
             self.sent += 1
             if self.record:
                 self.calls.append(req)
             if self.delay_s:
-                time.sleep(self.delay_s)
+                slices = max(1, math.ceil(self.delay_s / 0.1))
+                for k in range(slices):
+                    time.sleep(self.delay_s / slices)
+                    progress.add(read=n * (k + 1) // slices - n * k // slices, read_s=self.delay_s / slices)
+            else:
+                progress.add(read=n)
             r = self.reply(req)
             if isinstance(r, Completion):
                 out.append(r)

@@ -31,8 +31,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 from typing import Any, Iterator, Sequence
 
+from cqg_ray import progress
 from cqg_ray.config import LLMConfig
 from cqg_ray.hardware import cpu_flags
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, in_order, resolve_engine
@@ -317,12 +319,15 @@ class LlamaCppBackend(Backend):
         if self.llm.logprobs and req.n_answers is not None:
             recorder = YesNoRecorder(self.yes_no_ids())
             kwargs["logits_processor"] = LogitsProcessorList([recorder])
+        t0 = time.perf_counter()
         try:
             out = self.model.create_chat_completion(**kwargs)
         except ValueError as e:  # e.g. the prompt does not fit in n_ctx
             return Completion("", error=f"llama.cpp: {e}")
         text = out["choices"][0]["message"].get("content") or ""
         usage = out.get("usage") or {}
+        pt, ct = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)  # one call: its time counted as generating
+        progress.add(handed=1, planned=pt, read=pt, generated=ct, generate_s=time.perf_counter() - t0)
         p_yes = None
         if recorder is not None and recorder.steps:
             p_yes = p_yes_from_tokens(self._recorded_tokens(recorder), req.n_answers)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Sequence
 
+from cqg_ray import progress
 from cqg_ray.config import LLMConfig
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, in_order
 from cqg_ray.llm.engines.llamacpp import LlamaCppBackend, available_cpus, batch_decoded, llamacpp_budget
@@ -19,11 +20,16 @@ class _Worker:
         threads = n_threads or available_cpus()
         self.backend = LlamaCppBackend(llm, n_threads=threads)
 
-    def stream(self, requests: list[Request]) -> Iterator[tuple[int, Completion]]:
+    def stream(self, requests: list[Request], progress_queue: Any = None) -> Iterator[tuple[int, Completion]]:
         """(index in requests, completion) as each finishes: a Ray streaming generator, so the caller journals
-        every result the moment it exists (a chunk of long generations is minutes of work)."""
+        every result the moment it exists (a chunk of long generations is minutes of work). The engine's token
+        counters go to ``progress_queue`` (the driver's progress view) as they advance."""
+        from cqg_ray import progress
+
+        progress.relay(progress_queue)
         for item in self.backend.stream(requests):
             yield item
+        progress.flush_relay()
 
     def ready(self) -> str:
         return str(self.backend.model_path)
@@ -34,6 +40,7 @@ class LlamaCppActorPool(Backend):
     (so prompts sharing a prefix stay on one actor), at most two chunks queued per actor."""
 
     name = "llamacpp"
+    remote_engines = True  # its engines run in Ray actors: a progress view drains what they relay
 
     def __init__(self, llm: LLMConfig, chunk_size: int = 4, num_cpus_per_actor: float = 1.0):
         super().__init__(llm)
@@ -90,7 +97,7 @@ class LlamaCppActorPool(Backend):
             if next_chunk < len(chunks):
                 idx = chunks[next_chunk]
                 next_chunk += 1
-                gen = actor.stream.options(num_returns="streaming").remote([requests[i] for i in idx])
+                gen = actor.stream.options(num_returns="streaming").remote([requests[i] for i in idx], progress.queue())
                 inflight[gen] = (actor, idx)
 
         for _ in range(2):

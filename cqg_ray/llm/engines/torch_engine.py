@@ -24,11 +24,13 @@ units of CPUs with AVX-512-BF16 or AMX; on others it is emulated and float32 is 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from cqg_ray import progress
 from cqg_ray.hardware import pick_dtype
 from cqg_ray.llm.engines.batch import common_prefix, p_yes_from_logits, tree_batches
 
@@ -198,6 +200,7 @@ class TorchEngine:
         self.max_seqs, self.max_tokens = max_seqs, max_tokens
         self.gen_seqs = gen_seqs
         self.min_shared_prefix = 16  # a batch's common prefix shorter than this is read with the rest
+        self.read_chunk = 512  # prompt tokens per forward pass when generating (a long prompt is read in several)
         self.eos_ids = list(eos_ids) or [int(t) for t in np.atleast_1d(self.model.generation_config.eos_token_id or self.model.config.eos_token_id)]
 
     def tensor(self, data, dtype=None):
@@ -211,13 +214,17 @@ class TorchEngine:
         ny = len(yes_ids)
         yes_cols, no_cols = range(ny), range(ny, ny + len(no_ids))
         out: list[tuple[float, int]] = [(float("nan"), 0)] * len(token_lists)
-        for indices, group, entries, last, shared in tree_batches(token_lists, self.max_seqs if share_prefix else 1, self.max_tokens):
+        batches = list(tree_batches(token_lists, self.max_seqs if share_prefix else 1, self.max_tokens))
+        progress.add(handed=len(token_lists), planned=sum(len(b[2]) for b in batches))
+        for indices, group, entries, last, shared in batches:
+            t0 = time.perf_counter()
             mask = self.tensor(tree_mask(group, shared, len(entries)))[None, None]
             ids = self.tensor([[e[0] for e in entries]])
             pos = self.tensor([[e[1] for e in entries]])
             with torch.inference_mode():
                 hidden = self.model.model(input_ids=ids, position_ids=pos, attention_mask=mask).last_hidden_state[0]
                 logits = (hidden[last] @ self.out[rows].T).double().cpu().numpy()  # the yes and no rows of the output matrix only
+            progress.add(read=len(entries), read_s=time.perf_counter() - t0)
             for j, i in enumerate(indices):
                 out[i] = (p_yes_from_logits(logits[j], yes_cols, no_cols), shared[j])
         return out
@@ -249,6 +256,7 @@ class TorchEngine:
         shared = min(shared, min(len(p) for p in prompts) - 1)  # every row keeps a token of its own to read
         if shared < self.min_shared_prefix:
             shared = 0
+        progress.add(handed=n, planned=shared + sum(len(p) - shared for p in prompts))
         filled = max(len(p) for p in prompts)  # the cache's columns: shared prefix, left padding, own tokens, then generated
         capacity = filled + max(max_tokens)
         cache = preallocated_cache(self.model.config, capacity)
@@ -256,19 +264,17 @@ class TorchEngine:
         mask = torch.zeros((n, capacity), dtype=torch.long, device=self.device)
         mask[:, :shared] = 1
         last_hidden = []
+        t0 = time.perf_counter()
         with torch.inference_mode():
             if shared:
-                self.model.model(input_ids=self.tensor([list(prompts[0][:shared])]), position_ids=torch.arange(shared, device=self.device)[None],
-                                 past_key_values=prefix, use_cache=True)
+                self.read_chunks(prompts[0], 0, shared, prefix)
             for j, p in enumerate(prompts):
                 row = DynamicCache(config=self.model.config)
                 if shared:  # the row's cache starts as the prefix's (``update`` concatenates: the prefix's tensors stay as they are)
                     for own, pre in zip(row.layers, prefix.layers):
                         own.lazy_initialization(pre.keys, pre.values)
                         own.keys, own.values = pre.keys, pre.values
-                hidden = self.model.model(input_ids=self.tensor([list(p[shared:])]), position_ids=torch.arange(shared, len(p), device=self.device)[None],
-                                          past_key_values=row, use_cache=True).last_hidden_state
-                last_hidden.append(hidden[0, -1])
+                last_hidden.append(self.read_chunks(p, shared, len(p), row))
                 start = filled - (len(p) - shared)
                 for layer, own in zip(cache.layers, row.layers):
                     if j == 0:
@@ -277,6 +283,7 @@ class TorchEngine:
                     layer.put(j, start, own.keys[0, :, shared:], own.values[0, :, shared:])
                 mask[j, start:filled] = 1
             nxt = greedy(self.lm_head(torch.stack(last_hidden)))
+        progress.add(read_s=time.perf_counter() - t0)
         last_pos = self.tensor([len(p) - 1 for p in prompts])
         eos = self.tensor(self.eos_ids, dtype=torch.long)
         rows = list(range(n))  # batch row -> index into prompts, for the sequences still running
@@ -302,9 +309,22 @@ class TorchEngine:
                 mask[:, filled] = 1
                 filled += 1
                 last_pos = last_pos + 1
+                t0 = time.perf_counter()
                 hidden = self.model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos[:, None], past_key_values=cache,
                                           use_cache=True).last_hidden_state
                 nxt = greedy(self.lm_head(hidden[:, -1]))
+                progress.add(generated=len(rows), generate_s=time.perf_counter() - t0)
+
+    def read_chunks(self, tokens: Sequence[int], start: int, stop: int, cache) -> Any:
+        """Read ``tokens[start:stop]`` into ``cache`` in chunks of at most ``read_chunk`` tokens (progress advances
+        between them; the cache makes the chunks one causal read); the last position's hidden state."""
+        torch = self.torch
+        for c0 in range(start, stop, self.read_chunk):
+            c1 = min(stop, c0 + self.read_chunk)
+            hidden = self.model.model(input_ids=self.tensor([list(tokens[c0:c1])]), position_ids=torch.arange(c0, c1, device=self.device)[None],
+                                      past_key_values=cache, use_cache=True).last_hidden_state
+            progress.add(read=c1 - c0)
+        return hidden[0, -1]
 
     def close(self) -> None:
         self.model = None
