@@ -9,7 +9,7 @@ tokens ``planned`` for them (what the engine will compute: a prefix tree's share
 ``read`` and tokens ``generated`` with the seconds spent on each (``read_s``, ``generate_s``), ``texts`` encoded.
 A Ray worker's counters reach the driver through a Ray queue: ``relay`` starts a thread that puts what advanced every
 ``RELAY_S`` seconds. The view shows a tqdm bar where stderr is a terminal, else one log line every ``every_s`` seconds
-(30 by default, ``CQG_RAY_PROGRESS_EVERY_S``): what ``ray job submit`` logs show. It also writes the line to the run
+(25 by default, ``CQG_RAY_PROGRESS_EVERY_S``: never more than 30 s of silence): what ``ray job submit`` logs show. It also writes the line to the run
 directory's ``_progress.json``, which ``cqg-ray status`` reads. ``CQG_RAY_PROGRESS=0`` turns bars and lines off.
 """
 
@@ -142,7 +142,7 @@ class View:
                  remote: bool = False, gen_per_request: float = 0.0, every_s: float | None = None, show: bool = True):
         self.desc, self.unit, self.total, self.kind = desc, unit, total, kind
         self.run, self.stage, self.gen_per_request = run, stage, gen_per_request
-        self.every_s = float(os.environ.get("CQG_RAY_PROGRESS_EVERY_S", 30)) if every_s is None else every_s
+        self.every_s = float(os.environ.get("CQG_RAY_PROGRESS_EVERY_S", 25)) if every_s is None else every_s
         self.show = show and os.environ.get("CQG_RAY_PROGRESS", "1") != "0"
         self.queue: Any = None
         if remote and os.environ.get("CQG_RAY_PROGRESS", "1") != "0":  # a queue actor costs a process: not where progress is off

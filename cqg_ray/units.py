@@ -215,7 +215,7 @@ def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, pool: tupl
               desc: str, show_progress: bool = True, run: RunDir | None = None) -> tuple[int, set[str], int]:
     """Send work units to a Ray Data pool of ``actor_cls`` (``pool``: (min, max) actors, `actor_pool_size`; one unit per
     call; each call returns rows, bytes read and node per unit). Progress: texts as the actors encode them (a bar, or
-    a log line every 30 s; ``run``'s ``_progress.json``).
+    a log line every 25 s; ``run``'s ``_progress.json``).
 
     Shared by the encode stage and batch embedding. Returns (rows done, ids of the nodes that did them, bytes the
     units read from their shards).

@@ -284,7 +284,7 @@ class InterpretableEmbedder:
 
         The active questions are the model's ``budget``; for one call, ``k`` asks for top-k, ``threshold`` for the tau
         rule, ``budget`` for any ``Budget``. Texts go through the encoder `chunk_size` at a time (the encoder batches
-        them by `batch_size`); progress: texts encoded, a bar or a log line every 30 s (None = when > chunk_size texts).
+        them by `batch_size`); progress: texts encoded, a bar or a log line every 25 s (None = when > chunk_size texts).
         binary / packed: the old flags (deprecated): binary=False is output="probs", packed=True is output="packed".
         """
         output = _output(output, binary, packed)

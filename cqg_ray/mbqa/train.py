@@ -106,7 +106,7 @@ def _train_loop_per_worker(config: dict) -> None:
 
 
 class EpochBar:
-    """The driver's progress view (a bar, or a log line every 30 s; ``_progress.json`` in ``run``) of the epochs rank 0
+    """The driver's progress view (a bar, or a log line every 25 s; ``_progress.json`` in ``run``) of the epochs rank 0
     puts in a Ray queue while `trainer.fit()` blocks: the epoch it starts at (0, or the checkpoint's when resuming),
     then each epoch as it ends."""
 
