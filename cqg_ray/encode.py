@@ -56,7 +56,7 @@ class EncodeUnits(UnitActor):
         for i in range(0, len(texts), PROGRESS_TEXTS):  # the texts counter advances within a unit
             parts.append(self.model.encode(texts[i : i + PROGRESS_TEXTS], batch_size=self.batch_size))
             progress.add(texts=len(parts[-1]))
-        emb = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else self.model.encode([], batch_size=self.batch_size)
+        emb = np.concatenate(parts) if parts else self.model.encode([], batch_size=self.batch_size)
         emb = emb.astype(np.float16 if self.cfg.dtype == "float16" else np.float32, copy=False)
         self.run.write_table(f"{self.stage}/{name}", embeddings_table(doc_ids, emb))
 

@@ -63,8 +63,6 @@ RAY_START_TRIES = 3  # Ray gives a new node's raylet 30 s (fixed) to register: a
 def start_local_ray(init, tries: int = RAY_START_TRIES, **kwargs) -> None:
     """``init(**kwargs)``, started again where Ray's own start timed out ("timed out during startup"), after stopping
     the processes the failed start left (this process's children started since); any other error is raised."""
-    import time
-
     import psutil  # Ray's own dependency
 
     for attempt in range(1, tries + 1):

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cqg_ray import progress
 from cqg_ray.config import LLMConfig, PipelineConfig
 from cqg_ray.llm.ledger import KeyIndex, Ledger, request_key, worker_journal
 
@@ -284,14 +285,10 @@ class _PassActor:
     """A Ray Data actor running one pass of ``PlanWorker`` over plan row groups (one group per call)."""
 
     def __init__(self, mode: str, job: PlanJob, identity: dict, index, engine, progress_queue=None):
-        from cqg_ray import progress
-
         self.mode, self.worker = mode, PlanWorker(job, identity, index=index, engine=engine)
         progress.relay(progress_queue)  # the answer pass: requests finished and tokens, to the driver's view
 
     def __call__(self, batch: dict) -> dict:
-        from cqg_ray import progress
-
         out = [json.dumps({"group": int(g), **getattr(self.worker, self.mode)(int(g))}) for g in batch["group"]]
         progress.flush_relay()
         return {"out": np.array(out)}

@@ -65,17 +65,14 @@ def test_llamacpp_p_yes_is_the_full_vocabulary_probability(backend):
         assert abs(p - want) < 1e-3 and shared == 0
 
 
-def test_a_tree_read_in_several_decode_calls_gives_the_same_answers(backend):
+def test_a_tree_read_in_several_decode_calls_gives_the_same_answers(backend, monkeypatch):
     """Scoring reads a prefix tree in calls of ``score_step`` tokens (progress advances between them): 37 a call
     reads these trees in several and gives the answers of one call each."""
     yes, no = backend.yes_no_token_sets()
     tokens = [backend.prompt_tokens(r) for r in requests()]
     whole = backend.engine.score(tokens, yes, no)
-    backend.engine.score_step = 37
-    try:
-        split = backend.engine.score(tokens, yes, no)
-    finally:
-        backend.engine.score_step = backend.engine.n_ubatch * 4
+    monkeypatch.setattr(backend.engine, "score_step", 37)
+    split = backend.engine.score(tokens, yes, no)
     assert max(len(t) for t in tokens) > 37 * 2
     assert [s for _, s in split] == [s for _, s in whole]  # the same tree
     assert [p > 0.5 for p, _ in split] == [p > 0.5 for p, _ in whole]

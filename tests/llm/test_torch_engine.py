@@ -60,17 +60,14 @@ def test_torch_batched_generation_equals_one_at_a_time_in_float32(backend):
     assert all(len(one[i]) == 16 for i in one)
 
 
-def test_prompts_read_in_chunks_generate_what_one_pass_does(backend):
+def test_prompts_read_in_chunks_generate_what_one_pass_does(backend, monkeypatch):
     """Generation reads each prompt ``read_chunk`` tokens a pass (progress advances between them): 7 a pass decodes
     the same tokens as one pass a prompt."""
     engine = backend.generator
     tokens = [backend.prompt_tokens(r) for r in cqg_requests(12)[:4]]
     whole = dict(engine.generate(tokens, [12] * len(tokens)))
-    engine.read_chunk = 7
-    try:
-        chunked = dict(engine.generate(tokens, [12] * len(tokens)))
-    finally:
-        engine.read_chunk = 512
+    monkeypatch.setattr(engine, "read_chunk", 7)
+    chunked = dict(engine.generate(tokens, [12] * len(tokens)))
     assert min(len(t) for t in tokens) > 7 * 3
     assert [chunked[i] for i in range(len(tokens))] == [whole[i] for i in range(len(tokens))]
 

@@ -24,8 +24,6 @@ class _Worker:
         """(index in requests, completion) as each finishes: a Ray streaming generator, so the caller journals
         every result the moment it exists (a chunk of long generations is minutes of work). The engine's token
         counters go to ``progress_queue`` (the driver's progress view) as they advance."""
-        from cqg_ray import progress
-
         progress.relay(progress_queue)
         for item in self.backend.stream(requests):
             yield item

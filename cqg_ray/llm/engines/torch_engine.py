@@ -264,7 +264,6 @@ class TorchEngine:
         mask = torch.zeros((n, capacity), dtype=torch.long, device=self.device)
         mask[:, :shared] = 1
         last_hidden = []
-        t0 = time.perf_counter()
         with torch.inference_mode():
             if shared:
                 self.read_chunks(prompts[0], 0, shared, prefix)
@@ -283,7 +282,6 @@ class TorchEngine:
                     layer.put(j, start, own.keys[0, :, shared:], own.values[0, :, shared:])
                 mask[j, start:filled] = 1
             nxt = greedy(self.lm_head(torch.stack(last_hidden)))
-        progress.add(read_s=time.perf_counter() - t0)
         last_pos = self.tensor([len(p) - 1 for p in prompts])
         eos = self.tensor(self.eos_ids, dtype=torch.long)
         rows = list(range(n))  # batch row -> index into prompts, for the sequences still running
@@ -321,9 +319,10 @@ class TorchEngine:
         torch = self.torch
         for c0 in range(start, stop, self.read_chunk):
             c1 = min(stop, c0 + self.read_chunk)
+            t0 = time.perf_counter()
             hidden = self.model.model(input_ids=self.tensor([list(tokens[c0:c1])]), position_ids=torch.arange(c0, c1, device=self.device)[None],
                                       past_key_values=cache, use_cache=True).last_hidden_state
-            progress.add(read=c1 - c0)
+            progress.add(read=c1 - c0, read_s=time.perf_counter() - t0)
         return hidden[0, -1]
 
     def close(self) -> None:
