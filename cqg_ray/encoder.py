@@ -170,17 +170,25 @@ class Encoder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self._run is None:
-            import torch
+            return self.encode_tensor(texts, batch_size, progress, normalize).cpu().numpy()
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for i in range(0, len(texts), batch_size):
+            idx = order[i : i + batch_size]
+            out[idx] = self._run(self.tokenize([texts[j] for j in idx]))
+        return normalise(out) if normalize else out
 
-            out = self.st.encode(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=False, show_progress_bar=progress)
-            out = out.float().cpu().numpy() if isinstance(out, torch.Tensor) else np.asarray(out, dtype=np.float32)
-        else:
-            order = np.argsort([-len(t) for t in texts], kind="stable")
-            out = np.empty((len(texts), self.dim), dtype=np.float32)
-            for i in range(0, len(texts), batch_size):
-                idx = order[i : i + batch_size]
-                out[idx] = self._run(self.tokenize([texts[j] for j in idx]))
-        return normalise(out) if normalize else out.astype(np.float32, copy=False)
+    def encode_tensor(self, texts: list[str], batch_size: int = 32, progress: bool = False, normalize: bool = True):
+        """``encode`` as a float32 torch tensor (n, dim), on the encoder's device for torch backends (the embeddings do
+        not leave a GPU), on the CPU for exported ones."""
+        import torch
+
+        texts = list(texts)
+        if self._run is not None or not texts:
+            return torch.from_numpy(self.encode(texts, batch_size, progress, normalize))
+        out = self.st.encode(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=False, show_progress_bar=progress)
+        out = out.float()
+        return out / out.norm(dim=1, keepdim=True).clamp_min(1e-12) if normalize else out
 
     def close(self) -> None:
         """Release an exported backend's native session now (later `encode` calls raise); torch backends: no-op."""

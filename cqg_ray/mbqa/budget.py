@@ -16,8 +16,10 @@ Values (what the vector holds on the active questions; zero elsewhere):
 - ``centred``: p minus the question's mean probability on the training corpus (``mean``, stored in the model folder
   as ``stats.safetensors``), so a question almost every text answers yes weighs little.
 
-``apply_budget`` is pure numpy; ``InterpretableEmbedder`` holds the model's default ``Budget`` (its ``config.json``)
-and every surface (encode, explain, search, serve, embed, evaluate, faithfulness) calls it through the model.
+``apply_budget`` is pure numpy and the reference; ``cqg_ray.mbqa.budget_torch`` applies the same rule in torch, chunk by
+chunk, where the heads run (the same outputs on CPU tensors, ties included: at the k-th place the lower question index
+wins). ``InterpretableEmbedder`` holds the model's default ``Budget`` (its ``config.json``) and every surface (encode,
+explain, search, serve, embed, evaluate, faithfulness) calls it through the model.
 """
 
 from __future__ import annotations
@@ -107,12 +109,24 @@ def active_mask(probs: np.ndarray, budget: Budget, mean: np.ndarray | None = Non
             mask = np.ones_like(p, dtype=bool)
         else:
             score = p if budget.rank == "prob" else p - _check_mean(mean, m, "rank by p - mean")
-            top = np.argpartition(-score, budget.k - 1, axis=1)[:, : budget.k]
-            mask = np.zeros(p.shape, dtype=bool)
-            np.put_along_axis(mask, top, True, axis=1)
+            mask = top_k_mask(score, budget.k)
         if budget.floor is not None:
             mask &= p > budget.floor
     return mask[0] if one else mask
+
+
+def top_k_mask(score: np.ndarray, k: int) -> np.ndarray:
+    """(n, m) bool: each row's k highest scores (1 <= k < m); of equal scores at the k-th place the lower question
+    index wins (``cqg_ray.mbqa.budget_torch`` follows the same rule)."""
+    kth = -np.partition(-score, k - 1, axis=1)[:, k - 1 : k]  # each row's k-th highest score
+    above = score > kth
+    at = score == kth
+    mask = above | at
+    need = k - above.sum(axis=1)
+    tied = np.flatnonzero(at.sum(axis=1) > need)  # rows where more scores equal the k-th than places are left
+    if len(tied):
+        mask[tied] = above[tied] | (at[tied] & (np.cumsum(at[tied], axis=1) <= need[tied, None]))
+    return mask
 
 
 def apply_budget(probs: np.ndarray, budget: Budget, mean: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 from cqg_ray.explain import Explanation, explanation
-from cqg_ray.mbqa.budget import Budget, active_mask, apply_budget, sparse_budget
+from cqg_ray.mbqa.budget import Budget, apply_budget
+from cqg_ray.mbqa.budget_torch import join_parts, output_part
 from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.progress import View as progress_view
 from cqg_ray.progress import add as add_progress
@@ -47,6 +48,7 @@ FORMAT = "cqg-ray-mbqa"
 FORMAT_VERSION = 2  # 2: config.json may hold a budget, the folder a stats.safetensors; 1: p > tau only
 MODELS_ENV = "CQG_RAY_MODELS"  # folders (os.pathsep-separated) where models named without a path are looked for
 OUTPUTS = ("bits", "packed", "probs", "sparse")  # active questions 0/1, np.packbits of them, probabilities, csr values
+HEAD_CHUNK = {"cpu": 256, "cuda": 4096}  # texts per heads-and-budget step: device memory is bounded by one chunk's (n, m)
 
 
 def model_dirs() -> list[Path]:
@@ -98,7 +100,7 @@ class InterpretableEmbedder:
         self.tau = float(tau)
         self.budget = Budget(rule="tau", tau=self.tau) if budget is None else budget  # None: format 1, p > tau
         self.versioned_budget = budget is not None or mean is not None  # written to config.json (format 2)
-        self.mean = None if mean is None else np.asarray(mean, dtype=np.float32)
+        self.mean = mean
         self.stats_source = ""  # which training texts the means were measured on (stats.safetensors metadata)
         if self.mean is not None and self.mean.shape != (heads.m,):
             raise ModelError(f"stats mean has shape {self.mean.shape}, expected ({heads.m},)")
@@ -119,6 +121,16 @@ class InterpretableEmbedder:
     def questions(self) -> list[str]:
         """The m question texts, in dimension order."""
         return [q["text"] for q in self.question_records]
+
+    @property
+    def mean(self) -> np.ndarray | None:
+        """(m,) float32: each question's mean probability on the training texts (None: the model has no stats)."""
+        return self._mean
+
+    @mean.setter
+    def mean(self, mean) -> None:
+        self._mean = None if mean is None else np.asarray(mean, dtype=np.float32)
+        self._mean_t = None  # its copy on the heads' device, made on first use
 
     @property
     def dims(self) -> int:
@@ -227,9 +239,17 @@ class InterpretableEmbedder:
 
     # ------------------------------------------------------------------ embedding
     @torch.no_grad()
-    def _probs(self, emb: torch.Tensor, chunk: int = 256) -> torch.Tensor:
-        outs = [torch.sigmoid(self.heads(emb[i : i + chunk].to(self.device, self.heads.w1.dtype))) for i in range(0, len(emb), chunk)]
-        return torch.cat(outs) if outs else torch.zeros(0, self.m, device=self.device)
+    def _parts(self, emb: torch.Tensor, output: str, budget: Budget) -> list:
+        """The heads and the budget on embeddings (n, d), a chunk of texts at a time on the heads' device; per chunk,
+        only what ``output`` needs is copied to the host (``budget_torch.output_part``)."""
+        if self._mean_t is None and self._mean is not None:
+            self._mean_t = torch.from_numpy(self._mean).to(self.device)
+        step = HEAD_CHUNK["cuda" if str(self.device).startswith("cuda") else "cpu"]
+        parts = []
+        for i in range(0, len(emb), step):
+            p = torch.sigmoid(self.heads(emb[i : i + step].to(self.device, self.heads.w1.dtype))).float()
+            parts.append(output_part(p, output, budget, self._mean_t))
+        return parts
 
     # ------------------------------------------------------------------ the budget
     def budget_for(self, threshold: float | None = None, k: int | None = None, budget: Budget | None = None) -> Budget:
@@ -256,15 +276,6 @@ class InterpretableEmbedder:
         that decides which questions a text answers yes."""
         return apply_budget(probs, self.budget if budget is None else budget, self.mean)
 
-    def _finish(self, probs: torch.Tensor, output: str, budget: Budget):
-        p = probs.float().cpu().numpy()
-        if output == "probs":
-            return p
-        if output == "sparse":
-            return sparse_budget(p, budget, self.mean)
-        bits = active_mask(p, budget, self.mean).view(np.uint8)
-        return np.packbits(bits, axis=1) if output == "packed" else bits
-
     def encode_embeddings(self, emb: np.ndarray, output: str = "bits", threshold: float | None = None, *, k: int | None = None,
                           budget: Budget | None = None, binary: bool | None = None, packed: bool | None = None):
         """Heads on precomputed encoder embeddings (n, d) (normalised the same way as in training); `output` as in `encode`."""
@@ -273,7 +284,7 @@ class InterpretableEmbedder:
         emb = np.asarray(emb, dtype=np.float32)
         if emb.ndim != 2 or emb.shape[1] != self.dims:
             raise ValueError(f"embeddings must be (n, {self.dims}), got shape {emb.shape}")
-        return self._finish(self._probs(torch.from_numpy(emb)), output, b)
+        return join_parts(self._parts(torch.from_numpy(emb), output, b), output, self.m)
 
     def encode(self, texts: list[str] | str, output: str = "bits", threshold: float | None = None, batch_size: int = 64,
                progress: bool | None = None, chunk_size: int = 4096, *, k: int | None = None, budget: Budget | None = None,
@@ -283,8 +294,10 @@ class InterpretableEmbedder:
         (n, m) float32 probabilities sigma(C_i(Enc(t))), dense and unbudgeted.
 
         The active questions are the model's ``budget``; for one call, ``k`` asks for top-k, ``threshold`` for the tau
-        rule, ``budget`` for any ``Budget``. Texts go through the encoder `chunk_size` at a time (the encoder batches
-        them by `batch_size`); progress: texts encoded, a bar or a log line every 25 s (None = when > chunk_size texts).
+        rule, ``budget`` for any ``Budget``. Texts go through the encoder `chunk_size` at a time in length order (the
+        encoder batches them by `batch_size`); their embeddings stay on the device, the heads and the budget run there
+        too, and only the output leaves it (device memory bounded by a chunk, not by the number of texts).
+        progress: texts encoded, a bar or a log line every 25 s (None = when > chunk_size texts).
         binary / packed: the old flags (deprecated): binary=False is output="probs", packed=True is output="packed".
         """
         output = _output(output, binary, packed)
@@ -294,14 +307,14 @@ class InterpretableEmbedder:
         texts = list(texts)
         enc = self.encoder
         show = len(texts) > chunk_size if progress is None else progress
-        outs = []
-        with progress_view("encode", "text", len(texts), kind="texts") if show else contextlib.nullcontext():  # no thread per small call
-            for i in range(0, len(texts), chunk_size):
-                chunk = texts[i : i + chunk_size]
-                outs.append(self._probs(torch.from_numpy(enc.encode(chunk, batch_size=batch_size, normalize=self.normalize))))
+        parts = []
+        order = np.argsort([-len(t) for t in texts], kind="stable")  # the encoder's own length order, over the whole call:
+        with progress_view("encode", "text", len(texts), kind="texts") if show else contextlib.nullcontext():  # batches pad
+            for i in range(0, len(texts), chunk_size):  # as little as one call of the encoder's would, whatever chunk_size
+                chunk = [texts[j] for j in order[i : i + chunk_size]]
+                parts += self._parts(enc.encode_tensor(chunk, batch_size=batch_size, normalize=self.normalize), output, b)
                 add_progress(texts=len(chunk))
-        probs = torch.cat(outs) if outs else torch.zeros(0, self.m)
-        return self._finish(probs, output, b)
+        return join_parts(parts, output, self.m, order)
 
     def explain(self, text_a: str, text_b: str, threshold: float | None = None, *, k: int | None = None,
                 budget: Budget | None = None) -> Explanation:

@@ -93,3 +93,13 @@ def test_the_sparse_form_equals_the_dense_values(budget):
     X = sparse_budget(P, budget, MEAN)
     assert X.dtype == np.float32 and X.shape == P.shape and X.nnz == mask.sum()
     assert np.array_equal(X.toarray(), values)
+
+
+def test_ties_at_the_k_th_place_go_to_the_lower_question_index():
+    P_tied = np.array([[0.7, 0.6, 0.6, 0.9, 0.6, 0.6],
+                       [0.6, 0.6, 0.6, 0.6, 0.6, 0.6],
+                       [0.1, 0.8, 0.8, 0.2, 0.3, 0.8]], dtype=np.float32)
+    mask = active_mask(P_tied, Budget(rule="top_k", k=3, floor=None))
+    assert mask.tolist() == [[True, True, False, True, False, False],
+                             [True, True, True, False, False, False],
+                             [False, True, True, False, False, True]]

@@ -280,3 +280,28 @@ def test_a_newer_format_or_a_bad_budget_is_refused(saved, tmp_path):
     (d / "stats.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(ModelError, match="not a readable safetensors"):
         InterpretableEmbedder.load(str(d), load_encoder=False)
+
+
+def test_the_budget_chunk_by_chunk_on_the_heads_device_equals_the_numpy_reference(encoder, monkeypatch):
+    from cqg_ray.mbqa import embedder as embedder_module
+    from cqg_ray.mbqa.budget import Budget, apply_budget, sparse_budget
+
+    base = make_model(encoder, m=13)
+    texts = TEXTS * 3
+    emb = encoder.encode(texts)
+    assert np.array_equal(encoder.encode_tensor(texts).numpy(), emb)
+    monkeypatch.setitem(embedder_module.HEAD_CHUNK, "cpu", 4)  # 15 texts: encoder chunks of 7, 7, 1; heads of 4, 3, ...
+    probs = base.encode(texts, output="probs", chunk_size=7)
+    mean = np.linspace(0.2, 0.7, 13).astype(np.float32)
+    for budget in (Budget(rule="tau", tau=0.6, value="prob"), Budget(rule="top_k", k=4, floor=0.5, value="centred", rank="centred")):
+        model = InterpretableEmbedder("bundled:all-MiniLM-L6-v2", base.question_records, base.heads, 0.5, None, device="cpu",
+                                      encoder=encoder, budget=budget, mean=mean)
+        mask, values = apply_budget(probs, budget, mean)
+        assert np.array_equal(model.encode(texts, chunk_size=7), mask.view(np.uint8))
+        assert np.array_equal(model.encode(texts, output="packed", chunk_size=7), np.packbits(mask, axis=1))
+        got, want = model.encode(texts, output="sparse", chunk_size=7), sparse_budget(probs, budget, mean)
+        assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
+        assert np.array_equal(got.data, want.data) and np.array_equal(got.toarray(), values)
+    model.mean = mean + 0.05  # a new mean reaches the heads' device copy too
+    p_emb = model.encode_embeddings(emb, output="probs")
+    assert np.array_equal(model.encode_embeddings(emb, output="sparse").toarray(), apply_budget(p_emb, budget, mean + 0.05)[1])
