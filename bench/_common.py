@@ -10,7 +10,7 @@ DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "co
 def read_texts(path: str, n: int, min_chars: int = 1, max_chars: int | None = None) -> list[str]:
     """The first n texts of a JSONL(.gz) corpus whose stripped length is within [min_chars, max_chars]."""
     texts = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
+    with gzip.open(path, "rt", encoding="utf-8") if str(path).endswith(".gz") else open(path, encoding="utf-8") as f:
         for line in f:
             t = json.loads(line).get("text", "").strip()
             if min_chars <= len(t) and (max_chars is None or len(t) <= max_chars):

@@ -6,7 +6,7 @@
 Random weights of a sentence-transformers model's shape (MiniLM-L6's by default; --shape tiny: 2 layers of 64) with
 that model's real tokenizer, read from --model-dir (default the bundled MiniLM folder; only its config and tokenizer
 files are read, so a folder without weights will do: a lent GPU machine reaches no hub). Speed depends on shapes only.
-Texts: --texts-file (.jsonl/.jsonl.gz with "text", or plain lines), else the shared training corpus, else the
+Texts: --texts-file (.jsonl or .jsonl.gz with "text"), else the shared training corpus, else the
 repository's fixture, repeated to --texts.
 
 1. Bare: ``st.encode(texts, batch_size=B, convert_to_tensor=True)`` at each B of --batches, in float32 and (on a GPU)
@@ -26,7 +26,7 @@ the name follows the largest of --ms).
 from __future__ import annotations
 
 import argparse
-import gzip
+import copy
 import json
 import os
 import resource
@@ -47,17 +47,13 @@ SHAPES = {"minilm-l6": {}, "tiny": dict(hidden_size=64, num_hidden_layers=2, num
 WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.onnx")
 
 
-def read_texts(n: int, path: str | None) -> tuple[list[str], str]:
-    src = Path(path) if path else CORPUS if CORPUS.exists() else FIXTURE
-    texts: list[str] = []
-    with (gzip.open(src, "rt", encoding="utf-8") if str(src).endswith(".gz") else open(src, encoding="utf-8")) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                texts.append(json.loads(line)["text"] if line.startswith("{") else line)
-            if len(texts) == n:
-                break
-    return (texts * (n // len(texts) + 1))[:n], str(src)
+def corpus_texts(n: int, path: str | None) -> tuple[list[str], str]:
+    """n texts of ``path`` (JSONL, .gz or not), else of the shared corpus, else of the fixture, repeated to n; and the source."""
+    from _common import read_texts
+
+    src = path or str(CORPUS if CORPUS.exists() else FIXTURE)
+    texts = read_texts(src, n)
+    return (texts * (n // len(texts) + 1))[:n], src
 
 
 def random_st(model_dir: str, shape: str, device: str, work: Path):
@@ -115,14 +111,14 @@ def main() -> None:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     ms = [int(x) for x in a.ms.split(",")]
     batches = [int(x) for x in a.batches.split(",")]
-    texts, source = read_texts(a.texts, a.texts_file)
+    texts, source = corpus_texts(a.texts, a.texts_file)
     work = Path(tempfile.mkdtemp(prefix="gpu_embed_"))
     st, st_dir = random_st(a.model_dir or resolve_encoder_path("bundled:all-MiniLM-L6-v2"), a.shape, a.device, work)
     d = (getattr(st, "get_embedding_dimension", None) or st.get_sentence_embedding_dimension)()
     dtypes = ["float32", "float16"] if cuda else ["float32"]
     models = {"float32": st}
     if cuda:
-        models["float16"] = random_st(a.model_dir or resolve_encoder_path("bundled:all-MiniLM-L6-v2"), a.shape, a.device, work / "h")[0].half()
+        models["float16"] = copy.deepcopy(st).half()
     print(f"device {a.device} ({torch.cuda.get_device_name() if cuda else 'cpu'}) | torch {torch.__version__} | shape {a.shape} (d={d}) | "
           f"{len(texts)} texts from {source} | max_seq_length {st.max_seq_length}")
     res: dict = {"device": a.device, "shape": a.shape, "texts": len(texts), "d": d}

@@ -171,7 +171,7 @@ class Encoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self._run is None:
             return self.encode_tensor(texts, batch_size, progress, normalize).cpu().numpy()
-        order = np.argsort([-len(t) for t in texts], kind="stable")
+        order = length_order(texts)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for i in range(0, len(texts), batch_size):
             idx = order[i : i + batch_size]
@@ -197,6 +197,11 @@ class Encoder:
 
     def __repr__(self) -> str:
         return f"Encoder({self.name!r}, backend={self.backend!r}, device={self.device!r}, dim={self.dim})"
+
+
+def length_order(texts: list[str]) -> np.ndarray:
+    """Indices of ``texts``, longest first (stable): the order the encoder batches in, so a batch pads little."""
+    return np.argsort([-len(t) for t in texts], kind="stable")
 
 
 def default_batch_size(device: str) -> int:

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cqg_ray.encoder import length_order
 from cqg_ray.explain import Explanation, explanation
 from cqg_ray.mbqa.budget import Budget, apply_budget
 from cqg_ray.mbqa.budget_torch import join_parts, output_part
@@ -308,9 +309,10 @@ class InterpretableEmbedder:
         enc = self.encoder
         show = len(texts) > chunk_size if progress is None else progress
         parts = []
-        order = np.argsort([-len(t) for t in texts], kind="stable")  # the encoder's own length order, over the whole call:
-        with progress_view("encode", "text", len(texts), kind="texts") if show else contextlib.nullcontext():  # batches pad
-            for i in range(0, len(texts), chunk_size):  # as little as one call of the encoder's would, whatever chunk_size
+        # the encoder's length order over the whole call: batches pad as little as in one encoder call, whatever chunk_size
+        order = length_order(texts)
+        with progress_view("encode", "text", len(texts), kind="texts") if show else contextlib.nullcontext():  # no thread per small call
+            for i in range(0, len(texts), chunk_size):
                 chunk = [texts[j] for j in order[i : i + chunk_size]]
                 parts += self._parts(enc.encode_tensor(chunk, batch_size=batch_size, normalize=self.normalize), output, b)
                 add_progress(texts=len(chunk))
