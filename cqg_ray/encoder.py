@@ -39,7 +39,7 @@ import shutil
 import numpy as np
 
 from cqg_ray.encoder_export import (EXPORTED, TOKENIZER_FILE, TextTokenizer, _cached, _dim, _lock, _read_meta, _runner, _st_inputs, cache_dir,
-                                     exported_model, save_tokenizer)
+                                     checked_tokenizer, exported_model, save_tokenizer)
 
 log = logging.getLogger("cqg_ray")
 
@@ -133,6 +133,8 @@ class Encoder:
         self._run = runner  # exported backends: (input dict of int64 arrays) -> (b, d) float32
         self._tokenizer = tokenizer
         self._count_tokenizer = None  # count_tokens' own copy of the model's tokenizer (sentence-transformers path)
+        self._ahead = None  # (max_seq_length, TextTokenizer | None) of the torch path's tokenizing thread
+        self._keys = None  # the inputs the torch model reads
         self.dim = int(dim) if dim is not None else _dim(st_model)
 
     @property
@@ -165,7 +167,8 @@ class Encoder:
 
     def encode(self, texts: list[str], batch_size: int = 32, progress: bool = False, normalize: bool = True) -> np.ndarray:
         """(n, dim) float32 embeddings, L2-normalised (unless normalize=False: as the model outputs them); texts are
-        sorted by length into mini-batches of `batch_size`, so a mini-batch pads little."""
+        sorted by length into mini-batches of `batch_size`, so a mini-batch pads little, and each mini-batch is
+        tokenized on a thread while the model runs the one before. progress: a bar over the mini-batches."""
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
@@ -173,9 +176,9 @@ class Encoder:
             return self.encode_tensor(texts, batch_size, progress, normalize).cpu().numpy()
         order = length_order(texts)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for i in range(0, len(texts), batch_size):
-            idx = order[i : i + batch_size]
-            out[idx] = self._run(self.tokenize([texts[j] for j in idx]))
+        batches = [order[i : i + batch_size] for i in range(0, len(texts), batch_size)]
+        for idx, inputs in tokenized_ahead(self.tokenize, texts, batches, progress):
+            out[idx] = self._run(inputs)
         return normalise(out) if normalize else out
 
     def encode_tensor(self, texts: list[str], batch_size: int = 32, progress: bool = False, normalize: bool = True):
@@ -186,9 +189,50 @@ class Encoder:
         texts = list(texts)
         if self._run is not None or not texts:
             return torch.from_numpy(self.encode(texts, batch_size, progress, normalize))
-        out = self.st.encode(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=False, show_progress_bar=progress)
+        if self._ahead_tokenizer() is None:  # a tokenizer that cannot run alone: the library's own loop
+            out = self.st.encode(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=False, show_progress_bar=progress)
+        else:
+            out = self._torch_encode(texts, batch_size, progress)
         out = out.float()
         return out / out.norm(dim=1, keepdim=True).clamp_min(1e-12) if normalize else out
+
+    def _ahead_tokenizer(self) -> TextTokenizer | None:
+        """The torch model's tokenizer alone (`TextTokenizer`, checked to give sentence-transformers' tokens; one that
+        threads may share), for the model's current max_seq_length; None where it does not give the same tokens."""
+        if self._ahead is None or self._ahead[0] != self.st.max_seq_length:
+            checked = checked_tokenizer(self.st)
+            self._ahead = (self.st.max_seq_length, TextTokenizer(checked[0], **checked[1]) if checked else None)
+        return self._ahead[1]
+
+    def _torch_encode(self, texts: list[str], batch_size: int, progress: bool):
+        """sentence-transformers' encode loop (the same order, mini-batches, tokens and forward, so the same embeddings)
+        with each mini-batch tokenized ahead on a thread, its tensors copied to the device without waiting, and the
+        embeddings written in place on the device: (n, dim) in the model's dtype."""
+        import torch
+
+        tok, dev = self._ahead_tokenizer(), self.st.device
+        keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in self._input_keys()]
+        order = np.argsort([-len(t) for t in texts])  # sentence-transformers' own order (not stable): its mini-batches
+
+        def inputs(batch: list[str]) -> dict:
+            arrays = tok(batch)
+            tensors = {k: torch.from_numpy(arrays[k]) for k in keys}
+            return {k: v.pin_memory() for k, v in tensors.items()} if dev.type == "cuda" else tensors
+
+        batches = [order[i : i + batch_size] for i in range(0, len(texts), batch_size)]
+        out = None
+        with torch.inference_mode():
+            for idx, features in tokenized_ahead(inputs, texts, batches, progress):
+                emb = self.st({k: v.to(dev, non_blocking=True) for k, v in features.items()})["sentence_embedding"]
+                if out is None:
+                    out = torch.empty((len(texts), emb.shape[1]), dtype=emb.dtype, device=dev)
+                out[torch.from_numpy(idx).to(dev)] = emb
+        return out
+
+    def _input_keys(self) -> set[str]:
+        if self._keys is None:
+            self._keys = set(_st_inputs(self.st, ["a"]))
+        return self._keys
 
     def close(self) -> None:
         """Release an exported backend's native session now (later `encode` calls raise); torch backends: no-op."""
@@ -197,6 +241,32 @@ class Encoder:
 
     def __repr__(self) -> str:
         return f"Encoder({self.name!r}, backend={self.backend!r}, device={self.device!r}, dim={self.dim})"
+
+
+TOKENIZE_AHEAD = 2  # mini-batches tokenized ahead of the model
+
+
+def tokenized_ahead(tokenize, texts: list[str], batches: list[np.ndarray], progress: bool = False):
+    """(indices, tokenize(their texts)) for each mini-batch of indices into `texts`, in order; one thread tokenizes up
+    to TOKENIZE_AHEAD mini-batches ahead of the caller (a fast tokenizer's batch call releases the GIL, so it runs
+    beside the model)."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm.auto import tqdm
+
+    if len(batches) == 1 and not progress:  # one mini-batch (a request, a small call): nothing to overlap, no thread
+        yield batches[0], tokenize([texts[j] for j in batches[0]])
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as pool, tqdm(total=len(batches), desc="Batches", disable=not progress) as bar:
+        pending = deque()
+        for i in range(len(batches)):
+            while len(pending) <= TOKENIZE_AHEAD and i + len(pending) < len(batches):
+                idx = batches[i + len(pending)]
+                pending.append((idx, pool.submit(tokenize, [texts[j] for j in idx])))
+            idx, inputs = pending.popleft()
+            yield idx, inputs.result()
+            bar.update(1)
 
 
 def length_order(texts: list[str]) -> np.ndarray:

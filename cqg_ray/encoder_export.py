@@ -82,22 +82,32 @@ TOKENIZER_CHECK = ["", "  leading and trailing spaces  ", "Tabs\tand\nnew lines"
                    "A short sentence.", "word " * 600]
 
 
-def save_tokenizer(st, folder: str) -> bool:
-    """Save the model's fast tokenizer and its settings into an encoder's cache folder (under its lock), so later loads
-    need no sentence-transformers; only when `TextTokenizer` gives the model's own tokens on `TOKENIZER_CHECK`.
-    Returns whether it was saved."""
+def checked_tokenizer(st) -> tuple[str, dict] | None:
+    """The model's fast tokenizer as (spec, settings) for `TextTokenizer`, when it gives sentence-transformers' own
+    tokens on `TOKENIZER_CHECK` (the keys the model reads, equal); None otherwise."""
     tok = st.tokenizer
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None or tok.pad_token is None or not st.max_seq_length:
-        return False
+        return None
     settings = {"max_seq_length": int(st.max_seq_length), "pad_id": int(tok.pad_token_id), "pad_token": tok.pad_token,
                 "padding_side": tok.padding_side}
     spec = backend.to_str()
     mine = TextTokenizer(spec, **settings)(TOKENIZER_CHECK)
     theirs = _st_inputs(st, TOKENIZER_CHECK)
     if any(k not in mine or not np.array_equal(mine[k], v) for k, v in theirs.items()):
+        return None
+    return spec, settings
+
+
+def save_tokenizer(st, folder: str) -> bool:
+    """Save the model's fast tokenizer and its settings into an encoder's cache folder (under its lock), so later loads
+    need no sentence-transformers; only when `TextTokenizer` gives the model's own tokens on `TOKENIZER_CHECK`.
+    Returns whether it was saved."""
+    checked = checked_tokenizer(st)
+    if checked is None:
         log.info("encoder %s: its tokenizer alone does not reproduce sentence-transformers' tokens; loads keep using the library", folder)
         return False
+    spec, settings = checked
     with _lock(folder):
         meta = _read_meta(folder)
         with open(os.path.join(folder, TOKENIZER_FILE + ".tmp"), "w", encoding="utf-8") as f:

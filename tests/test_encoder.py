@@ -276,3 +276,74 @@ def test_close_releases_and_the_process_exits_promptly(tmp_path_factory):
     env = {**os.environ, "CQG_RAY_CACHE": cache, "HF_HUB_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "loaded", r.stderr[-2000:]
+
+
+# texts with ties in length (the torch path keeps sentence-transformers' unstable order, so its mini-batches), an empty
+# text, one past max_seq_length, and accents, CJK and emoji
+MIXED = ["", "a b", "b a", "The cat sat.", "The dog sat.", "word " * 600, "Ünïcödé, 中文 and 😀 emoji"] * 3 + [f"text {i} " * (i % 7) for i in range(40)]
+
+
+@pytest.mark.parametrize("batch_size", [5, 64])
+def test_the_torch_loop_tokenized_ahead_equals_sentence_transformers_encode(batch_size):
+    """`encode_tensor` on torch tokenizes each mini-batch on a thread and writes in place: the same numbers, bit for
+    bit, as sentence-transformers' own encode (same order, mini-batches, tokens and forward)."""
+    import torch
+
+    enc = load_encoder(NAME, backend="torch-float32", device="cpu")
+    ours = enc.encode_tensor(MIXED, batch_size=batch_size, normalize=False)
+    theirs = enc.st.encode(MIXED, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=False)
+    assert enc._ahead[1] is not None and torch.equal(ours, theirs)
+    enc.max_seq_length = 16  # a new truncation: the thread's tokenizer follows
+    short = enc.encode_tensor(MIXED, batch_size=batch_size, normalize=False)
+    assert enc._ahead[0] == 16 and torch.equal(short, enc.st.encode(MIXED, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=False))
+
+
+def test_a_tokenizer_that_does_not_run_alone_leaves_the_library_loop(monkeypatch):
+    import torch
+
+    enc = load_encoder(NAME, backend="torch-float32", device="cpu")
+    monkeypatch.setattr("cqg_ray.encoder.checked_tokenizer", lambda st: None)
+    calls = []
+    real = enc.st.encode
+    monkeypatch.setattr(enc.st, "encode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = enc.encode_tensor(TEXTS, batch_size=2, normalize=False)
+    assert calls == [1] and enc._ahead == (enc.st.max_seq_length, None)
+    assert torch.equal(out, real(TEXTS, batch_size=2, convert_to_tensor=True, normalize_embeddings=False))
+
+
+def test_tokenized_ahead_yields_in_order_with_the_tokenizing_on_its_thread():
+    import threading
+
+    from cqg_ray.encoder import TOKENIZE_AHEAD, tokenized_ahead
+
+    texts = [f"t{i}" for i in range(10)]
+    batches = [np.array([9, 8, 7]), np.array([6, 5, 4]), np.array([3, 2]), np.array([1]), np.array([0])]
+    seen, started = [], []
+
+    def tokenize(batch):
+        started.append(batch[0])
+        return batch, threading.current_thread().name
+
+    for got, (idx, (batch, thread)) in enumerate(tokenized_ahead(tokenize, texts, batches)):
+        assert list(idx) == list(batches[got]) and batch == [texts[j] for j in idx] and thread.startswith("tokenize")
+        assert len(started) <= got + 1 + TOKENIZE_AHEAD  # never more than TOKENIZE_AHEAD mini-batches ahead
+        seen.append(got)
+    assert seen == [0, 1, 2, 3, 4]
+    (idx, (batch, thread)), = tokenized_ahead(tokenize, texts, batches[:1])  # one mini-batch: tokenized inline
+    assert batch == ["t9", "t8", "t7"] and thread == threading.current_thread().name
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_an_exported_backend_tokenized_ahead_equals_one_batch_at_a_time(backend, tmp_path_factory, monkeypatch):
+    if backend not in installed_backends():
+        pytest.skip(f"{backend} needs the fast-encoder extra")
+    monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path_factory.getbasetemp() / "shared-cache"))
+    from cqg_ray.encoder import length_order, normalise
+
+    enc = load_encoder(NAME, backend=backend, device="cpu")
+    order = length_order(MIXED)
+    want = np.empty((len(MIXED), enc.dim), dtype=np.float32)
+    for i in range(0, len(MIXED), 8):
+        idx = order[i : i + 8]
+        want[idx] = enc._run(enc.tokenize([MIXED[j] for j in idx]))
+    np.testing.assert_array_equal(enc.encode(MIXED, batch_size=8), normalise(want))

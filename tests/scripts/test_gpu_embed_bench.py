@@ -21,8 +21,10 @@ def test_gpu_embed_bench_runs_its_cpu_shape_and_prints_its_last_line(tmp_path):
     assert res["active_per_text_m600_float32"] == 112  # the shipped budget with a fixed mean: k active whatever the heads
     assert res["active_per_text_m16_float32"] <= 16
     assert res["device_budget_equals_numpy_bits"] and res["device_budget_equals_numpy_sparse"]
-    runs = [k for k in res if k.startswith(("bare", "encode", "embed stage"))]
-    assert len(runs) == 1 + 2 * 2 + 1 and all(res[k]["texts_per_s"] > 0 and res[k]["peak_gpu_gib"] is None for k in runs)
+    runs = [k for k in res if k.startswith(("bare", "encoder alone", "encode ", "embed stage"))]
+    assert len(runs) == 1 + 1 + 2 * 2 + 1 and all(res[k]["texts_per_s"] > 0 and res[k]["peak_gpu_gib"] is None for k in runs)
+    assert set(res["bounds"]) == {"tokenize", "tokenize_4_threads", "model"} and min(res["bounds"].values()) > 0
     lines = out.stdout.strip().splitlines()
+    assert lines[-3] == f"gpu_embed_overlap_vs_bare: {res['overlap_vs_bare']:.3f}"
     assert lines[-2] == f"gpu_embed_m600_bits_vs_bare: {res['bits_vs_bare']:.3f}"
     assert lines[-1] == f"gpu_embed_m600_sparse_vs_bare: {res['sparse_vs_bare']:.3f}"
