@@ -8,9 +8,12 @@ clients sending `--requests` POST /embed requests (real sentences from ../shared
 `--texts-per-request` texts). The two configurations run the same requests, in turns (off, on, off, on ...
 `--rounds` times); each keeps its best round. Model: a folder, default a toy model built on the spot (bundled
 MiniLM encoder, 32 hand-set heads; the encoder dominates the cost).
-Before Serve starts, the model alone is timed one text per call and `--batch` texts per call: the most batching
-can buy on this hardware (on a 2-core CPU about 1.5x for MiniLM; on a GPU far more).
-Last line: `serve_batching_speedup: X` (requests/s batched divided by requests/s unbatched; target >= 3).
+Before Serve starts, the model alone, as the batched replica holds it (its encoder backend, torch threads and the
+service's encoder batch size), is timed on every text the load sends, one text per call and `--batch` texts per call:
+the most batching can buy on this hardware (on a 2-core CPU about 2x for MiniLM; on a GPU far more).
+Printed `serve_batching_speedup: X` (requests/s batched divided by requests/s unbatched); last line
+`serve_batching_share: X`, X = (that speedup - 1) / (the encoder's own gain - 1): the share of what batching can buy that
+Serve keeps (target >= 0.75).
 
     python bench/serve.py --peer infinity [--clients 64] [--requests 1500] [--replicas N] [--threads T]
 
@@ -111,25 +114,29 @@ async def drive_handle(handle, bodies: list[dict], clients: int) -> dict:
             "seconds": wall}
 
 
-def encoder_ceiling(model_path: str, texts: list[str], batch: int, threads: int, gpus: float) -> dict:
-    """What batching can buy at most on this hardware: the model alone (no Serve, no HTTP), texts/s one text per call
-    vs `batch` texts per call (encoded in the replica's chunks), same torch threads as the replica."""
+def encoder_ceiling(model_path: str, texts: list[str], cfg: ServeConfig, gpus: float) -> dict:
+    """What batching can buy at most on this hardware: the model as one replica holds it (the config's encoder backend
+    and torch threads, the service's own encoder batch size), alone (no Serve, no HTTP), over the texts the load
+    sends, texts/s one text per call vs `cfg.max_batch_size` texts per call."""
     import torch
 
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
+    from cqg_ray.serve.service import default_encoder_batch_size
 
-    torch.set_num_threads(threads)
-    model = InterpretableEmbedder.load(model_path, device="cuda" if gpus else "cpu")
-    chunk = 64 if gpus else 8  # EmbeddingService.encoder_batch_size
-    model.encode(texts[:batch], output="probs", batch_size=chunk, progress=False)  # warm-up
+    before = torch.get_num_threads()
+    torch.set_num_threads(cfg.torch_threads or before)
+    model = InterpretableEmbedder.load(model_path, device="cuda" if gpus else "cpu", backend=cfg.encoder_backend)
+    chunk = cfg.encoder_batch_size or default_encoder_batch_size(model)  # what EmbeddingService passes
+    model.encode(texts[: cfg.max_batch_size], output="probs", batch_size=chunk, progress=False)  # warm-up
     rates = {}
-    for size in (1, batch):
+    for size in (1, cfg.max_batch_size):
         t0 = time.perf_counter()
         for i in range(0, len(texts), size):
             model.encode(texts[i : i + size], output="probs", batch_size=chunk, progress=False)
         rates[size] = len(texts) / (time.perf_counter() - t0)
-    del model
-    return {"one": rates[1], "batched": rates[batch], "ratio": rates[batch] / rates[1]}
+    torch.set_num_threads(before)
+    return {"one": rates[1], "batched": rates[cfg.max_batch_size], "ratio": rates[cfg.max_batch_size] / rates[1],
+            "encoder_batch": chunk, "backend": model.encoder.backend}
 
 
 def wait_http(url: str, seconds: float, proc=None) -> None:
@@ -320,7 +327,6 @@ def main():
     if a.tune:
         return run_tune(a, model_path, texts)
 
-    ceiling = encoder_ceiling(model_path, texts[:256], a.batch, a.threads, a.gpus)
     ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -333,6 +339,8 @@ def main():
     same.update(torch_threads=a.threads, num_cpus_per_replica=a.threads, num_gpus_per_replica=a.gpus)
     configs = {"off (max_batch_size=1)": ServeConfig(max_batch_size=1, batch_wait_timeout_s=0.0, **same),
                f"on  (max_batch_size={a.batch})": ServeConfig(max_batch_size=a.batch, batch_wait_timeout_s=a.wait, **same)}
+    # the ceiling: the batched configuration's model alone, on every text the load sends (before Serve takes the cores)
+    ceiling = encoder_ceiling(model_path, texts, configs[f"on  (max_batch_size={a.batch})"], a.gpus)
     best: dict[str, dict] = {}
     for r in range(a.rounds):
         for name, cfg in configs.items():
@@ -355,10 +363,15 @@ def main():
     print(f"{'batching':28} {'req/s':>8} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'mean batch':>11} {'errors':>7}")
     for name, res in best.items():
         print(f"{name:28} {res['rps']:8.1f} {res['texts_per_s']:9.1f} {res['p50']:8.0f} {res['p95']:8.0f} {res['mean_batch']:11.1f} {res['errors']:7d}")
-    print(f"encoder alone, no Serve: {ceiling['one']:.1f} texts/s one per call, {ceiling['batched']:.1f} texts/s {a.batch} per call: "
+    print(f"encoder alone, no Serve ({ceiling['backend']}, encoder batch {ceiling['encoder_batch']}, {len(texts)} texts): "
+          f"{ceiling['one']:.1f} texts/s one per call, {ceiling['batched']:.1f} texts/s {a.batch} per call: "
           f"batching can buy at most {ceiling['ratio']:.2f}x here")
     off, on = best[list(configs)[0]], best[list(configs)[1]]
-    print(f"serve_batching_speedup: {on['rps'] / off['rps']:.2f}")
+    speedup = on["rps"] / off["rps"]
+    print(f"serve_batching_speedup: {speedup:.2f}")
+    # the share of what batching can buy that Serve keeps: (Serve's gain - 1) / (the encoder's own gain - 1)
+    share = (speedup - 1) / (ceiling["ratio"] - 1) if ceiling["ratio"] > 1 else float("nan")  # nan: batching buys nothing here
+    print(f"serve_batching_share: {share:.2f}")
 
 
 if __name__ == "__main__":
