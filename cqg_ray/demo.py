@@ -9,12 +9,62 @@ answer yes, the ones they differ on, and the similarity: what the paper's case-s
 from __future__ import annotations
 
 import csv
+import json
 import os
 import sys
+import time
+from dataclasses import asdict, dataclass
 
-from cqg_ray.config import load_config
+from cqg_ray.config import PipelineConfig, load_config
 
 DEFAULT_CONFIG = "demo"  # cqg_ray/configs/demo.yaml
+
+# ---------------------------------------------------------------------------------------------- sizing
+BUDGET_MIN = 10.0  # the demo's time after set-up, minutes (--minutes)
+# the demo's own work per generation prompt: the property prompt with 6 + 36 texts at 200 characters, written by the
+# bundled 1.5B (the AVX2 EPYC demo of 2026-11-26 read 26,800 prompt tokens and wrote 1,839 for its 16 prompts)
+PROMPT_TOKENS, REPLY_TOKENS = 1_675, 115
+OTHER_S = 240.0  # that demo's stages without an LLM: prepare 118, encode 49, model 47, evaluation 14 s
+MIN_QUESTIONS = 20
+PROBE_LEVELS = ((10, 6, 4), (5, 3, 2), (3, 2, 1))  # (p_p, p_h, p_e): the demo's, the paper's, the fewest
+SIZED = "demo_sizing.json"  # in the run directory: the sizing decided once, its rates and its reason
+SIZED_KEYS = ("cqg.max_clusters", "cqg.p_p", "cqg.p_h", "cqg.p_e")
+
+
+@dataclass(frozen=True)
+class Rates:
+    """This machine's LLM rates on the demo's engines."""
+
+    read: float  # the writer's prompt tokens read per second
+    write: float  # the writer's tokens generated per second (one sequence: batches only do better)
+    pairs: float  # the answerer's single-pass (text, question) pairs per second
+
+
+def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozenset[str] = frozenset()) -> tuple[dict, str]:
+    """The demo's scale knobs for `budget_s` seconds at `rates`: the clusters questions are written for and the probes
+    per question, the most that fit within the floors (MIN_QUESTIONS questions: enough clusters at t each, one spare
+    for what dedup and the filters drop): fewer clusters first, down to that floor, then fewer probes (probes rank
+    the questions: docs/questions.md). Keys in `fixed` (set by the user) stay.
+    Returns ({key: value}, the reason in one line)."""
+    c, lab = cfg.cqg, cfg.label
+    gen_s = c.prompts_per_cluster * (PROMPT_TOKENS / rates.read + REPLY_TOKENS / rates.write)
+    label_pairs = c.t * (lab.n_cluster + lab.n_neighbor + lab.n_random)
+    most = c.max_clusters or cfg.cluster.k
+    least = min(most, -(-MIN_QUESTIONS // c.t) + 1)
+    own = (c.p_p, c.p_h, c.p_e)
+    levels = [own] if fixed & set(SIZED_KEYS[1:]) else [lv for lv in PROBE_LEVELS if sum(lv) <= sum(own)] or [own]
+    for probes in levels:
+        per = gen_s + (c.questions_per_prompt * c.prompts_per_cluster * sum(probes) + label_pairs) / rates.pairs
+        n = most if "cqg.max_clusters" in fixed else max(least, min(most, int((budget_s - OTHER_S) // per)))
+        expected = OTHER_S + n * per
+        if expected <= budget_s or probes == levels[-1]:
+            break
+    sized = {"cqg.max_clusters": n, "cqg.p_p": probes[0], "cqg.p_h": probes[1], "cqg.p_e": probes[2]}
+    fit = "fits" if expected <= budget_s else "does not fit; this is the floor"
+    reason = (f"{n} of {cfg.cluster.k} clusters, probes {probes[0]}/{probes[1]}/{probes[2]} a question: about {expected / 60:.1f} min "
+              f"expected, {fit} ({budget_s / 60:.0f} min; writer {rates.read:.0f} prompt tokens/s read, {rates.write:.1f} written; "
+              f"answerer {rates.pairs:.1f} pairs/s)")
+    return {k: v for k, v in sized.items() if k not in fixed}, reason
 
 
 def example_pairs(sts_file: str) -> list[tuple[str, str, float]]:
@@ -29,17 +79,118 @@ def example_pairs(sts_file: str) -> list[tuple[str, str, float]]:
     return [rows[0], rows[-1]]
 
 
-def run_demo(config: str | None = None, overrides: list[str] | None = None, break_lease: bool = False) -> int:
+RATE_TEXTS = ["The committee approved the new budget after a long debate about school funding and road repairs.",
+              "A young boy in a red shirt is playing with a dog on the beach while his parents watch.",
+              "The patient was given antibiotics for a chest infection and recovered within two weeks.",
+              "Researchers measured the effect of temperature on the growth of bacteria in the lab."]
+RATE_QUESTIONS = ["Is the text about health or medicine?", "Does the text mention an animal?", "Is the text about money?",
+                  "Does the text describe a scientific study?", "Is a child mentioned?"]
+
+
+def measure_rates(cfg: PipelineConfig) -> Rates:
+    """The writer's prompt reading and generation, and the answerer's single-pass pairs, on the engines the run uses
+    (a prompt of ~250 tokens read, 16 tokens written, 20 pairs answered: seconds, after the models load)."""
+    from cqg_ray.cqg.stage import writer_llm
+    from cqg_ray.llm.answers import answer_requests
+    from cqg_ray.llm.base import Request
+    from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
+
+    def prompt(texts: list[str], tokens: int) -> Request:
+        return Request([{"role": "user", "content": "Write ten yes/no questions about these texts:\n" + "\n".join(texts)}], max_tokens=tokens)
+
+    writer = LlamaCppBackend(writer_llm(cfg))
+    try:
+        list(writer.generate_batched([prompt(RATE_TEXTS[:1], 1)]))  # warm-up: engines load lazily
+        a, b = prompt(RATE_TEXTS * 2, 1), prompt(RATE_TEXTS[::-1] * 2, 17)  # different texts: no cached prefix
+        t0 = time.perf_counter()
+        (_, read), = writer.generate_batched([a])
+        t1 = time.perf_counter()
+        list(writer.generate_batched([b]))
+        t2 = time.perf_counter()
+    finally:
+        writer.close()
+    read_s = t1 - t0
+    answerer = LlamaCppBackend(cfg.llm)
+    try:
+        reqs = [r for t in RATE_TEXTS for r in answer_requests(t, range(len(RATE_QUESTIONS)), RATE_QUESTIONS, "single", 20, 1)]
+        answerer.score(reqs[:2])  # warm-up
+        t3 = time.perf_counter()
+        answerer.score(reqs)
+        pairs = len(reqs) / (time.perf_counter() - t3)
+    finally:
+        answerer.close()
+    return Rates(read=read.prompt_tokens / read_s, write=16 / max(t2 - t1 - read_s, 1e-3), pairs=pairs)
+
+
+def machine_rates(cfg: PipelineConfig) -> tuple[Rates, str]:
+    """`measure_rates`, or the rates an earlier demo measured on this machine with the same models and engines
+    (kept in the model cache's demo-rates.json); and where they come from."""
+    from cqg_ray.cqg.stage import writer_llm
+    from cqg_ray.hardware import cpu_model
+    from cqg_ray.llm.engines.bundled import cache_root
+    from cqg_ray.llm.engines.llamacpp import available_cpus
+
+    ll = cfg.llm.llamacpp
+    key = "|".join(map(str, (cpu_model(), available_cpus(), writer_llm(cfg).llamacpp.model, ll.model, ll.generate_engine, ll.score_engine,
+                             ll.n_threads)))
+    path = cache_root(ll.cache_dir) / "demo-rates.json"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known.get(key), dict):
+        try:
+            return Rates(**known[key]), f"measured earlier on this machine ({path})"
+        except TypeError:
+            pass
+    rates = measure_rates(cfg)
+    known[key] = asdict(rates)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(known, indent=1))
+    os.replace(tmp, path)
+    return rates, "measured now"
+
+
+def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> dict:
+    """The run directory's sizing, decided once (SIZED): on a first run, the engines' rates (measured, or reused) and
+    `size_demo` for `minutes`; a run directory whose questions are written keeps its config as it is."""
+    from cqg_ray.rundir import RunDir
+
+    run = RunDir(cfg.run_dir)
+    if run.exists(SIZED):
+        return run.read_json(SIZED)
+    fixed = frozenset(o.split("=", 1)[0].strip() for o in overrides)
+    if minutes <= 0 or cfg.llm.backend != "llamacpp" or run.manifest("questions") is not None or fixed >= set(SIZED_KEYS):
+        why = ("--minutes 0" if minutes <= 0 else f"the {cfg.llm.backend} backend" if cfg.llm.backend != "llamacpp"
+               else "its questions were written before" if run.manifest("questions") is not None else "every sized key set")
+        record = {"overrides": {}, "reason": f"not sized ({why}): the config as it is"}
+    else:
+        t0 = time.perf_counter()
+        rates, source = machine_rates(cfg)
+        sized, reason = size_demo(cfg, rates, minutes * 60, fixed)
+        record = {"overrides": sized, "reason": reason, "rates": asdict(rates), "rates_from": source, "minutes": minutes,
+                  "sizing_s": round(time.perf_counter() - t0, 1)}
+    run.write_json(SIZED, record)
+    return record
+
+
+def run_demo(config: str | None = None, overrides: list[str] | None = None, break_lease: bool = False, minutes: float = BUDGET_MIN) -> int:
     from cqg_ray.explain import format_explanation
     from cqg_ray.lease import take_lease
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
     from cqg_ray.pipeline import run_pipeline, run_status
     from cqg_ray.rundir import RunDir
 
+    overrides = list(overrides or [])
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
     run = RunDir(cfg.run_dir)
     with take_lease(cfg.run_dir, "cqg-ray demo", break_lease):  # LeaseHeld: the CLI says who holds it (exit 3)
         print(f"cqg-ray demo: run directory {cfg.run_dir} (interrupt any time; the same command resumes)", flush=True)
+        sizing = demo_sizing(cfg, overrides, minutes)
+        print(f"demo sizing: {sizing['reason']}" + (f" [{', '.join(f'{k}={v}' for k, v in sizing['overrides'].items())}]"
+                                                     if sizing["overrides"] else ""), flush=True)
+        cfg = load_config(config or DEFAULT_CONFIG, [f"{k}={v}" for k, v in sizing["overrides"].items()] + overrides)  # --set wins
         before = run.manifest("evaluation")
         manifests = run_pipeline(cfg)
     # the evaluation stage prints its tables as it finishes; a stage skipped as done printed nothing (a run of it
@@ -71,7 +222,11 @@ def add_commands(sub) -> None:
     p.add_argument("--config", "-c", default=None, help="a packaged config by name or a YAML path (default: demo, i.e. cqg_ray/configs/demo.yaml)")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--break-lease", action="store_true", help="take the run directory even if another live run holds its lease")
-    p.set_defaults(func=lambda a: run_demo(a.config, a.set, a.break_lease))
+    p.add_argument("--minutes", type=float, default=BUDGET_MIN,
+                   help=f"time budget after set-up (default {BUDGET_MIN:g}): a new run directory measures this machine's LLM rates "
+                        "(or reuses earlier ones) and sizes the clusters written for and the probes to fit, at least "
+                        f"{MIN_QUESTIONS} questions; decided once per run directory ({SIZED}), --set keys win; 0: no sizing")
+    p.set_defaults(func=lambda a: run_demo(a.config, a.set, a.break_lease, a.minutes))
 
 
 if __name__ == "__main__":

@@ -20,11 +20,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("CQG_RAY_PROGRESS", "0")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
-# Ray starts its worker processes at nice 15, which is right beside a driver that mostly waits but starves them beside
-# a test on the other xdist worker that computes at nice 0: a Ray task of 1.5 s took 29 s while two nice-0 processes
-# ran (AVX2 EPYC, 2 cores). The tests' Ray workers run at the tests' own priority (every Ray the tests start, in
-# subprocesses too, reads this from the environment)
-os.environ.setdefault("RAY_worker_niceness", "0")
+
+
+def own_cores() -> None:
+    """Under pytest-xdist, this worker's share of the CPUs: worker i of n keeps cpus[i::n] as its affinity, which every
+    process it starts inherits (Ray, servers, subprocesses), so thread pools that size themselves from the affinity
+    (llama.cpp's, OpenMP's) do not spin against the other worker's on the same cores."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or os.environ.get("CQG_RAY_TEST_PIN", "1") == "0" or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus, n = sorted(os.sched_getaffinity(0)), int(count)
+    if len(cpus) >= n:
+        os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) % n :: n])
+
+
+own_cores()
 # Started in the background of a script (`pytest &`, and so its xdist workers), this process and every subprocess it
 # starts would ignore SIGINT: the tests that press Ctrl-C on a `cqg-ray` subprocess run as a user at a terminal does
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

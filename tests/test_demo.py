@@ -1,6 +1,8 @@
 """`cqg-ray demo` prints each summary block once, with the copy rate against the run's own corpus (no Ray: the
 pipeline is stood in for by the evaluation stage alone, on a toy run whose earlier stages are done)."""
 
+import pytest
+
 import cqg_ray.pipeline
 from cqg_ray.config import dump_config
 
@@ -41,3 +43,107 @@ def test_the_demo_prints_the_summary_once_with_a_copy_rate(tmp_path, monkeypatch
         assert out.count("(full report with the load frontier") == 1 and "Two explanations (STS-B test pairs):" in out
         manifests.append((tmp_path / "run" / "evaluation" / "_manifest.json").read_text())
     assert ran == [str(tmp_path / "run")] * 2 and manifests[0] == manifests[1]  # the second demo skipped the stage
+
+
+# ------------------------------------------------------------------ sizing to the machine
+def demo_config(tmp_path, **cqg):
+    from cqg_ray.config import load_config
+
+    return load_config("demo", [f"run_dir={tmp_path / 'run'}", *(f"cqg.{k}={v}" for k, v in cqg.items())])
+
+
+def test_a_fast_machine_keeps_the_whole_demo():
+    from cqg_ray.config import load_config
+    from cqg_ray.demo import Rates, size_demo
+
+    cfg = load_config("demo")
+    sized, reason = size_demo(cfg, Rates(read=5000, write=500, pairs=500), 600)
+    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4}
+    assert reason.startswith("16 of 30 clusters, probes 10/6/4 a question: about ") and "fits (10 min;" in reason
+
+
+def test_a_slow_machine_drops_probes_before_clusters_and_keeps_the_floors():
+    from cqg_ray.config import load_config
+    from cqg_ray.demo import MIN_QUESTIONS, OTHER_S, PROMPT_TOKENS, REPLY_TOKENS, Rates, size_demo
+
+    cfg = load_config("demo")
+    # per cluster: generation 1675/60 + 115/12 = 37.5 s; probes 10 x 20 and labels 4 x 20 pairs at 9 pairs/s = 31.1 s: 5
+    # clusters fit in the 360 s the LLM has, under the floor of 6; the paper's probes (10 x 10 pairs) give 6
+    sized, reason = size_demo(cfg, Rates(read=60, write=12, pairs=9), 600)
+    per = PROMPT_TOKENS / 60 + REPLY_TOKENS / 12 + (10 * 10 + 4 * 20) / 9
+    assert sized == {"cqg.max_clusters": int((600 - OTHER_S) // per), "cqg.p_p": 5, "cqg.p_h": 3, "cqg.p_e": 2} and sized["cqg.max_clusters"] == 6
+    assert "fits (10 min;" in reason
+    # a little faster: the demo's own probes on fewer clusters (clusters go before probes)
+    sized, _ = size_demo(cfg, Rates(read=100, write=20, pairs=12), 600)
+    assert sized == {"cqg.max_clusters": 7, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4}
+    rates = Rates(read=50, write=10, pairs=6)
+    # too slow for the floor: the fewest probes, and the clusters MIN_QUESTIONS questions need (t = 4 each, one spare)
+    sized, reason = size_demo(cfg, Rates(read=10, write=2, pairs=1), 600)
+    assert sized == {"cqg.max_clusters": MIN_QUESTIONS // 4 + 1, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1}
+    assert "does not fit; this is the floor" in reason
+    # keys the user set stay: only the others are sized, and set probes are not lowered
+    sized, _ = size_demo(cfg, rates, 600, frozenset({"cqg.max_clusters"}))
+    assert sized == {"cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1}  # 16 clusters fit with none of the levels: the fewest probes
+    sized, _ = size_demo(cfg, rates, 600, frozenset({"cqg.p_p"}))
+    assert set(sized) == {"cqg.max_clusters", "cqg.p_h", "cqg.p_e"} and (sized["cqg.p_h"], sized["cqg.p_e"]) == (6, 4)
+
+
+def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path, monkeypatch, capsys):
+    """A first demo measures (here: a stand-in for the engines) and writes demo_sizing.json; the config the pipeline
+    runs carries the sized keys, except those --set gives; a second demo on the same directory measures nothing and
+    keeps the sizing, whatever the rates say now."""
+    import cqg_ray.demo as demo
+    from cqg_ray.rundir import RunDir
+
+    monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path / "cache"))
+    measured, ran = [], []
+    monkeypatch.setattr(demo, "measure_rates", lambda cfg: measured.append(1) or demo.Rates(read=50, write=10, pairs=6))
+
+    def pipeline(cfg, **kwargs):  # the stages themselves are not run
+        ran.append(cfg)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cqg_ray.pipeline, "run_pipeline", pipeline)
+    sets = [f"run_dir={tmp_path / 'run'}", "cqg.p_e=1"]
+    for _ in range(2):
+        try:
+            demo.run_demo("demo", sets)
+        except SystemExit:
+            pass
+    record = RunDir(str(tmp_path / "run")).read_json(demo.SIZED)
+    assert measured == [1] and record["rates"] == {"read": 50, "write": 10, "pairs": 6} and record["rates_from"] == "measured now"
+    assert record["overrides"] == {"cqg.max_clusters": 6, "cqg.p_p": 10, "cqg.p_h": 6}  # p_e was set: the probes stay
+    assert [(c.cqg.max_clusters, c.cqg.p_p, c.cqg.p_h, c.cqg.p_e) for c in ran] == [(6, 10, 6, 1)] * 2
+    assert capsys.readouterr().out.count("demo sizing: 6 of 30 clusters, probes 10/6/1 a question") == 2
+    # another run directory on this machine reuses the measured rates
+    monkeypatch.setattr(demo, "measure_rates", lambda cfg: (_ for _ in ()).throw(AssertionError("measured again")))
+    other = demo_config(tmp_path / "b")
+    record = demo.demo_sizing(other, [], 10)
+    assert record["rates_from"].startswith("measured earlier on this machine")
+
+
+def test_a_run_whose_questions_are_written_or_another_backend_is_not_sized(tmp_path, monkeypatch):
+    import cqg_ray.demo as demo
+    from cqg_ray.rundir import RunDir, run_stage
+
+    monkeypatch.setattr(demo, "measure_rates", lambda cfg: (_ for _ in ()).throw(AssertionError("no measuring")))
+    cfg = demo_config(tmp_path)
+    run_stage(RunDir(cfg.run_dir), "questions", "h", lambda ctx: None, deps=[])
+    assert demo.demo_sizing(cfg, [], 10) == {"overrides": {}, "reason": "not sized (its questions were written before): the config as it is"}
+    from cqg_ray.config import load_config
+
+    fake = load_config("demo", [f"run_dir={tmp_path / 'f'}", "llm.backend=fake"])
+    assert demo.demo_sizing(fake, [], 10)["reason"] == "not sized (the fake backend): the config as it is"
+    assert demo.demo_sizing(demo_config(tmp_path / "z"), [], 0)["reason"] == "not sized (--minutes 0): the config as it is"
+
+
+@pytest.mark.slow
+def test_the_rates_measured_on_the_real_embedded_model(tmp_path):
+    """measure_rates on the bundled 0.5B as writer and answerer: each rate positive and finite, and reading a prompt
+    faster per token than writing one (a prompt's tokens are read in one pass, written one at a time)."""
+    import math
+
+    from cqg_ray.demo import measure_rates
+
+    r = measure_rates(demo_config(tmp_path, writer_model="null"))
+    assert all(0 < v < math.inf for v in (r.read, r.write, r.pairs)) and r.read > r.write

@@ -122,9 +122,14 @@ def test_cqg_real_llm_killed_and_resumed(clustered_run, corpus_file, tmp_path):
 
     d = copy_clustered(clustered_run, tmp_path / "run")
     # two sequences decoded at a time, so the 4 generations finish in two waves and the kill lands between them;
-    # 120 tokens hold ~8 of the 10 questions asked (the last one cut off, which the filters drop)
-    cfg = small_config(d, corpus_file, backend="llamacpp", max_clusters=4,
-                       extra={"llm": {"max_tokens_generate": 120, "llamacpp": {"n_ctx": 2048, "batch_generate": 2}}})
+    # 80 tokens hold ~5 questions (the last one may be cut off, which the filters drop). The resumed stage probes each
+    # candidate on one positive and one hard negative: the point here is the resume, the probes' work is the 0.5B's
+    # (own_cluster off: one positive probe saying no would drop a candidate; the filters are tested above). The property
+    # prompt with one worked example (none: the 0.5B answers instead of asking) and no keywords: what the 0.5B reads is the
+    # generations' time
+    cfg = small_config(d, corpus_file, backend="llamacpp", max_clusters=4, questions_per_prompt=5, p_p=1, p_h=1, p_e=0, examples=1, keywords=0,
+                       filters=["copy", "example", "long", "cut_off"],
+                       extra={"llm": {"max_tokens_generate": 80, "llamacpp": {"n_ctx": 2048, "batch_generate": 2}}})
     cfgf = tmp_path / "c.yaml"
     cfgf.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     cmd = [sys.executable, "-m", "cqg_ray.cli", "cqg", "-c", str(cfgf)]
