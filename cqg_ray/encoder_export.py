@@ -260,6 +260,7 @@ class Runner:
     their thread pools) are never left to the garbage collector of an interpreter that is shutting down."""
 
     def __init__(self, backend: str, model_file: str, threads: int):
+        self.threads = threads
         self.backend, self.model_file, self._lock = backend, model_file, threading.Lock()
         try:
             if backend == "openvino":
