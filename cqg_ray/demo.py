@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import sys
 import time
@@ -26,6 +27,9 @@ BUDGET_MIN = 10.0  # the demo's time after set-up, minutes (--minutes)
 PROMPT_TOKENS, REPLY_TOKENS = 1_675, 115
 OTHER_S = 240.0  # that demo's stages without an LLM: prepare 118, encode 49, model 47, evaluation 14 s
 MIN_QUESTIONS = 20
+# questions a cluster written for ends with, after the filters and dedup: 21 from 16 clusters in the Zen 4 demo of
+# 2026-11-25 (probes 10/6/4), 12 from 6 in the AVX2 EPYC's sized demo of 2026-11-27 (probes 3/2/1); the lower one
+QUESTIONS_PER_CLUSTER = 1.3
 PROBE_LEVELS = ((10, 6, 4), (5, 3, 2), (3, 2, 1))  # (p_p, p_h, p_e): the demo's, the paper's, the fewest
 SIZED = "demo_sizing.json"  # in the run directory: the sizing decided once, its rates and its reason
 SIZED_KEYS = ("cqg.max_clusters", "cqg.p_p", "cqg.p_h", "cqg.p_e")
@@ -42,15 +46,15 @@ class Rates:
 
 def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozenset[str] = frozenset()) -> tuple[dict, str]:
     """The demo's scale knobs for `budget_s` seconds at `rates`: the clusters questions are written for and the probes
-    per question, the most that fit within the floors (MIN_QUESTIONS questions: enough clusters at t each, one spare
-    for what dedup and the filters drop): fewer clusters first, down to that floor, then fewer probes (probes rank
-    the questions: docs/questions.md). Keys in `fixed` (set by the user) stay.
+    per question, the most that fit within the floor (MIN_QUESTIONS questions: the clusters that give them at the
+    measured QUESTIONS_PER_CLUSTER): fewer clusters first, down to that floor, then fewer probes (probes rank the
+    questions: docs/questions.md). Keys in `fixed` (set by the user) stay.
     Returns ({key: value}, the reason in one line)."""
     c, lab = cfg.cqg, cfg.label
     gen_s = c.prompts_per_cluster * (PROMPT_TOKENS / rates.read + REPLY_TOKENS / rates.write)
     label_pairs = c.t * (lab.n_cluster + lab.n_neighbor + lab.n_random)
     most = c.max_clusters or cfg.cluster.k
-    least = min(most, -(-MIN_QUESTIONS // c.t) + 1)
+    least = min(most, math.ceil(MIN_QUESTIONS / min(QUESTIONS_PER_CLUSTER, c.t)))
     own = (c.p_p, c.p_h, c.p_e)
     levels = [own] if fixed & set(SIZED_KEYS[1:]) else [lv for lv in PROBE_LEVELS if sum(lv) <= sum(own)] or [own]
     for probes in levels:

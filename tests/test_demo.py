@@ -1,6 +1,8 @@
 """`cqg-ray demo` prints each summary block once, with the copy rate against the run's own corpus (no Ray: the
 pipeline is stood in for by the evaluation stage alone, on a toy run whose earlier stages are done)."""
 
+import math
+
 import pytest
 
 import cqg_ray.pipeline
@@ -62,30 +64,34 @@ def test_a_fast_machine_keeps_the_whole_demo():
     assert reason.startswith("16 of 30 clusters, probes 10/6/4 a question: about ") and "fits (10 min;" in reason
 
 
-def test_a_slow_machine_drops_probes_before_clusters_and_keeps_the_floors():
+def test_a_slow_machine_drops_clusters_then_probes_and_keeps_the_floor():
     from cqg_ray.config import load_config
-    from cqg_ray.demo import MIN_QUESTIONS, OTHER_S, PROMPT_TOKENS, REPLY_TOKENS, Rates, size_demo
+    from cqg_ray.demo import MIN_QUESTIONS, OTHER_S, PROMPT_TOKENS, QUESTIONS_PER_CLUSTER, REPLY_TOKENS, Rates, size_demo
 
-    cfg = load_config("demo")
-    # per cluster: generation 1675/60 + 115/12 = 37.5 s; probes 10 x 20 and labels 4 x 20 pairs at 9 pairs/s = 31.1 s: 5
-    # clusters fit in the 360 s the LLM has, under the floor of 6; the paper's probes (10 x 10 pairs) give 6
-    sized, reason = size_demo(cfg, Rates(read=60, write=12, pairs=9), 600)
-    per = PROMPT_TOKENS / 60 + REPLY_TOKENS / 12 + (10 * 10 + 4 * 20) / 9
-    assert sized == {"cqg.max_clusters": int((600 - OTHER_S) // per), "cqg.p_p": 5, "cqg.p_h": 3, "cqg.p_e": 2} and sized["cqg.max_clusters"] == 6
-    assert "fits (10 min;" in reason
-    # a little faster: the demo's own probes on fewer clusters (clusters go before probes)
-    sized, _ = size_demo(cfg, Rates(read=100, write=20, pairs=12), 600)
-    assert sized == {"cqg.max_clusters": 7, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4}
-    rates = Rates(read=50, write=10, pairs=6)
-    # too slow for the floor: the fewest probes, and the clusters MIN_QUESTIONS questions need (t = 4 each, one spare)
-    sized, reason = size_demo(cfg, Rates(read=10, write=2, pairs=1), 600)
-    assert sized == {"cqg.max_clusters": MIN_QUESTIONS // 4 + 1, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1}
-    assert "does not fit; this is the floor" in reason
+    floor = math.ceil(MIN_QUESTIONS / QUESTIONS_PER_CLUSTER)
+    assert floor == 16
+    wide = load_config("demo", ["cqg.max_clusters=30"])
+    # per cluster: generation 1675/200 + 115/40 = 11.3 s; probes 10 x 20 and labels 4 x 20 pairs at 30 pairs/s = 9.3 s:
+    # 17 of the 30 clusters fit the 360 s the LLM has, above the floor
+    per = PROMPT_TOKENS / 200 + REPLY_TOKENS / 40 + (10 * 20 + 4 * 20) / 30
+    sized, reason = size_demo(wide, Rates(read=200, write=40, pairs=30), 600)
+    assert sized == {"cqg.max_clusters": int((600 - OTHER_S) // per), "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4} and sized["cqg.max_clusters"] == 17
+    assert reason.startswith("17 of 30 clusters, probes 10/6/4") and "fits (10 min;" in reason
+    # at 20 pairs/s the demo's probes would leave 14, under the floor: the paper's probes (10 x 10 pairs) keep 17
+    sized, _ = size_demo(wide, Rates(read=200, write=40, pairs=20), 600)
+    assert sized == {"cqg.max_clusters": 17, "cqg.p_p": 5, "cqg.p_h": 3, "cqg.p_e": 2}
+    # too slow for the floor: the fewest probes on the floor's clusters, and the reason says it does not fit
+    sized, reason = size_demo(wide, Rates(read=10, write=2, pairs=1), 600)
+    assert sized == {"cqg.max_clusters": floor, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1} and "does not fit; this is the floor" in reason
+    # the demo's own 16 clusters are the floor already: a slow machine keeps them and lowers the probes
+    sized, _ = size_demo(load_config("demo"), Rates(read=60, write=12, pairs=9), 600)
+    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1}
     # keys the user set stay: only the others are sized, and set probes are not lowered
-    sized, _ = size_demo(cfg, rates, 600, frozenset({"cqg.max_clusters"}))
-    assert sized == {"cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1}  # 16 clusters fit with none of the levels: the fewest probes
-    sized, _ = size_demo(cfg, rates, 600, frozenset({"cqg.p_p"}))
-    assert set(sized) == {"cqg.max_clusters", "cqg.p_h", "cqg.p_e"} and (sized["cqg.p_h"], sized["cqg.p_e"]) == (6, 4)
+    rates = Rates(read=200, write=40, pairs=20)
+    sized, _ = size_demo(wide, rates, 600, frozenset({"cqg.max_clusters"}))
+    assert sized == {"cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1}  # 30 clusters fit with none of the levels: the fewest probes
+    sized, _ = size_demo(wide, rates, 600, frozenset({"cqg.p_p"}))
+    assert sized == {"cqg.max_clusters": 16, "cqg.p_h": 6, "cqg.p_e": 4}
 
 
 def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path, monkeypatch, capsys):
@@ -112,9 +118,9 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
             pass
     record = RunDir(str(tmp_path / "run")).read_json(demo.SIZED)
     assert measured == [1] and record["rates"] == {"read": 50, "write": 10, "pairs": 6} and record["rates_from"] == "measured now"
-    assert record["overrides"] == {"cqg.max_clusters": 6, "cqg.p_p": 10, "cqg.p_h": 6}  # p_e was set: the probes stay
-    assert [(c.cqg.max_clusters, c.cqg.p_p, c.cqg.p_h, c.cqg.p_e) for c in ran] == [(6, 10, 6, 1)] * 2
-    assert capsys.readouterr().out.count("demo sizing: 6 of 30 clusters, probes 10/6/1 a question") == 2
+    assert record["overrides"] == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6}  # p_e was set: the probes stay
+    assert [(c.cqg.max_clusters, c.cqg.p_p, c.cqg.p_h, c.cqg.p_e) for c in ran] == [(16, 10, 6, 1)] * 2
+    assert capsys.readouterr().out.count("demo sizing: 16 of 30 clusters, probes 10/6/1 a question") == 2
     # another run directory on this machine reuses the measured rates
     monkeypatch.setattr(demo, "measure_rates", lambda cfg: (_ for _ in ()).throw(AssertionError("measured again")))
     other = demo_config(tmp_path / "b")
