@@ -10,11 +10,17 @@ Sets (JSONL of {text, question, answer}, the answers a person wrote):
   ``cqg-ray evaluate cqg-minilm-ref --tasks faithfulness`` (24 questions the model marked active, 26 inactive),
   answered by hand: all 50 are "no". The judge's wording was chosen on this set;
 - ``judge_pairs_shipped_holdout.jsonl``: the next 50 of the same draw (24 active), answered by hand after the wording
-  was chosen, never used to choose anything: all 50 are "no".
+  was chosen, never used to choose anything: all 50 are "no";
+- ``judge_pairs_property.jsonl`` / ``judge_pairs_property_holdout.jsonl``: pairs drawn at random from a
+  property-question model's active and answered-no samples (``bench/draw_judge_pairs.py`` on the demo model kept in
+  ``bench/data/demo_model_20261127``, STS-B test sentences), answered by hand without the judge's answers; the
+  held-out part is never used to choose the judge's prompt or model. On these the model's yes-precision is printed by
+  hand and by the judge, and on the held-out part the judge's agreement apart for yes and for no.
 Side by side on the same pairs and the same model: the judge's prompt (``judge_messages``, what
 ``cqg-ray evaluate --tasks faithfulness`` asks) and the single-pass labelling prompt (``single_answer_messages``).
 Printed per set: agreement with the written answers, the yes-rate where the answer is yes and where it is no, every
-disagreement, pairs/s; peak RSS. Last line: judge_agreement (the judge prompt, all sets pooled).
+disagreement, pairs/s; peak RSS. Then ``judge_hand_pairs_property``, ``judge_agreement_yes`` and ``judge_agreement_no``
+(the held-out property pairs); last line: judge_agreement (the judge prompt, all sets pooled).
 """
 
 from __future__ import annotations
@@ -37,7 +43,9 @@ from cqg_ray.llm.base import Request  # noqa: E402
 from cqg_ray.llm.engines.llamacpp import LlamaCppBackend  # noqa: E402
 from cqg_ray.llm.prompts import SINGLE_ANSWER_PREFIX, judge_messages, single_answer_messages  # noqa: E402
 
-SETS = [str(ROOT / "bench" / "data" / f) for f in ("judge_pairs.jsonl", "judge_pairs_shipped.jsonl", "judge_pairs_shipped_holdout.jsonl")]
+SETS = [str(ROOT / "bench" / "data" / f) for f in ("judge_pairs.jsonl", "judge_pairs_shipped.jsonl", "judge_pairs_shipped_holdout.jsonl",
+                                                    "judge_pairs_property.jsonl", "judge_pairs_property_holdout.jsonl")]
+PROPERTY, HELD_OUT = "judge_pairs_property", "judge_pairs_property_holdout.jsonl"
 
 
 def read_pairs(path: str) -> list[dict]:
@@ -88,6 +96,9 @@ def main() -> None:
     res: dict = {"sets": {}}
     pooled = {"judge": [], "labelling": []}
     for path in a.pairs:
+        if not Path(path).exists():
+            print(f"\n{Path(path).name}: not there (skipped)")
+            continue
         rows = read_pairs(path)
         name = Path(path).name
         print(f"\n{name}: {len(rows)} hand-answered pairs ({sum(r['answer'] for r in rows)} yes)")
@@ -102,12 +113,28 @@ def main() -> None:
                   f"where it is no {s['yes_rate_where_no']}, {s['pairs_per_s']} pairs/s")
             for w in s["wrong"]:
                 print(f"   wrong: {w['text'][:80]!r} / {w['question'][:100]!r}: written {'yes' if w['answer'] else 'no'}, P(yes) {w['p_yes']}")
+        if all("active" in r for r in rows):  # drawn from a model's output: its yes-precision by hand and by the judge
+            active = [i for i, r in enumerate(rows) if r["active"]]
+            by_hand = sum(rows[i]["answer"] for i in active) / len(active)
+            judge_p, _ = ask(backend, [rows[i] for i in active], "judge")
+            by_judge = sum(x > 0.5 for x in judge_p) / len(active)
+            res["sets"][name]["yes_precision"] = {"by_hand": round(by_hand, 4), "by_judge": round(by_judge, 4), "active_pairs": len(active)}
+            print(f"the model's yes-precision on its {len(active)} active pairs: by hand {by_hand:.3f}, by the judge {by_judge:.3f}")
     res["pooled"] = {k: round(sum(v) / len(v), 4) for k, v in pooled.items()}
+    props = [n for n in res["sets"] if n.startswith(PROPERTY)]
+    if HELD_OUT in res["sets"]:  # the judge on the held-out property pairs, apart for yes and for no
+        held = res["sets"][HELD_OUT]["judge"]
+        res["agreement_yes"], res["agreement_no"] = held["yes_rate_where_yes"], round(1 - held["yes_rate_where_no"], 4)
+        res["hand_pairs_property"] = sum(len(read_pairs(p)) for p in a.pairs if Path(p).name in props)
     res["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     print(f"\npooled agreement: judge prompt {res['pooled']['judge']}, labelling prompt {res['pooled']['labelling']} "
           f"({len(pooled['judge'])} pairs); peak RSS {res['peak_rss_mb']} MB")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
+    if HELD_OUT in res["sets"]:
+        print(f"judge_hand_pairs_property: {res['hand_pairs_property']}")
+        print(f"judge_agreement_yes: {res['agreement_yes']}")
+        print(f"judge_agreement_no: {res['agreement_no']}")
     print(f"judge_agreement: {res['pooled']['judge']}")
 
 
