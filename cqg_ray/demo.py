@@ -130,9 +130,8 @@ def machine_rates(cfg: PipelineConfig) -> tuple[Rates, str]:
     """`measure_rates`, or the rates an earlier demo measured on this machine with the same models and engines
     (kept in the model cache's demo-rates.json); and where they come from."""
     from cqg_ray.cqg.stage import writer_llm
-    from cqg_ray.hardware import cpu_model
+    from cqg_ray.hardware import available_cpus, cpu_model
     from cqg_ray.llm.engines.bundled import cache_root
-    from cqg_ray.llm.engines.llamacpp import available_cpus
 
     ll = cfg.llm.llamacpp
     key = "|".join(map(str, (cpu_model(), available_cpus(), writer_llm(cfg).llamacpp.model, ll.model, ll.generate_engine, ll.score_engine,
@@ -165,9 +164,10 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
     if run.exists(SIZED):
         return run.read_json(SIZED)
     fixed = frozenset(o.split("=", 1)[0].strip() for o in overrides)
-    if minutes <= 0 or cfg.llm.backend != "llamacpp" or run.manifest("questions") is not None or fixed >= set(SIZED_KEYS):
+    written = run.manifest("questions") is not None
+    if minutes <= 0 or cfg.llm.backend != "llamacpp" or written or fixed >= set(SIZED_KEYS):
         why = ("--minutes 0" if minutes <= 0 else f"the {cfg.llm.backend} backend" if cfg.llm.backend != "llamacpp"
-               else "its questions were written before" if run.manifest("questions") is not None else "every sized key set")
+               else "its questions were written before" if written else "every sized key set")
         record = {"overrides": {}, "reason": f"not sized ({why}): the config as it is"}
     else:
         t0 = time.perf_counter()

@@ -40,6 +40,7 @@ import numpy as np
 
 from cqg_ray.encoder_export import (EXPORTED, TOKENIZER_FILE, TextTokenizer, _cached, _dim, _lock, _read_meta, _runner, _st_inputs, cache_dir,
                                      checked_tokenizer, exported_model, save_tokenizer)
+from cqg_ray.hardware import available_cpus
 
 log = logging.getLogger("cqg_ray")
 
@@ -180,7 +181,7 @@ class Encoder:
         batches = [order[i : i + batch_size] for i in range(0, len(texts), batch_size)]
         # the runner takes torch's threads (load_encoder): a tokenizing thread beside it only where a core is left over
         # (on 2 cores it measured 0.93 of the serial loop with openvino, within noise but not better)
-        spare = _cpus() > self._threads
+        spare = available_cpus() > self._threads
         for idx, inputs in tokenized_ahead(self.tokenize, texts, batches, progress, ahead=spare):
             out[idx] = self._run(inputs)
         return normalise(out) if normalize else out
@@ -248,13 +249,6 @@ class Encoder:
 
 
 TOKENIZE_AHEAD = 2  # mini-batches tokenized ahead of the model
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def tokenized_ahead(tokenize, texts: list[str], batches: list[np.ndarray], progress: bool = False, ahead: bool = True):

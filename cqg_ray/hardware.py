@@ -67,6 +67,14 @@ def max_isa() -> str | None:
     return value
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity; the whole machine where there is none to read)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def cpu_model(cpuinfo: str | None = None) -> str:
     """The CPU's model name, e.g. 'AMD EPYC'."""
     return _cpuinfo_field("model name", cpuinfo) or platform.processor() or platform.machine() or "?"

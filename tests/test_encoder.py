@@ -347,5 +347,5 @@ def test_an_exported_backend_tokenized_ahead_equals_one_batch_at_a_time(backend,
         idx = order[i : i + 8]
         want[idx] = enc._run(enc.tokenize([MIXED[j] for j in idx]))
     np.testing.assert_array_equal(enc.encode(MIXED, batch_size=8), normalise(want))  # as this machine decides
-    monkeypatch.setattr("cqg_ray.encoder._cpus", lambda: enc._threads + 1)  # a core to spare: tokenized on a thread
+    monkeypatch.setattr("cqg_ray.encoder.available_cpus", lambda: enc._threads + 1)  # a core to spare: tokenized on a thread
     np.testing.assert_array_equal(enc.encode(MIXED, batch_size=8), normalise(want))

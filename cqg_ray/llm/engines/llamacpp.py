@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from typing import Any, Iterator, Sequence
 
 from cqg_ray import progress
 from cqg_ray.config import LLMConfig
-from cqg_ray.hardware import cpu_flags
+from cqg_ray.hardware import available_cpus, cpu_flags
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, in_order, resolve_engine
 from cqg_ray.llm.engines.batch import BatchEngine
 from cqg_ray.llm.engines.bundled import resolve_model
@@ -44,13 +43,6 @@ from cqg_ray.llm.parse import p_yes_from_tokens
 
 INSTALL_HINT = 'pip install "cqg-ray[cpu]"   (in a checkout: python scripts/install_llama_cpp.py, a build for this CPU, cached)'
 YES_NO_WORDS = ("yes", " yes", "Yes", " Yes", "YES", " YES", "no", " no", "No", " No", "NO", " NO")
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def cpu_has_amx() -> bool:

@@ -9,8 +9,9 @@ from typing import Any, Iterator, Sequence
 
 from cqg_ray import progress
 from cqg_ray.config import LLMConfig
+from cqg_ray.hardware import available_cpus
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, in_order
-from cqg_ray.llm.engines.llamacpp import LlamaCppBackend, available_cpus, batch_decoded, llamacpp_budget
+from cqg_ray.llm.engines.llamacpp import LlamaCppBackend, batch_decoded, llamacpp_budget
 
 
 class _Worker:
