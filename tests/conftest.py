@@ -23,11 +23,13 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 
 def own_cores() -> None:
-    """Under pytest-xdist, this worker's share of the CPUs: worker i of n keeps cpus[i::n] as its affinity, which every
-    process it starts inherits (Ray, servers, subprocesses), so thread pools that size themselves from the affinity
-    (llama.cpp's, OpenMP's) do not spin against the other worker's on the same cores."""
+    """With CQG_RAY_TEST_PIN=1, under pytest-xdist, this worker's share of the CPUs: worker i of n keeps cpus[i::n] as
+    its affinity, which every process it starts inherits (Ray, servers, subprocesses), so thread pools that size
+    themselves from the affinity (llama.cpp's, OpenMP's) do not spin against the other worker's on the same cores.
+    Off by default: the whole run took 70.6 min pinned against ~52 unpinned on the AVX2 EPYC (a worker's long test
+    cannot use the other's idle core; docs/development.md)."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-    if not worker or not count or os.environ.get("CQG_RAY_TEST_PIN", "1") == "0" or not hasattr(os, "sched_setaffinity"):
+    if not worker or not count or os.environ.get("CQG_RAY_TEST_PIN", "0") != "1" or not hasattr(os, "sched_setaffinity"):
         return
     cpus, n = sorted(os.sched_getaffinity(0)), int(count)
     if len(cpus) >= n:
