@@ -278,7 +278,16 @@ class TrainConfig(Section):
     soft_labels: bool = Field(False, description="fit the heads to the LLM's P(yes) (single-pass answers) instead of its 0/1 answers; "
                               "held-out fidelity is still measured against the 0/1 answers")
     pos_weight: float | Literal["auto"] = Field("auto", description="BCE pos_weight; auto = #no / #yes over the training labels")
-    holdout: float = Field(0.1, ge=0, lt=1, description="fraction of labelled documents held out for evaluation")
+    holdout: float = Field(0.1, ge=0, lt=1, description="fraction of labelled documents held out (never trained on): the select "
+                           "part of them calibrates the heads and decides which questions leave, the report part gives the figures")
+    select_share: float = Field(0.5, ge=0, le=1, description="share of the held-out documents in the select part (the rest report)")
+    calibrate: Literal["platt", "none"] = Field("platt", description="platt: one sigma(a * logit + b) for every head, fitted on the "
+                                                "select part and folded into the heads' last layer; none: the trained logits")
+    min_heldout: int = Field(5, ge=1, description="report-part labels a question needs before its precision and recall are stored")
+    min_heldout_yes: int = Field(2, ge=1, description="... and how many of them must be yes (also: select-part yes and no a question "
+                                 "needs before min_auc judges it)")
+    min_auc: float | None = Field(0.6, ge=0, le=1, description="drop a question whose head's select-part AUC is below this "
+                                  "(null: drop none for it); questions with one answer in training are dropped too")
     num_workers: int = Field(1, ge=1, description="Ray Train data-parallel workers")
     use_gpu: bool = False
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs (and torch threads) per worker; fewer when the workers would leave "

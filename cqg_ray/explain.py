@@ -25,7 +25,9 @@ def binary_cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 @dataclass
 class AnsweredQuestion:
-    """One question of an explanation, with both texts' probabilities and answers."""
+    """One question of an explanation, with both texts' probabilities and answers, and how far the question's head
+    agrees with the labelling LLM on held-out texts: ``precision`` (None: too few held-out labels to say) out of
+    ``n_heldout`` labels (None: a model that stores no such figures)."""
 
     index: int
     id: str
@@ -34,6 +36,8 @@ class AnsweredQuestion:
     p_b: float
     a: bool
     b: bool
+    precision: float | None = None
+    n_heldout: int | None = None
 
 
 @dataclass
@@ -75,7 +79,9 @@ def explanation(p_a: np.ndarray, p_b: np.ndarray, ya: np.ndarray, yb: np.ndarray
 
     def qa(i: int) -> AnsweredQuestion:
         rec = questions[i]
-        return AnsweredQuestion(int(i), str(rec.get("id", i)), rec["text"], float(p_a[i]), float(p_b[i]), bool(ya[i]), bool(yb[i]))
+        n = rec.get("n_heldout")
+        return AnsweredQuestion(int(i), str(rec.get("id", i)), rec["text"], float(p_a[i]), float(p_b[i]), bool(ya[i]), bool(yb[i]),
+                                rec.get("precision"), None if n is None else int(n))
 
     def ranked(idx: np.ndarray, score: np.ndarray) -> list[AnsweredQuestion]:
         return [qa(i) for i in idx[np.argsort(-score[idx], kind="stable")]]
@@ -83,6 +89,17 @@ def explanation(p_a: np.ndarray, p_b: np.ndarray, ya: np.ndarray, yb: np.ndarray
     return Explanation(cosine=value_cosine(va, vb), cognitive_load=int(np.count_nonzero(ya & yb)),
                        shared_yes=ranked(np.flatnonzero(ya & yb), p_a * p_b), only_a=ranked(np.flatnonzero(ya & ~yb), p_a),
                        only_b=ranked(np.flatnonzero(~ya & yb), p_b), budget=budget, yes_a=int(ya.sum()), yes_b=int(yb.sum()))
+
+
+def reliability_note(q) -> str:
+    """", precision 0.83, 12 held-out labels" / ", precision unmeasured, 3 held-out labels" / "" (a model without the
+    figures);
+    ``q``: anything with ``precision`` and ``n_heldout``."""
+    if q.n_heldout is None:
+        return ""
+    if q.precision is None:
+        return f", precision unmeasured, {q.n_heldout} held-out labels"
+    return f", precision {q.precision:.2f}, {q.n_heldout} held-out labels"
 
 
 def format_explanation(ex: Explanation, text_a: str, text_b: str, max_rows: int = 8) -> str:
@@ -93,7 +110,7 @@ def format_explanation(ex: Explanation, text_a: str, text_b: str, max_rows: int 
         if items:
             lines.append(f"  {label}:")
             for q in items[:max_rows]:
-                lines.append(f"    [{q.id:>4}] {q.text}  (A {q.p_a:.2f}, B {q.p_b:.2f})")
+                lines.append(f"    [{q.id:>4}] {q.text}  (A {q.p_a:.2f}, B {q.p_b:.2f}{reliability_note(q)})")
             if len(items) > max_rows:
                 lines.append(f"    ... and {len(items) - max_rows} more")
     return "\n".join(lines)

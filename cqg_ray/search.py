@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from cqg_ray.explain import reliability_note
 from cqg_ray.artifacts import EMBED_MANIFEST, embed_output_files, embed_output_texts, embedding_matrix, read_embed_output
 from cqg_ray.mbqa.budget import Budget, active_mask
 from cqg_ray.rundir import ArtifactError, RunDir
@@ -105,6 +107,15 @@ class Hit:
     shared: list[int] = field(default_factory=list)           # their indices
     questions: list[str] = field(default_factory=list)        # their texts (filled by `search`)
     text: str | None = None
+    precision: list[float | None] = field(default_factory=list)  # each shared question's measured precision (None: unmeasured)
+    n_heldout: list[int | None] = field(default_factory=list)    # the held-out labels behind it (None: the model stores none)
+
+    def name_questions(self, model) -> None:
+        """Fill in the shared questions' texts and their measured reliability from the model's question records."""
+        recs = [model.question_records[i] for i in self.shared]
+        self.questions = [r["text"] for r in recs]
+        self.precision = [r.get("precision") for r in recs]
+        self.n_heldout = [r.get("n_heldout") for r in recs]
 
 
 def search_chunks(query_packed: np.ndarray, chunks: Iterable[tuple[np.ndarray, np.ndarray]], m: int, k: int = 10) -> list[Hit]:
@@ -277,7 +288,7 @@ def search(model, index: "SparseIndex | BinaryIndex", query: str, k: int = 10) -
         q = model.encode([query], output="packed", budget=index.budget, progress=False)[0]
     hits = index.search(q, k)
     for h in hits:
-        h.questions = [model.questions[i] for i in h.shared]
+        h.name_questions(model)
     return hits
 
 
@@ -309,7 +320,7 @@ def cmd_search(args) -> int:
         q_yes = np.flatnonzero(np.unpackbits(q, count=model.m)).tolist()
     texts = embed_output_texts(args.embeddings, [h.doc_id for h in hits])
     for h in hits:
-        h.questions = [model.questions[i] for i in h.shared]
+        h.name_questions(model)
         h.text = texts.get(h.doc_id)
     if args.json:
         print(json.dumps({"query": args.query, "budget": budget.name, "query_yes": q_yes, "hits": [h.__dict__ for h in hits]}, indent=2))
@@ -320,8 +331,9 @@ def cmd_search(args) -> int:
     for h in hits:
         text = "" if h.text is None else "  " + (h.text if len(h.text) <= 100 else h.text[:97] + "...")
         print(f"{h.rank:>3}. {h.score:.4f}  {h.doc_id}{text}")
-        for i, qt in zip(h.shared, h.questions):
-            print(f"       yes both  [{i}] {qt}")
+        for i, qt, prec, n in zip(h.shared, h.questions, h.precision, h.n_heldout):
+            note = reliability_note(SimpleNamespace(precision=prec, n_heldout=n))
+            print(f"       yes both  [{i}] {qt}" + (f"  ({note[2:]})" if note else ""))
     return 0
 
 

@@ -136,6 +136,20 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
     assert main(["search", toy_model, out, query, "-k", "2"]) == 0
     shown = capsys.readouterr().out
     assert "yes both" in shown and texts[brute[0]][:40] in shown
+    # each shared question with its measured precision (the toy model has all three kinds: measured, unmeasured, none)
+    recs = model.question_records
+    assert hits[0].precision == [recs[i].get("precision") for i in hits[0].shared]
+    assert hits[0].n_heldout == [recs[i].get("n_heldout") for i in hits[0].shared]
+    assert printed["hits"][0]["precision"] == hits[0].precision
+    listed = [ln.strip() for ln in shown.splitlines() if ln.strip().startswith("yes both")]
+    want = []
+    for h in hits[:2]:
+        for i in h.shared:
+            note = "" if recs[i].get("n_heldout") is None else (
+                f"  (precision unmeasured, {recs[i]['n_heldout']} held-out labels)" if recs[i]["precision"] is None
+                else f"  (precision {recs[i]['precision']:.2f}, {recs[i]['n_heldout']} held-out labels)")
+            want.append(f"yes both  [{i}] {recs[i]['text']}{note}")
+    assert listed == want and any("precision 0." in ln for ln in listed)
 
 
 def test_embed_probs_with_id_column(ray_local, toy_model, model, tmp_path):

@@ -37,7 +37,8 @@ def test_explanation_of_two_probability_vectors():
     assert [q.index for q in ex.differing] == [1, 2]
     low = explain_at(p_a, p_b, Budget(rule="tau", tau=0.15), questions)
     assert [q.index for q in low.shared_yes] == [0, 3, 1] and low.only_a[0].id == "4"  # ranked by p_a * p_b; no id: its index
-    assert ex.to_dict()["shared_yes"][1] == {"index": 3, "id": "q3", "text": "Q3?", "p_a": 0.6, "p_b": 0.55, "a": True, "b": True}
+    assert ex.to_dict()["shared_yes"][1] == {"index": 3, "id": "q3", "text": "Q3?", "p_a": 0.6, "p_b": 0.55, "a": True, "b": True,
+                                             "precision": None, "n_heldout": None}  # a model without reliability figures
 
 
 def test_a_top_k_budget_with_centred_values():
@@ -65,6 +66,24 @@ def test_format_explanation_lists_shared_then_differing_questions():
         "    [   a] Q0?  (A 0.90, B 0.70)",
         "  only A yes:",
         "    [   b] Q1?  (A 0.80, B 0.30)",
+        "  only B yes:",
+        "    [   c] Q2?  (A 0.10, B 0.90)",
+    ]
+
+
+def test_each_question_carries_its_measured_precision():
+    """The records' precision and n_heldout reach every item and the text form: a measured one, an unmeasured one (too
+    few held-out labels) and one from a model that stores no figures."""
+    p_a, p_b = np.array([0.9, 0.8, 0.1]), np.array([0.7, 0.3, 0.9])
+    questions = [{"id": "a", "text": "Q0?", "precision": 0.8333, "n_heldout": 12}, {"id": "b", "text": "Q1?", "precision": None, "n_heldout": 3},
+                 {"id": "c", "text": "Q2?"}]
+    ex = explain_at(p_a, p_b, Budget(rule="tau", tau=0.5), questions)
+    assert [(q.precision, q.n_heldout) for q in ex.shared_yes + ex.only_a + ex.only_b] == [(0.8333, 12), (None, 3), (None, None)]
+    assert format_explanation(ex, "one", "two").splitlines()[3:] == [
+        "  both yes:",
+        "    [   a] Q0?  (A 0.90, B 0.70, precision 0.83, 12 held-out labels)",
+        "  only A yes:",
+        "    [   b] Q1?  (A 0.80, B 0.30, precision unmeasured, 3 held-out labels)",
         "  only B yes:",
         "    [   c] Q2?  (A 0.10, B 0.90)",
     ]

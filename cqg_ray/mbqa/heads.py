@@ -98,6 +98,28 @@ class StackedHeads(nn.Module):
         hid = F.relu(torch.bmm(self.w1[q], x.unsqueeze(2)).squeeze(2) + self.b1[q])  # (P, h)
         return (hid * self.w2[q]).sum(-1) + self.b2[q]
 
+    @torch.no_grad()
+    def calibrated(self, a: float, b: float) -> "StackedHeads":
+        """A copy whose logits are ``a * logit + b`` (Platt scaling folded into the last layer: w2 * a, b2 * a + b)."""
+        if not a > 0:
+            raise ValueError(f"calibration scale must be positive, got {a}")
+        out = self.subset(torch.ones(self.m, dtype=torch.bool))
+        out.w2.mul_(a)
+        out.b2.mul_(a).add_(b)
+        return out
+
+    @torch.no_grad()
+    def subset(self, keep) -> "StackedHeads":
+        """A copy holding only the heads where ``keep`` (bool (m,)) is true, in their order."""
+        keep = torch.as_tensor(keep, dtype=torch.bool, device="cpu")
+        if keep.shape != (self.m,) or not keep.any():
+            raise ValueError(f"keep must be a bool mask of {self.m} heads with at least one true")
+        idx = keep.nonzero().squeeze(1).to(self.w1.device)
+        out = StackedHeads(self.d, int(keep.sum()), self.hidden).to(self.w1.device, self.w1.dtype)
+        for name in ("w1", "b1", "w2", "b2"):
+            getattr(out, name).copy_(getattr(self, name).index_select(0, idx))
+        return out
+
     # ------------------------------------------------------------------ safetensors
     def config(self) -> dict:
         return {"format": FORMAT, "d": self.d, "m": self.m, "hidden": self.hidden}

@@ -32,14 +32,16 @@ def classification_report(y_true: np.ndarray, y_pred: np.ndarray) -> dict:
 
 
 @torch.no_grad()
-def predict_pairs(heads: StackedHeads, embeddings: np.ndarray, doc: np.ndarray, question: np.ndarray, chunk: int = 4096) -> np.ndarray:
-    """P(yes) = sigma(C_q(e_doc)) for each (doc, question) pair, float32."""
+def predict_pairs(heads: StackedHeads, embeddings: np.ndarray, doc: np.ndarray, question: np.ndarray, chunk: int = 4096,
+                  logits: bool = False) -> np.ndarray:
+    """P(yes) = sigma(C_q(e_doc)) for each (doc, question) pair, float32 (``logits``: C_q(e_doc) itself)."""
     out = np.empty(len(doc), dtype=np.float32)
     device = heads.w1.device
     for i in range(0, len(doc), chunk):
         x = torch.as_tensor(np.asarray(embeddings[doc[i : i + chunk]]), device=device).to(heads.w1.dtype)
         q = torch.as_tensor(np.asarray(question[i : i + chunk], dtype=np.int64), device=device)
-        out[i : i + chunk] = torch.sigmoid(heads.forward_pairs(x, q)).float().cpu().numpy()
+        z = heads.forward_pairs(x, q)
+        out[i : i + chunk] = (z if logits else torch.sigmoid(z)).float().cpu().numpy()
     return out
 
 

@@ -58,9 +58,10 @@ def labels_meta(run) -> tuple[int, int]:
 def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
     from cqg_ray.mbqa.label_plan import holdout_docs
-    from cqg_ray.mbqa.report import format_report
+    from cqg_ray.mbqa.reliability import format_reliability, reliability, split_heldout
+    from cqg_ray.mbqa.report import format_report, is_table6
     from cqg_ray.mbqa.train import fit_heads
-    from cqg_ray.mbqa.train_data import confusion_report, dataset_stats, run_texts, training_rows
+    from cqg_ray.mbqa.train_data import dataset_stats, run_texts, training_rows
 
     run = ctx.run
     t0 = time.time()
@@ -74,37 +75,87 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
                            "(label with llm.answer_mode=single, or with llm.logprobs on a backend that returns them)")
     ids = labelled_doc_ids(run)
     held = ids[holdout_docs(np.arange(len(ids)), cfg.train.holdout, cfg.train.seed)]  # the split by document, as before
+    report_ids = held[~split_heldout(len(held), cfg.train.select_share, cfg.train.seed)]  # fixed before anything is chosen
     files = embedding_files(run)
     d = pq.read_schema(files[0], filesystem=run.fs).field("embedding").type.list_size
-    texts = run_texts(files, run.path("labels", "labels.parquet"), run.fs, held, cfg.train.soft_labels)
+    texts = run_texts(files, run.path("labels", "labels.parquet"), run.fs, held, cfg.train.soft_labels, report_ids=report_ids)
     storage = run.uri(ctx.stage, "_train")
     if run.local:
         os.makedirs(storage, exist_ok=True)
     name = f"mbqa-{stage_hash(cfg, 'model')}"
-    log.info("train: %d questions, %d labelled pairs over %d texts (d=%d, %d held out), %d worker(s), %d epochs, through Ray Data",
-             m, n_pairs, len(ids), d, len(held), cfg.train.num_workers, cfg.train.epochs)
+    log.info("train: %d questions, %d labelled pairs over %d texts (d=%d, %d held out: %d select, %d report), %d worker(s), %d epochs, "
+             "through Ray Data", m, n_pairs, len(ids), d, len(held), len(held) - len(report_ids), len(report_ids),
+             cfg.train.num_workers, cfg.train.epochs)
     result = fit_heads(training_rows(texts), d, m, cfg.train, storage_path=storage, name=name, run=ctx.run)
-    stats = dataset_stats(texts, result.heads, cfg.train.tau)  # one more pass: counts, mean P(yes), held-out answers
+    stats = dataset_stats(texts, result.heads, cfg.train.tau)  # one more pass: counts, mean P(yes), held-out pairs
     if stats["texts"] != len(ids) or stats["train_pairs"] + stats["held_pairs"] != n_pairs:
         raise ArtifactError(f"{run.uri('encode')}: {stats['texts']:,} of the {len(ids):,} labelled texts have one embedding "
                             f"({stats['train_pairs'] + stats['held_pairs']:,} of {n_pairs:,} pairs); redo it: `cqg-ray run --force encode`")
-    report = confusion_report(stats["confusion"], cfg.train.tau) if stats["held_pairs"] else {}
+    rel = reliability(stats["held_question"], stats["held_answer"], stats["held_logit"], stats["held_part"], m,
+                      stats["train_labels"], stats["train_yes"], reliability_rules(cfg))
+    heads = result.heads
+    if rel.calibration["a"] != 1.0 or rel.calibration["b"] != 0.0:
+        heads = heads.calibrated(rel.calibration["a"], rel.calibration["b"])
+    if not rel.keep.all():
+        heads = heads.subset(rel.keep)
+    if heads is not result.heads:  # the means of what ships: one more pass with the calibrated, kept heads
+        stats["prob_sum"] = dataset_stats(texts, heads, cfg.train.tau, means_only=True)["prob_sum"]
+    report = heldout_report(stats, rel, cfg.train.tau)
     report["split"] = {"train_docs": stats["train_texts"], "heldout_docs": stats["texts"] - stats["train_texts"],
+                       "select_docs": len(held) - len(report_ids), "report_docs": len(report_ids),
                        "train_pairs": stats["train_pairs"], "heldout_pairs": stats["held_pairs"],
                        "pos_weight": result.pos_weight, "epochs": result.epochs}
+    report["reliability"] = rel.report
     n_labels, n_yes = stats["labels"], stats["yes"]
-    questions = [{"id": str(r["question_id"]), "text": r["text"], "cluster": int(r["cluster"]),
-                  "quality": None if r["quality"] is None or r["quality"] != r["quality"] else float(r["quality"]),
-                  "method": r.get("method", "cqg"), "labels": int(n_labels[i]),
-                  "yes_rate": round(float(n_yes[i] / n_labels[i]), 4) if n_labels[i] else None}
-                 for i, r in enumerate(qt.to_pylist())]
-    model = InterpretableEmbedder(cfg.encode.model, questions, result.heads, tau=cfg.train.tau, eval_report=report, device="cpu",
+    records = [{"id": str(r["question_id"]), "text": r["text"], "cluster": int(r["cluster"]),
+                "quality": None if r["quality"] is None or r["quality"] != r["quality"] else float(r["quality"]),
+                "method": r.get("method", "cqg"), "labels": int(n_labels[i]),
+                "yes_rate": round(float(n_yes[i] / n_labels[i]), 4) if n_labels[i] else None,
+                **{k: v for k, v in rel.fields[i].items() if k != "dropped"}}
+               for i, r in enumerate(qt.to_pylist())]
+    report["reliability"]["dropped"] = [{"id": q["id"], "text": q["text"], "reason": f["dropped"], "select_auc": f["select_auc"]}
+                                        for q, f in zip(records, rel.fields) if f["dropped"]]
+    questions = [q for q, k in zip(records, rel.keep) if k]
+    model = InterpretableEmbedder(cfg.encode.model, questions, heads, tau=cfg.train.tau, eval_report=report, device="cpu",
                                   budget=model_budget(cfg), mean=(stats["prob_sum"] / stats["texts"]).astype(np.float32))
     model.stats_source = f"the {len(ids)} labelled training texts of the run"
     model.save(run.uri(ctx.stage))
-    print(format_report(report))
-    ctx.counts.update({"questions": m, "pairs": n_pairs, "texts": int(len(ids)), "epochs": result.epochs,
+    if is_table6(report):
+        print(format_report(report, title="Question answering on held-out documents (report part)"))
+    print(format_reliability(rel.report))
+    ctx.counts.update({"questions": len(questions), "questions_generated": m, "questions_dropped": m - len(questions),
+                       "pairs": n_pairs, "texts": int(len(ids)), "epochs": result.epochs,
                        "pos_weight": round(float(result.pos_weight), 4),
                        "heldout_accuracy": report.get("accuracy") if isinstance(report, dict) else None})
     ctx.extra["final_metrics"] = result.metrics
     ctx.extra["wall_s"] = round(time.time() - t0, 1)
+
+
+def operating_threshold(cfg: PipelineConfig) -> float:
+    """The P(yes) above which the model's budget can make a question active: train.tau, or the top_k rule's floor."""
+    b = cfg.train.budget
+    return cfg.train.tau if b.rule == "tau" or b.floor is None else float(b.floor)
+
+
+def reliability_rules(cfg: PipelineConfig):
+    from cqg_ray.mbqa.reliability import Rules
+
+    t = cfg.train
+    return Rules(threshold=operating_threshold(cfg), calibrate=t.calibrate, min_heldout=t.min_heldout,
+                 min_heldout_yes=t.min_heldout_yes, min_auc=t.min_auc)
+
+
+def heldout_report(stats: dict, rel, tau: float) -> dict:
+    """The Table 6 report on the report part's pairs of the kept questions, with the calibrated heads at tau ({} when
+    there are none)."""
+    from cqg_ray.mbqa.reliability import REPORT, sigmoid
+    from cqg_ray.mbqa.train_data import confusion_report
+
+    q, part = stats["held_question"].astype(np.int64), stats["held_part"]
+    rows = (part == REPORT) & rel.keep[q]
+    if not rows.any():
+        return {}
+    c = rel.calibration
+    pred = sigmoid(c["a"] * stats["held_logit"][rows] + c["b"]) > tau
+    answer = stats["held_answer"][rows].astype(np.int64)
+    return confusion_report(np.bincount(answer * 2 + pred.astype(np.int64), minlength=4), tau)

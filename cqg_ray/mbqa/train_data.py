@@ -2,12 +2,12 @@
 
 A row is one labelled text: ``doc_id``, ``embedding`` (its frozen encoder embedding), ``question`` (list<int32>),
 ``answer`` (list<int8>, the LLM's 0/1), ``target`` (list<float32>, what the heads are fitted to: the answer, or
-P(yes) with soft labels) and ``held`` (held out for the Table 6 report). `run_texts` builds the rows from a run
+P(yes) with soft labels) and ``part`` (0: trained on; held out: 1 select, 2 report, `mbqa.reliability`). `run_texts` builds the rows from a run
 directory: Data workers read encode/ and look up each batch's labels in labels/labels.parquet, so every text is
 one row and neither the labels nor the embeddings pass through the driver. `arrays_dataset` builds the same rows
 from arrays (the array API of `train_heads`, tests, benches). Each Ray Train worker turns its shard, batch by batch,
 into the arrays `loop.run_epochs` trains on (`shard_arrays`); `TextStats` is the pass after training (per-question
-label counts, the heads' mean probabilities, the confusion counts on held-out pairs).
+label counts, the heads' mean probabilities, the held-out pairs with the heads' logits).
 """
 
 from __future__ import annotations
@@ -20,21 +20,22 @@ import pyarrow.compute as pc
 
 from cqg_ray.artifacts import embedding_batches, embedding_matrix
 
-TEXT_COLUMNS = ("doc_id", "embedding", "question", "answer", "target", "held")
+TEXT_COLUMNS = ("doc_id", "embedding", "question", "answer", "target", "part")
 BLOCKS = 16  # blocks of `arrays_dataset`: several per Train worker, so each gets a share of the texts
 
 
 def texts_table(doc_id, embedding: np.ndarray, pair_text: np.ndarray, question: np.ndarray, answer: np.ndarray,
-                target: np.ndarray | None = None, held: np.ndarray | None = None) -> pa.Table:
+                target: np.ndarray | None = None, part: np.ndarray | None = None) -> pa.Table:
     """One row per text that has pairs: text i's pairs are those with ``pair_text == i`` (in their order).
 
-    ``doc_id`` and ``embedding`` (n, d) are per text; ``held`` (n,) bool per text (default: none held out).
+    ``doc_id`` and ``embedding`` (n, d) are per text; ``part`` (n,) int8 per text (default: 0, none held out; a bool
+    array reads as held out = 1, the select part).
     """
     doc_id = np.asarray(doc_id)
     embedding = np.asarray(embedding, dtype=np.float32)
     pair_text = np.asarray(pair_text, dtype=np.int64)
     target = np.asarray(answer, dtype=np.float32) if target is None else np.asarray(target, dtype=np.float32)
-    held = np.zeros(len(doc_id), dtype=bool) if held is None else np.asarray(held, dtype=bool)
+    part = np.zeros(len(doc_id), dtype=np.int8) if part is None else np.asarray(part).astype(np.int8)
     order = np.argsort(pair_text, kind="stable")
     counts = np.bincount(pair_text, minlength=len(doc_id))
     has = counts > 0
@@ -50,7 +51,7 @@ def texts_table(doc_id, embedding: np.ndarray, pair_text: np.ndarray, question: 
         "question": lists(question, pa.int32()),
         "answer": lists(answer, pa.int8()),
         "target": lists(target, pa.float32()),
-        "held": pa.array(held[has], pa.bool_()),
+        "part": pa.array(part[has], pa.int8()),
     })
 
 
@@ -98,9 +99,11 @@ def worker_cpus(cpus_per_worker: float, num_workers: int, cluster_cpus: float, d
     return min(float(cpus_per_worker), free / num_workers)
 
 
-def text_stats(table: pa.Table, heads, tau: float) -> dict:
-    """One batch of text rows -> per-question label and yes counts, the sum of each head's P(yes) over the texts,
-    the held-out confusion counts [[tn, fp], [fn, tp]] at tau, the number of texts."""
+def text_stats(table: pa.Table, heads, tau: float, means_only: bool = False) -> dict:
+    """One batch of text rows -> per-question label and yes counts (all, and trained-on), the sum of each head's P(yes)
+    over the texts, the held-out confusion counts [[tn, fp], [fn, tp]] at tau, the numbers of texts and pairs, and the
+    held-out pairs themselves (``held_question``, ``held_answer``, ``held_logit``: the head's logit, ``held_part``).
+    ``means_only``: the P(yes) sums and the number of texts alone (heads that no longer match the rows' question ids)."""
     from cqg_ray.mbqa.report import predict_pairs
 
     m = heads.m
@@ -108,19 +111,30 @@ def text_stats(table: pa.Table, heads, tau: float) -> dict:
     answer = pc.list_flatten(table.column("answer")).to_numpy().astype(np.int64)
     emb = embedding_matrix(table.column("embedding")).astype(np.float32, copy=False)
     prob_sum = heads.probability_sums(emb) if len(emb) else np.zeros(m)
+    if means_only:
+        return {"prob_sum": prob_sum, "texts": table.num_rows}
     q_col = pa.chunked_array(table.column("question")).combine_chunks()
     text = pc.list_parent_indices(q_col).to_numpy()
-    is_held = table.column("held").to_numpy(zero_copy_only=False)[text]
-    pred = predict_pairs(heads, emb, text[is_held], question[is_held]) > tau
-    confusion = np.bincount(answer[is_held] * 2 + pred.astype(np.int64), minlength=4)
+    text_part = table.column("part").to_numpy(zero_copy_only=False).astype(np.int8)
+    part = text_part[text]
+    is_held = part > 0
+    logit = predict_pairs(heads, emb, text[is_held], question[is_held], logits=True)
+    confusion = np.bincount(answer[is_held] * 2 + (1 / (1 + np.exp(-logit.astype(np.float64))) > tau).astype(np.int64), minlength=4)
+    trained = ~is_held
     return {"labels": np.bincount(question, minlength=m), "yes": np.bincount(question, weights=answer, minlength=m).astype(np.int64),
+            "train_labels": np.bincount(question[trained], minlength=m),
+            "train_yes": np.bincount(question[trained], weights=answer[trained], minlength=m).astype(np.int64),
             "prob_sum": prob_sum, "confusion": confusion, "texts": table.num_rows,
-            "train_pairs": int((~is_held).sum()), "held_pairs": int(is_held.sum()),
-            "train_texts": int((~table.column("held").to_numpy(zero_copy_only=False)).sum())}
+            "train_pairs": int(trained.sum()), "held_pairs": int(is_held.sum()), "train_texts": int((text_part == 0).sum()),
+            "held_question": question[is_held].astype(np.int32), "held_answer": answer[is_held].astype(np.int8),
+            "held_logit": logit, "held_part": part[is_held]}
+
+
+HELD_PAIRS = ("held_question", "held_answer", "held_logit", "held_part")  # concatenated across batches, not summed
 
 
 def add_stats(a: dict, b: dict) -> dict:
-    return {k: a[k] + b[k] for k in a}
+    return {k: np.concatenate([a[k], b[k]]) if k in HELD_PAIRS else a[k] + b[k] for k in a}
 
 
 def confusion_report(confusion: np.ndarray, tau: float) -> dict:
@@ -140,9 +154,10 @@ def confusion_report(confusion: np.ndarray, tau: float) -> dict:
 DATA_TASK_CPUS = 0.25  # what each Data task that reads or builds text rows asks for (fits in train.data_cpus)
 
 
-def label_lookup(batch: pa.Table, labels_path: str, fs, held_ids: pa.Array, soft: bool) -> pa.Table:
+def label_lookup(batch: pa.Table, labels_path: str, fs, held_ids: pa.Array, soft: bool, report_ids: pa.Array | None = None) -> pa.Table:
     """A Ray Data task: a batch of encode/ rows -> the text rows of those that are labelled (their labels read from
-    labels.parquet with a doc_id filter, the ids and their range: the file's row-group statistics narrow the range when it is sorted)."""
+    labels.parquet with a doc_id filter, the ids and their range: the file's row-group statistics narrow the range when it is sorted).
+    A text in ``held_ids`` is held out: part 2 (report) when it is in ``report_ids`` too, else 1 (select)."""
     import pyarrow.dataset as ds
 
     ids = batch.column("doc_id").combine_chunks()  # one typed array, also for a batch of no rows
@@ -161,31 +176,40 @@ def label_lookup(batch: pa.Table, labels_path: str, fs, held_ids: pa.Array, soft
     return texts_table(doc_ids, emb, pair_text, labels.column("question_id").to_numpy().astype(np.int32),
                        labels.column("answer").to_numpy(zero_copy_only=False).astype(np.int8),
                        labels.column("p_yes").to_numpy(zero_copy_only=False) if soft else None,
-                       pc.is_in(ids, value_set=held_ids).to_numpy(zero_copy_only=False))
+                       _part(ids, held_ids, report_ids))
 
 
-def file_texts(batch: pa.Table, labels_path: str, fs, held_ids: pa.Array, soft: bool, rows: int) -> pa.Table:
+def _part(ids: pa.Array, held_ids: pa.Array, report_ids: pa.Array | None) -> np.ndarray:
+    part = pc.is_in(ids, value_set=held_ids).to_numpy(zero_copy_only=False).astype(np.int8)
+    if report_ids is not None:
+        part += pc.is_in(ids, value_set=report_ids).to_numpy(zero_copy_only=False).astype(np.int8)
+    return part
+
+
+def file_texts(batch: pa.Table, labels_path: str, fs, held_ids: pa.Array, soft: bool, rows: int, report_ids: pa.Array | None = None) -> pa.Table:
     """A Ray Data task over embedding files (a ``path`` column): each file read here in batches of ``rows`` rows, each
     batch's labels looked up (`label_lookup`); the text rows of the labelled texts. Only these rows leave the task:
     the embeddings of the unlabelled texts never enter the object store."""
-    return pa.concat_tables([label_lookup(t, labels_path, fs, held_ids, soft) for t in embedding_batches(batch.column("path").to_pylist(), fs, rows)])
+    return pa.concat_tables([label_lookup(t, labels_path, fs, held_ids, soft, report_ids)
+                             for t in embedding_batches(batch.column("path").to_pylist(), fs, rows)])
 
 
-def run_texts(embedding_files: list[str], labels_path: str, fs, held_ids, soft: bool, batch_size: int = 4096):
+def run_texts(embedding_files: list[str], labels_path: str, fs, held_ids, soft: bool, batch_size: int = 4096, report_ids=None):
     """The run's labelled texts as a Ray Dataset (`TEXT_COLUMNS`): one task a file of encode/ (`file_texts`: it reads
     the file and joins its labels per batch). Block order follows the files, so a Train split of it is the same on
-    every run."""
+    every run. ``held_ids``: the held-out texts; ``report_ids``: those of them in the report part."""
     import ray.data
 
+    ids = lambda v: None if v is None else pa.array(list(map(str, v)), pa.string())  # noqa: E731
     paths = ray.data.from_items([{"path": p} for p in embedding_files], override_num_blocks=max(1, len(embedding_files)))
-    return paths.map_batches(file_texts, fn_kwargs={"labels_path": labels_path, "fs": fs, "held_ids": pa.array(list(map(str, held_ids)), pa.string()),
+    return paths.map_batches(file_texts, fn_kwargs={"labels_path": labels_path, "fs": fs, "held_ids": ids(held_ids), "report_ids": ids(report_ids),
                                                     "soft": soft, "rows": batch_size},
                              batch_format="pyarrow", batch_size=1, num_cpus=DATA_TASK_CPUS)
 
 
 def training_rows(texts):
     """The rows that are not held out."""
-    return texts.map_batches(lambda t: t.filter(pc.invert(t.column("held"))), batch_format="pyarrow", batch_size=None,
+    return texts.map_batches(lambda t: t.filter(pc.equal(t.column("part"), 0)), batch_format="pyarrow", batch_size=None,
                              num_cpus=DATA_TASK_CPUS)
 
 
@@ -216,7 +240,7 @@ def worker_heads(ref):
     return _HEADS[key]
 
 
-def dataset_stats(texts, heads, tau: float) -> dict:
+def dataset_stats(texts, heads, tau: float, means_only: bool = False) -> dict:
     """`text_stats` summed over a dataset of text rows (one pass of Data workers; the driver sums the counters). A task
     takes one block (an encode file's labelled texts): with a batch size Ray Data bundled many files into one task,
     whose worker reached 0.93 GB over 80 files of the 1M rehearsal (0.70 GB this way)."""
@@ -225,7 +249,7 @@ def dataset_stats(texts, heads, tau: float) -> dict:
     heads_ref = ray.put(heads)
 
     def stats(batch: pa.Table) -> dict:
-        s = text_stats(batch, worker_heads(heads_ref), tau)
+        s = text_stats(batch, worker_heads(heads_ref), tau, means_only)
         return {k: [np.atleast_1d(np.asarray(v, dtype=np.float64))] for k, v in s.items()}
 
     total = None
@@ -233,6 +257,8 @@ def dataset_stats(texts, heads, tau: float) -> dict:
         total = dict(batch) if total is None else add_stats(total, batch)
     if total is None:
         raise RuntimeError("train: no labelled texts")
-    vectors = ("labels", "yes", "prob_sum", "confusion")
-    return {k: (v if k == "prob_sum" else np.rint(v).astype(np.int64)) if k in vectors else int(round(float(v[0])))
+    vectors = ("labels", "yes", "train_labels", "train_yes", "prob_sum", "confusion")
+    kinds = {"held_question": np.int32, "held_answer": np.int8, "held_logit": np.float32, "held_part": np.int8}
+    return {k: np.asarray(v, dtype=kinds[k]) if k in kinds else
+            (v if k == "prob_sum" else np.rint(v).astype(np.int64)) if k in vectors else int(round(float(v[0])))
             for k, v in total.items()}

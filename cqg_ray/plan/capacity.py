@@ -161,6 +161,11 @@ def capacity_plan(
         "docs": N, "clusters": k, "clusters_generated": k_gen, "candidates": int(round(candidates)), "probe_pairs": int(round(probe_pairs)),
         "selected_top_t": selected, "dedup_survival": round(survival, 6), "questions": m,
         "texts_per_question": texts_per_question, "label_pairs": pairs, "holdout_pairs": int(round(pairs * cfg.train.holdout)),
+        # each question's held-out labels (expected): the select part calibrates and picks, the report part is shown
+        "heldout_select_per_question": round(texts_per_question * cfg.train.holdout * cfg.train.select_share, 1),
+        "heldout_report_per_question": round(texts_per_question * cfg.train.holdout * (1 - cfg.train.select_share), 1),
+        "train_labels_per_question": round(texts_per_question * (1 - cfg.train.holdout), 1),
+        "min_heldout": cfg.train.min_heldout, "min_heldout_yes": cfg.train.min_heldout_yes,
         "label_prompts_full_packing": full_packing, "label_prompt_tokens_full_packing": int(round(label_tokens_full)),
         "label_prompts": label_prompts, "label_texts": est["texts"], "label_questions_per_prompt_max": lab.questions_per_prompt,
         "label_questions_per_prompt": round(pairs / label_prompts, 2) if label_prompts else 0,

@@ -66,6 +66,10 @@ def format_plan(p: dict) -> str:
         f"{c['label_prompts_full_packing']:,} prompts, {human(c['label_prompt_tokens_full_packing'])} prompt tokens",
         f"           our packing (estimate): {c['label_prompts']:,} prompts over {c['label_texts']:,} distinct texts "
         f"({c['label_questions_per_prompt']} questions per prompt)",
+        f"           per question: ~{c['train_labels_per_question']:g} to train on, ~{c['heldout_select_per_question']:g} held out to "
+        f"calibrate and select, ~{c['heldout_report_per_question']:g} for its shown figures (needs {c['min_heldout']}, "
+        f"{c['min_heldout_yes']} of them yes"
+        + ("; too few: raise label.n_* or train.holdout)" if c['heldout_report_per_question'] < c['min_heldout'] else ")"),
     ]
     tp_pair = c["label_prompt_tokens_per_pair"]
     lines.append("           prompt tokens per labelled pair (plan x answer mode; * = this config):")

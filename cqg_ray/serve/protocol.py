@@ -104,6 +104,9 @@ class QuestionAnswer(BaseModel):
     p_b: float
     a: bool = Field(description="the question is active for text A (the budget)")
     b: bool
+    precision: float | None = Field(None, description="how often the question's head said yes when the labelling LLM did too, on "
+                                    "held-out texts (null: too few held-out labels to measure, or a model without the figures)")
+    n_heldout: int | None = Field(None, description="held-out labels behind precision (null: the model stores no figures)")
 
 
 class ExplainResponse(BaseModel):
@@ -123,6 +126,9 @@ class QuestionInfo(BaseModel):
     id: str
     text: str
     yes_rate: float | None = Field(description="fraction of texts answering yes (see yes_rate_source)")
+    precision: float | None = Field(None, description="the head's precision against the labelling LLM on held-out texts (null: unmeasured)")
+    recall: float | None = Field(None, description="the head's recall against the labelling LLM on held-out texts (null: unmeasured)")
+    n_heldout: int | None = Field(None, description="held-out labels behind precision and recall (null: the model stores no figures)")
 
 
 class QuestionsResponse(BaseModel):

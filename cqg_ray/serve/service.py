@@ -145,7 +145,9 @@ class EmbeddingService:
         else:
             rates = [float(c) / self.texts_seen if self.texts_seen else None for c in self.yes_counts]
             source = "served"
-        qs = [QuestionInfo(index=i, id=str(q.get("id", i)), text=q["text"], yes_rate=r) for i, (q, r) in enumerate(zip(self.model.question_records, rates))]
+        qs = [QuestionInfo(index=i, id=str(q.get("id", i)), text=q["text"], yes_rate=r, precision=q.get("precision"), recall=q.get("recall"),
+                           n_heldout=q.get("n_heldout"))
+              for i, (q, r) in enumerate(zip(self.model.question_records, rates))]
         return QuestionsResponse(model=self.cfg.model_name, m=self.model.m, tau=self.model.tau, yes_rate_source=source,
                                  texts_seen=self.texts_seen, questions=qs)
 

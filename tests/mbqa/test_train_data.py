@@ -16,16 +16,20 @@ def small_table():
     emb = np.arange(12, dtype=np.float32).reshape(3, 4)
     # text 0: questions 2, 0; text 1: none (dropped); text 2: question 1
     return texts_table(np.array(["b", "c", "a"]), emb, np.array([0, 2, 0]), np.array([2, 1, 0]), np.array([1, 0, 0]),
-                       np.array([0.9, 0.2, 0.1]), np.array([False, False, True]))
+                       np.array([0.9, 0.2, 0.1]), np.array([0, 0, 2]))
 
 
 def test_texts_table_has_one_row_per_labelled_text():
     t = small_table()
-    assert t.column_names == ["doc_id", "embedding", "question", "answer", "target", "held"]
+    assert t.column_names == ["doc_id", "embedding", "question", "answer", "target", "part"]
     assert t.column("doc_id").to_pylist() == ["b", "a"]
     assert t.column("question").to_pylist() == [[2, 0], [1]]
     assert t.column("answer").to_pylist() == [[1, 0], [0]]
-    assert t.column("held").to_pylist() == [False, True]
+    assert t.column("part").to_pylist() == [0, 2]
+    assert t.schema.field("part").type == pa.int8()
+    boolean = texts_table(np.array(["b", "a"]), np.zeros((2, 1), np.float32), np.array([0, 1]), np.array([0, 0]), np.array([1, 0]),
+                          part=np.array([False, True]))
+    assert boolean.column("part").to_pylist() == [0, 1]  # held out by a bool mask: the select part
     assert t.column("embedding").to_pylist()[1] == [8.0, 9.0, 10.0, 11.0]
 
 
@@ -93,8 +97,9 @@ def test_text_stats_and_the_report_from_counts_match_the_arrays(problem):
     emb, dense = problem(n_docs=60, d=8, m=3, per_question=30)
     pairs = LabelPairs.from_dense(dense)
     docs = np.unique(pairs.doc)
-    held = docs % 3 == 0
-    table = texts_table(docs.astype(str), emb[docs], np.searchsorted(docs, pairs.doc), pairs.question, pairs.answer, None, held)
+    part = np.where(docs % 3 == 0, 1, 0) + np.where(docs % 6 == 0, 1, 0)  # held out: multiples of 3; of those, 6's report
+    held = part > 0
+    table = texts_table(docs.astype(str), emb[docs], np.searchsorted(docs, pairs.doc), pairs.question, pairs.answer, None, part)
     torch.manual_seed(0)
     heads = StackedHeads(8, 3)
     s = text_stats(table, heads, 0.5)
@@ -104,6 +109,21 @@ def test_text_stats_and_the_report_from_counts_match_the_arrays(problem):
     is_held = np.isin(pairs.doc, docs[held])
     assert (s["held_pairs"], s["train_pairs"], s["train_texts"]) == (int(is_held.sum()), int((~is_held).sum()), int((~held).sum()))
     assert confusion_report(s["confusion"], 0.5) == evaluate_heads(heads, emb, pairs.select(is_held), 0.5)
+    trained = pairs.select(~is_held)
+    assert s["train_labels"].tolist() == np.bincount(trained.question, minlength=3).tolist()
+    assert s["train_yes"].tolist() == np.bincount(trained.question, weights=trained.answer, minlength=3).astype(int).tolist()
+    # the held-out pairs themselves, text by text in the table's order, each with its head's logit and its part
+    held_pairs = pairs.select(is_held)
+    order = np.lexsort((np.arange(len(held_pairs)), held_pairs.doc))  # the table's rows are the sorted docs
+    assert s["held_question"].tolist() == held_pairs.question[order].tolist()
+    assert s["held_answer"].tolist() == held_pairs.answer[order].tolist()
+    assert s["held_part"].tolist() == [1 + int(d % 6 == 0) for d in held_pairs.doc[order]]
+    with torch.no_grad():
+        z = heads.forward_pairs(torch.tensor(emb[held_pairs.doc[order]]), torch.tensor(held_pairs.question[order].astype(np.int64)))
+    assert s["held_logit"] == pytest.approx(z.numpy(), abs=1e-6)
+    means = text_stats(table, heads.subset(np.array([True, False, True])), 0.5, means_only=True)  # heads no longer matching the ids
+    assert set(means) == {"prob_sum", "texts"} and means["texts"] == len(docs)
+    assert means["prob_sum"] == pytest.approx(s["prob_sum"][[0, 2]], abs=1e-9)
 
 
 def test_a_file_task_gives_the_rows_of_its_labelled_texts(tmp_path):
@@ -125,19 +145,19 @@ def test_a_file_task_gives_the_rows_of_its_labelled_texts(tmp_path):
                              "source": ["cluster"] * (2 * len(labelled))}), tmp_path / "labels.parquet")
     fs, held = pafs.LocalFileSystem(), pa.array(["d003", "d027"])
     paths = [str(tmp_path / f"emb-{i}.parquet") for i in range(3)]
-    got = file_texts(pa.table({"path": paths}), str(tmp_path / "labels.parquet"), fs, held, True, rows=4)
-    whole = label_lookup(embeddings_table(ids, emb), str(tmp_path / "labels.parquet"), fs, held, True)
+    got = file_texts(pa.table({"path": paths}), str(tmp_path / "labels.parquet"), fs, held, True, rows=4, report_ids=pa.array(["d027"]))
+    whole = label_lookup(embeddings_table(ids, emb), str(tmp_path / "labels.parquet"), fs, held, True, pa.array(["d027"]))
     assert got.to_pylist() == whole.to_pylist() and got.num_rows == 10
-    assert got.column("held").to_pylist().count(True) == 2
+    assert {r["doc_id"]: r["part"] for r in got.to_pylist() if r["part"]} == {"d003": 1, "d027": 2}
     empty = file_texts(pa.table({"path": paths[2:]}), str(tmp_path / "labels.parquet"), fs, held, True, rows=4)
     assert empty.num_rows == 0 and empty.schema == got.schema
     # labels in no order, in row groups of 3: the lookup's id range prunes row groups by their statistics, never a label
     shuffled = pq.read_table(tmp_path / "labels.parquet").take(rng.permutation(2 * len(labelled)))
     pq.write_table(shuffled, tmp_path / "labels-shuffled.parquet", row_group_size=3)
-    again = file_texts(pa.table({"path": paths}), str(tmp_path / "labels-shuffled.parquet"), fs, held, True, rows=4)
+    again = file_texts(pa.table({"path": paths}), str(tmp_path / "labels-shuffled.parquet"), fs, held, True, rows=4, report_ids=pa.array(["d027"]))
 
     def rows(t):  # a text's pairs in question order (they follow the labels file's order)
-        return sorted((r["doc_id"], r["embedding"], r["held"], sorted(zip(r["question"], r["answer"], r["target"]))) for r in t.to_pylist())
+        return sorted((r["doc_id"], r["embedding"], r["part"], sorted(zip(r["question"], r["answer"], r["target"]))) for r in t.to_pylist())
 
     assert rows(again) == rows(got) and again.num_rows == 10
 

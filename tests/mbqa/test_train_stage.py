@@ -34,25 +34,53 @@ def trained_run(tmp_path_factory, clustered_run, corpus_file):
 
 
 def test_the_model_folder_matches_the_labels_and_embeddings(trained_run):
-    """Counts, the held-out split and Table 6 report, and the means: computed here from arrays the old way (labels
-    and embeddings loaded whole), against what the Ray Data passes wrote."""
+    """Counts, the held-out split and its two parts, the Table 6 report on the report part, each question's figures,
+    the kept questions and the means: computed here from arrays (labels and embeddings loaded whole), against what the
+    Ray Data passes wrote."""
+    from cqg_ray.mbqa.label_plan import holdout_docs
+    from cqg_ray.mbqa.reliability import split_heldout
+
     run, cfg, manifest = trained_run
     labels = load_labels(run)
     doc_ids = labels.column("doc_id").to_numpy(zero_copy_only=False)
     ids, emb = load_embeddings(run, np.unique(doc_ids))
+    m = int(labels.column("question_id").to_numpy().max()) + 1
     pairs = LabelPairs(np.searchsorted(ids, doc_ids), labels.column("question_id").to_numpy(),
-                       labels.column("answer").to_numpy(zero_copy_only=False).astype(np.int8), int(labels.column("question_id").to_numpy().max()) + 1)
+                       labels.column("answer").to_numpy(zero_copy_only=False).astype(np.int8), m)
     train, test = split_holdout(pairs, cfg.train.holdout, cfg.train.seed)
+    held = holdout_docs(pairs.doc, cfg.train.holdout, cfg.train.seed)
+    report_docs = held[~split_heldout(len(held), cfg.train.select_share, cfg.train.seed)]
     model = InterpretableEmbedder.load(run.uri("model"), device="cpu")
     report = json.loads(open(run.uri("model", "eval_report.json")).read())
     assert report["split"] == {"train_docs": len(np.unique(train.doc)), "heldout_docs": len(np.unique(test.doc)),
+                               "select_docs": len(held) - len(report_docs), "report_docs": len(report_docs),
                                "train_pairs": len(train), "heldout_pairs": len(test),
                                "pos_weight": pytest.approx(train.auto_pos_weight()), "epochs": 20}
-    expected = evaluate_heads(model.heads, emb, test, cfg.train.tau)
-    assert {k: v for k, v in report.items() if k != "split"} == expected
+    rel = report["reliability"]
+    keep = np.ones(m, bool)
+    keep[[int(d["id"]) for d in rel["dropped"]]] = False
+    assert rel["questions"]["kept"] == model.m == int(keep.sum()) and manifest["counts"]["questions_dropped"] == m - model.m
+    # the report part of the kept questions, renumbered as the model's dimensions, answered by the shipped heads
+    rep = pairs.select(np.isin(pairs.doc, report_docs) & keep[pairs.question])
+    rep = LabelPairs(rep.doc, (np.cumsum(keep) - 1)[rep.question], rep.answer, model.m)
+    expected = evaluate_heads(model.heads, emb, rep, cfg.train.tau)
+    assert {k: v for k, v in report.items() if k not in ("split", "reliability")} == expected
     questions = json.loads(open(run.uri("model", "questions.json")).read())
-    questions = questions["questions"] if isinstance(questions, dict) else questions
-    n = np.bincount(pairs.question, minlength=len(questions))
-    assert [q["labels"] for q in questions] == n.tolist()
+    n = np.bincount(pairs.question, minlength=m)[keep]
+    assert [q["labels"] for q in questions] == n.tolist() and [q["id"] for q in questions] == [str(i) for i in np.flatnonzero(keep)]
+    p_rep = rep.answer == 1
+    said = evaluate_pairs_yes(model, emb, rep, cfg.train.budget.floor)
+    for i, q in enumerate(questions):
+        mine = rep.question == i
+        assert q["n_heldout"] == int(mine.sum()) and q["heldout_yes"] == int((mine & p_rep).sum())
+        assert q["heldout_said_yes"] == int((mine & said).sum())
+        if q["precision"] is not None:
+            assert q["precision"] == round(float((mine & said & p_rep).sum() / (mine & said).sum()), 4)
     assert manifest["counts"]["pairs"] == len(pairs) and manifest["counts"]["texts"] == len(ids)
     assert model.mean == pytest.approx(model.heads.mean_probabilities(emb), abs=1e-6)
+
+
+def evaluate_pairs_yes(model, emb, pairs, threshold):
+    from cqg_ray.mbqa.report import predict_pairs
+
+    return predict_pairs(model.heads, emb, pairs.doc, pairs.question) > threshold

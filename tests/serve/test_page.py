@@ -16,7 +16,16 @@ B = "I watched a terrible movie at the cinema; the acting was poor and the plot 
 
 ROWS_JS = """[...document.querySelectorAll('#answers tbody tr')].map(tr => ({
   kind: tr.className, id: tr.cells[0].textContent, question: tr.cells[1].textContent,
-  a: tr.cells[2].textContent, b: tr.cells[3].textContent, bg: getComputedStyle(tr.cells[1]).backgroundColor}))"""
+  a: tr.cells[2].textContent, b: tr.cells[3].textContent, precision: tr.cells[4].textContent,
+  bg: getComputedStyle(tr.cells[1]).backgroundColor}))"""
+
+
+def precision_text(q) -> str:
+    """What the page shows for a question's measured precision (q: an item of an explanation, or a question record)."""
+    get = (lambda k: q.get(k)) if isinstance(q, dict) else (lambda k: getattr(q, k))
+    if get("n_heldout") is None:
+        return "n/a"
+    return "unmeasured" if get("precision") is None else f"{get('precision'):.2f} ({get('n_heldout')} labels)"
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +62,9 @@ def test_compare_two_texts(server, browser, model):
     for r, q in zip([r for r in rows if r["kind"] == "only-a"], want.only_a):
         assert r["a"] == f"Yes ({q.p_a:.2f})" and r["b"] == f"No ({q.p_b:.2f})"
     assert all(r["bg"] != "rgb(216, 243, 220)" for r in rows if r["kind"] != "shared")
+    items = want.shared_yes + want.only_a + want.only_b
+    assert [r["precision"] for r in rows] == [precision_text(q) for q in items]
+    assert {q.index % 3 for q in items} == {0, 1, 2}  # measured, unmeasured and no figures all shown
     assert browser.eval("document.getElementById('cosine').textContent") == f"{want.cosine:.4f}"
     assert browser.eval("document.getElementById('load').textContent") == str(want.cognitive_load)
     browser.screenshot(str(ARTIFACTS / "serve_page_compare.png"))
@@ -75,6 +87,8 @@ def test_question_list_search_and_sort(server, client, browser, model):
     browser.wait_for("document.querySelectorAll('#question-table tbody tr').length === 32")
     texts = browser.eval("[...document.querySelectorAll('#question-table tbody tr')].map(tr => tr.cells[2].textContent)")
     assert texts == model.questions
+    shown = browser.eval("[...document.querySelectorAll('#question-table tbody tr')].map(tr => tr.cells[4].textContent)")
+    assert shown == [precision_text(r) for r in model.question_records]
     browser.type_into("#filter", "movie")
     shown = browser.eval("[...document.querySelectorAll('#question-table tbody tr')].map(tr => tr.cells[1].textContent)")
     assert shown == [f"q{i:03d}" for i, q in enumerate(model.questions) if "movie" in q.lower()]

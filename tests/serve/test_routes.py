@@ -95,6 +95,13 @@ def test_explain_matches_the_model(client, model):
     assert q["a"] and q["b"] and q["p_a"] > 0.5 and q["p_b"] > 0.5
     for d in got["only_a"]:
         assert d["a"] and not d["b"] and d["p_b"] <= 0.5
+    # each shown question with its measured precision and the labels behind it, as the model stores them
+    shown = got["shared_yes"] + got["only_a"] + got["only_b"]
+    assert [(d["precision"], d["n_heldout"]) for d in shown] == [(q.precision, q.n_heldout) for q in want.shared_yes + want.only_a + want.only_b]
+    for d in shown:
+        rec = model.question_records[d["index"]]
+        assert (d["precision"], d["n_heldout"]) == (rec.get("precision"), rec.get("n_heldout"))
+    assert {d["index"] % 3 for d in shown} == {0, 1, 2}  # all three kinds are among them
 
     strict = client.post("/explain", json={"text_a": A, "text_b": B, "tau": 0.9}).json()
     assert strict["budget"] == "tau=0.9" and strict["cognitive_load"] <= got["cognitive_load"]
@@ -112,6 +119,8 @@ def test_questions_with_served_yes_rates(client, model):
     assert [q["text"] for q in body["questions"]] == model.questions
     assert [q["id"] for q in body["questions"]] == [f"q{i:03d}" for i in range(32)]
     assert all(0.0 <= q["yes_rate"] <= 1.0 for q in body["questions"])
+    assert [(q["precision"], q["recall"], q["n_heldout"]) for q in body["questions"]] == [
+        (r.get("precision"), r.get("recall"), r.get("n_heldout")) for r in model.question_records]
 
 
 def test_openai_route_raw(client, model):

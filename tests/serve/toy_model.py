@@ -73,6 +73,16 @@ def toy_heads(question_emb: torch.Tensor, cut: float = 0.15, scale: float = 25.0
     return heads
 
 
+def toy_reliability(i: int) -> dict:
+    """The measured-reliability fields of toy question i, all three kinds in turn: a measured precision, too few
+    held-out labels (precision null), and none (a model that stores no figures)."""
+    if i % 3 == 0:
+        return {"precision": round(0.5 + i / 100, 4), "recall": 0.75, "base_rate": 0.3, "n_heldout": 10 + i, "heldout_yes": 3}
+    if i % 3 == 1:
+        return {"precision": None, "recall": None, "base_rate": 0.0, "n_heldout": 3, "heldout_yes": 0}
+    return {}
+
+
 def build_toy_model(path: str, questions: list[str] | None = None, encoder: str = "bundled:all-MiniLM-L6-v2",
                     cut: float = 0.15, scale: float = 25.0, tau: float = 0.5, encoder_model=None) -> str:
     """Write a model folder at `path` (question ids q000, q001, ...) and return `path`."""
@@ -80,6 +90,6 @@ def build_toy_model(path: str, questions: list[str] | None = None, encoder: str 
     enc = encoder_model if encoder_model is not None else load_encoder(encoder, device="cpu")
     q_emb = torch.from_numpy(enc.encode(questions))
     heads = toy_heads(q_emb, cut=cut, scale=scale)
-    records = [{"id": f"q{i:03d}", "text": q, "cluster": i} for i, q in enumerate(questions)]
+    records = [{"id": f"q{i:03d}", "text": q, "cluster": i, **toy_reliability(i)} for i, q in enumerate(questions)]
     InterpretableEmbedder(encoder, records, heads, tau=tau, device="cpu", encoder=enc).save(path)
     return path
