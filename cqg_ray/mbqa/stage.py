@@ -3,8 +3,10 @@
 Reads labels/ (LLM answers), encode/ (the frozen embeddings of the labelled texts; never re-encoded),
 questions/ (texts and provenance). The labels and embeddings reach the Ray Train workers through Ray Data
 (``cqg_ray.mbqa.train_data``: Data workers join them per text); the driver reads the labels' doc_id column only, to
-hold out ``train.holdout`` of the labelled documents for the paper's Table 6 report. A pass of Data workers after
-training counts the labels, the heads' mean P(yes) and their held-out answers. Writes ``<run>/model/``
+hold out ``train.holdout`` of the labelled documents, split once into a select and a report part
+(``cqg_ray.mbqa.reliability``). A pass of Data workers after training counts the labels and the heads' mean P(yes)
+and returns the held-out pairs with their logits: the select part calibrates the heads and drops the questions that
+cannot be learnt; the report part gives each question's precision and recall and the Table 6 report. Writes ``<run>/model/``
 (config.json, questions.json, heads.safetensors, eval_report.json), loadable with
 ``InterpretableEmbedder.load``. Ray Train checkpoints live in ``<run>/model/_train/``: a killed run resumes
 from the last one when the stage runs again with the same config.
