@@ -6,6 +6,7 @@ starts no Ray: there ``ray.init`` (and Ray's auto-init) fails, in the test's pro
 test that starts Ray unmarked is caught.
 """
 
+import json
 import os
 import signal
 import sys
@@ -63,18 +64,27 @@ def pytest_collection_modifyitems(config, items):
         items[:] = heaviest_files_first(items)
 
 
-def heaviest_files_first(items: list) -> list:
-    """Items regrouped by file, files with more `slow` tests (then more `ray` tests) first, the order otherwise kept:
-    with whole files handed to two workers, the short files fill the end instead of one worker running a long one
-    alone while the other waits."""
+DURATIONS = Path(__file__).with_name("durations.json")  # seconds a file took (scripts/test_durations.py makes it)
+GUESS = {"slow": 150.0, "ray": 15.0, "quick": 0.3}  # seconds a test of a file not in it, by tier
+
+
+def heaviest_files_first(items: list, seconds: dict[str, float] | None = None) -> list:
+    """Items regrouped by file, the files that took longest first (``tests/durations.json``; a file not in it by its
+    tests' tiers), the order within a file kept: with whole files handed to two workers, the short files fill the end
+    instead of one worker running a long one alone while the other waits."""
+    if seconds is None:
+        seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     files: dict[str, list] = {}
     for item in items:
         files.setdefault(item.nodeid.split("::")[0], []).append(item)
 
-    def weight(group: list) -> tuple[int, int]:
-        return (sum(bool(i.get_closest_marker("slow")) for i in group), sum(bool(i.get_closest_marker("ray")) for i in group))
+    def weight(name: str) -> float:
+        if name in seconds:
+            return float(seconds[name])
+        tier = lambda i: "slow" if i.get_closest_marker("slow") else "ray" if i.get_closest_marker("ray") else "quick"  # noqa: E731
+        return sum(GUESS[tier(i)] for i in files[name])
 
-    return [item for group in sorted(files.values(), key=weight, reverse=True) for item in group]
+    return [item for name in sorted(files, key=weight, reverse=True) for item in files[name]]
 
 
 def pytest_sessionfinish(session, exitstatus):
