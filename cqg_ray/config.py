@@ -361,7 +361,8 @@ class FaithfulnessConfig(Section):
     texts: list[str] = Field(default_factory=list, description="text files: JSONL(.gz) with a text field, or TSV (a text column, or STS "
                              "sentence1/sentence2); empty = STS-B test under the data root")
     n: int = Field(200, ge=1, description="texts sampled (seeded)")
-    per_text: int = Field(5, ge=1, description="at most this many active questions per text, sampled at random, and as many inactive ones")
+    per_text: int = Field(5, ge=1, description="at most this many of a text's questions from each pool, sampled at random: active, "
+                          "answered no (P(yes) at or below the budget's threshold), and above it but cut by the budget's cap")
     pairs: int = Field(5, ge=0, description="explained pairs in the report (each sampled text with its nearest sampled text), "
                        "with the judge's verdict on their shared questions")
     pair_questions: int = Field(8, ge=1, description="shared questions judged and shown per explained pair")
@@ -369,6 +370,10 @@ class FaithfulnessConfig(Section):
                                 "(about what a 256-token sentence encoder reads)")
     judge: JudgeLLMConfig = Field(default_factory=JudgeLLMConfig, description="the judge: any engine the project supports; default the "
                              "bundled Qwen2.5-Coder-1.5B on the embedded engine")
+    links: bool = Field(True, description="also have the labelling LLM answer the sampled pairs, to say which link loses how much "
+                        "(labeller vs judge, head vs labeller, budget vs head)")
+    labeller: LLMConfig = Field(default_factory=LLMConfig, description="the LLM that labelled the model's training texts, with its "
+                                "answer mode (default: the bundled Qwen2.5-Coder-0.5B, single-pass, as the demo and the shipped model)")
 
 
 class EvaluateConfig(Section):

@@ -5,20 +5,24 @@
 
 Protocol (docs/evaluation.md):
 1. a seeded sample of ``n`` texts (file order kept);
-2. per text, a seeded random sample of at most ``per_text`` of the questions the model answers yes
-   (``model.apply`` under its default budget: the answers a user reads in an explanation) and at most as many
-   of those it answers no. Random, never the most confident: those would inflate the figure;
+2. per text, three pools of questions under the model's default budget (``model.apply``: the answers a user reads in
+   an explanation): *active* (shown), *answered no* (P(yes) at or below the budget's threshold: its floor, tau for the
+   tau rule, 0.5 for a floor of null) and *cap left out* (above the threshold, but the budget's cap did not show them);
+   a seeded random sample of at most ``per_text`` from each. Random, never the most confident: those would inflate
+   the figure;
 3. the judge answers each (text, question) with a plain prompt (``judge_messages``: the text, the question, "yes
    or no"), single-pass: P(yes) from its first reply token, yes when P(yes) > 0.5;
-4. X = the judge's yes-rate on active questions (``faithfulness_yes_precision``), Y = its yes-rate on inactive
-   ones (``faithfulness_inactive_yes_rate``), Z = (X + 1 - Y) / 2 (``faithfulness_balanced_accuracy``; chance 0.5).
-Beside the figures: ``pairs`` explained pairs (a sampled text and its nearest sampled text by the model's binary
-cosine, built by ``cqg_ray.explain.explanation`` as ``explain`` builds them), with the judge's verdict on each shown
-shared question for both texts. Every judgement goes through the LLM ledger under ``<out_dir>/faithfulness``:
-a rerun asks nothing twice, an interrupted one resumes.
-
-The pure core (``sample_texts``, ``sample_questions``, ``figures``, ``nearest_pairs``) takes arrays; ``faithfulness``
-adds the model, the judge and the ledger.
+4. X = the judge's yes-rate on active questions (``faithfulness_yes_precision``), Y = its yes-rate on answered-no
+   ones (``faithfulness_inactive_yes_rate``), Z = (X + 1 - Y) / 2 (``faithfulness_balanced_accuracy``; chance 0.5); the
+   yes-rate on the cap's (``faithfulness_cap_left_out_yes_rate``) apart, since a budget leaves true questions out by
+   design; beside them the mean active questions a text and the share of texts with none, so a figure bought by
+   showing little shows. The old rule (inactive = every question not shown) is estimated from the same judgements,
+   each text's answered-no and cap samples weighted by their pools (``faithfulness_old_rule_*``);
+5. the links (``links``): the labelling LLM answers the same sampled pairs with the labelling prompt; the figures say
+   how often it agrees with the judge, the head (P(yes) above the threshold) with it, and the budget (shown or not)
+   with the head: which link loses how much.
+The pure core (``sample_texts``, ``sample_pools``, ``protocol_figures``, ``link_figures``, ``nearest_pairs``) takes
+arrays; ``faithfulness`` adds the model, the judge, the labeller and the ledger.
 """
 
 from __future__ import annotations
@@ -30,11 +34,16 @@ from typing import Any
 import numpy as np
 
 from cqg_ray.config import FaithfulnessConfig
+from cqg_ray.evaluate.markdown import figure, markdown_table, verdict
 from cqg_ray.explain import value_cosine
 
 log = logging.getLogger("cqg_ray")
 
 FIGURES = ("faithfulness_yes_precision", "faithfulness_inactive_yes_rate", "faithfulness_balanced_accuracy")
+MORE_FIGURES = ("faithfulness_cap_left_out_yes_rate", "faithfulness_mean_active", "faithfulness_texts_without_active_share",
+                "faithfulness_old_rule_inactive_yes_rate", "faithfulness_old_rule_balanced_accuracy")
+LINKS = ("faithfulness_link_labeller_judge", "faithfulness_link_head_labeller", "faithfulness_link_budget_head")
+ACTIVE, NO, CAP = 0, 1, 2  # the pools of a text's questions: shown, answered no, above the threshold but cut by the cap
 
 
 # ----------------------------------------------------------------------------------------- pure core
@@ -47,29 +56,81 @@ def sample_texts(n_texts: int, n: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n_texts, size=n, replace=False))
 
 
-def sample_questions(act: np.ndarray, per_text: int, seed: int) -> list[tuple[int, int, bool]]:
-    """(row, question, active) triples: per row of ``act`` (n, m) bool, a seeded random sample of at most
-    ``per_text`` active questions and at most ``per_text`` inactive ones; in row order, active ones first, each
-    group by question index."""
+def answered_threshold(budget) -> float:
+    """The P(yes) at or below which the model answers a question no: the tau rule's tau, the top-k rule's floor, 0.5
+    for a floor of null."""
+    if budget.rule == "tau":
+        return float(budget.tau)
+    return 0.5 if budget.floor is None else float(budget.floor)
+
+
+def pools(act: np.ndarray, probs: np.ndarray, threshold: float) -> np.ndarray:
+    """(n, m) int8: each question's pool for each text, ACTIVE (shown), NO (P(yes) <= threshold) or CAP (above it, not
+    shown). A shown question at or below the threshold (a budget without a floor) counts as ACTIVE."""
+    act = np.asarray(act, dtype=bool)
+    return np.where(act, ACTIVE, np.where(np.asarray(probs) > threshold, CAP, NO)).astype(np.int8)
+
+
+def sample_pools(pool: np.ndarray, per_text: int, seed: int) -> list[tuple[int, int, int]]:
+    """(row, question, pool) triples: per row of ``pool`` (n, m), a seeded random sample of at most ``per_text``
+    questions of each pool; in row order, then ACTIVE, NO, CAP, each group by question index."""
     rng = np.random.default_rng(seed)
-    out: list[tuple[int, int, bool]] = []
-    for row, yes in enumerate(np.asarray(act, dtype=bool)):
-        for flag, pool in ((True, np.flatnonzero(yes)), (False, np.flatnonzero(~yes))):
-            picked = np.sort(rng.choice(pool, size=min(per_text, len(pool)), replace=False)) if len(pool) else pool
-            out += [(row, int(q), flag) for q in picked]
+    out: list[tuple[int, int, int]] = []
+    for row, kinds in enumerate(np.asarray(pool)):
+        for kind in (ACTIVE, NO, CAP):
+            members = np.flatnonzero(kinds == kind)
+            picked = np.sort(rng.choice(members, size=min(per_text, len(members)), replace=False)) if len(members) else members
+            out += [(row, int(q), kind) for q in picked]
     return out
 
 
-def figures(active_flags: list[bool] | np.ndarray, judge_yes: list[bool] | np.ndarray) -> dict[str, float | int | None]:
-    """X, Y, Z of the module docstring from the (active?, judge said yes?) of each judgement (None where undefined)."""
-    a = np.asarray(active_flags, dtype=bool)
+def protocol_figures(picks: list[tuple[int, int, int]], judge_yes, pool: np.ndarray, per_text: int) -> dict:
+    """The figures of steps 4 of the module docstring from the sampled (row, question, pool) triples, the judge's
+    answers on them and the pools (n, m)."""
+    kind = np.array([k for _, _, k in picks], dtype=np.int8)
+    row = np.array([r for r, _, _ in picks], dtype=np.int64)
     j = np.asarray(judge_yes, dtype=bool)
-    n_act, n_inact = int(a.sum()), int((~a).sum())
-    x = float(j[a].mean()) if n_act else None
-    y = float(j[~a].mean()) if n_inact else None
-    z = (x + 1 - y) / 2 if x is not None and y is not None else None
-    return {"faithfulness_yes_precision": x, "faithfulness_inactive_yes_rate": y, "faithfulness_balanced_accuracy": z,
-            "judged_active": n_act, "judged_inactive": n_inact}
+    rate = lambda mask: float(j[mask].mean()) if mask.any() else None  # noqa: E731
+    x, y, cap = rate(kind == ACTIVE), rate(kind == NO), rate(kind == CAP)
+    pool = np.asarray(pool)
+    act = pool == ACTIVE
+    # the old rule drew min(per_text, #not shown) of a text's questions not shown, uniformly: per text, the NO and CAP
+    # samples' yes-rates weighted by their pools' sizes, texts weighted by what the old rule drew from them
+    num = den = 0.0
+    for r in range(len(pool)):
+        sizes = {k: int((pool[r] == k).sum()) for k in (NO, CAP)}
+        inactive = sizes[NO] + sizes[CAP]
+        if not inactive:
+            continue
+        est = sum(sizes[k] * float(j[(row == r) & (kind == k)].mean()) for k in (NO, CAP) if sizes[k]) / inactive
+        w = min(per_text, inactive)
+        num, den = num + w * est, den + w
+    old_y = num / den if den else None
+    return {
+        "faithfulness_yes_precision": x, "faithfulness_inactive_yes_rate": y,
+        "faithfulness_balanced_accuracy": (x + 1 - y) / 2 if x is not None and y is not None else None,
+        "faithfulness_cap_left_out_yes_rate": cap,
+        "faithfulness_mean_active": round(float(act.sum(axis=1).mean()), 3) if len(pool) else None,
+        "faithfulness_texts_without_active_share": round(float((~act.any(axis=1)).mean()), 4) if len(pool) else None,
+        "faithfulness_old_rule_inactive_yes_rate": old_y,
+        "faithfulness_old_rule_balanced_accuracy": (x + 1 - old_y) / 2 if x is not None and old_y is not None else None,
+        "judged_active": int((kind == ACTIVE).sum()), "judged_inactive": int((kind == NO).sum()), "judged_cap_left_out": int((kind == CAP).sum()),
+    }
+
+
+def link_figures(kinds, judge_yes, labeller_yes) -> dict:
+    """Which link loses how much, on the sampled pairs: the share of pairs where the labelling LLM agrees with the judge,
+    the head (P(yes) above the threshold: ACTIVE or CAP) with the labelling LLM, and the budget (shown: ACTIVE) with
+    the head; and down the chain, the share of each one's yes the judge confirms (labeller, head, shown)."""
+    kind = np.asarray(kinds)
+    judge, label = np.asarray(judge_yes, dtype=bool), np.asarray(labeller_yes, dtype=bool)
+    head, shown = kind != NO, kind == ACTIVE
+    agree = lambda a, b: float((a == b).mean()) if len(a) else None  # noqa: E731
+    confirmed = lambda said: float(judge[said].mean()) if said.any() else None  # noqa: E731
+    return {"faithfulness_link_labeller_judge": agree(label, judge), "faithfulness_link_head_labeller": agree(head, label),
+            "faithfulness_link_budget_head": agree(shown, head),
+            "judge_confirms_labeller_yes": confirmed(label), "judge_confirms_head_yes": confirmed(head),
+            "judge_confirms_shown": confirmed(shown)}
 
 
 def nearest_pairs(values: np.ndarray, k: int) -> list[tuple[int, int]]:
@@ -102,10 +163,10 @@ def judge_identity(cfg: FaithfulnessConfig) -> str:
 
 
 def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir: str, seed: int = 0, backend: Any = None,
-                 progress: bool = True) -> dict[str, Any]:
+                 progress: bool = True, labeller: Any = None) -> dict[str, Any]:
     """Run the protocol of the module docstring on ``texts`` for an interpretable ``model`` (``encode(output="probs")``,
     ``apply`` and ``explanation`` under its default budget, ``question_records``); ``backend``: a judge backend to use
-    instead of the one ``cfg.judge`` names."""
+    instead of the one ``cfg.judge`` names; ``labeller``: a labelling backend instead of ``cfg.labeller``'s."""
     from cqg_ray.llm.backends import make_backend
     from cqg_ray.llm.base import Request
     from cqg_ray.llm.backends import stage_budget
@@ -119,8 +180,10 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     sample = [texts[i] for i in rows]
     probs = np.asarray(model.encode(sample, output="probs", progress=False), dtype=np.float32)
     act, values = model.apply(probs)
+    threshold = answered_threshold(model.budget)
+    pool = pools(act, probs, threshold)
     records = model.question_records
-    picks = sample_questions(act, cfg.per_text, seed)
+    picks = sample_pools(pool, cfg.per_text, seed)
     pairs = nearest_pairs(values, cfg.pairs)
     explained = [model.explanation(probs[i], probs[j]) for i, j in pairs]
 
@@ -154,14 +217,23 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
                            f"(first: {failed[0].error}); fix the judge and rerun (the ledger keeps the answered ones)")
     said = [bool(r.answers[0]) for r in results]
     p_yes = [float(r.p_yes[0]) for r in results]
-    out: dict[str, Any] = figures([a for _, _, a in picks], [said[k] for k in sampled])
+    judged = [said[k] for k in sampled]
+    out: dict[str, Any] = protocol_figures(picks, judged, pool, cfg.per_text)
+    labelled = None
+    if cfg.links and picks:
+        labelled = labeller_answers(sample, picks, records, cfg, out_dir, progress, labeller)
+        out.update(link_figures([k for _, _, k in picks], judged, labelled))
+    kinds = {ACTIVE: "active", NO: "no", CAP: "cap"}
     out.update({
-        "judge": judge_identity(cfg), "texts_in_file": len(texts), "texts": len(sample),
+        "judge": judge_identity(cfg), "labeller": labeller_identity(cfg) if labelled is not None else None,
+        "texts_in_file": len(texts), "texts": len(sample), "threshold": threshold,
         "texts_without_active": int((~act.any(axis=1)).sum()), "active_per_text_mean": round(float(act.sum(axis=1).mean()), 3),
         "per_text": cfg.per_text, "seed": seed, "budget": model.budget.name, "prompt": fitter.report(),
         "seconds": round(time.time() - t0, 1),
-        "judgements": [{"text": sample[r], "question": records[q]["text"], "question_index": q, "active": a,
-                        "judge_yes": said[k], "p_yes": round(p_yes[k], 4)} for (r, q, a), k in zip(picks, sampled)],
+        "judgements": [{"text": sample[r], "question": records[q]["text"], "question_index": q, "pool": kinds[kd], "active": kd == ACTIVE,
+                        "p": round(float(probs[r, q]), 4), "judge_yes": said[k], "p_yes": round(p_yes[k], 4),
+                        **({} if labelled is None else {"labeller_yes": labelled[n]})}
+                       for n, ((r, q, kd), k) in enumerate(zip(picks, sampled))],
         "pairs": [{"text_a": sample[i], "text_b": sample[j], "cosine": ex.cosine, "cognitive_load": ex.cognitive_load,
                    "shared": [{"index": s.index, "question": s.text, "judge_a": said[ka], "judge_b": said[kb]}
                               for s, (ka, kb) in zip(ex.shared_yes, verdicts)]}
@@ -172,13 +244,101 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     return out
 
 
+def labeller_identity(cfg: FaithfulnessConfig) -> str:
+    from cqg_ray.llm.base import resolve_engine
+
+    lab = cfg.labeller
+    if lab.backend == "llamacpp":
+        return f"llamacpp {lab.llamacpp.model} ({lab.answer_mode}, engine {resolve_engine(lab.llamacpp.score_engine)})"
+    model = {"openai": lab.openai.model, "vllm": lab.vllm.model, "fake": "fake"}[lab.backend]
+    return f"{lab.backend} {model} ({lab.answer_mode})"
+
+
+def labeller_answers(sample: list[str], picks: list[tuple[int, int, int]], records: list[dict], cfg: FaithfulnessConfig, out_dir: str,
+                     progress: bool, backend: Any = None) -> list[bool]:
+    """The labelling LLM's yes/no on each sampled (row, question), with the labelling prompt of its answer mode (one
+    question a prompt), through the ledger under ``out_dir`` (stage ``faithfulness-labeller``)."""
+    from cqg_ray.llm.answers import answer_requests
+    from cqg_ray.llm.backends import make_backend
+    from cqg_ray.llm.runner import run_requests
+    from cqg_ray.rundir import RunDir
+
+    questions = [r["text"] for r in records]
+    lab = cfg.labeller
+    requests = [answer_requests(clip_text_for(sample[r], cfg), [q], questions, lab.answer_mode, 1, lab.max_tokens_answer,
+                                meta={"row": r})[0] for r, q, _ in picks]
+    owns = backend is None
+    backend = backend or make_backend(lab, in_process=True)
+    try:
+        log.info("faithfulness: the labelling LLM (%s) answers the %d sampled pairs", labeller_identity(cfg), len(requests))
+        results = run_requests(requests, lab, RunDir(out_dir), stage="faithfulness-labeller", progress=progress, backend=backend)
+    finally:
+        if owns:
+            backend.close()
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"faithfulness: the labelling LLM failed on {len(failed)} of {len(results)} pairs (first: {failed[0].error}); "
+                           "rerun (the ledger keeps the answered ones), or leave the links out: evaluate.faithfulness.links=false")
+    return [bool(r.answers[0]) for r in results]
+
+
+def clip_text_for(text: str, cfg: FaithfulnessConfig) -> str:
+    from cqg_ray.llm.prompts import clip_text
+
+    return clip_text(text, cfg.max_text_chars)
+
+
 def format_faithfulness(name: str, res: dict[str, Any]) -> str:
     """The plain lines printed for one model."""
     def f(v):
         return "n/a" if v is None else f"{v:.4f}"
 
     return "\n".join([
-        f"faithfulness of {name}: {res['texts']} texts, {res['judged_active']} active + {res['judged_inactive']} inactive "
-        f"judgements, judge {res['judge']}",
-        *(f"{k}: {f(res[k])}" for k in FIGURES),
+        f"faithfulness of {name}: {res['texts']} texts, {res['judged_active']} active + {res['judged_inactive']} answered-no + "
+        f"{res.get('judged_cap_left_out', 0)} cap-left-out judgements, judge {res['judge']}"
+        + (f", labeller {res['labeller']}" if res.get("labeller") else ""),
+        *(f"{k}: {f(res[k])}" for k in FIGURES + MORE_FIGURES + LINKS if k in res),
     ])
+
+
+def faithfulness_markdown(faith: dict) -> list[str]:
+    """The report's faithfulness section: the figures table, the links table, each model's explained pairs."""
+
+    if not faith:
+        return []
+    out = ["## Faithfulness: does a judge LLM confirm the questions the model marks active?", ""]
+    rows, links = [], []
+    for name, per in faith.items():
+        for dataset, r in per.items():
+            rows.append([name, dataset, str(r["texts"]), f"{r['judged_active']} / {r['judged_inactive']} / {r.get('judged_cap_left_out', 0)}",
+                         *[figure(r.get(k)) for k in FIGURES], figure(r.get("faithfulness_cap_left_out_yes_rate")),
+                         figure(r.get("faithfulness_old_rule_balanced_accuracy")), figure(r.get("faithfulness_mean_active")),
+                         figure(r.get("faithfulness_texts_without_active_share")), figure(r.get("pairs_shared_confirmed"))])
+            if r.get("faithfulness_link_labeller_judge") is not None:
+                links.append([name, dataset, r["labeller"], *[figure(r.get(k)) for k in LINKS],
+                              *[figure(r.get(k)) for k in ("judge_confirms_labeller_yes", "judge_confirms_head_yes", "judge_confirms_shown")]])
+    out += [markdown_table(["Model", "texts file", "texts", "judged (active / answered no / cap left out)", "yes precision",
+                            "answered-no yes-rate", "balanced accuracy", "cap-left-out yes-rate", "balanced accuracy, old rule",
+                            "mean active", "texts without active", "shown shared questions confirmed for both texts"], rows), ""]
+    if links:
+        out += ["Where it is lost, on the same sampled pairs (agreement of each link; then the share of each one's yes the judge "
+                "confirms):", "",
+                markdown_table(["Model", "texts file", "labeller", "labeller = judge", "head = labeller", "budget = head",
+                                "judge confirms labeller yes", "judge confirms head yes", "judge confirms shown"], links), ""]
+    for name, per in faith.items():
+        for dataset, r in per.items():
+            out += [f"### {name} on {dataset}", "",
+                    f"Judge: {r['judge']}. {r['texts']} of {r['texts_in_file']} texts; at most {r['per_text']} active, "
+                    f"{r['per_text']} answered-no and {r['per_text']} cap-left-out questions per text, sampled at random (seed {r['seed']}); "
+                    f"budget {r.get('budget', 'tau=' + str(r.get('tau')))} (answered no: P(yes) <= {r.get('threshold')}); "
+                    f"{r['texts_without_active']} texts answer no question yes; {r['active_per_text_mean']} active questions per "
+                    f"text on average. {r['seconds']} s.", ""]
+            for k, p in enumerate(r["pairs"], 1):
+                out += [f"**Pair {k}** (cosine {p['cosine']:.3f}, cognitive load {p['cognitive_load']})", "",
+                        f"- A: {p['text_a']}", f"- B: {p['text_b']}", ""]
+                if p["shared"]:
+                    out += [markdown_table(["shared question", "judge on A", "judge on B"],
+                                           [[s["question"], verdict(s["judge_a"]), verdict(s["judge_b"])] for s in p["shared"]]), ""]
+                    if p["cognitive_load"] > len(p["shared"]):
+                        out += [f"({p['cognitive_load'] - len(p['shared'])} more shared questions not shown)", ""]
+    return out

@@ -46,7 +46,8 @@ from cqg_ray.evaluate.sweeps import (
     with_average,
 )
 from cqg_ray.cqg.quality import format_quality
-from cqg_ray.evaluate.faithfulness import FIGURES, faithfulness, format_faithfulness
+from cqg_ray.evaluate.faithfulness import faithfulness, faithfulness_markdown, format_faithfulness
+from cqg_ray.evaluate.markdown import markdown_table
 from cqg_ray.evaluate.tasks import SCORERS, TASKS, dataset_info, load_datasets, load_faithfulness_texts
 
 log = logging.getLogger("cqg_ray")
@@ -157,10 +158,13 @@ def evaluate_model(
             "budget": "interpretable models are scored with the vectors encode(output='sparse') gives under their budget "
                       "(the active questions' values, zeros elsewhere); the budget sweep applies top-k rules at each k of "
                       "evaluate.active_k",
-            "faithfulness": "a seeded sample of texts; per text at most per_text of the questions the model answers yes and as many "
-                            "it answers no, sampled at random; a judge LLM answers each with a plain yes/no prompt (single-pass, "
-                            "yes when P(yes) > 0.5); yes_precision = its yes-rate on active questions, inactive_yes_rate = on "
-                            "inactive ones, balanced_accuracy = (yes_precision + 1 - inactive_yes_rate) / 2",
+            "faithfulness": "a seeded sample of texts; per text at most per_text of the questions from each pool, at random: active "
+                            "(shown by the budget), answered no (P(yes) at or below its threshold), cap left out (above it, not "
+                            "shown); a judge LLM answers each with a plain yes/no prompt (single-pass, yes when P(yes) > 0.5); "
+                            "yes_precision = its yes-rate on active questions, inactive_yes_rate = on answered-no ones, "
+                            "balanced_accuracy = (yes_precision + 1 - inactive_yes_rate) / 2, cap_left_out_yes_rate apart; "
+                            "old_rule_* = the same with inactive = every question not shown (estimated from the same judgements); "
+                            "links: the labelling LLM answers the same pairs (agreement labeller-judge, head-labeller, budget-head)",
             "question_quality": "cqg-ray questions MODEL --quality: copy rate (a run of 6 words shared with a text of the corpus the "
                                 "model was built from), words per question, cut-off share, top opening share, near-duplicate share",
             "max_queries": max_queries, "clustering_field": clustering_field, "subset_seed": seed,
@@ -246,12 +250,6 @@ def format_tables(results: dict) -> str:
     return "\n\n".join(blocks)
 
 
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() or "model"
 
@@ -310,7 +308,7 @@ def render_markdown(results: dict) -> str:
                     f"![{name} {kind} sweep](sweep_{kind}_{slug(name)}.png)", "",
                     markdown_table(header, [[_sweep_cell(r[h]) for h in header] for r in rows]), ""]
     out += _quality_markdown(results.get("question_quality", {}))
-    out += _faithfulness_markdown(results.get("faithfulness", {}))
+    out += faithfulness_markdown(results.get("faithfulness", {}))
     out += ["## Protocol", ""] + [f"- {k}: {v}" for k, v in results["protocol"].items()] + [""]
     return "\n".join(out)
 
@@ -330,43 +328,6 @@ def _quality_markdown(quality: dict) -> list[str]:
     out += [markdown_table(["measure", *shown], rows), ""]
     errors = [f"- {n}: not measured ({q['error']})" for n, q in shown.items() if "error" in q]
     return out + (errors + [""] if errors else [])
-
-
-def _figure(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.4f}"
-
-
-def _verdict(yes: bool) -> str:
-    return "yes" if yes else "**no**"
-
-
-def _faithfulness_markdown(faith: dict) -> list[str]:
-    if not faith:
-        return []
-    out = ["## Faithfulness: does a judge LLM confirm the questions the model marks active?", ""]
-    rows = []
-    for name, per in faith.items():
-        for dataset, r in per.items():
-            rows.append([name, dataset, str(r["texts"]), f"{r['judged_active']} / {r['judged_inactive']}",
-                         *[_figure(r[k]) for k in FIGURES], _figure(r.get("pairs_shared_confirmed"))])
-    out += [markdown_table(["Model", "texts file", "texts", "judged (active / inactive)", "yes precision", "inactive yes-rate",
-                            "balanced accuracy", "shown shared questions confirmed for both texts"], rows), ""]
-    for name, per in faith.items():
-        for dataset, r in per.items():
-            out += [f"### {name} on {dataset}", "",
-                    f"Judge: {r['judge']}. {r['texts']} of {r['texts_in_file']} texts; at most {r['per_text']} active and "
-                    f"{r['per_text']} inactive questions per text, sampled at random (seed {r['seed']}); budget {r.get('budget', 'tau=' + str(r.get('tau')))}; "
-                    f"{r['texts_without_active']} texts answer no question yes; {r['active_per_text_mean']} active questions per "
-                    f"text on average. {r['seconds']} s.", ""]
-            for k, p in enumerate(r["pairs"], 1):
-                out += [f"**Pair {k}** (cosine {p['cosine']:.3f}, cognitive load {p['cognitive_load']})", "",
-                        f"- A: {p['text_a']}", f"- B: {p['text_b']}", ""]
-                if p["shared"]:
-                    out += [markdown_table(["shared question", "judge on A", "judge on B"],
-                                           [[s["question"], _verdict(s["judge_a"]), _verdict(s["judge_b"])] for s in p["shared"]]), ""]
-                    if p["cognitive_load"] > len(p["shared"]):
-                        out += [f"({p['cognitive_load'] - len(p['shared'])} more shared questions not shown)", ""]
-    return out
 
 
 def _identical_ids_note(name: str, info: dict) -> str:

@@ -6,8 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from cqg_ray.config import EvaluateConfig, FaithfulnessConfig, JudgeLLMConfig
-from cqg_ray.evaluate.faithfulness import faithfulness, figures, format_faithfulness, nearest_pairs, sample_questions, sample_texts
+from cqg_ray.config import EvaluateConfig, FaithfulnessConfig, JudgeLLMConfig, LLMConfig
+from cqg_ray.evaluate.faithfulness import (ACTIVE, CAP, FIGURES, LINKS, MORE_FIGURES, NO, answered_threshold, faithfulness, format_faithfulness, link_figures, nearest_pairs,
+                                           pools, protocol_figures, sample_pools, sample_texts)
 from cqg_ray.llm.base import Completion
 from cqg_ray.llm.engines.fake import FakeBackend
 from cqg_ray.llm.prompts import judge_messages
@@ -34,40 +35,72 @@ def test_sample_texts_is_seeded_sorted_and_capped():
     assert sample_texts(4, 10, seed=0).tolist() == [0, 1, 2, 3]
 
 
-def test_sample_questions_takes_everything_when_the_pools_are_small():
-    act = np.array([[1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=bool)
-    assert sample_questions(act, per_text=5, seed=0) == [
-        (0, 0, True), (0, 2, True), (0, 1, False), (0, 3, False),
-        (1, 0, False), (1, 1, False), (1, 2, False), (1, 3, False),
-        (2, 0, True), (2, 1, True), (2, 2, True), (2, 3, True),
+def test_the_pools_and_the_threshold_of_each_budget():
+    from cqg_ray.mbqa.budget import Budget
+
+    assert answered_threshold(Budget(rule="tau", tau=0.76)) == 0.76
+    assert answered_threshold(Budget(rule="top_k", k=3, floor=0.6)) == 0.6
+    assert answered_threshold(Budget(rule="top_k", k=3, floor=None)) == 0.5
+    act = np.array([[1, 0, 0, 1], [0, 0, 1, 0]], dtype=bool)
+    probs = np.array([[0.9, 0.7, 0.5, 0.3], [0.6, 0.2, 0.55, 0.5]])
+    # shown -> ACTIVE whatever p (row 0's q3 under a budget without a floor); above 0.5 not shown -> CAP; at 0.5 -> NO
+    assert pools(act, probs, 0.5).tolist() == [[ACTIVE, CAP, NO, ACTIVE], [CAP, NO, ACTIVE, NO]]
+
+
+def test_sample_pools_takes_everything_when_the_pools_are_small():
+    pool = np.array([[ACTIVE, NO, ACTIVE, CAP], [NO, NO, NO, NO]], dtype=np.int8)
+    assert sample_pools(pool, per_text=5, seed=0) == [
+        (0, 0, ACTIVE), (0, 2, ACTIVE), (0, 1, NO), (0, 3, CAP),
+        (1, 0, NO), (1, 1, NO), (1, 2, NO), (1, 3, NO),
     ]
 
 
-def test_sample_questions_is_random_not_the_first_ones():
-    act = np.zeros((50, 40), dtype=bool)
-    act[:, :20] = True  # 20 active, 20 inactive per text
-    picks = sample_questions(act, per_text=5, seed=0)
-    assert len(picks) == 50 * 10
+def test_sample_pools_is_random_not_the_first_ones():
+    pool = np.full((50, 60), NO, dtype=np.int8)
+    pool[:, :20] = ACTIVE
+    pool[:, 20:30] = CAP  # 20 active, 10 cut by the cap, 30 answered no a text
+    picks = sample_pools(pool, per_text=5, seed=0)
+    assert len(picks) == 50 * 15
     for row in range(50):
-        mine = [(q, a) for r, q, a in picks if r == row]
-        assert sum(a for _, a in mine) == 5 and sum(not a for _, a in mine) == 5
-        assert all(q < 20 for q, a in mine if a) and all(q >= 20 for q, a in mine if not a)
-    chosen = {q for _, q, a in picks if a}
-    assert chosen == set(range(20))  # over 50 texts every active question is drawn somewhere, not always the first 5
-    assert picks == sample_questions(act, per_text=5, seed=0) != sample_questions(act, per_text=5, seed=1)
+        mine = [(q, k) for r, q, k in picks if r == row]
+        assert [k for _, k in mine] == [ACTIVE] * 5 + [NO] * 5 + [CAP] * 5
+        assert all(pool[row, q] == k for q, k in mine)
+    assert {q for _, q, k in picks if k == ACTIVE} == set(range(20))  # over 50 texts every active question is drawn somewhere
+    assert picks == sample_pools(pool, per_text=5, seed=0) != sample_pools(pool, per_text=5, seed=1)
 
 
-def test_figures_are_the_yes_rates_and_their_balanced_accuracy():
-    active = [True] * 4 + [False] * 6
-    judge = [True, True, True, False] + [True, False, False, False, False, False]
-    f = figures(active, judge)
-    assert f["faithfulness_yes_precision"] == 0.75
-    assert f["faithfulness_inactive_yes_rate"] == pytest.approx(1 / 6)
-    assert f["faithfulness_balanced_accuracy"] == pytest.approx((0.75 + 1 - 1 / 6) / 2)
-    assert (f["judged_active"], f["judged_inactive"]) == (4, 6)
-    none = figures([False, False], [True, False])
+def test_protocol_figures_by_hand():
+    # text 0: 2 shown, 1 answered no, 3 cut by the cap; text 1: nothing shown, 6 answered no (2 judged)
+    pool = np.array([[ACTIVE, ACTIVE, NO, CAP, CAP, CAP], [NO] * 6], dtype=np.int8)
+    picks = [(0, 0, ACTIVE), (0, 1, ACTIVE), (0, 2, NO), (0, 3, CAP), (0, 4, CAP), (1, 0, NO), (1, 1, NO)]
+    judge = [True, False, False, True, True, True, False]
+    f = protocol_figures(picks, judge, pool, per_text=2)
+    assert f["faithfulness_yes_precision"] == 0.5
+    assert f["faithfulness_inactive_yes_rate"] == pytest.approx(1 / 3)  # 1 of the 3 answered-no judgements
+    assert f["faithfulness_balanced_accuracy"] == pytest.approx((0.5 + 1 - 1 / 3) / 2)
+    assert f["faithfulness_cap_left_out_yes_rate"] == 1.0
+    assert f["faithfulness_mean_active"] == 1.0 and f["faithfulness_texts_without_active_share"] == 0.5
+    # the old rule: text 0's 4 not shown = 1 no (yes-rate 0) + 3 cap (yes-rate 1) -> 3/4, drawn 2 of them; text 1's 6 not
+    # shown, all no (yes-rate 1/2), drawn 2 -> (2 * 3/4 + 2 * 1/2) / 4
+    old = (2 * 0.75 + 2 * 0.5) / 4
+    assert f["faithfulness_old_rule_inactive_yes_rate"] == pytest.approx(old)
+    assert f["faithfulness_old_rule_balanced_accuracy"] == pytest.approx((0.5 + 1 - old) / 2)
+    assert (f["judged_active"], f["judged_inactive"], f["judged_cap_left_out"]) == (2, 3, 2)
+    none = protocol_figures([(0, 0, NO)], [True], np.array([[NO]]), per_text=5)
     assert none["faithfulness_yes_precision"] is None and none["faithfulness_balanced_accuracy"] is None
-    assert none["faithfulness_inactive_yes_rate"] == 0.5
+    assert none["faithfulness_inactive_yes_rate"] == 1.0 and none["faithfulness_cap_left_out_yes_rate"] is None
+
+
+def test_link_figures_by_hand():
+    kinds = [ACTIVE, ACTIVE, CAP, NO, NO]
+    judge = [True, False, True, False, True]
+    labeller = [True, True, True, False, False]
+    f = link_figures(kinds, judge, labeller)
+    assert f["faithfulness_link_labeller_judge"] == 0.6  # agree on pairs 0, 2, 3
+    assert f["faithfulness_link_head_labeller"] == 1.0  # head yes on ACTIVE and CAP: exactly the labeller's yes
+    assert f["faithfulness_link_budget_head"] == 0.8  # the CAP pair: the head says yes, the budget does not show it
+    assert f["judge_confirms_labeller_yes"] == pytest.approx(2 / 3)
+    assert f["judge_confirms_head_yes"] == pytest.approx(2 / 3) and f["judge_confirms_shown"] == 0.5
 
 
 def test_nearest_pairs_by_binary_cosine_skip_texts_without_yes():
@@ -101,24 +134,49 @@ def scripted_judge(yes_questions: set[str]):
     return cfg, FakeBackend(cfg, reply=reply)
 
 
+def scripted_labeller(yes_ids: set[int]):
+    """A labelling LLM that says yes exactly to the question indices in ``yes_ids``, whatever the text."""
+    cfg = LLMConfig(backend="fake")
+
+    def reply(req):
+        p = 0.8 if req.meta["question_ids"][0] in yes_ids else 0.2
+        return Completion("yes" if p > 0.5 else "no", prompt_tokens=10, p_yes=[p])
+
+    return cfg, FakeBackend(cfg, reply=reply)
+
+
 def test_faithfulness_figures_come_out_exactly_with_a_known_judge(toy, tmp_path):
     qs = toy.questions
     yes = set(qs[::2])  # the judge confirms every even-numbered question, on any text
     judge_cfg, backend = scripted_judge(yes)
-    cfg = FaithfulnessConfig(n=len(TEXTS), per_text=toy.m, pairs=2, judge=judge_cfg)  # per_text = m: every question judged
-    res = faithfulness(toy, TEXTS, cfg, str(tmp_path / "ledger"), backend=backend, progress=False)
+    lab_cfg, labeller = scripted_labeller(set(range(0, toy.m, 4)))  # the labeller says yes to every fourth question
+    cfg = FaithfulnessConfig(n=len(TEXTS), per_text=toy.m, pairs=2, judge=judge_cfg, labeller=lab_cfg)  # per_text = m: every question judged
+    res = faithfulness(toy, TEXTS, cfg, str(tmp_path / "ledger"), backend=backend, progress=False, labeller=labeller)
 
-    bits = toy.encode(TEXTS, progress=False).astype(bool)  # the model's default output, computed here independently
+    bits = toy.encode(TEXTS, progress=False).astype(bool)  # the model's default output (tau 0.5), computed here independently
     even = np.zeros(toy.m, dtype=bool)
     even[::2] = True
     x = (bits & even).sum() / bits.sum()
     y = (~bits & even).sum() / (~bits).sum()
-    assert (res["judged_active"], res["judged_inactive"]) == (int(bits.sum()), int((~bits).sum()))
+    assert (res["judged_active"], res["judged_inactive"], res["judged_cap_left_out"]) == (int(bits.sum()), int((~bits).sum()), 0)
     assert res["faithfulness_yes_precision"] == pytest.approx(x, abs=1e-12)
     assert res["faithfulness_inactive_yes_rate"] == pytest.approx(y, abs=1e-12)
     assert res["faithfulness_balanced_accuracy"] == pytest.approx((x + 1 - y) / 2, abs=1e-12)
+    assert res["faithfulness_cap_left_out_yes_rate"] is None  # the tau rule has no cap
+    assert res["faithfulness_old_rule_inactive_yes_rate"] == pytest.approx(y, abs=1e-12)  # ... so the old rule is the new one
+    assert res["faithfulness_mean_active"] == pytest.approx(bits.sum(axis=1).mean(), abs=1e-3)
+    assert res["faithfulness_texts_without_active_share"] == pytest.approx((~bits.any(axis=1)).mean(), abs=1e-4)
     assert res["texts"] == len(TEXTS) and res["texts_without_active"] == int((~bits.any(axis=1)).sum())
     assert bits.sum() > 0 and (~bits).sum() > 0
+    # the links on every (text, question): the labeller (every fourth) against the judge (every even), the head against the
+    # labeller; the budget shows everything the head says yes to under the tau rule
+    fourth = np.zeros(toy.m, dtype=bool)
+    fourth[::4] = True
+    assert res["faithfulness_link_labeller_judge"] == pytest.approx((fourth == even).mean(), abs=1e-12)
+    assert res["faithfulness_link_head_labeller"] == pytest.approx((bits == fourth).mean(), abs=1e-12)
+    assert res["faithfulness_link_budget_head"] == 1.0
+    assert all(j["labeller_yes"] == (j["question_index"] % 4 == 0) for j in res["judgements"])
+    assert len(labeller.calls) == len(TEXTS) * toy.m and labeller.calls[0].yes_no and labeller.calls[0].max_tokens == 1
 
     # the judge was asked the plain prompt, single-pass, once per (text, question)
     first = backend.calls[0]
@@ -135,24 +193,53 @@ def test_faithfulness_figures_come_out_exactly_with_a_known_judge(toy, tmp_path)
         assert all(s["judge_a"] == s["judge_b"] == (s["question"] in yes) for s in p["shared"])
 
     lines = format_faithfulness("toy on T", res).splitlines()
-    assert lines[1:] == [f"faithfulness_yes_precision: {x:.4f}", f"faithfulness_inactive_yes_rate: {y:.4f}",
-                         f"faithfulness_balanced_accuracy: {(x + 1 - y) / 2:.4f}"]
+    assert lines[1:4] == [f"faithfulness_yes_precision: {x:.4f}", f"faithfulness_inactive_yes_rate: {y:.4f}",
+                          f"faithfulness_balanced_accuracy: {(x + 1 - y) / 2:.4f}"]
+    named = [ln.split(":")[0] for ln in lines[1:]]
+    assert named == list(FIGURES + MORE_FIGURES + LINKS)
+    assert "faithfulness_cap_left_out_yes_rate: n/a" in lines
+
+
+def test_a_top_k_budget_samples_the_cap_apart(toy, tmp_path):
+    """Under a top-k budget with a floor the questions above it that the cap cut are their own pool, judged and reported
+    apart; answered no means at or below the floor."""
+    from cqg_ray.mbqa.budget import Budget
+
+    judge_cfg, backend = scripted_judge(set(toy.questions[::3]))
+    model = toy.__class__(toy.encoder_name, toy.question_records, toy.heads, tau=toy.tau, encoder=toy.encoder, device="cpu",
+                          budget=Budget(rule="top_k", k=1, floor=0.3, value="one", rank="prob"))
+    cfg = FaithfulnessConfig(n=len(TEXTS), per_text=toy.m, pairs=0, judge=judge_cfg, links=False)
+    res = faithfulness(model, TEXTS, cfg, str(tmp_path), backend=backend, progress=False)
+    probs = model.encode(TEXTS, output="probs", progress=False)
+    shown = model.apply(probs)[0].astype(bool)
+    cap, no = (probs > 0.3) & ~shown, probs <= 0.3
+    assert shown.sum(axis=1).max() == 1 and cap.sum() > 0
+    assert (res["judged_active"], res["judged_inactive"], res["judged_cap_left_out"]) == (int(shown.sum()), int(no.sum()), int(cap.sum()))
+    third = np.zeros(toy.m, dtype=bool)
+    third[::3] = True
+    assert res["faithfulness_cap_left_out_yes_rate"] == pytest.approx((cap & third).sum() / cap.sum(), abs=1e-12)
+    assert res["faithfulness_inactive_yes_rate"] == pytest.approx((no & third).sum() / no.sum(), abs=1e-12)
+    assert res["threshold"] == 0.3 and res["labeller"] is None and "faithfulness_link_budget_head" not in res
+    assert {j["pool"] for j in res["judgements"]} == {"active", "no", "cap"}
 
 
 def test_faithfulness_samples_at_most_per_text_and_resumes_without_asking_again(toy, tmp_path):
     judge_cfg, backend = scripted_judge(set(toy.questions[:5]))
-    cfg = FaithfulnessConfig(n=6, per_text=2, pairs=0, judge=judge_cfg)
-    res = faithfulness(toy, TEXTS, cfg, str(tmp_path), seed=1, backend=backend, progress=False)
+    lab_cfg, labeller = scripted_labeller({1, 2})
+    cfg = FaithfulnessConfig(n=6, per_text=2, pairs=0, judge=judge_cfg, labeller=lab_cfg)
+    res = faithfulness(toy, TEXTS, cfg, str(tmp_path), seed=1, backend=backend, progress=False, labeller=labeller)
     rows = sample_texts(len(TEXTS), 6, seed=1)
     bits = toy.encode([TEXTS[i] for i in rows], progress=False).astype(bool)
     assert res["judged_active"] == int(np.minimum(bits.sum(axis=1), 2).sum())
     assert res["judged_inactive"] == int(np.minimum((~bits).sum(axis=1), 2).sum())
-    assert len(backend.calls) == res["judged_active"] + res["judged_inactive"]
+    assert len(backend.calls) == len(labeller.calls) == res["judged_active"] + res["judged_inactive"]
     assert [j["active"] for j in res["judgements"]].count(True) == res["judged_active"]
 
     again_cfg, again = scripted_judge(set(toy.questions[:5]))
-    res2 = faithfulness(toy, TEXTS, cfg, str(tmp_path), seed=1, backend=again, progress=False)
-    assert again.calls == []  # every judgement came from the ledger
+    _, labeller_again = scripted_labeller({1, 2})
+    res2 = faithfulness(toy, TEXTS, cfg, str(tmp_path), seed=1, backend=again, progress=False, labeller=labeller_again)
+    assert again.calls == [] and labeller_again.calls == []  # every judgement and label came from the ledger
+    assert res2["faithfulness_link_labeller_judge"] == res["faithfulness_link_labeller_judge"]
     assert {k: res2[k] for k in ("faithfulness_yes_precision", "faithfulness_inactive_yes_rate")} == \
         {k: res[k] for k in ("faithfulness_yes_precision", "faithfulness_inactive_yes_rate")}
 
@@ -170,7 +257,8 @@ def test_evaluate_with_the_faithfulness_task_writes_figures_quality_and_the_judg
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     cfg = EvaluateConfig(tasks=["faithfulness"], faithfulness=FaithfulnessConfig(texts=[str(texts)], n=4, pairs=1,
-                                                                                judge=JudgeLLMConfig(backend="fake")))
+                                                                                judge=JudgeLLMConfig(backend="fake"),
+                                                                                labeller=LLMConfig(backend="fake")))
     out = tmp_path / "report"
     res = evaluate_model({"Toy": toy}, cfg, str(out), print_table=True)
     f = res["faithfulness"]["Toy"]["texts"]
@@ -185,6 +273,10 @@ def test_evaluate_with_the_faithfulness_task_writes_figures_quality_and_the_judg
     assert "## Faithfulness" in report and "Judge: fake fake." in report and "## Question quality" in report
     printed = capsys.readouterr().out
     assert f"faithfulness_yes_precision: {f['faithfulness_yes_precision']:.4f}" in printed
+    for name in FIGURES + MORE_FIGURES + LINKS:  # each figure on its own line and in results.json
+        assert name in stored["faithfulness"]["Toy"]["texts"], name
+        assert any(line.startswith(f"{name}: ") for line in printed.splitlines()), name
+    assert (out / "faithfulness" / "llm" / "ledger" / "faithfulness-labeller" / "_stats.json").exists()
     assert (out / "faithfulness" / "llm" / "ledger" / "faithfulness" / "_stats.json").exists()
 
 
