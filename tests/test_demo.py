@@ -71,15 +71,16 @@ def test_a_slow_machine_drops_clusters_then_probes_and_keeps_the_floor():
     floor = math.ceil(MIN_QUESTIONS / QUESTIONS_PER_CLUSTER)
     assert floor == 16
     wide = load_config("demo", ["cqg.max_clusters=30"])
-    # per cluster: generation 1675/200 + 115/40 = 11.3 s; probes 10 x 20 and labels 4 x 20 pairs at 30 pairs/s = 9.3 s:
-    # 17 of the 30 clusters fit the 360 s the LLM has, above the floor
-    per = PROMPT_TOKENS / 200 + REPLY_TOKENS / 40 + (10 * 20 + 4 * 20) / 30
-    sized, reason = size_demo(wide, Rates(read=200, write=40, pairs=30), 600)
-    assert sized == {"cqg.max_clusters": int((600 - OTHER_S) // per), "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4} and sized["cqg.max_clusters"] == 17
-    assert reason.startswith("17 of 30 clusters, probes 10/6/4") and "fits (10 min;" in reason
-    # at 20 pairs/s the demo's probes would leave 14, under the floor: the paper's probes (10 x 10 pairs) keep 17
-    sized, _ = size_demo(wide, Rates(read=200, write=40, pairs=20), 600)
-    assert sized == {"cqg.max_clusters": 17, "cqg.p_p": 5, "cqg.p_h": 3, "cqg.p_e": 2}
+    # per cluster: generation 1675/200 + 115/40 = 11.25 s; probes 10 x 20 and labels 4 x 40 pairs at 60 pairs/s = 6 s:
+    # 20 of the 30 clusters fit the 360 s the LLM has, above the floor
+    per = PROMPT_TOKENS / 200 + REPLY_TOKENS / 40 + (10 * 20 + 4 * 40) / 60
+    sized, reason = size_demo(wide, Rates(read=200, write=40, pairs=60), 600)
+    assert sized == {"cqg.max_clusters": int((600 - OTHER_S) // per), "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4} and sized["cqg.max_clusters"] == 20
+    assert reason.startswith("20 of 30 clusters, probes 10/6/4") and "fits (10 min;" in reason
+    # at 30 pairs/s the demo's probes would leave 15 (11.25 + 360 / 30 = 23.25 s a cluster), under the floor: the
+    # paper's probes (10 x 10 pairs: 11.25 + 260 / 30 = 19.9 s) keep 18
+    sized, _ = size_demo(wide, Rates(read=200, write=40, pairs=30), 600)
+    assert sized == {"cqg.max_clusters": 18, "cqg.p_p": 5, "cqg.p_h": 3, "cqg.p_e": 2}
     # too slow for the floor: the fewest probes on the floor's clusters, and the reason says it does not fit
     sized, reason = size_demo(wide, Rates(read=10, write=2, pairs=1), 600)
     assert sized == {"cqg.max_clusters": floor, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1} and "does not fit; this is the floor" in reason

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from cqg_ray.config import EvaluateConfig, FaithfulnessConfig, JudgeLLMConfig, LLMConfig
-from cqg_ray.evaluate.faithfulness import (ACTIVE, CAP, FIGURES, LINKS, MORE_FIGURES, NO, answered_threshold, faithfulness, format_faithfulness, link_figures, nearest_pairs,
-                                           pools, protocol_figures, sample_pools, sample_texts)
+from cqg_ray.evaluate.faithfulness import (ACTIVE, CAP, FIGURES, LINKS, MORE_FIGURES, NO, answered_threshold, faithfulness,
+                                           format_faithfulness, link_figures, nearest_pairs, pools, protocol_figures, sample_pools,
+                                           sample_texts)
 from cqg_ray.llm.base import Completion
 from cqg_ray.llm.engines.fake import FakeBackend
 from cqg_ray.llm.prompts import judge_messages
