@@ -47,6 +47,10 @@ def test_small_plan_by_hand():
     assert c["selected_top_t"] == 20 and c["questions"] == 10
     assert c["label_pairs"] == 10 * 12 and c["label_prompts_full_packing"] == 6  # ceil(120 / 20)
     assert c["holdout_pairs"] == 12
+    # each question's 12 labels: 90% trained on, the 10% held out split half to select, half to report (too few)
+    assert (c["train_labels_per_question"], c["heldout_select_per_question"], c["heldout_report_per_question"]) == (10.8, 0.6, 0.6)
+    assert "per question: ~10.8 to train on, ~0.6 held out to calibrate and select, ~0.6 for its shown figures (needs 5, 2 of them yes; " \
+           "too few: raise label.n_* or train.holdout)" in format_plan(p)
     assert stage(p, "label")["completion_tokens"] == 120 * 4
     assert stage(p, "encode")["texts_encoded"] == 1000 and stage(p, "embed")["texts_encoded"] == 1000
     assert stage(p, "cqg-dedup")["texts_encoded"] == 100
@@ -354,3 +358,14 @@ def test_memory_table_paper(capsys):
     # the driver's plan stays under a GB at the paper's 9.6M pairs: 17 bytes a pair + the plan's table and Parquet bytes
     assert memory_row(p, "label", "driver")["bytes"] == 300_000_000 + 6_800_000 * 44 + 9_614_000 * 17 + 2_450_275 * 16 + 2 * (
         9_614_000 * 4 + 2_450_275 * 16)
+
+
+def test_the_demo_plans_enough_held_out_labels_for_each_question():
+    """The demo's label plan leaves each question at least 10 report labels (its figures need train.min_heldout)."""
+    from cqg_ray.config import load_config
+
+    cfg = load_config("demo")
+    c = capacity_plan(cfg, docs=3000)["counts"]
+    assert c["texts_per_question"] == 40
+    assert c["heldout_report_per_question"] == round(40 * 0.55 * 0.6, 1) >= 10 >= cfg.train.min_heldout
+    assert c["heldout_select_per_question"] == round(40 * 0.55 * 0.4, 1) and c["train_labels_per_question"] == 18.0
