@@ -18,15 +18,17 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # questions again for cqg.keywords (10 by default), the opening filter and cqg.prompts_per_cluster (issue 27).
 # evaluation when the LLM section got large ledger shards (llm.flush_every 50,000 and llm.flush_s: the faithfulness
 # judge's section is an LLM section; labels and questions hash llm.identity only and keep theirs, issue 30), model
-# when train got data_cpus (the CPUs kept for the Ray Data tasks that feed the Train workers, issue 30).
+# when train got data_cpus (the CPUs kept for the Ray Data tasks that feed the Train workers, issue 30). Model and
+# evaluation when train got each question's reliability (select_share, calibrate, min_heldout, min_heldout_yes,
+# min_auc; issue 43), and the demo's labels too (40 texts a question, holdout 0.55, select_share 0.4).
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
     "cluster": "2dc43e847309c883",
     "questions": "548119c6c0641527",
-    "labels": "e40a7d3ea2f87ee8",
-    "model": "3b2ae018dd332b60",
-    "evaluation": "63bc25737735821a",
+    "labels": "c841da5c1c67311f",
+    "model": "3a39a8676dc39b34",
+    "evaluation": "702c45448e52600b",
 }
 DEFAULT_HASHES = {
     "prepare": "a32071158441a1dc",
@@ -34,8 +36,8 @@ DEFAULT_HASHES = {
     "cluster": "fe2e5115535f60b6",
     "questions": "8e8eeff4a4c0927d",
     "labels": "53a01361097a010d",
-    "model": "b008f7663837f4d8",
-    "evaluation": "ee4b468487eeb9ae",
+    "model": "81e8db89ad43f881",
+    "evaluation": "69c8e3f630b96d37",
 }
 
 

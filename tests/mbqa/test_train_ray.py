@@ -62,11 +62,12 @@ def train_killing_a_worker(emb, dense, cfg, storage, name, after_epoch: int = 2)
     t = threading.Thread(target=run, daemon=True)
     t.start()
     run_dir = os.path.join(storage, name)
-    deadline = time.time() + 240
+    deadline = time.time() + 600  # a Train run starts ~7 processes: minutes on a busy 2-core machine (240 s was not enough)
     while time.time() < deadline and t.is_alive():
         if polled_checkpoint_epoch(Path(run_dir)) >= after_epoch:
             break
         time.sleep(0.05)
+    assert t.is_alive() or polled_checkpoint_epoch(Path(run_dir)) >= 0, f"training ended without a checkpoint: {out.get('result')!r}"
     killed_at = settled_checkpoint_epoch(Path(run_dir))
     assert t.is_alive() and killed_at < cfg.epochs, "training ended before a worker could be killed"
     workers = sorted(train_worker_pids() - before)
