@@ -360,7 +360,8 @@ class FaithfulnessConfig(Section):
 
     texts: list[str] = Field(default_factory=list, description="text files: JSONL(.gz) with a text field, or TSV (a text column, or STS "
                              "sentence1/sentence2); empty = STS-B test under the data root")
-    n: int = Field(200, ge=1, description="texts sampled (seeded)")
+    n: int = Field(100, ge=1, description="texts sampled (seeded); 100 keeps the run with its links within ~25 min on 2 AVX2 "
+                   "cores (200 took 43 min there, 2026-11-27)")
     per_text: int = Field(5, ge=1, description="at most this many of a text's questions from each pool, sampled at random: active, "
                           "answered no (P(yes) at or below the budget's threshold), and above it but cut by the budget's cap")
     pairs: int = Field(5, ge=0, description="explained pairs in the report (each sampled text with its nearest sampled text), "

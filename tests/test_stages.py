@@ -20,7 +20,8 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # judge's section is an LLM section; labels and questions hash llm.identity only and keep theirs, issue 30), model
 # when train got data_cpus (the CPUs kept for the Ray Data tasks that feed the Train workers, issue 30). Model and
 # evaluation when train got each question's reliability (select_share, calibrate, min_heldout, min_heldout_yes,
-# min_auc; issue 43), and the demo's labels too (40 texts a question, holdout 0.55, select_share 0.4).
+# min_auc; issue 43), and the demo's labels too (40 texts a question, holdout 0.55, select_share 0.4); evaluation when
+# the faithfulness task got its links (a labeller section) and 100 texts by default (issue 42).
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
@@ -28,7 +29,7 @@ DEMO_HASHES = {
     "questions": "548119c6c0641527",
     "labels": "c841da5c1c67311f",
     "model": "3a39a8676dc39b34",
-    "evaluation": "702c45448e52600b",
+    "evaluation": "14c6b71a4b7ac514",
 }
 DEFAULT_HASHES = {
     "prepare": "a32071158441a1dc",
@@ -37,7 +38,7 @@ DEFAULT_HASHES = {
     "questions": "8e8eeff4a4c0927d",
     "labels": "53a01361097a010d",
     "model": "81e8db89ad43f881",
-    "evaluation": "69c8e3f630b96d37",
+    "evaluation": "4154dbdc6f4cf8a6",
 }
 
 

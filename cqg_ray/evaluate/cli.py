@@ -31,7 +31,7 @@ def add_commands(sub) -> None:
     g = p.add_argument_group("faithfulness (docs/evaluation.md)")
     g.add_argument("--texts", nargs="+", metavar="FILE", help="texts to judge: JSONL(.gz) with a text field, or TSV (a text column, "
                    "or STS sentence1/sentence2); default STS-B test under the data root")
-    g.add_argument("--n", type=int, help="texts sampled (seeded; default 200)")
+    g.add_argument("--n", type=int, help="texts sampled (seeded; default 100)")
     g.add_argument("--per-text", type=int, help="at most this many active questions per text, sampled at random, and as many inactive (default 5)")
     g.add_argument("--pairs", type=int, help="explained pairs shown with the judge's verdicts (default 5)")
     g.add_argument("--judge", metavar="MODEL", help="the judge's model on its backend (default bundled:qwen2.5-coder-1.5b on the embedded "
