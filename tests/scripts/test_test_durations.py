@@ -39,6 +39,6 @@ def test_durations_json_is_made_from_a_durations_report(tmp_path):
 
 def test_the_committed_durations_name_test_files_that_exist():
     seconds = json.loads(DURATIONS.read_text())
-    assert len(seconds) >= 20 and all(v > 0 for v in seconds.values())
+    assert len(seconds) >= 20 and all(v >= 0 for v in seconds.values())  # a quick file rounds to 0.0 s
     missing = [f for f in seconds if not (ROOT / f).exists()]
     assert not missing, f"tests/durations.json names files that are gone: {missing} (remake it: scripts/test_durations.py)"
