@@ -91,15 +91,14 @@ def explanation(p_a: np.ndarray, p_b: np.ndarray, ya: np.ndarray, yb: np.ndarray
                        only_b=ranked(np.flatnonzero(~ya & yb), p_b), budget=budget, yes_a=int(ya.sum()), yes_b=int(yb.sum()))
 
 
-def reliability_note(q) -> str:
-    """", precision 0.83, 12 held-out labels" / ", precision unmeasured, 3 held-out labels" / "" (a model without the
-    figures);
-    ``q``: anything with ``precision`` and ``n_heldout``."""
-    if q.n_heldout is None:
+def reliability_note(precision: float | None, n_heldout: int | None) -> str:
+    """"precision 0.83, 12 held-out labels" / "precision unmeasured, 3 held-out labels" / "" (a model without the
+    figures)."""
+    if n_heldout is None:
         return ""
-    if q.precision is None:
-        return f", precision unmeasured, {q.n_heldout} held-out labels"
-    return f", precision {q.precision:.2f}, {q.n_heldout} held-out labels"
+    if precision is None:
+        return f"precision unmeasured, {n_heldout} held-out labels"
+    return f"precision {precision:.2f}, {n_heldout} held-out labels"
 
 
 def format_explanation(ex: Explanation, text_a: str, text_b: str, max_rows: int = 8) -> str:
@@ -110,7 +109,8 @@ def format_explanation(ex: Explanation, text_a: str, text_b: str, max_rows: int 
         if items:
             lines.append(f"  {label}:")
             for q in items[:max_rows]:
-                lines.append(f"    [{q.id:>4}] {q.text}  (A {q.p_a:.2f}, B {q.p_b:.2f}{reliability_note(q)})")
+                note = reliability_note(q.precision, q.n_heldout)
+                lines.append(f"    [{q.id:>4}] {q.text}  (A {q.p_a:.2f}, B {q.p_b:.2f}{', ' + note if note else ''})")
             if len(items) > max_rows:
                 lines.append(f"    ... and {len(items) - max_rows} more")
     return "\n".join(lines)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -332,8 +331,8 @@ def cmd_search(args) -> int:
         text = "" if h.text is None else "  " + (h.text if len(h.text) <= 100 else h.text[:97] + "...")
         print(f"{h.rank:>3}. {h.score:.4f}  {h.doc_id}{text}")
         for i, qt, prec, n in zip(h.shared, h.questions, h.precision, h.n_heldout):
-            note = reliability_note(SimpleNamespace(precision=prec, n_heldout=n))
-            print(f"       yes both  [{i}] {qt}" + (f"  ({note[2:]})" if note else ""))
+            note = reliability_note(prec, n)
+            print(f"       yes both  [{i}] {qt}" + (f"  ({note})" if note else ""))
     return 0
 
 

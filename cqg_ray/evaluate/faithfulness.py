@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -151,6 +152,11 @@ def nearest_pairs(values: np.ndarray, k: int) -> list[tuple[int, int]]:
 # ----------------------------------------------------------------------------------------- with the model and the judge
 
 
+def model_name(llm) -> str:
+    """The model an LLM section names, for its backend."""
+    return {"llamacpp": llm.llamacpp.model, "openai": llm.openai.model, "vllm": llm.vllm.model, "fake": "fake"}[llm.backend]
+
+
 def judge_identity(cfg: FaithfulnessConfig) -> str:
     """The judge in words: its backend and model (and single-pass engine for the embedded one)."""
     from cqg_ray.llm.base import resolve_engine
@@ -158,8 +164,40 @@ def judge_identity(cfg: FaithfulnessConfig) -> str:
     j = cfg.judge
     if j.backend == "llamacpp":
         return f"llamacpp {j.llamacpp.model} (single-pass engine {resolve_engine(j.llamacpp.score_engine)})"
-    model = {"openai": j.openai.model, "vllm": j.vllm.model, "fake": "fake"}[j.backend]
-    return f"{j.backend} {model}" + (f" at {j.openai.base_url}" if j.backend == "openai" else "")
+    return f"{j.backend} {model_name(j)}" + (f" at {j.openai.base_url}" if j.backend == "openai" else "")
+
+
+def labeller_identity(cfg: FaithfulnessConfig) -> str:
+    """The labelling LLM in words: its backend, model and answer mode (and engine for the embedded one)."""
+    from cqg_ray.llm.base import resolve_engine
+
+    lab = cfg.labeller
+    if lab.backend == "llamacpp":
+        return f"llamacpp {lab.llamacpp.model} ({lab.answer_mode}, engine {resolve_engine(lab.llamacpp.score_engine)})"
+    return f"{lab.backend} {model_name(lab)} ({lab.answer_mode})"
+
+
+@contextmanager
+def opened(llm, backend: Any = None):
+    """``backend`` as given, or one made from ``llm`` and closed on leaving."""
+    from cqg_ray.llm.backends import make_backend
+
+    if backend is not None:
+        yield backend
+        return
+    made = make_backend(llm, in_process=True)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def yes_answers(results: list, who: str, what: str, advice: str) -> list[bool]:
+    """Each result's first yes/no; a clear error naming ``who`` when any failed (the ledger keeps the answered ones)."""
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"faithfulness: {who} failed on {len(failed)} of {len(results)} {what} (first: {failed[0].error}); {advice}")
+    return [bool(r.answers[0]) for r in results]
 
 
 def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir: str, seed: int = 0, backend: Any = None,
@@ -167,7 +205,6 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     """Run the protocol of the module docstring on ``texts`` for an interpretable ``model`` (``encode(output="probs")``,
     ``apply`` and ``explanation`` under its default budget, ``question_records``); ``backend``: a judge backend to use
     instead of the one ``cfg.judge`` names; ``labeller``: a labelling backend instead of ``cfg.labeller``'s."""
-    from cqg_ray.llm.backends import make_backend
     from cqg_ray.llm.base import Request
     from cqg_ray.llm.backends import stage_budget
     from cqg_ray.llm.fit import PromptFitter
@@ -187,10 +224,8 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     pairs = nearest_pairs(values, cfg.pairs)
     explained = [model.explanation(probs[i], probs[j]) for i, j in pairs]
 
-    owns = backend is None
-    backend = backend or make_backend(cfg.judge, in_process=True)
-    try:
-        fitter = PromptFitter(stage_budget(cfg.judge, backend), "faithfulness")
+    with opened(cfg.judge, backend) as judge:
+        fitter = PromptFitter(stage_budget(cfg.judge, judge), "faithfulness")
         cache: dict[tuple[int, int], int] = {}  # (row, question) -> request index
         requests: list[Request] = []
 
@@ -207,15 +242,8 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
         shown = [[(ask(i, s.index), ask(j, s.index)) for s in ex.shared_yes[: cfg.pair_questions]] for (i, j), ex in zip(pairs, explained)]
         log.info("faithfulness: %d texts, %d sampled judgements (+%d for %d explained pairs), judge %s", len(sample), len(picks),
                  len(requests) - len(set(sampled)), len(pairs), judge_identity(cfg))
-        results = run_requests(requests, cfg.judge, RunDir(out_dir), stage="faithfulness", progress=progress, backend=backend)
-    finally:
-        if owns:
-            backend.close()
-    failed = [r for r in results if not r.ok]
-    if failed:
-        raise RuntimeError(f"faithfulness: the judge failed on {len(failed)} of {len(results)} judgements "
-                           f"(first: {failed[0].error}); fix the judge and rerun (the ledger keeps the answered ones)")
-    said = [bool(r.answers[0]) for r in results]
+        results = run_requests(requests, cfg.judge, RunDir(out_dir), stage="faithfulness", progress=progress, backend=judge)
+    said = yes_answers(results, "the judge", "judgements", "fix the judge and rerun (the ledger keeps the answered ones)")
     p_yes = [float(r.p_yes[0]) for r in results]
     judged = [said[k] for k in sampled]
     out: dict[str, Any] = protocol_figures(picks, judged, pool, cfg.per_text)
@@ -244,60 +272,33 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     return out
 
 
-def labeller_identity(cfg: FaithfulnessConfig) -> str:
-    from cqg_ray.llm.base import resolve_engine
-
-    lab = cfg.labeller
-    if lab.backend == "llamacpp":
-        return f"llamacpp {lab.llamacpp.model} ({lab.answer_mode}, engine {resolve_engine(lab.llamacpp.score_engine)})"
-    model = {"openai": lab.openai.model, "vllm": lab.vllm.model, "fake": "fake"}[lab.backend]
-    return f"{lab.backend} {model} ({lab.answer_mode})"
-
-
 def labeller_answers(sample: list[str], picks: list[tuple[int, int, int]], records: list[dict], cfg: FaithfulnessConfig, out_dir: str,
                      progress: bool, backend: Any = None) -> list[bool]:
     """The labelling LLM's yes/no on each sampled (row, question), with the labelling prompt of its answer mode (one
     question a prompt), through the ledger under ``out_dir`` (stage ``faithfulness-labeller``)."""
     from cqg_ray.llm.answers import answer_requests
-    from cqg_ray.llm.backends import make_backend
+    from cqg_ray.llm.prompts import clip_text
     from cqg_ray.llm.runner import run_requests
     from cqg_ray.rundir import RunDir
 
     questions = [r["text"] for r in records]
     lab = cfg.labeller
-    requests = [answer_requests(clip_text_for(sample[r], cfg), [q], questions, lab.answer_mode, 1, lab.max_tokens_answer,
+    requests = [answer_requests(clip_text(sample[r], cfg.max_text_chars), [q], questions, lab.answer_mode, 1, lab.max_tokens_answer,
                                 meta={"row": r})[0] for r, q, _ in picks]
-    owns = backend is None
-    backend = backend or make_backend(lab, in_process=True)
-    try:
+    with opened(lab, backend) as labeller:
         log.info("faithfulness: the labelling LLM (%s) answers the %d sampled pairs", labeller_identity(cfg), len(requests))
-        results = run_requests(requests, lab, RunDir(out_dir), stage="faithfulness-labeller", progress=progress, backend=backend)
-    finally:
-        if owns:
-            backend.close()
-    failed = [r for r in results if not r.ok]
-    if failed:
-        raise RuntimeError(f"faithfulness: the labelling LLM failed on {len(failed)} of {len(results)} pairs (first: {failed[0].error}); "
-                           "rerun (the ledger keeps the answered ones), or leave the links out: evaluate.faithfulness.links=false")
-    return [bool(r.answers[0]) for r in results]
-
-
-def clip_text_for(text: str, cfg: FaithfulnessConfig) -> str:
-    from cqg_ray.llm.prompts import clip_text
-
-    return clip_text(text, cfg.max_text_chars)
+        results = run_requests(requests, lab, RunDir(out_dir), stage="faithfulness-labeller", progress=progress, backend=labeller)
+    return yes_answers(results, "the labelling LLM", "pairs",
+                       "rerun (the ledger keeps the answered ones), or leave the links out: evaluate.faithfulness.links=false")
 
 
 def format_faithfulness(name: str, res: dict[str, Any]) -> str:
     """The plain lines printed for one model."""
-    def f(v):
-        return "n/a" if v is None else f"{v:.4f}"
-
     return "\n".join([
         f"faithfulness of {name}: {res['texts']} texts, {res['judged_active']} active + {res['judged_inactive']} answered-no + "
         f"{res.get('judged_cap_left_out', 0)} cap-left-out judgements, judge {res['judge']}"
         + (f", labeller {res['labeller']}" if res.get("labeller") else ""),
-        *(f"{k}: {f(res[k])}" for k in FIGURES + MORE_FIGURES + LINKS if k in res),
+        *(f"{k}: {figure(res[k])}" for k in FIGURES + MORE_FIGURES + LINKS if k in res),
     ])
 
 

@@ -104,6 +104,7 @@ def text_stats(table: pa.Table, heads, tau: float, means_only: bool = False) -> 
     over the texts, the held-out confusion counts [[tn, fp], [fn, tp]] at tau, the numbers of texts and pairs, and the
     held-out pairs themselves (``held_question``, ``held_answer``, ``held_logit``: the head's logit, ``held_part``).
     ``means_only``: the P(yes) sums and the number of texts alone (heads that no longer match the rows' question ids)."""
+    from cqg_ray.mbqa.reliability import sigmoid
     from cqg_ray.mbqa.report import predict_pairs
 
     m = heads.m
@@ -119,7 +120,7 @@ def text_stats(table: pa.Table, heads, tau: float, means_only: bool = False) -> 
     part = text_part[text]
     is_held = part > 0
     logit = predict_pairs(heads, emb, text[is_held], question[is_held], logits=True)
-    confusion = np.bincount(answer[is_held] * 2 + (1 / (1 + np.exp(-logit.astype(np.float64))) > tau).astype(np.int64), minlength=4)
+    confusion = np.bincount(answer[is_held] * 2 + (sigmoid(logit) > tau).astype(np.int64), minlength=4)
     trained = ~is_held
     return {"labels": np.bincount(question, minlength=m), "yes": np.bincount(question, weights=answer, minlength=m).astype(np.int64),
             "train_labels": np.bincount(question[trained], minlength=m),
