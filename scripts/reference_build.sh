@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The reference build (cqg_ray/configs/reference.yaml), resumable across sessions and machines:
+#   1. restores the LLM ledger committed in builds/cqg-minilm-ref/ledger into runs/reference (no finished call is asked again);
+#   2. runs `cqg-ray run --config reference` under nice (it takes the CPU that is idle; NICE=0 for a dedicated machine);
+#   3. copies the ledger's finished shards back to builds/cqg-minilm-ref/ledger every SAVE_S seconds (default 300) and
+#      when it stops, with the questions, labels and the build's stats; commit that folder to carry the build on.
+# Extra arguments go to `cqg-ray run` (e.g. --until cqg). Progress: runs/reference/_progress.json, `cqg-ray status runs/reference`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+run=runs/reference
+keep=builds/cqg-minilm-ref
+mkdir -p "$run/llm/ledger" "$keep/ledger"
+copy_shards() {  # FROM TO: every finished ledger shard FROM has and TO lacks (shards are immutable, written atomically)
+  (cd "$1" && find . -name '*.parquet' -print0) | while IFS= read -r -d '' f; do
+    [ -e "$2/$f" ] || { mkdir -p "$2/$(dirname "$f")"; cp "$1/$f" "$2/$f.part" && mv "$2/$f.part" "$2/$f"; }
+  done
+}
+save() {
+  copy_shards "$run/llm/ledger" "$keep/ledger"
+  for f in questions/candidates.parquet questions/questions.parquet questions/stats.json questions/report.md \
+           labels/labels.parquet labels/stats.json _progress.json; do
+    [ -e "$run/$f" ] && { mkdir -p "$keep/$(dirname "$f")"; cp "$run/$f" "$keep/$f"; }
+  done
+  echo "[reference-build] $(date -u +%H:%M:%S) saved: $(find "$keep/ledger" -name '*.parquet' | wc -l) ledger shards, $(du -sh "$keep" | cut -f1)"
+}
+copy_shards "$keep/ledger" "$run/llm/ledger"
+( while sleep "${SAVE_S:-300}"; do save; done ) &
+saver=$!
+trap 'kill $saver 2>/dev/null || true; save' EXIT
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+nice -n "${NICE:-15}" .venv/bin/cqg-ray run --config reference "$@"
