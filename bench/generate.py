@@ -62,7 +62,7 @@ def main() -> None:
     if args.demo and args.model == ap.get_default("model"):
         args.model = "bundled:qwen2.5-coder-1.5b"
     print(cpu_line())
-    print(f"llamacpp.generate_engine auto -> {resolve_engine('auto')} on this CPU", flush=True)
+    print(f"llamacpp.generate_engine auto -> {resolve_engine('auto', work='generate')} on this CPU", flush=True)
     shape = {"n_pos": 6, "n_neg": 36, "prompt": "property"} if args.demo else {}
     reqs = [Request(m, max_tokens=args.max_tokens) for m in cqg_prompts(args.prompts, args.seed, **shape)]
     print(f"{len(reqs)} {'property (demo)' if args.demo else 'A.1'} prompts, model {args.model}", flush=True)

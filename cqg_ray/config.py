@@ -120,7 +120,8 @@ class LlamaCppConfig(Section):
     score_batch: int = Field(64, ge=1, le=256, description="single-pass prompts evaluated in one batch as a prefix tree (shared tokens once)")
     score_engine: Literal["auto", "llamacpp", "torch-float32", "torch-bfloat16"] = Field(
         "auto", description="engine for single-pass answers: llama.cpp on the GGUF, or torch on its weights dequantised once (cached); "
-        "auto = torch-bfloat16 on CPUs with AVX-512-BF16 or AMX, llama.cpp elsewhere (README: Answer modes, measured per machine kind)")
+        "auto = torch-bfloat16 on CPUs with AVX-512-BF16 or AMX, torch-float32 on other AVX2 CPUs, llama.cpp elsewhere (docs/llm.md, "
+        "measured per machine kind)")
     generate_engine: Literal["auto", "llamacpp", "torch-float32", "torch-bfloat16"] = Field(
         "auto", description="engine for batched greedy generation (batch_generate > 1): llama.cpp on the GGUF (continuous batching), or torch on "
         "its weights dequantised once (static batches of similar length); auto = torch-bfloat16 on CPUs with AVX-512-BF16 or AMX, "
@@ -208,9 +209,16 @@ class CQGConfig(Section):
         description="selection filters (departs from the paper; paper.yaml sets none): copy = shares a run of 6 words with a text the "
                     "run read; example = repeats a question of the property prompt's worked examples (the same words, or a run of "
                     "6 of them); long = more than max_question_words words; cut_off = ends on a function word, or is the last item of "
-                    "a reply that stopped on the token limit; own_cluster = answered yes for at most half of its own cluster's probes; "
+                    "a reply that stopped on the token limit; own_cluster = answered yes for at most own_cluster_share (half) of its own cluster's "
+                    "positive probes, or of Eq. 1 quality at or below own_cluster_quality; "
                     "opening = beyond max_opening_share of the kept questions with one opening (first four words), the "
                     "lowest-quality ones, replaced by their clusters' next best")
+    own_cluster_share: float = Field(0.5, ge=0, lt=1, description="the own_cluster filter's bar: a question is kept if answered yes for more "
+                                     "than this share of its own cluster's positive probes (0.5: a property of most of the cluster, "
+                                     "made for documents; sentence clusters share fewer properties: docs/questions.md)")
+    own_cluster_quality: float | None = Field(None, ge=-1, lt=1, description="with own_cluster, also drop a question whose Eq. 1 quality "
+                                              "is at or below this (None: no such bar; 0 keeps only questions more often yes in their "
+                                              "cluster than outside it)")
     max_opening_share: float = Field(0.25, gt=0, le=1, description="the opening filter's limit: the most common opening's share of the kept questions")
     max_question_words: int = Field(25, ge=3, description="the long filter's limit")
     n_p: int = Field(6, ge=1, description="n_p: positive samples per cluster")

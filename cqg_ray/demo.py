@@ -131,11 +131,12 @@ def machine_rates(cfg: PipelineConfig) -> tuple[Rates, str]:
     (kept in the model cache's demo-rates.json); and where they come from."""
     from cqg_ray.cqg.stage import writer_llm
     from cqg_ray.hardware import available_cpus, cpu_model
+    from cqg_ray.llm.base import resolve_engine
     from cqg_ray.llm.engines.bundled import cache_root
 
     ll = cfg.llm.llamacpp
-    key = "|".join(map(str, (cpu_model(), available_cpus(), writer_llm(cfg).llamacpp.model, ll.model, ll.generate_engine, ll.score_engine,
-                             ll.n_threads)))
+    engines = resolve_engine(ll.generate_engine, work="generate"), resolve_engine(ll.score_engine, work="score")  # as resolved: auto changes
+    key = "|".join(map(str, (cpu_model(), available_cpus(), writer_llm(cfg).llamacpp.model, ll.model, *engines, ll.n_threads)))
     path = cache_root(ll.cache_dir) / "demo-rates.json"
     try:
         known = json.loads(path.read_text())

@@ -127,6 +127,12 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
     other = demo_config(tmp_path / "b")
     record = demo.demo_sizing(other, [], 10)
     assert record["rates_from"].startswith("measured earlier on this machine")
+    # kept per engine as resolved: where `auto` picks another engine (another CPU kind, a changed rule) they are measured anew
+    import cqg_ray.llm.base as base
+
+    monkeypatch.setattr(base, "resolve_engine", lambda name, flags=None, work="score": "llamacpp")
+    monkeypatch.setattr(demo, "measure_rates", lambda cfg: measured.append(2) or demo.Rates(read=40, write=8, pairs=4))
+    assert demo.demo_sizing(demo_config(tmp_path / "c"), [], 10)["rates_from"] == "measured now" and measured == [1, 2]
 
 
 def test_a_run_whose_questions_are_written_or_another_backend_is_not_sized(tmp_path, monkeypatch):

@@ -33,7 +33,8 @@ def test_the_avx2_cap_reads_the_machine_as_an_avx2_cpu(monkeypatch):
     assert cpu_flags() == {"sse4_2", "avx", "f16c", "fma", "avx2", "bmi2"}
     assert "amx_tile" in cpu_flags(capped=False)  # what the hardware has (the llama.cpp AMX workaround reads this)
     assert cpu_flags(SAPPHIRE_RAPIDS) >= {"amx_tile", "avx512f"}  # a text given is read as it is
-    assert hardware.pick_dtype() == "float32" and resolve_engine("auto") == "llamacpp"
+    assert hardware.pick_dtype() == "float32" and resolve_engine("auto") == "torch-float32"  # as on an AVX2 machine
+    assert resolve_engine("auto", work="generate") == "llamacpp"
     assert pick_backend(cpu_flags(), False, installed_backends() - {"openvino"})[0] in ("onnx", "torch-float32")
     monkeypatch.setenv("CQG_RAY_MAX_CPU_ISA", "avx512")
     with pytest.raises(ValueError, match="only 'avx2'"):
@@ -50,7 +51,7 @@ torch.ops.mkldnn._linear_pointwise(torch.ones(2, 64), torch.ops.mkldnn._reorder_
 print(json.dumps({"aten": torch.backends.cpu.get_cpu_capability(), "numpy": sorted(k for k in ("X86_V3", "X86_V4", "AVX512_ICL", "AVX512_SPR") if npf.get(k)),
                   "openblas": sorted({i["architecture"] for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"}),
                   "faiss": faiss.SIMDConfig.get_level_name(), "above_avx2": sorted(f for f in cpu_flags() if f.startswith(ABOVE_AVX2)),
-                  "engine": resolve_engine("auto")}))
+                  "engine": [resolve_engine("auto", work=w) for w in ("score", "generate")]}))
 """
 
 
@@ -77,7 +78,7 @@ def test_the_avx2_only_settings_make_each_library_use_avx2_kernels():
     assert not {"X86_V4", "AVX512_ICL", "AVX512_SPR"} & set(got["numpy"])
     assert got["openblas"] == ["Haswell"]  # numpy's OpenBLAS and faiss's
     assert got["faiss"] in ("AVX2", "NONE")
-    assert got["above_avx2"] == [] and got["engine"] == "llamacpp"
+    assert got["above_avx2"] == [] and got["engine"] == ["torch-float32", "llamacpp"]  # auto as on an AVX2 machine
     assert "AVX-512" not in isa and "AMX" not in isa and "AVX10" not in isa, isa
 
 

@@ -332,16 +332,68 @@ def test_memory_table_small(capsys):
     assert lines[at + 1] == "prepare  driver               0.30  base"
     assert lines[at + 4] == "encode   encoder actor        0.89  encoder weights, a unit of 100 texts and embeddings"
     assert lines[at + 8] == "cqg      keywords task        0.30  1,000 keyword texts (100 a cluster) and their sparse word counts"
-    assert lines[at + 10] == ("label    driver               0.30  clusters, places, plan arrays (19,000 pairs, 1,372 prompts), plan table "
+    assert lines[at + 9].startswith("cqg      writer engine") and lines[at + 10].startswith("cqg      probe engine")
+    assert lines[at + 11] == ("label    driver               0.30  clusters, places, plan arrays (19,000 pairs, 1,372 prompts), plan table "
                              "and Parquet bytes")
-    assert lines[at + 11] == "label    ledger index         0.31  every ledger key of 19,000 requests, sorted"
-    assert lines[at + 15] == "train    train worker x1      0.80  its shard (999 embeddings, 19,000 labels), heads + grads + Adam"
+    assert lines[at + 12] == "label    ledger index         0.31  every ledger key of 19,000 requests, sorted"
+    assert lines[at + 16] == "train    train worker x1      0.80  its shard (999 embeddings, 19,000 labels), heads + grads + Adam"
     assert main(["plan", "--docs", "1000", "--clusters", "10", "--json"]) == 0
     p = json.loads(capsys.readouterr().out)
     # 300 MB base + 1,000 texts x 44 (ids, labels, places) + 19,000 pairs x 17 + 1,372 prompts x 16 + 2 x (19,000 x 4 + 1,372 x 16)
     assert memory_row(p, "label", "driver")["bytes"] == 300_000_000 + 44_000 + 323_000 + 21_952 + 195_904
     # base + torch + MiniLM fp32 (22.7M x 4) + 10,000 texts x (2 x 512 characters + 384 x 4)
     assert memory_row(p, "encode", "encoder actor")["bytes"] == 300_000_000 + 500_000_000 + 90_800_000 + 10_000 * (1024 + 1536)
+
+
+def test_the_llm_engines_weights_follow_the_engine_that_does_the_work():
+    """The GGUF for llama.cpp; the GGUF plus its parameters at 4 (float32) or 2 (bfloat16) bytes where a torch engine does
+    the work: the 1.5B in torch-float32 is ~6.2 GB more, what a 2-core machine has to hold beside the rest."""
+    from cqg_ray.config import load_config
+    from cqg_ray.plan.memory import PARAMS, WEIGHTS, llm_weights
+
+    cfg = load_config(None, ["llm.llamacpp.score_engine=torch-float32", "llm.llamacpp.generate_engine=llamacpp"])
+    small, big = "bundled:qwen2.5-coder-0.5b", "bundled:qwen2.5-coder-1.5b"
+    assert llm_weights(cfg, small, "score") == (WEIGHTS[small] + 4 * PARAMS[small],
+                                                f"{small} GGUF and its weights in float32 (torch-float32 scores)")
+    assert llm_weights(cfg, big, "generate") == (WEIGHTS[big], f"{big} weights")
+    cfg = load_config(None, ["llm.llamacpp.generate_engine=torch-bfloat16"])
+    assert llm_weights(cfg, big, "generate")[0] == WEIGHTS[big] + 2 * 1.54e9
+    assert llm_weights(cfg, "my.gguf", "score") == (0.0, "my.gguf weights (unknown model: not counted)")
+
+
+def test_prompts_per_cluster_the_writer_and_the_filters_size_the_questions():
+    """The reference build: 200 clusters x 2 prompts x 10 questions = 4,000 candidates written by the 1.5B; the filters'
+    survival decides how many of a cluster's candidates can fill its top t (5)."""
+    from dataclasses import replace
+
+    cfg = load_config("reference")
+    p = capacity_plan(cfg)
+    c = p["counts"]
+    assert (c["generation_prompts"], c["prompts_per_cluster"], c["candidates"], c["writer"]) == (400, 2, 4000, "bundled:qwen2.5-coder-1.5b")
+    assert p["stages"][2]["llm_requests"] == 400 and "2 prompt(s) per cluster" in p["stages"][2]["what"]
+    assert (c["filter_survival"], c["eligible"], c["selected_top_t"]) == (1.0, 4000, 1000)
+    c = capacity_plan(cfg, workload=replace(Workload(), filter_survival=0.1))["counts"]  # 2 of a cluster's 20 pass
+    assert (c["eligible"], c["selected_top_t"], c["questions"]) == (400, 400, round(400 * 9_614 / 20_000))
+    no_filters = load_config("reference", ["cqg.filters=[]"])
+    assert capacity_plan(no_filters, workload=replace(Workload(), filter_survival=0.1))["counts"]["selected_top_t"] == 1000
+    with pytest.raises(ValueError, match="filter_survival"):
+        capacity_plan(cfg, workload=replace(Workload(), filter_survival=0))
+
+
+def test_calibrate_reads_the_parse_rate_and_the_filter_survival(tmp_path, capsys):
+    """8 prompts asked 10 questions each: 60 parsed (0.75), 3 copies and 27 denied by their cluster: half survive."""
+    from cqg_ray.rundir import RunDir
+
+    root = fake_run(tmp_path, {"labels": (2000, 100, 30.0)})
+    run = RunDir(root)
+    run.write_manifest("questions", "h", [], {"generation_prompts": 8, "parsed": 60, "dropped_copy": 3, "dropped_own_cluster": 27,
+                                             "dropped_opening": 5}, 1.0)
+    run.write_bytes("config.yaml", b"cqg:\n  questions_per_prompt: 10\n")
+    assert main(["plan", "--docs", "10k", "-k", "100", "--calibrate", root, "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)["workload"]
+    assert (w["parse_rate"], w["filter_survival"]) == (0.75, 0.5)
+    assert main(["plan", "--docs", "10k", "-k", "100", "--calibrate", root, "--filter-survival", "0.3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["filter_survival"] == 0.3  # a figure given wins
 
 
 def test_memory_table_paper(capsys):

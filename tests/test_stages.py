@@ -21,12 +21,13 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # when train got data_cpus (the CPUs kept for the Ray Data tasks that feed the Train workers, issue 30). Model and
 # evaluation when train got each question's reliability (select_share, calibrate, min_heldout, min_heldout_yes,
 # min_auc; issue 43), and the demo's labels too (40 texts a question, holdout 0.55, select_share 0.4); evaluation when
-# the faithfulness task got its links (a labeller section) and 100 texts by default (issue 42).
+# the faithfulness task got its links (a labeller section) and 100 texts by default (issue 42). Questions when the
+# own_cluster filter got its bar and Eq. 1 floor (cqg.own_cluster_share 0.5 as before, own_cluster_quality None; issue 44).
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
     "cluster": "2dc43e847309c883",
-    "questions": "548119c6c0641527",
+    "questions": "a3cb2fca993fff79",
     "labels": "c841da5c1c67311f",
     "model": "3a39a8676dc39b34",
     "evaluation": "14c6b71a4b7ac514",
@@ -35,7 +36,7 @@ DEFAULT_HASHES = {
     "prepare": "a32071158441a1dc",
     "encode": "aa72063655ffa91f",
     "cluster": "fe2e5115535f60b6",
-    "questions": "8e8eeff4a4c0927d",
+    "questions": "79845cec2a4834de",
     "labels": "53a01361097a010d",
     "model": "81e8db89ad43f881",
     "evaluation": "4154dbdc6f4cf8a6",

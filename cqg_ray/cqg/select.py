@@ -3,7 +3,8 @@
 - ``quality``: Equation 1, yes-rate on positive probes minus yes-rate on negative (hard + easy) probes.
 - ``top_t``: per source cluster, the t questions of highest quality (ties: earlier generated first).
 - ``text_filters`` / ``own_cluster_no``: the selection filters (``cqg.filters``): a question copied from a text
-  (a run of 6 words), one too long, one cut off, one its own cluster does not answer yes; they drop, never rewrite.
+  (a run of 6 words), one too long, one cut off, one its own cluster does not answer yes (for more than a share of its
+  positive probes, and optionally above an Eq. 1 floor); they drop, never rewrite.
 - ``select``: top-t, then dedup, then the ``opening`` filter: while one opening (first four words) holds more than
   ``max_opening_share`` of the kept questions, its lowest-quality kept questions beyond that share are dropped and
   the selection is redone, so their clusters' next-best questions can take their places.
@@ -55,10 +56,17 @@ def text_filters(questions: list[str], filters: list[str] | tuple[str, ...], max
     return out
 
 
-def own_cluster_no(pos_yes: np.ndarray, pos_n: np.ndarray) -> np.ndarray:
-    """Questions answered yes for at most half of their own cluster's (answered) probes: not a property of the cluster."""
-    pos_yes, pos_n = np.asarray(pos_yes), np.asarray(pos_n)
-    return (pos_n > 0) & (2 * pos_yes <= pos_n)
+def own_cluster_no(pos_yes: np.ndarray, pos_n: np.ndarray, share: float = 0.5, q: np.ndarray | None = None,
+                   min_quality: float | None = None) -> np.ndarray:
+    """Questions answered yes for at most ``share`` of their own cluster's (answered) positive probes, or (with
+    ``min_quality``) whose Eq. 1 quality ``q`` is at or below it: not a property of the cluster. Unprobed: not judged."""
+    pos_yes, pos_n = np.asarray(pos_yes, dtype=np.float64), np.asarray(pos_n, dtype=np.float64)
+    probed = pos_n > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        no = probed & ~(pos_yes > share * pos_n + 1e-9)
+        if min_quality is not None:
+            no |= probed & ~(np.asarray(q, dtype=np.float64) > min_quality + 1e-9)
+    return no
 
 
 def top_t(clusters: np.ndarray, q: np.ndarray, t: int) -> np.ndarray:

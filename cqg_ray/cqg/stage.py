@@ -204,7 +204,8 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     neg_n = counts["hard_n"] + counts["easy_n"]
     q = quality(counts["positive_yes"], counts["positive_n"], neg_yes, neg_n)
     if "own_cluster" in c.filters:
-        reasons[(reasons == "") & own_cluster_no(counts["positive_yes"], counts["positive_n"])] = "own_cluster"
+        denied = own_cluster_no(counts["positive_yes"], counts["positive_n"], c.own_cluster_share, q, c.own_cluster_quality)
+        reasons[(reasons == "") & denied] = "own_cluster"
 
     # 4. selection: top t per cluster among the questions no filter dropped, then global dedup at theta (best quality first),
     #    redone while one opening holds more than cqg.max_opening_share of the kept questions (the opening filter)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 from cqg_ray.config import LLMConfig, llm_identity
-from cqg_ray.hardware import pick_dtype
+from cqg_ray.hardware import cpu_flags, pick_dtype
 
 Message = dict[str, str]
 
@@ -116,13 +116,19 @@ def file_fingerprint(path: str, chunk: int = 1 << 20) -> str:
     return f"{size}:{h.hexdigest()[:32]}"
 
 
-def resolve_engine(name: str, flags: set[str] | None = None) -> str:
-    """``auto`` -> the measured fastest embedded engine for this CPU, for single-pass scoring and for batched generation
-    alike: torch-bfloat16 where bfloat16 is native (AVX-512-BF16 or AMX), llama.cpp elsewhere."""
+def resolve_engine(name: str, flags: set[str] | None = None, work: str = "score") -> str:
+    """``auto`` -> the measured fastest embedded engine for this CPU and this kind of work (``score``: single-pass
+    answers; ``generate``: batched greedy generation), docs/llm.md: torch-bfloat16 for both where bfloat16 is native
+    (AVX-512-BF16 or AMX); on other x86 CPUs with AVX2, torch-float32 scores (1.50x llama.cpp) and llama.cpp
+    generates (torch-float32 is at par there, 1.05x, for 4x the memory); llama.cpp on anything else."""
+    if work not in ("score", "generate"):
+        raise ValueError(f"work is score or generate, got {work!r}")
     if name != "auto":
         return name
-    return "torch-bfloat16" if pick_dtype(flags) == "bfloat16" else "llamacpp"
-
+    flags = cpu_flags() if flags is None else flags
+    if pick_dtype(flags) == "bfloat16":
+        return "torch-bfloat16"
+    return "torch-float32" if work == "score" and "avx2" in flags else "llamacpp"
 
 
 def backend_identity(llm: LLMConfig) -> dict[str, Any]:
@@ -138,8 +144,8 @@ def backend_identity(llm: LLMConfig) -> dict[str, Any]:
         if os.path.isfile(path):
             ident["gguf"] = file_fingerprint(path)
     if llm.backend == "llamacpp":  # the engine that answers single-pass requests (request_key keeps it for those only)
-        ident["score_engine"] = resolve_engine(llm.llamacpp.score_engine)
-        gen = resolve_engine(llm.llamacpp.generate_engine)
+        ident["score_engine"] = resolve_engine(llm.llamacpp.score_engine, work="score")
+        gen = resolve_engine(llm.llamacpp.generate_engine, work="generate")
         if gen != "llamacpp":  # the engine that decodes generation requests (request_key keeps it for those only)
             ident["generate_engine"] = gen
     if llm.backend == "openai":

@@ -7,13 +7,15 @@ A pure function of the config (plus a few workload and throughput figures):
 
 How each count is derived (N texts, k clusters; paper symbols of Table 8 and Appendix B):
 
-- CQG generation (A.1): one prompt per cluster (``cqg.max_clusters`` caps k) with n_p + n_h + n_e texts
-  (QAEmb: ``qaemb_articles`` texts), asking for ``cqg.questions_per_prompt`` questions (paper: 10), so the
-  candidates are k x 10 (times ``parse_rate``, the share of generated lines that parse as yes/no questions).
+- CQG generation (A.1): ``cqg.prompts_per_cluster`` prompts per cluster (paper: 1; ``cqg.max_clusters`` caps k) with
+  n_p + n_h + n_e texts (QAEmb: ``qaemb_articles`` texts), asking for ``cqg.questions_per_prompt`` questions (paper: 10),
+  written by ``cqg.writer_model`` or the llm's model, so the candidates are k x prompts x 10 (times ``parse_rate``, the
+  share of the questions asked that parse as yes/no questions); ``filter_survival`` of them pass ``cqg.filters``
+  (measured by ``--calibrate RUN_DIR`` from a finished questions stage, or given).
 - Probing (Equation 1), as ``cqg_ray.cqg.stage`` does it: per cluster, p_p + p_h + p_e probe texts shared by the
   cluster's questions, one A.3 prompt per probe text with the cluster's candidates (in chunks of
   ``label.questions_per_prompt``): k x (p_p + p_h + p_e) x ceil(10 / 20) prompts.
-- Selection: top t per cluster -> k x t, then dedup at theta keeps a fraction ``dedup_survival`` of them
+- Selection: top t per cluster (at most the cluster's filtered candidates) -> k x t, then dedup at theta keeps a fraction ``dedup_survival`` of them
   (default: the paper's 9,614 / 20,000 for CQG, 10,654 / 20,000 for QAEmb, Appendix D): m questions.
 - Labelling (Appendix B): m x min(n_cluster + n_neighbor + n_random, N) (text, question) pairs. The paper packs
   20 questions per prompt: pairs / 20 prompts at full packing (10M pairs -> 500k prompts). Our packing

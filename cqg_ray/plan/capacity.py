@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 from cqg_ray.config import PipelineConfig
 from cqg_ray.plan.format import human
-from cqg_ray.plan.memory import memory_plan
+from cqg_ray.plan.memory import llm_model, memory_plan
 from cqg_ray.plan.packing import label_packing_estimate, simulate_label_packing
 from cqg_ray.plan.throughput import THROUGHPUTS, Throughput
 from cqg_ray.plan.tokens import Workload, answer_prompt_tokens, clipped_text_tokens, context_check, generation_prompt_tokens, single_pass_tokens
@@ -61,17 +61,22 @@ def capacity_plan(
     embed_n = N if embed_docs is None else embed_docs
 
     # --- question generation, probing, selection
+    if not 0 < w.filter_survival <= 1:
+        raise ValueError(f"filter_survival must be in (0, 1], got {w.filter_survival}")
     k_gen = min(k, c.max_clusters) if c.max_clusters else k
     gen_tokens, gen_texts = generation_prompt_tokens(cfg, w)
-    candidates_per_cluster = qpc * w.parse_rate
+    ppc = c.prompts_per_cluster if c.method == "cqg" else 1
+    gen_requests = k_gen * ppc
+    candidates_per_cluster = ppc * qpc * w.parse_rate
     candidates = k_gen * candidates_per_cluster
+    eligible_per_cluster = candidates_per_cluster * (w.filter_survival if c.filters else 1.0)
     probe_texts = c.p_p + c.p_h + c.p_e
     chunks = math.ceil(candidates_per_cluster / lab.questions_per_prompt) if candidates_per_cluster > 0 else 0
     probe_prompts = k_gen * probe_texts * chunks
     probe_pairs = k_gen * probe_texts * candidates_per_cluster
     probe_q_per_prompt = candidates_per_cluster / chunks if chunks else 0
     probe_tokens = probe_prompts * answer_prompt_tokens(probe_q_per_prompt, clipped_text_tokens(w, c.max_text_chars), w)
-    per_cluster = int(min(c.t, math.floor(candidates_per_cluster)))
+    per_cluster = int(min(c.t, math.floor(eligible_per_cluster + 1e-9)))
     selected = k_gen * per_cluster
     m = int(round(selected * survival))
 
@@ -128,13 +133,15 @@ def capacity_plan(
             out["usd"] = round(prompt * prices[0] / 1e6 + completion * prices[1] / 1e6, 2)
         return out
 
-    gen_completion = k_gen * qpc * (w.question_tokens + 3)  # "N. question?\n" for every question asked
+    gen_completion = gen_requests * qpc * (w.question_tokens + 3)  # "N. question?\n" for every question asked
+    writer = c.writer_model or llm_model(cfg) or cfg.llm.backend
     stages = [
         row("encode", f"encode the corpus ({cfg.encode.model})", encoded=N, hours=N / tp.encoder_texts_per_s / 3600),
         row("cluster", f"k-means on {human(kmeans_points)} points x {d} dims, {cfg.cluster.niter} iterations, then assign all (CPU)",
             cpu_core_hours=kmeans_core_h),
-        row("cqg-generate", f"one prompt per cluster with {gen_texts} texts, {qpc} questions asked",
-            requests=k_gen, prompt=k_gen * gen_tokens, completion=gen_completion, hours=llm_h(k_gen * gen_tokens, gen_completion)),
+        row("cqg-generate", f"{ppc} prompt(s) per cluster with {gen_texts} texts, {qpc} questions asked, written by {writer}",
+            requests=gen_requests, prompt=gen_requests * gen_tokens, completion=gen_completion,
+            hours=llm_h(gen_requests * gen_tokens, gen_completion)),
         row("cqg-probe", f"{probe_texts} probe texts per cluster, " + (f"each asked the cluster's {qpc} questions single-pass" if single else
                                                                        f"one prompt each with the cluster's {qpc} questions"),
             requests=probe_requests, prompt=probe_prompt_tok, completion=probe_completion_tok, hours=llm_h(probe_prompt_tok, probe_completion_tok)),
@@ -158,7 +165,9 @@ def capacity_plan(
         "wall_hours": sum(r["wall_hours"] for r in stages),
     }
     counts = {
-        "docs": N, "clusters": k, "clusters_generated": k_gen, "candidates": int(round(candidates)), "probe_pairs": int(round(probe_pairs)),
+        "docs": N, "clusters": k, "clusters_generated": k_gen, "generation_prompts": gen_requests, "prompts_per_cluster": ppc,
+        "candidates": int(round(candidates)), "filters": list(c.filters), "filter_survival": w.filter_survival if c.filters else 1.0,
+        "eligible": int(round(k_gen * eligible_per_cluster)), "probe_pairs": int(round(probe_pairs)), "writer": writer,
         "selected_top_t": selected, "dedup_survival": round(survival, 6), "questions": m,
         "texts_per_question": texts_per_question, "label_pairs": pairs, "holdout_pairs": int(round(pairs * cfg.train.holdout)),
         # each question's held-out labels (expected): the select part calibrates and picks, the report part is shown

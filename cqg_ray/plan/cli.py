@@ -30,7 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--questions-per-cluster", type=int, help="questions asked per generation prompt (default: cqg.questions_per_prompt = 10)")
     p.add_argument("--dedup-survival", type=float,
                    help="share of the top-t questions that survive dedup (default: the paper's 9,614/20,000 = 0.4807; QAEmb 10,654/20,000)")
-    p.add_argument("--parse-rate", type=float, default=Workload.parse_rate, help="share of generated questions that parse (default 1.0)")
+    p.add_argument("--parse-rate", type=float, help="share of the questions asked that parse as yes/no questions (default 1.0, or "
+                   "measured by --calibrate)")
+    p.add_argument("--filter-survival", type=float, help="share of the parsed questions that no filter (cqg.filters) drops before "
+                   "top-t (default 1.0, or measured by --calibrate; docs/questions.md has measured figures)")
     p.add_argument("--preset", choices=sorted(THROUGHPUTS), default="gpu",
                    help="throughput figures: gpu (assumed H100-class) or cpu (measured on a 2-core machine)")
     p.add_argument("--llm-prompt-tokens-per-s", type=float, help="LLM prefill tokens/s per device")
@@ -74,8 +77,12 @@ def cmd_plan(args) -> int:
             changes[name] = getattr(args, name)
     if changes:
         tp = replace(tp, **changes, source=tp.source + "; overridden on the command line: " + ", ".join(changes))
+    shares = measured_survival(args.calibrate) if args.calibrate else {}
+    for name in ("parse_rate", "filter_survival"):
+        if getattr(args, name) is not None:
+            shares[name] = getattr(args, name)
     w = Workload(prompt_tokens_per_text=args.prompt_tokens_per_text, question_tokens=args.question_tokens,
-                 answer_tokens=args.answer_tokens, parse_rate=args.parse_rate)
+                 answer_tokens=args.answer_tokens, **shares)
     try:
         p = capacity_plan(cfg, docs=args.docs, clusters=args.clusters, questions_per_cluster=args.questions_per_cluster,
                  dedup_survival=args.dedup_survival, workload=w, throughput=tp, gpus=args.gpus, cpus=args.cpus or (2 if args.preset == "cpu" else 16),
@@ -88,6 +95,27 @@ def cmd_plan(args) -> int:
         p["measured"] = measured_clipping(args.calibrate)
     print(json.dumps(p, indent=2) if args.json else format_plan(p))
     return 0
+
+
+def measured_survival(run_dir: str) -> dict:
+    """The parse rate (questions parsed / asked) and the filter survival (parsed questions no filter dropped before
+    top-t / parsed) a finished questions stage measured; {} without one."""
+    import yaml
+
+    from cqg_ray.config import config_from_dict
+    from cqg_ray.rundir import RunDir
+
+    run = RunDir(run_dir)
+    counts = (run.manifest("questions") or {}).get("counts", {})
+    if not counts.get("parsed") or not run.exists("config.yaml"):
+        return {}
+    c = config_from_dict(yaml.safe_load(run.read_bytes("config.yaml")) or {}, f"{run_dir}/config.yaml").cqg
+    asked = counts["generation_prompts"] * c.questions_per_prompt
+    dropped = sum(int(counts.get(f"dropped_{f}", 0)) for f in ("copy", "example", "long", "cut_off", "own_cluster"))
+    out = {"parse_rate": min(1.0, counts["parsed"] / asked)} if asked else {}
+    if c.filters and counts["parsed"] > dropped:
+        out["filter_survival"] = (counts["parsed"] - dropped) / counts["parsed"]
+    return out
 
 
 def measured_clipping(run_dir: str) -> dict:

@@ -59,7 +59,8 @@ def format_plan(p: dict) -> str:
     lines += [
         "",
         f"k-means runs on the CPU: {p['stages'][1]['cpu_core_hours']:.2f} core-hours (from our faiss benchmark's flop rate)",
-        f"questions: {c['clusters_generated']:,} clusters x {i['questions_per_cluster']} = {c['candidates']:,} candidates -> top t: "
+        f"questions: {c['clusters_generated']:,} clusters x {c['prompts_per_cluster']} prompt(s) x {i['questions_per_cluster']} = "
+        f"{c['candidates']:,} candidates -> filters ({c['filter_survival']:.4g} kept) {c['eligible']:,} -> top t: "
         f"{c['selected_top_t']:,} -> after dedup ({c['dedup_survival']:.4f} kept): m = {c['questions']:,}",
         f"labelling: m x {c['texts_per_question']:,} texts = {c['label_pairs']:,} (text, question) pairs; at full packing "
         f"({c['label_questions_per_prompt_max']} per prompt, as the paper counts) "

@@ -7,7 +7,8 @@ except ``PROCESS_BASE``. Byte sizes (the model in docs/cluster.md):
   bench/label_scale.py), plus ``TORCH_BASE`` where torch runs (an assumption);
 - a text: prompt_tokens_per_text x chars_per_token bytes, twice (Python strings and Arrow); an embedding d x 4 bytes;
 - model weights: parameters x bytes per parameter (``WEIGHTS``: fp32 encoders, bf16 for vLLM's 7B, ~4.85 bits a weight
-  for the bundled Q4_K_M GGUFs); an engine's KV cache and activations are not counted (vLLM's are on the GPU);
+  for the bundled Q4_K_M GGUFs, plus ``PARAMS`` x 4 or 2 bytes where the torch engine, as resolved on this CPU, scores
+  or generates); an engine's KV cache and activations are not counted (vLLM's are on the GPU);
 - driver plans: the labelling plan's arrays 17 bytes a pair (text int32, question int64, source int8, prompt slot
   int32) and 16 a prompt, its Arrow table and Parquet bytes 4 a pair and 16 a prompt each, held together at the write;
   the clusters 32 bytes a text (doc id ~24, label 8) and each text's place in the corpus shards 12 (shard int32, row
@@ -34,6 +35,7 @@ WEIGHTS = {  # bytes of a model's weights as loaded: parameters x bytes per para
     "bundled:qwen2.5-coder-1.5b": 1.54e9 * 4.85 / 8,
     "bundled:smollm2-135m": 0.135e9 * 5 / 8,
 }
+PARAMS = {"bundled:qwen2.5-coder-0.5b": 0.49e9, "bundled:qwen2.5-coder-1.5b": 1.54e9, "bundled:smollm2-135m": 0.135e9}
 PAIR_BYTES, PROMPT_BYTES = 17, 16  # the labelling plan's arrays
 ID_BYTES = 24  # a doc id string
 PLACE_BYTES = 12  # a text's (shard, row) in the corpus shards
@@ -47,6 +49,22 @@ def llm_model(cfg: PipelineConfig) -> str:
     return {"llamacpp": llm.llamacpp.model, "vllm": llm.vllm.model, "openai": "", "fake": ""}[llm.backend]
 
 
+def llm_weights(cfg: PipelineConfig, model: str, work: str) -> tuple[float, str]:
+    """(bytes, what) of an embedded model's weights for one kind of work (``score`` or ``generate``): the GGUF, plus
+    its weights dequantised for the torch engine where that engine (as resolved on this CPU) does the work."""
+    from cqg_ray.llm.base import resolve_engine
+
+    gguf = WEIGHTS.get(model, 0.0)
+    if cfg.llm.backend != "llamacpp" or model not in PARAMS:
+        return gguf, f"{model} weights{'' if gguf else ' (unknown model: not counted)'}"
+    setting = cfg.llm.llamacpp.score_engine if work == "score" else cfg.llm.llamacpp.generate_engine
+    engine = resolve_engine(setting, work=work)
+    if engine == "llamacpp":
+        return gguf, f"{model} weights"
+    per = 4 if engine == "torch-float32" else 2
+    return gguf + PARAMS[model] * per, f"{model} GGUF and its weights in {engine.split('-')[1]} ({engine} {'scores' if work == 'score' else 'generates'})"
+
+
 def memory_plan(cfg: PipelineConfig, counts: dict, dim: int, w: Workload = Workload()) -> list[dict]:
     """Rows {stage, process, bytes, holds}: the driver and each worker kind of every stage, at its peak (estimates)."""
     N, k, d, m = counts["docs"], counts["clusters"], dim, counts["questions"]
@@ -54,7 +72,6 @@ def memory_plan(cfg: PipelineConfig, counts: dict, dim: int, w: Workload = Workl
     text = 2 * w.prompt_tokens_per_text * w.chars_per_token
     enc = WEIGHTS.get(cfg.encode.model)
     llm_name = llm_model(cfg)
-    llm = WEIGHTS.get(llm_name, 0.0) if llm_name else 0.0
     heads = m * (cfg.train.hidden * (d + 2) + 1) * 4
     unit = cfg.encode.unit_rows
     batch_prompts = max(1, 10_000 // cfg.label.questions_per_prompt)  # label_work.batch_rows
@@ -80,14 +97,19 @@ def memory_plan(cfg: PipelineConfig, counts: dict, dim: int, w: Workload = Workl
         add("cqg", "keywords task", PROCESS_BASE + kw * (text + ID_BYTES + KEYWORD_COUNT_BYTES),
             f"{kw:,} keyword texts ({cfg.cqg.keyword_texts} a cluster) and their sparse word counts")
     if llm_name:
-        add("cqg", "LLM engine", PROCESS_BASE + llm, f"{llm_name} weights{'' if llm else ' (unknown model: not counted)'}")
+        writer = cfg.cqg.writer_model or llm_name
+        wb, what = llm_weights(cfg, writer, "generate")
+        add("cqg", "writer engine", PROCESS_BASE + wb, what)
+        sb, what = llm_weights(cfg, llm_name, "score")
+        add("cqg", "probe engine", PROCESS_BASE + sb, what)
     add("label", "driver", PROCESS_BASE + N * (ID_BYTES + 8 + PLACE_BYTES) + pairs * PAIR_BYTES + prompts * PROMPT_BYTES
         + 2 * (pairs * 4 + prompts * 16), f"clusters, places, plan arrays ({pairs:,} pairs, {prompts:,} prompts), plan table and Parquet bytes")
     requests = pairs if cfg.llm.answer_mode == "single" else prompts
     add("label", "ledger index", PROCESS_BASE + requests * KEY_INDEX_BYTES, f"every ledger key of {requests:,} requests, sorted")
     add("label", "label worker", PROCESS_BASE + batch_prompts * text, f"a batch of {batch_prompts:,} prompts' texts")
     if llm_name:
-        add("label", "LLM engine", PROCESS_BASE + llm + batch_prompts * text, f"{llm_name} weights, a batch of texts")
+        sb, what = llm_weights(cfg, llm_name, "score" if cfg.llm.answer_mode == "single" else "generate")
+        add("label", "LLM engine", PROCESS_BASE + sb + batch_prompts * text, f"{what}, a batch of texts")
     add("train", "driver", PROCESS_BASE + texts * ID_BYTES, "the labels' doc ids (held-out split)")
     add("train", f"train worker x{workers}", PROCESS_BASE + TORCH_BASE + texts / workers * d * 4 + pairs / workers * 9 + 4 * heads,
         f"its shard ({texts / workers:,.0f} embeddings, {pairs / workers:,.0f} labels), heads + grads + Adam")

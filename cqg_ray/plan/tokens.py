@@ -20,6 +20,7 @@ class Workload:
     single_question_overhead_tokens: float = 9.0  # single-pass, per question: "1. ", end of turn, assistant header, the reply's "1."
     single_batch: int = 64  # single-pass prompts per prefix tree (the chat template and instruction are computed once per tree)
     parse_rate: float = 1.0  # share of the requested questions that parse as yes/no questions
+    filter_survival: float = 1.0  # share of the parsed questions that no filter drops before top-t (cqg.filters; measured: --calibrate)
 
 
 def _tokens(chars: int, w: Workload) -> float:

@@ -79,6 +79,16 @@ def test_own_cluster_no_drops_questions_answered_yes_for_at_most_half():
     assert own_cluster_no(pos_yes, pos_n).tolist() == [False, False, True, True, False]  # unprobed: not judged here
 
 
+def test_own_cluster_for_sentences_takes_a_lower_bar_and_an_eq1_floor():
+    """A sentence cluster's property holds for fewer of its texts: a bar of 1/6 keeps a question said yes for 2 of 6
+    positives (1 of 6 is at the bar: dropped), and the Eq. 1 floor drops one as often yes outside its cluster as in it."""
+    pos_yes, pos_n = np.array([2, 1, 2, 6, 0]), np.array([6, 6, 6, 6, 0])
+    q = np.array([0.3333, 0.1667, 0.0, 0.5, np.nan])  # the third: 2 of 6 positives, and as many negatives, say yes
+    assert own_cluster_no(pos_yes, pos_n, share=1 / 6).tolist() == [False, True, False, False, False]
+    assert own_cluster_no(pos_yes, pos_n, 1 / 6, q, min_quality=0.0).tolist() == [False, True, True, False, False]
+    assert own_cluster_no(pos_yes, pos_n, 0.0, q, 0.0).tolist() == [False, False, True, False, False]
+
+
 def test_quality_medians_of_kept_and_not_kept():
     q = np.array([0.9, 0.7, 0.1, -0.2, np.nan, 0.3])
     kept = np.array([True, True, False, False, False, False])

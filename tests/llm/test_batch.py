@@ -118,9 +118,16 @@ def test_engine_choice_follows_the_cpu():
     avx512_bf16 = {"avx2", "avx512f", "avx512_bf16"}  # AMD EPYC Zen 4
     amx = {"avx2", "avx512f", "amx_tile", "amx_bf16"}  # Intel Xeon (Sapphire Rapids and later)
     avx2 = {"avx2", "fma"}  # AMD EPYC Zen 2/3
-    assert resolve_engine("auto", avx512_bf16) == resolve_engine("auto", amx) == "torch-bfloat16"
-    assert resolve_engine("auto", avx2) == resolve_engine("auto", set()) == "llamacpp"
+    for work in ("score", "generate"):  # bfloat16 native: torch-bfloat16 for both kinds of work
+        assert resolve_engine("auto", avx512_bf16, work) == resolve_engine("auto", amx, work) == "torch-bfloat16"
+    # AVX2 only (measured on the demo's work, docs/llm.md): torch-float32 scores 1.50x llama.cpp, generation at par stays llama.cpp
+    assert resolve_engine("auto", avx2) == resolve_engine("auto", avx2, "score") == "torch-float32"
+    assert resolve_engine("auto", avx2, "generate") == "llamacpp"
+    assert resolve_engine("auto", set(), "score") == resolve_engine("auto", set(), "generate") == "llamacpp"  # not measured: llama.cpp
     assert resolve_engine("torch-float32", avx512_bf16) == "torch-float32"  # a named engine is taken as named
+    assert resolve_engine("llamacpp", avx2, "score") == "llamacpp"
+    with pytest.raises(ValueError, match="score or generate"):
+        resolve_engine("auto", avx2, "judge")
     ident = backend_identity(LLMConfig(llamacpp=LlamaCppConfig(generate_engine="llamacpp", score_engine="torch-float32")))
     assert ident["score_engine"] == "torch-float32" and "generate_engine" not in ident  # llama.cpp generation keys as before
     ident = backend_identity(LLMConfig(llamacpp=LlamaCppConfig(generate_engine="torch-bfloat16")))

@@ -176,23 +176,23 @@ class LlamaCppBackend(Backend):
                                              gen_seqs=cfg.batch_generate, eos_ids=self.eog_ids())
         return self._torch[dtype]
 
-    def engine_for(self, setting: str) -> Any:
-        """The engine an engine setting names (``auto`` resolved for this CPU): this model's ``BatchEngine`` or a ``TorchEngine``."""
-        name = resolve_engine(setting)
+    def engine_for(self, setting: str, work: str) -> Any:
+        """The engine an engine setting names (``auto`` resolved for this CPU and work): this model's ``BatchEngine`` or a ``TorchEngine``."""
+        name = resolve_engine(setting, work=work)
         return self.engine if name == "llamacpp" else self.torch_engine(name.split("-", 1)[1])
 
     @property
     def scorer(self) -> Any:
         """The single-pass engine (``llamacpp.score_engine``)."""
         if self._scorer is None:
-            self._scorer = self.engine_for(self.llm.llamacpp.score_engine)
+            self._scorer = self.engine_for(self.llm.llamacpp.score_engine, "score")
         return self._scorer
 
     @property
     def generator(self) -> Any:
         """The batched generation engine (``llamacpp.generate_engine``)."""
         if self._generator is None:
-            self._generator = self.engine_for(self.llm.llamacpp.generate_engine)
+            self._generator = self.engine_for(self.llm.llamacpp.generate_engine, "generate")
         return self._generator
 
     def eog_ids(self) -> list[int]:
