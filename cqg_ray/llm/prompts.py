@@ -6,6 +6,7 @@
     single_answer_messages(text_chunk, question)     A.3 with one question (single-pass mode: P(yes) from one position)
     property_messages(positives, negatives)     not the paper's: CQG asking for properties (system rules + worked examples)
     judge_messages(text, question)              not the paper's: the faithfulness judge's plain yes/no question
+    judge_shot_messages(text, question)         the same after four worked examples (bench/judge_check.py compares them)
 
 The paper's prompts return ``[{"role": "user", "content": ...}]``; the chat template is the model's (llama.cpp reads
 it from the GGUF, vLLM and OpenAI-compatible servers from the tokenizer), so no system prompt is added to them.
@@ -271,6 +272,24 @@ def judge_prompt(text: str, question: str) -> str:
 
 def judge_messages(text: str, question: str) -> list[Message]:
     return _user(judge_prompt(text, question))
+
+
+# Worked examples for the judge as chat turns (text, question, answer): on topics and questions of their own, two that
+# hold and two that do not, one of them near the text's topic without the text saying it.
+JUDGE_SHOTS = (
+    ("The bakery on Main Street sells fresh bread every morning.", "Is a shop or business mentioned?", "yes"),
+    ("Two kids are splashing in the lake.", "Is a musical instrument mentioned?", "no"),
+    ("The committee postponed its vote until next week.", "Is a decision or vote discussed?", "yes"),
+    ("He repaired the fence behind the barn.", "Is the text about farming or crops?", "no"),
+)
+
+
+def judge_shot_messages(text: str, question: str) -> list[Message]:
+    """``judge_messages`` after worked examples (``JUDGE_SHOTS``) as earlier chat turns."""
+    turns: list[Message] = []
+    for t, q, a in JUDGE_SHOTS:
+        turns += [{"role": "user", "content": judge_prompt(t, q)}, {"role": "assistant", "content": a}]
+    return turns + judge_messages(text, question)
 
 
 def cqg_messages(positives: list[str], negatives: list[str], n_questions: int = 10) -> list[Message]:
