@@ -17,12 +17,12 @@ Sets (JSONL of {text, question, answer}, the answers a person wrote):
   (``*_holdout.jsonl``) that never chooses anything: ``judge_pairs_property*`` (STS-B test sentences, 120 + 80),
   ``judge_pairs_sts1213*`` (STS12 and STS13 sentences, 160 + 160), ``judge_pairs_scifact*`` (SciFact claims, 100 + 100).
 Every pair is asked once per prompt (``PROMPTS``: the judge's, the labelling prompt, and the judge's with worked
-examples); P(yes) > 0.5 is the answer, and per prompt a threshold chosen on the choosing parts only (the best balanced
-accuracy) is tried on the held-out parts. Printed per set and prompt: agreement, the yes-rate where the answer is yes
-and where it is no, every disagreement (the default prompt), pairs/s; the model's yes-precision by hand and by the
-judge; peak RSS. Then ``judge_hand_pairs_property`` (the property pairs), ``judge_agreement_yes`` and
-``judge_agreement_no`` (the default judge on the pooled held-out property parts); last line: judge_agreement (the
-default judge, every set pooled).
+examples; "mean": several answers, their P(yes) averaged); P(yes) > 0.5 is the answer, and per prompt a threshold
+chosen on the choosing parts only (the best balanced accuracy) is tried on the held-out parts. Printed per set and
+prompt: agreement, the yes-rate where the answer is yes and where it is no, every disagreement (the default prompt),
+pairs/s; the model's yes-precision by hand and by the judge; peak RSS. Then ``judge_hand_pairs_property`` (the
+property pairs), ``judge_agreement_yes`` and ``judge_agreement_no`` (the default judge on the pooled held-out property
+parts); last line: judge_agreement (the default judge, every set pooled).
 """
 
 from __future__ import annotations
@@ -131,6 +131,12 @@ def check(backend, paths: list[str], prompts: tuple[str, ...] = PROMPTS, log=pri
             if prompt == DEFAULT:
                 for w in s["wrong"]:
                     log(f"   wrong: {w['text'][:80]!r} / {w['question'][:100]!r}: written {'yes' if w['answer'] else 'no'}, P(yes) {w['p_yes']}")
+        if len(prompts) > 1:  # several answers: the mean of the prompts' P(yes)
+            got[name][1]["mean"] = [sum(xs) / len(xs) for xs in zip(*(got[name][1][q] for q in prompts))]
+            s = summary(rows, got[name][1]["mean"])
+            res["sets"][name]["mean"] = {k: v for k, v in s.items() if k != "wrong"}
+            log(f"mean of the {len(prompts)} prompts: agreement {s['agreement']}, yes-rate where yes {s['yes_rate_where_yes']}, "
+                f"where no {s['yes_rate_where_no']}")
         if all("active" in r for r in rows):  # drawn from a model's output: its yes-precision by hand and by the judge
             active = [i for i, r in enumerate(rows) if r["active"]]
             by_hand = sum(rows[i]["answer"] for i in active) / len(active)
@@ -138,8 +144,9 @@ def check(backend, paths: list[str], prompts: tuple[str, ...] = PROMPTS, log=pri
             res["sets"][name]["yes_precision"] = {"by_hand": round(by_hand, 4), "by_judge": round(by_judge, 4), "active_pairs": len(active)}
             log(f"the model's yes-precision on its {len(active)} active pairs: by hand {by_hand:.3f}, by the judge {by_judge:.3f}")
     pool = lambda names, prompt: ([r for n in names for r in got[n][0]], [x for n in names for x in got[n][1][prompt]])  # noqa: E731
+    variants = (*prompts, "mean") if len(prompts) > 1 else prompts
     res["pooled"] = {}
-    for prompt in prompts:
+    for prompt in variants:
         rows, p = pool(list(got), prompt)
         res["pooled"][prompt] = summary(rows, p)["agreement"] if rows else None
     props = [n for n in got if n.startswith(PROPERTY)]
@@ -148,7 +155,7 @@ def check(backend, paths: list[str], prompts: tuple[str, ...] = PROMPTS, log=pri
         res["hand_pairs_property"] = sum(len(got[n][0]) for n in props)
         res["hand_yes_property"] = sum(r["answer"] for n in props for r in got[n][0])
         res["held_out"] = {"pairs": sum(len(got[n][0]) for n in held), "yes": sum(r["answer"] for n in held for r in got[n][0]), "prompts": {}}
-        for prompt in prompts:
+        for prompt in variants:
             rows, p = pool(held, prompt)
             crows, cp = pool(choose, prompt)
             t = best_threshold(crows, cp) if crows else 0.5

@@ -60,7 +60,9 @@ def test_held_out_agreement_apart_for_yes_and_no_and_a_threshold_chosen_elsewher
     assert shots["threshold_chosen"] == 0.2 and shots["at_threshold"] == {"agreement_yes": 1.0, "agreement_no": 0.6667}
     # yes-precision of the model's active pairs (5 in the property sets, 2 of them yes by hand; the judge says yes to 3)
     assert res["yes_precision_property"] == {"by_hand": 0.4, "by_judge": 0.6, "active_pairs": 5}
-    assert res["pooled"] == {"judge": 0.875, "labelling": 0.375, "judge_shots": 0.625}
+    assert res["pooled"] == {"judge": 0.875, "labelling": 0.375, "judge_shots": 0.625, "mean": 0.875}
+    # several answers: the mean P(yes) is 2/3 for red (0.9, 0.7, 0.4) and 0.4 for blue (0.3, 0.7, 0.2)
+    assert res["held_out"]["prompts"]["mean"]["at_0.5"] == {"agreement_yes": 1.0, "agreement_no": 0.6667}
     assert any(line.startswith("   wrong: 'a text' / 'Is it red?': written no, P(yes) 0.9") for line in lines)
 
 
