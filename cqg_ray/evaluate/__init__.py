@@ -9,6 +9,14 @@ scoring), ``sweeps`` (Figures 4 and 5), ``report`` (everything side by side), ``
 protocol).
 """
 
-from cqg_ray.evaluate.report import evaluate_model, format_tables, write_report
-
 __all__ = ["evaluate_model", "format_tables", "write_report"]
+
+
+def __getattr__(name: str):
+    """The report's functions, imported on first use: ``cqg-ray --help`` (which reads this package's command-line part)
+    does not pay for scipy."""
+    if name in __all__:
+        from cqg_ray.evaluate import report
+
+        return getattr(report, name)
+    raise AttributeError(f"module 'cqg_ray.evaluate' has no attribute {name!r}")
