@@ -93,7 +93,9 @@ RATE_QUESTIONS = ["Is the text about health or medicine?", "Does the text mentio
 
 def measure_rates(cfg: PipelineConfig) -> Rates:
     """The writer's prompt reading and generation, and the answerer's single-pass pairs, on the engines the run uses
-    (a prompt of ~250 tokens read, 16 tokens written, 20 pairs answered: seconds, after the models load)."""
+    (a prompt of ~250 tokens read; 32 tokens written after a short prompt, whose reading is taken off at the rate just
+    measured, so that noise in reading the long prompt does not land in the writing rate; 20 pairs answered: seconds,
+    after the models load)."""
     from cqg_ray.cqg.stage import writer_llm
     from cqg_ray.llm.answers import answer_requests
     from cqg_ray.llm.base import Request
@@ -105,15 +107,16 @@ def measure_rates(cfg: PipelineConfig) -> Rates:
     writer = LlamaCppBackend(writer_llm(cfg))
     try:
         list(writer.generate_batched([prompt(RATE_TEXTS[:1], 1)]))  # warm-up: engines load lazily
-        a, b = prompt(RATE_TEXTS * 2, 1), prompt(RATE_TEXTS[::-1] * 2, 17)  # different texts: no cached prefix
+        a, b = prompt(RATE_TEXTS * 2, 1), prompt(RATE_TEXTS[-1:], 33)  # different texts: no cached prefix
         t0 = time.perf_counter()
         (_, read), = writer.generate_batched([a])
         t1 = time.perf_counter()
-        list(writer.generate_batched([b]))
+        (_, wrote), = writer.generate_batched([b])
         t2 = time.perf_counter()
     finally:
         writer.close()
-    read_s = t1 - t0
+    read_rate = read.prompt_tokens / (t1 - t0)
+    write_s = (t2 - t1) - wrote.prompt_tokens / read_rate
     answerer = LlamaCppBackend(cfg.llm)
     try:
         reqs = [r for t in RATE_TEXTS for r in answer_requests(t, range(len(RATE_QUESTIONS)), RATE_QUESTIONS, "single", 20, 1)]
@@ -123,7 +126,7 @@ def measure_rates(cfg: PipelineConfig) -> Rates:
         pairs = len(reqs) / (time.perf_counter() - t3)
     finally:
         answerer.close()
-    return Rates(read=read.prompt_tokens / read_s, write=16 / max(t2 - t1 - read_s, 1e-3), pairs=pairs)
+    return Rates(read=read_rate, write=max(wrote.completion_tokens - 1, 1) / max(write_s, 1e-3), pairs=pairs)
 
 
 def machine_rates(cfg: PipelineConfig) -> tuple[Rates, str]:

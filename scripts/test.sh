@@ -33,7 +33,9 @@ if [ -n "$cpu" ]; then
 else
   .venv/bin/ruff check .
 fi
-.venv/bin/python -m pytest -n "${CQG_RAY_TEST_WORKERS:-2}" --dist loadfile "$@"
+# --no-loadscope-reorder: xdist would otherwise hand out the files with the most tests first, not tests/conftest.py's
+# order (the files that took longest first), and a one-test file of minutes (vLLM, the jobs file) would run last, alone
+.venv/bin/python -m pytest -n "${CQG_RAY_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
 if [ -n "$whole" ] && [ "${CQG_RAY_TEST_AVX2:-1}" != 0 ]; then
   if .venv/bin/python -c "import sys; from cqg_ray.hardware import ABOVE_AVX2, cpu_flags; sys.exit(0 if any(f.startswith(ABOVE_AVX2) for f in cpu_flags(capped=False)) else 1)"; then
     exec bash scripts/test.sh --cpu avx2

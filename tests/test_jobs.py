@@ -300,12 +300,14 @@ def test_submit_full_pipeline_with_the_embedded_llm(head, until_cluster, tmp_pat
     cfgf = tiny_config(
         tmp_path / "full.yaml", run_dir, corpus_file,
         cluster={"k": K},
-        llm={"backend": "llamacpp", "flush_every": 1, "max_tokens_generate": 160, "llamacpp": {"n_ctx": 2048, "model": "bundled:qwen2.5-coder-0.5b"}},
+        llm={"backend": "llamacpp", "flush_every": 1, "max_tokens_generate": 120, "llamacpp": {"n_ctx": 2048, "model": "bundled:qwen2.5-coder-0.5b"}},
         # own_cluster off: with 2 positive probes a question needs both to say yes, and on some CPUs (the AMX one's
         # bfloat16 engine, 2026-11-25) the 0.5B said yes to 1 of 2 for every candidate of these 3 clusters, leaving no
-        # question for the stages after (the filters are tested in tests/cqg/test_stage.py)
+        # question for the stages after (the filters are tested in tests/cqg/test_stage.py). The property prompt with one
+        # worked example (none: the 0.5B answers instead of asking) and no keywords: the prompt the 0.5B reads is most
+        # of the job's time (the keywords are tested in tests/cqg/test_keywords.py)
         cqg={"n_p": 3, "n_h": 3, "n_e": 2, "questions_per_prompt": 5, "p_p": 2, "p_h": 1, "p_e": 1, "t": 2, "max_clusters": 3, "max_text_chars": 160,
-             "filters": ["copy", "example", "long", "cut_off", "opening"]},
+             "examples": 1, "keywords": 0, "filters": ["copy", "example", "long", "cut_off", "opening"]},
         label={"n_cluster": 4, "n_neighbor": 2, "n_random": 2, "max_text_chars": 160},
         train={"epochs": 20, "lr": 0.003, "cpus_per_worker": 0.5, "checkpoint_every": 10},
         evaluate={"tasks": ["sts"], "sts": [str(shared_data / "sts" / "STSBenchmark.test.tsv")], "max_pairs": 150,

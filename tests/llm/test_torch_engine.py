@@ -1,6 +1,7 @@
-"""Batched greedy generation in torch (``TorchEngine.generate``) with the real bundled Qwen2.5-Coder-0.5B: a batch
-decodes exactly like one prompt at a time (float32), replies parse into questions, sequences stop at an end token or
-at max_tokens, and a generation run killed with SIGKILL resumes without asking any finished prompt again."""
+"""Batched greedy generation in torch (``TorchEngine.generate``) with real bundled models (SmolLM2-135M where any
+model shows the property, Qwen2.5-Coder-0.5B where its replies matter): a batch decodes exactly like one prompt at
+a time (float32), replies parse into questions, sequences stop at an end token or at max_tokens, and a generation
+run killed with SIGKILL resumes without asking any finished prompt again."""
 
 import subprocess
 
@@ -40,14 +41,30 @@ def backend():
     b.close()
 
 
+@pytest.fixture(scope="module")
+def small_backend():
+    """The bundled SmolLM2-135M on the torch engine: for the tests of how the engine decodes (a batch against one at a
+    time, reads in chunks, against transformers), which any model shows at a quarter of the 0.5B's work."""
+    from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
+
+    try:
+        resolve_model("bundled:smollm2-135m")
+    except BundledModelError as e:
+        pytest.skip(str(e))
+    b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(model="bundled:smollm2-135m", generate_engine="torch-float32", batch_generate=4,
+                                                          n_threads=2)))
+    yield b
+    b.close()
+
+
 def cqg_requests(max_tokens: int) -> list[Request]:
     return [Request(cqg_messages([t], [u], n_questions=3), max_tokens=max_tokens) for t in TEXTS for u in TEXTS if u != t]
 
 
-def test_torch_batched_generation_equals_one_at_a_time_in_float32(backend):
-    engine = backend.generator
+def test_torch_batched_generation_equals_one_at_a_time_in_float32(small_backend):
+    engine = small_backend.generator
     assert engine.dtype_name == "float32" and engine.gen_seqs == 4
-    tokens = [backend.prompt_tokens(r) for r in cqg_requests(16)[:4]]
+    tokens = [small_backend.prompt_tokens(r) for r in cqg_requests(16)[:4]]
     assert len({len(t) for t in tokens}) > 1  # prompts of different lengths: right-aligned in the batch cache, masked on the left
     batched = dict(engine.generate(tokens, [16] * len(tokens)))
     engine.gen_seqs = 1
@@ -60,11 +77,11 @@ def test_torch_batched_generation_equals_one_at_a_time_in_float32(backend):
     assert all(len(one[i]) == 16 for i in one)
 
 
-def test_prompts_read_in_chunks_generate_what_one_pass_does(backend, monkeypatch):
+def test_prompts_read_in_chunks_generate_what_one_pass_does(small_backend, monkeypatch):
     """Generation reads each prompt ``read_chunk`` tokens a pass (progress advances between them): 7 a pass decodes
     the same tokens as one pass a prompt."""
-    engine = backend.generator
-    tokens = [backend.prompt_tokens(r) for r in cqg_requests(12)[:4]]
+    engine = small_backend.generator
+    tokens = [small_backend.prompt_tokens(r) for r in cqg_requests(12)[:4]]
     whole = dict(engine.generate(tokens, [12] * len(tokens)))
     monkeypatch.setattr(engine, "read_chunk", 7)
     chunked = dict(engine.generate(tokens, [12] * len(tokens)))
@@ -72,14 +89,14 @@ def test_prompts_read_in_chunks_generate_what_one_pass_does(backend, monkeypatch
     assert [chunked[i] for i in range(len(tokens))] == [whole[i] for i in range(len(tokens))]
 
 
-def test_torch_batched_generation_equals_transformers_generate_in_float32(backend):
+def test_torch_batched_generation_equals_transformers_generate_in_float32(small_backend):
     """The engine's own decoding (its attention for one query row, its preallocated cache, the shared prefix read once,
     left padding) against transformers' ``generate`` with SDPA attention on the same weights, one prompt at a time."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    engine = backend.generator
-    tokens = [backend.prompt_tokens(r) for r in cqg_requests(12)[:4]]
+    engine = small_backend.generator
+    tokens = [small_backend.prompt_tokens(r) for r in cqg_requests(12)[:4]]
     ours = dict(engine.generate(tokens, [12] * len(tokens)))
     ref = AutoModelForCausalLM.from_pretrained(engine.model.name_or_path, dtype=torch.float32, attn_implementation="sdpa").eval()
     for i, t in enumerate(tokens):
