@@ -50,7 +50,7 @@ PROPERTY = ("judge_pairs_property", "judge_pairs_sts1213", "judge_pairs_scifact"
 SETS = [str(DATA / f) for f in ("judge_pairs.jsonl", "judge_pairs_shipped.jsonl", "judge_pairs_shipped_holdout.jsonl",
                                 *(f"{p}{part}.jsonl" for p in PROPERTY for part in ("", "_holdout")))]
 PROMPTS = ("judge", "labelling", "judge_shots")
-DEFAULT = "judge"  # the prompt `cqg-ray evaluate --tasks faithfulness` asks
+DEFAULT = "judge_shots"  # the prompt `cqg-ray evaluate --tasks faithfulness` asks (the plain "judge" until 2026-11-27)
 
 
 def held_out(name: str) -> bool:

@@ -6,7 +6,7 @@
     single_answer_messages(text_chunk, question)     A.3 with one question (single-pass mode: P(yes) from one position)
     property_messages(positives, negatives)     not the paper's: CQG asking for properties (system rules + worked examples)
     judge_messages(text, question)              not the paper's: the faithfulness judge's plain yes/no question
-    judge_shot_messages(text, question)         the same after four worked examples (bench/judge_check.py compares them)
+    judge_shot_messages(text, question)         the same after four worked examples: what the faithfulness judge asks
 
 The paper's prompts return ``[{"role": "user", "content": ...}]``; the chat template is the model's (llama.cpp reads
 it from the GGUF, vLLM and OpenAI-compatible servers from the tokenizer), so no system prompt is added to them.

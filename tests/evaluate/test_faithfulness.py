@@ -12,7 +12,7 @@ from cqg_ray.evaluate.faithfulness import (ACTIVE, CAP, FIGURES, LINKS, MORE_FIG
                                            sample_texts)
 from cqg_ray.llm.base import Completion
 from cqg_ray.llm.engines.fake import FakeBackend
-from cqg_ray.llm.prompts import judge_messages
+from cqg_ray.llm.prompts import judge_shot_messages
 
 TEXTS = [
     "The hospital opened a new wing for heart surgery.",
@@ -128,7 +128,7 @@ def scripted_judge(yes_questions: set[str]):
     cfg = JudgeLLMConfig(backend="fake")
 
     def reply(req):
-        question = req.messages[0]["content"].rsplit("\n\nQuestion: ", 1)[1]
+        question = req.messages[-1]["content"].rsplit("\n\nQuestion: ", 1)[1]
         p = 0.9 if question in yes_questions else 0.1
         return Completion("yes" if p > 0.5 else "no", prompt_tokens=10, p_yes=[p])
 
@@ -179,10 +179,10 @@ def test_faithfulness_figures_come_out_exactly_with_a_known_judge(toy, tmp_path)
     assert all(j["labeller_yes"] == (j["question_index"] % 4 == 0) for j in res["judgements"])
     assert len(labeller.calls) == len(TEXTS) * toy.m and labeller.calls[0].yes_no and labeller.calls[0].max_tokens == 1
 
-    # the judge was asked the plain prompt, single-pass, once per (text, question)
+    # the judge was asked its prompt after the worked examples, single-pass, once per (text, question)
     first = backend.calls[0]
     assert first.yes_no and first.answer_prefix == "" and first.max_tokens == 1
-    assert any(c.messages == judge_messages(TEXTS[0], qs[0]) for c in backend.calls)
+    assert any(c.messages == judge_shot_messages(TEXTS[0], qs[0]) for c in backend.calls)
     assert len(backend.calls) == len(TEXTS) * toy.m
 
     # explained pairs: built as explain builds them, each shown shared question with the judge's verdict on both texts

@@ -159,3 +159,13 @@ def test_judge_prompt_is_an_instruction_the_text_and_the_question():
     assert judge_messages("t", "q?") == [{"role": "user", "content": f"{instruction}\n\nText: t\n\nQuestion: q?"}]
     with pytest.raises(ValueError, match="non-empty"):
         judge_prompt("t", "  ")
+
+
+def test_the_judge_asks_after_four_worked_examples_as_chat_turns():
+    from cqg_ray.llm.prompts import JUDGE_SHOTS, judge_messages, judge_prompt, judge_shot_messages
+
+    m = judge_shot_messages("t", "q?")
+    assert len(m) == 2 * len(JUDGE_SHOTS) + 1 == 9 and m[-1:] == judge_messages("t", "q?")
+    assert [x["role"] for x in m] == ["user", "assistant"] * 4 + ["user"]
+    assert [x["content"] for x in m[1:8:2]] == ["yes", "no", "yes", "no"]
+    assert m[0]["content"] == judge_prompt(*JUDGE_SHOTS[0][:2])

@@ -44,9 +44,10 @@ def test_held_out_agreement_apart_for_yes_and_no_and_a_threshold_chosen_elsewher
     other = write(tmp_path / "judge_pairs.jsonl", [("Is it blue?", False, True)])
     lines: list[str] = []
     res = judge_check.check(Scripted(), [choose, held, other], log=lines.append)
-    # the judge prompt on the held-out part: says yes to both reds (1 of 1 yes right), no to both blues and... the false
-    # red: 2 of 3 no right
-    assert (res["agreement_yes"], res["agreement_no"]) == (1.0, 0.6667)
+    # the plain judge prompt on the held-out part: yes to both reds (1 of 1 yes right), no to both blues, yes to the
+    # false red: 2 of 3 no right; the default (with worked examples) says no to all at 0.5
+    assert res["held_out"]["prompts"]["judge"]["at_0.5"] == {"agreement_yes": 1.0, "agreement_no": 0.6667}
+    assert (res["agreement_yes"], res["agreement_no"]) == (0.0, 1.0)
     assert res["hand_pairs_property"] == 7 and res["hand_yes_property"] == 3  # the non-property set is not counted
     assert res["held_out"]["pairs"] == 4 and res["held_out"]["yes"] == 1
     # the labelling prompt says 0.7 to all: at 0.5 every answer is yes; the threshold chosen on the choosing part cannot
@@ -58,12 +59,12 @@ def test_held_out_agreement_apart_for_yes_and_no_and_a_threshold_chosen_elsewher
     shots = res["held_out"]["prompts"]["judge_shots"]
     assert shots["at_0.5"] == {"agreement_yes": 0.0, "agreement_no": 1.0}
     assert shots["threshold_chosen"] == 0.2 and shots["at_threshold"] == {"agreement_yes": 1.0, "agreement_no": 0.6667}
-    # yes-precision of the model's active pairs (5 in the property sets, 2 of them yes by hand; the judge says yes to 3)
-    assert res["yes_precision_property"] == {"by_hand": 0.4, "by_judge": 0.6, "active_pairs": 5}
+    # yes-precision of the model's active pairs (5 in the property sets, 2 of them yes by hand; the default judge says no)
+    assert res["yes_precision_property"] == {"by_hand": 0.4, "by_judge": 0.0, "active_pairs": 5}
     assert res["pooled"] == {"judge": 0.875, "labelling": 0.375, "judge_shots": 0.625, "mean": 0.875}
     # several answers: the mean P(yes) is 2/3 for red (0.9, 0.7, 0.4) and 0.4 for blue (0.3, 0.7, 0.2)
     assert res["held_out"]["prompts"]["mean"]["at_0.5"] == {"agreement_yes": 1.0, "agreement_no": 0.6667}
-    assert any(line.startswith("   wrong: 'a text' / 'Is it red?': written no, P(yes) 0.9") for line in lines)
+    assert any(line.startswith("   wrong: 'a text' / 'Is it red?': written yes, P(yes) 0.4") for line in lines)  # the default's
 
 
 def test_a_pair_without_an_answer_is_refused(tmp_path):
