@@ -510,10 +510,14 @@ def dump_config(cfg: PipelineConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
+def llm_model_name(llm: LLMConfig) -> str:
+    """The model an LLM section names, for its backend."""
+    return {"llamacpp": llm.llamacpp.model, "openai": llm.openai.model, "vllm": llm.vllm.model, "fake": "fake"}[llm.backend]
+
+
 def llm_identity(llm: LLMConfig) -> dict[str, Any]:
     """What decides an LLM's answers (changing it makes LLM stages stale); concurrency, retries and the like do not."""
-    model = {"llamacpp": llm.llamacpp.model, "openai": llm.openai.model, "vllm": llm.vllm.model, "fake": "fake"}[llm.backend]
-    return {"backend": llm.backend, "model": model, "temperature": llm.temperature, "constrained": llm.constrained}
+    return {"backend": llm.backend, "model": llm_model_name(llm), "temperature": llm.temperature, "constrained": llm.constrained}
 
 
 def stage_hash(cfg: PipelineConfig, stage: str) -> str:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from cqg_ray.config import FaithfulnessConfig
+from cqg_ray.config import FaithfulnessConfig, llm_model_name
 from cqg_ray.evaluate.markdown import figure, markdown_table, verdict
 from cqg_ray.explain import value_cosine
 
@@ -154,11 +154,6 @@ def nearest_pairs(values: np.ndarray, k: int) -> list[tuple[int, int]]:
 # ----------------------------------------------------------------------------------------- with the model and the judge
 
 
-def model_name(llm) -> str:
-    """The model an LLM section names, for its backend."""
-    return {"llamacpp": llm.llamacpp.model, "openai": llm.openai.model, "vllm": llm.vllm.model, "fake": "fake"}[llm.backend]
-
-
 def judge_identity(cfg: FaithfulnessConfig) -> str:
     """The judge in words: its backend and model (and single-pass engine for the embedded one)."""
     from cqg_ray.llm.base import resolve_engine
@@ -166,7 +161,7 @@ def judge_identity(cfg: FaithfulnessConfig) -> str:
     j = cfg.judge
     if j.backend == "llamacpp":
         return f"llamacpp {j.llamacpp.model} (single-pass engine {resolve_engine(j.llamacpp.score_engine)})"
-    return f"{j.backend} {model_name(j)}" + (f" at {j.openai.base_url}" if j.backend == "openai" else "")
+    return f"{j.backend} {llm_model_name(j)}" + (f" at {j.openai.base_url}" if j.backend == "openai" else "")
 
 
 def labeller_identity(cfg: FaithfulnessConfig) -> str:
@@ -176,7 +171,7 @@ def labeller_identity(cfg: FaithfulnessConfig) -> str:
     lab = cfg.labeller
     if lab.backend == "llamacpp":
         return f"llamacpp {lab.llamacpp.model} ({lab.answer_mode}, engine {resolve_engine(lab.llamacpp.score_engine)})"
-    return f"{lab.backend} {model_name(lab)} ({lab.answer_mode})"
+    return f"{lab.backend} {llm_model_name(lab)} ({lab.answer_mode})"
 
 
 @contextmanager
