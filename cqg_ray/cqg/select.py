@@ -62,10 +62,9 @@ def own_cluster_no(pos_yes: np.ndarray, pos_n: np.ndarray, share: float = 0.5, q
     ``min_quality``) whose Eq. 1 quality ``q`` is at or below it: not a property of the cluster. Unprobed: not judged."""
     pos_yes, pos_n = np.asarray(pos_yes, dtype=np.float64), np.asarray(pos_n, dtype=np.float64)
     probed = pos_n > 0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        no = probed & ~(pos_yes > share * pos_n + 1e-9)
-        if min_quality is not None:
-            no |= probed & ~(np.asarray(q, dtype=np.float64) > min_quality + 1e-9)
+    no = probed & ~(pos_yes > share * pos_n + 1e-9)
+    if min_quality is not None:  # NaN quality (no negative probe answered) is not above the floor
+        no |= probed & ~(np.asarray(q, dtype=np.float64) > min_quality + 1e-9)
     return no
 
 

@@ -69,7 +69,8 @@ def capacity_plan(
     gen_requests = k_gen * ppc
     candidates_per_cluster = ppc * qpc * w.parse_rate
     candidates = k_gen * candidates_per_cluster
-    eligible_per_cluster = candidates_per_cluster * (w.filter_survival if c.filters else 1.0)
+    filter_survival = w.filter_survival if c.filters else 1.0
+    eligible_per_cluster = candidates_per_cluster * filter_survival
     probe_texts = c.p_p + c.p_h + c.p_e
     chunks = math.ceil(candidates_per_cluster / lab.questions_per_prompt) if candidates_per_cluster > 0 else 0
     probe_prompts = k_gen * probe_texts * chunks
@@ -166,7 +167,7 @@ def capacity_plan(
     }
     counts = {
         "docs": N, "clusters": k, "clusters_generated": k_gen, "generation_prompts": gen_requests, "prompts_per_cluster": ppc,
-        "candidates": int(round(candidates)), "filters": list(c.filters), "filter_survival": w.filter_survival if c.filters else 1.0,
+        "candidates": int(round(candidates)), "filters": list(c.filters), "filter_survival": filter_survival,
         "eligible": int(round(k_gen * eligible_per_cluster)), "probe_pairs": int(round(probe_pairs)), "writer": writer,
         "selected_top_t": selected, "dedup_survival": round(survival, 6), "questions": m,
         "texts_per_question": texts_per_question, "label_pairs": pairs, "holdout_pairs": int(round(pairs * cfg.train.holdout)),
