@@ -27,19 +27,6 @@ def test_openai_request_schema():
 # ------------------------------------------------------------------ the service itself, in a plain asyncio loop
 
 
-@pytest.fixture(autouse=True)
-def no_replica_context(monkeypatch):
-    """`@serve.batch` (Ray 2.60) reads the replica context only to warn when max_ongoing_requests is below
-    max_batch_size; outside a replica there is no context, so give it one with no cap. The real Serve path is
-    tested in test_routes.py."""
-    from types import SimpleNamespace
-
-    import ray.serve.batching
-
-    ctx = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=10**6))
-    monkeypatch.setattr(ray.serve.batching.serve, "get_replica_context", lambda: ctx)
-
-
 # `@serve.batch` keeps one queue per decorated method (one replica = one instance = one loop), bound to the
 # event loop of its first call: every test here runs on this one loop.
 LOOP = asyncio.new_event_loop()
