@@ -217,8 +217,8 @@ def toy_model(tmp_path_factory):
 
 
 def test_embed_reads_its_snapshot_once(ray_local, toy_model, corpus_file, tmp_path):
-    """`cqg-ray embed` on 3 JSONL files of 500 rows, units of 100 rows on 2 actors: the snapshot parts have row groups
-    of 100 rows, the units' bytes (the manifest's `unit_bytes_read`, counted through the files Parquet reads) are the
+    """`cqg-ray embed` on 3 JSONL files of 250 one-sentence rows, units of 50 rows on 2 actors: the snapshot parts have
+    row groups of 50 rows, the units' bytes (the manifest's `unit_bytes_read`, counted through the files Parquet reads) are the
     doc_id and text chunks of every row group once plus each part's footer once per actor that read it, and at most
     1.1 x the snapshot's bytes; each unit file holds its snapshot rows in order."""
     from cqg_ray.artifacts import EMBED_CORPUS
@@ -231,16 +231,16 @@ def test_embed_reads_its_snapshot_once(ray_local, toy_model, corpus_file, tmp_pa
     src = tmp_path / "docs"
     src.mkdir()
     for f in range(3):
-        (src / f"f{f}.jsonl").write_text("".join(json.dumps({"text": " ".join(rng.sample(sentences, 3))}) + "\n" for _ in range(500)))
+        (src / f"f{f}.jsonl").write_text("".join(json.dumps({"text": f"{rng.choice(sentences)} ({i})"}) + "\n" for i in range(250)))
     out = str(tmp_path / "emb")
-    m = embed(toy_model, [str(src)], out, EmbedConfig(unit_rows=100, num_actors=2, batch_size=64), CorpusConfig(), progress=False)
+    m = embed(toy_model, [str(src)], out, EmbedConfig(unit_rows=50, num_actors=2, batch_size=64), CorpusConfig(), progress=False)
     c = m["counts"]
-    assert c["rows"] == 1500 and c["units"] == 15 and c["embedded_now"] == 1500
+    assert c["rows"] == 750 and c["units"] == 15 and c["embedded_now"] == 750
 
     run = RunDir(out)
     parts = [run.path(EMBED_CORPUS, n) for n in run.ls(EMBED_CORPUS, suffix=".parquet")]
     metas = [pq.read_metadata(p) for p in parts]
-    assert [[mt.row_group(g).num_rows for g in range(mt.num_row_groups)] for mt in metas] == [[100] * 5] * 3
+    assert [[mt.row_group(g).num_rows for g in range(mt.num_row_groups)] for mt in metas] == [[50] * 5] * 3
     snapshot = sum(os.path.getsize(p) for p in parts)
     chunks = sum(chunk_bytes(mt, range(5)) for mt in metas)
     footers = [footer_bytes(p) for p in parts]
@@ -253,9 +253,9 @@ def test_embed_reads_its_snapshot_once(ray_local, toy_model, corpus_file, tmp_pa
     for p in parts:
         snap = pq.read_table(p, columns=["doc_id"]).column("doc_id").to_pylist()
         stem = os.path.basename(p).rsplit(".", 1)[0]
-        for start in range(0, 500, 100):
+        for start in range(0, 250, 50):
             got = pq.read_table(run.path(f"emb-{stem}-{start:09d}.parquet"), columns=["doc_id"]).column("doc_id").to_pylist()
-            assert got == snap[start : start + 100]
+            assert got == snap[start : start + 50]
 
 
 def test_prepare_writes_row_groups_that_encode_units_read_once(ray_local, corpus_file, tmp_path):
