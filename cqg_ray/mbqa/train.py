@@ -29,7 +29,6 @@ from cqg_ray.mbqa.checkpoint import load_checkpoint, save_checkpoint
 from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.mbqa.loop import make_optimizer, run_epochs, steps_per_epoch
 from cqg_ray.mbqa.pairs import LabelPairs, split_holdout
-from cqg_ray.mbqa.report import evaluate_heads
 from cqg_ray.mbqa.train_data import arrays_dataset, shard_arrays, worker_cpus
 
 log = logging.getLogger("cqg_ray")
@@ -263,6 +262,8 @@ def train_and_evaluate(
     pairs = labels if isinstance(labels, LabelPairs) else LabelPairs.from_dense(labels)
     train, test = split_holdout(pairs, cfg.holdout, cfg.seed)
     result = train_heads(embeddings, train, cfg, storage_path, name)
+    from cqg_ray.mbqa.report import evaluate_heads  # sklearn: the driver's, kept out of every Train worker's start
+
     report = evaluate_heads(result.heads, embeddings, test, cfg.tau) if len(test) else {}
     report["split"] = {"train_docs": int(len(np.unique(train.doc))), "heldout_docs": int(len(np.unique(test.doc))),
                        "train_pairs": len(train), "heldout_pairs": len(test),
