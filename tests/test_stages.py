@@ -23,6 +23,8 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # min_auc; issue 43), and the demo's labels too (40 texts a question, holdout 0.55, select_share 0.4); evaluation when
 # the faithfulness task got its links (a labeller section) and 100 texts by default (issue 42). Questions when the
 # own_cluster filter got its bar and Eq. 1 floor (cqg.own_cluster_share 0.5 as before, own_cluster_quality None; issue 44).
+# Evaluation when the vllm section got tokenize_stages (None: Ray Data's stages on cuda, the engine on cpu; issue 49):
+# the faithfulness judge's and labeller's sections are LLM sections.
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
@@ -30,7 +32,7 @@ DEMO_HASHES = {
     "questions": "a3cb2fca993fff79",
     "labels": "c841da5c1c67311f",
     "model": "3a39a8676dc39b34",
-    "evaluation": "14c6b71a4b7ac514",
+    "evaluation": "2fcb9e22b8c738fa",
 }
 DEFAULT_HASHES = {
     "prepare": "a32071158441a1dc",
@@ -39,7 +41,7 @@ DEFAULT_HASHES = {
     "questions": "79845cec2a4834de",
     "labels": "53a01361097a010d",
     "model": "81e8db89ad43f881",
-    "evaluation": "4154dbdc6f4cf8a6",
+    "evaluation": "7be10c4d58bf4353",
 }
 
 
