@@ -9,14 +9,17 @@ answer yes, the ones they differ on, and the similarity: what the paper's case-s
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from cqg_ray.config import PipelineConfig, load_config
+
+if TYPE_CHECKING:
+    from cqg_ray.llm.rates import Rates
 
 DEFAULT_CONFIG = "demo"  # cqg_ray/configs/demo.yaml
 
@@ -33,15 +36,6 @@ QUESTIONS_PER_CLUSTER = 1.3
 PROBE_LEVELS = ((10, 6, 4), (5, 3, 2), (3, 2, 1))  # (p_p, p_h, p_e): the demo's, the paper's, the fewest
 SIZED = "demo_sizing.json"  # in the run directory: the sizing decided once, its rates and its reason
 SIZED_KEYS = ("cqg.max_clusters", "cqg.p_p", "cqg.p_h", "cqg.p_e")
-
-
-@dataclass(frozen=True)
-class Rates:
-    """This machine's LLM rates on the demo's engines."""
-
-    read: float  # the writer's prompt tokens read per second
-    write: float  # the writer's tokens generated per second (one sequence: batches only do better)
-    pairs: float  # the answerer's single-pass (text, question) pairs per second
 
 
 def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozenset[str] = frozenset()) -> tuple[dict, str]:
@@ -83,82 +77,6 @@ def example_pairs(sts_file: str) -> list[tuple[str, str, float]]:
     return [rows[0], rows[-1]]
 
 
-RATE_TEXTS = ["The committee approved the new budget after a long debate about school funding and road repairs.",
-              "A young boy in a red shirt is playing with a dog on the beach while his parents watch.",
-              "The patient was given antibiotics for a chest infection and recovered within two weeks.",
-              "Researchers measured the effect of temperature on the growth of bacteria in the lab."]
-RATE_QUESTIONS = ["Is the text about health or medicine?", "Does the text mention an animal?", "Is the text about money?",
-                  "Does the text describe a scientific study?", "Is a child mentioned?"]
-
-
-def measure_rates(cfg: PipelineConfig) -> Rates:
-    """The writer's prompt reading and generation, and the answerer's single-pass pairs, on the engines the run uses
-    (a prompt of ~250 tokens read; 32 tokens written after a short prompt, whose reading is taken off at the rate just
-    measured, so that noise in reading the long prompt does not land in the writing rate; 20 pairs answered: seconds,
-    after the models load)."""
-    from cqg_ray.cqg.stage import writer_llm
-    from cqg_ray.llm.answers import answer_requests
-    from cqg_ray.llm.base import Request
-    from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
-
-    def prompt(texts: list[str], tokens: int) -> Request:
-        return Request([{"role": "user", "content": "Write ten yes/no questions about these texts:\n" + "\n".join(texts)}], max_tokens=tokens)
-
-    writer = LlamaCppBackend(writer_llm(cfg))
-    try:
-        list(writer.generate_batched([prompt(RATE_TEXTS[:1], 1)]))  # warm-up: engines load lazily
-        a, b = prompt(RATE_TEXTS * 2, 1), prompt(RATE_TEXTS[-1:], 33)  # different texts: no cached prefix
-        t0 = time.perf_counter()
-        (_, read), = writer.generate_batched([a])
-        t1 = time.perf_counter()
-        (_, wrote), = writer.generate_batched([b])
-        t2 = time.perf_counter()
-    finally:
-        writer.close()
-    read_rate = read.prompt_tokens / (t1 - t0)
-    write_s = (t2 - t1) - wrote.prompt_tokens / read_rate
-    answerer = LlamaCppBackend(cfg.llm)
-    try:
-        reqs = [r for t in RATE_TEXTS for r in answer_requests(t, range(len(RATE_QUESTIONS)), RATE_QUESTIONS, "single", 20, 1)]
-        answerer.score(reqs[:2])  # warm-up
-        t3 = time.perf_counter()
-        answerer.score(reqs)
-        pairs = len(reqs) / (time.perf_counter() - t3)
-    finally:
-        answerer.close()
-    return Rates(read=read_rate, write=max(wrote.completion_tokens - 1, 1) / max(write_s, 1e-3), pairs=pairs)
-
-
-def machine_rates(cfg: PipelineConfig) -> tuple[Rates, str]:
-    """`measure_rates`, or the rates an earlier demo measured on this machine with the same models and engines
-    (kept in the model cache's demo-rates.json); and where they come from."""
-    from cqg_ray.cqg.stage import writer_llm
-    from cqg_ray.hardware import available_cpus, cpu_model
-    from cqg_ray.llm.base import resolve_engine
-    from cqg_ray.llm.engines.bundled import cache_root
-
-    ll = cfg.llm.llamacpp
-    engines = resolve_engine(ll.generate_engine, work="generate"), resolve_engine(ll.score_engine, work="score")  # as resolved: auto changes
-    key = "|".join(map(str, (cpu_model(), available_cpus(), writer_llm(cfg).llamacpp.model, ll.model, *engines, ll.n_threads)))
-    path = cache_root(ll.cache_dir) / "demo-rates.json"
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if isinstance(known.get(key), dict):
-        try:
-            return Rates(**known[key]), f"measured earlier on this machine ({path})"
-        except TypeError:
-            pass
-    rates = measure_rates(cfg)
-    known[key] = asdict(rates)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(known, indent=1))
-    os.replace(tmp, path)
-    return rates, "measured now"
-
-
 def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> dict:
     """The run directory's sizing, decided once (SIZED): on a first run, the engines' rates (measured, or reused) and
     `size_demo` for `minutes`; a run directory whose questions are written keeps its config as it is."""
@@ -175,7 +93,10 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
         record = {"overrides": {}, "reason": f"not sized ({why}): the config as it is"}
     else:
         t0 = time.perf_counter()
-        rates, source = machine_rates(cfg)
+        from cqg_ray.cqg.stage import writer_llm
+        from cqg_ray.llm.rates import machine_rates
+
+        rates, source = machine_rates(writer_llm(cfg), cfg.llm)
         sized, reason = size_demo(cfg, rates, minutes * 60, fixed)
         record = {"overrides": sized, "reason": reason, "rates": asdict(rates), "rates_from": source, "minutes": minutes,
                   "sizing_s": round(time.perf_counter() - t0, 1)}

@@ -85,19 +85,18 @@ def test_kill_inside_encode_then_resume(tmp_path, corpus_file):
     run_dir = tmp_path / "run"
     sets = ["--set", f"corpus.paths=[{corpus_file}]", "--set", "corpus.limit=300", "--set", "corpus.rows_per_shard=300",
             "--set", "encode.unit_rows=30", "--set", "encode.num_actors=1", "--set", "ray.num_cpus=2", "--set", "cluster.k=10", "-r", str(run_dir)]
-    r = cli("prepare", *sets, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    p = subprocess.Popen([sys.executable, "-m", "cqg_ray.cli", "encode", *sets], env=ENV, start_new_session=True,
+    # prepare and encode in one process (one Ray start), killed once encode has written 2 of its 10 units
+    p = subprocess.Popen([sys.executable, "-m", "cqg_ray.cli", "run", "--until", "encode", *sets], env=ENV, start_new_session=True,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     enc = run_dir / "encode"
-    deadline = time.time() + 240
+    deadline = time.time() + 300
     while time.time() < deadline and len(list(enc.glob("emb-*.parquet"))) < 2:
         time.sleep(0.2)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     done_before = len(list(enc.glob("emb-*.parquet")))
     assert 2 <= done_before < 10
-    assert not (enc / "_manifest.json").exists()
+    assert (run_dir / "prepare" / "_manifest.json").exists() and not (enc / "_manifest.json").exists()
     st = cli("status", str(run_dir))  # the lease's holder is gone: the stage it named shows as interrupted, with its last progress line
     row = next(line for line in st.stdout.splitlines() if line.startswith("encode"))
     assert row.split()[:3] == ["encode", "interrupted", "-"] and re.search(r"encode: [\d,]+/300 text, .* ago\)$", row), row

@@ -56,7 +56,8 @@ def demo_config(tmp_path, **cqg):
 
 def test_a_fast_machine_keeps_the_whole_demo():
     from cqg_ray.config import load_config
-    from cqg_ray.demo import Rates, size_demo
+    from cqg_ray.demo import size_demo
+    from cqg_ray.llm.rates import Rates
 
     cfg = load_config("demo")
     sized, reason = size_demo(cfg, Rates(read=5000, write=500, pairs=500), 600)
@@ -66,7 +67,8 @@ def test_a_fast_machine_keeps_the_whole_demo():
 
 def test_a_slow_machine_drops_clusters_then_probes_and_keeps_the_floor():
     from cqg_ray.config import load_config
-    from cqg_ray.demo import MIN_QUESTIONS, OTHER_S, PROMPT_TOKENS, QUESTIONS_PER_CLUSTER, REPLY_TOKENS, Rates, size_demo
+    from cqg_ray.demo import MIN_QUESTIONS, OTHER_S, PROMPT_TOKENS, QUESTIONS_PER_CLUSTER, REPLY_TOKENS, size_demo
+    from cqg_ray.llm.rates import Rates
 
     floor = math.ceil(MIN_QUESTIONS / QUESTIONS_PER_CLUSTER)
     assert floor == 16
@@ -100,11 +102,12 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
     runs carries the sized keys, except those --set gives; a second demo on the same directory measures nothing and
     keeps the sizing, whatever the rates say now."""
     import cqg_ray.demo as demo
+    import cqg_ray.llm.rates as rates
     from cqg_ray.rundir import RunDir
 
     monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path / "cache"))
     measured, ran = [], []
-    monkeypatch.setattr(demo, "measure_rates", lambda cfg: measured.append(1) or demo.Rates(read=50, write=10, pairs=6))
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a: measured.append(1) or rates.Rates(read=50, write=10, pairs=6, answer_read=90))
 
     def pipeline(cfg, **kwargs):  # the stages themselves are not run
         ran.append(cfg)
@@ -118,12 +121,12 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
         except SystemExit:
             pass
     record = RunDir(str(tmp_path / "run")).read_json(demo.SIZED)
-    assert measured == [1] and record["rates"] == {"read": 50, "write": 10, "pairs": 6} and record["rates_from"] == "measured now"
+    assert measured == [1] and record["rates"] == {"read": 50, "write": 10, "pairs": 6, "answer_read": 90} and record["rates_from"] == "measured now"
     assert record["overrides"] == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6}  # p_e was set: the probes stay
     assert [(c.cqg.max_clusters, c.cqg.p_p, c.cqg.p_h, c.cqg.p_e) for c in ran] == [(16, 10, 6, 1)] * 2
     assert capsys.readouterr().out.count("demo sizing: 16 of 30 clusters, probes 10/6/1 a question") == 2
     # another run directory on this machine reuses the measured rates
-    monkeypatch.setattr(demo, "measure_rates", lambda cfg: (_ for _ in ()).throw(AssertionError("measured again")))
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a: (_ for _ in ()).throw(AssertionError("measured again")))
     other = demo_config(tmp_path / "b")
     record = demo.demo_sizing(other, [], 10)
     assert record["rates_from"].startswith("measured earlier on this machine")
@@ -131,15 +134,16 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
     import cqg_ray.llm.base as base
 
     monkeypatch.setattr(base, "resolve_engine", lambda name, flags=None, work="score": "llamacpp")
-    monkeypatch.setattr(demo, "measure_rates", lambda cfg: measured.append(2) or demo.Rates(read=40, write=8, pairs=4))
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a: measured.append(2) or rates.Rates(read=40, write=8, pairs=4, answer_read=70))
     assert demo.demo_sizing(demo_config(tmp_path / "c"), [], 10)["rates_from"] == "measured now" and measured == [1, 2]
 
 
 def test_a_run_whose_questions_are_written_or_another_backend_is_not_sized(tmp_path, monkeypatch):
     import cqg_ray.demo as demo
+    import cqg_ray.llm.rates as rates
     from cqg_ray.rundir import RunDir, run_stage
 
-    monkeypatch.setattr(demo, "measure_rates", lambda cfg: (_ for _ in ()).throw(AssertionError("no measuring")))
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a: (_ for _ in ()).throw(AssertionError("no measuring")))
     cfg = demo_config(tmp_path)
     run_stage(RunDir(cfg.run_dir), "questions", "h", lambda ctx: None, deps=[])
     assert demo.demo_sizing(cfg, [], 10) == {"overrides": {}, "reason": "not sized (its questions were written before): the config as it is"}
@@ -156,7 +160,8 @@ def test_the_rates_measured_on_the_real_embedded_model(tmp_path):
     faster per token than writing one (a prompt's tokens are read in one pass, written one at a time)."""
     import math
 
-    from cqg_ray.demo import measure_rates
+    from cqg_ray.llm.rates import measure_rates
 
-    r = measure_rates(demo_config(tmp_path, writer_model="null"))
-    assert all(0 < v < math.inf for v in (r.read, r.write, r.pairs)) and r.read > r.write
+    cfg = demo_config(tmp_path, writer_model="null")
+    r = measure_rates(cfg.llm, cfg.llm)
+    assert all(0 < v < math.inf for v in (r.read, r.write, r.pairs, r.answer_read)) and r.read > r.write and r.answer_read > r.write

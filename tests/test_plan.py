@@ -112,6 +112,45 @@ def test_hours_by_hand():
     assert train["wall_hours"] == train["device_hours"] == pytest.approx(120 * 0.9 * 100 / 1e6 / 3600)  # 100 epochs
 
 
+def test_the_writer_has_its_own_rates_and_single_pass_answers_are_read_not_decoded():
+    from dataclasses import replace
+
+    tp = replace(THROUGHPUTS["cpu"], writer_prompt_tokens_per_s=30.0, writer_completion_tokens_per_s=3.0)
+    single = capacity_plan(small_cfg("single"), docs=1000, dedup_survival=0.5, throughput=tp)
+    gen = stage(single, "cqg-generate")  # the rows print tokens rounded to whole ones: hours agree to their rounding
+    assert gen["device_hours"] == pytest.approx((gen["prompt_tokens"] / 30 + gen["completion_tokens"] / 3) / 3600, rel=1e-4)
+    for name in ("cqg-probe", "label"):  # one position's logits read a pair: its prompt tokens are the work
+        row = stage(single, name)
+        assert row["completion_tokens"] > 0
+        assert row["device_hours"] == pytest.approx(row["prompt_tokens"] / tp.llm_prompt_tokens_per_s / 3600, rel=1e-4)
+    packed = stage(capacity_plan(small_cfg(), docs=1000, dedup_survival=0.5, throughput=tp), "label")  # answers decoded
+    want = (packed["prompt_tokens"] / tp.llm_prompt_tokens_per_s + packed["completion_tokens"] / tp.llm_completion_tokens_per_s) / 3600
+    assert packed["device_hours"] == pytest.approx(want, rel=1e-4)
+
+
+def test_measure_takes_the_rates_of_this_machines_engines(monkeypatch, capsys):
+    """`--measure`: the writer's rates for generation, the answerer's reading for probes and labels, from
+    `cqg_ray.llm.rates.machine_rates` on the config's writer and answerer (a stand-in here)."""
+    import cqg_ray.llm.rates as rates
+
+    asked = []
+    measured = rates.Rates(read=40.0, write=4.0, pairs=2.0, answer_read=30.0)
+    monkeypatch.setattr(rates, "machine_rates", lambda w, a: asked.append((w.llamacpp.model, a.llamacpp.model)) or (measured, "measured now"))
+    assert main(["plan", "--config", "reference", "--preset", "cpu", "--measure", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert asked == [("bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-1.5b")]
+    tp = p["throughput"]
+    assert (tp["writer_prompt_tokens_per_s"], tp["writer_completion_tokens_per_s"], tp["llm_prompt_tokens_per_s"]) == (40.0, 4.0, 30.0)
+    assert "MEASURED on this machine" in tp["source"] and tp["encoder_texts_per_s"] == THROUGHPUTS["cpu"].encoder_texts_per_s
+    gen, label = stage(p, "cqg-generate"), stage(p, "label")
+    assert gen["device_hours"] == pytest.approx((gen["prompt_tokens"] / 40 + gen["completion_tokens"] / 4) / 3600, rel=1e-6)
+    assert label["device_hours"] == pytest.approx(label["prompt_tokens"] / 30 / 3600, rel=1e-6)
+    assert main(["plan", "--config", "reference", "--preset", "cpu", "--measure"]) == 0
+    assert "the writer 40 prompt tok/s + 4.0 output tok/s" in capsys.readouterr().out
+    assert main(["plan", "--set", "llm.backend=openai", "--measure"]) == 2
+    assert "--measure measures the embedded engines" in capsys.readouterr().err and len(asked) == 2
+
+
 def test_packing_own_cluster_only_matches_make_plan():
     # no neighbour or random texts, every selected question survives: each of a cluster's 6 front texts is asked
     # by all 25 questions of its cluster -> ceil(25 / 20) = 2 prompts per text, 10 clusters x 6 texts

@@ -122,8 +122,11 @@ def capacity_plan(
     kmeans_flops = 2 * kmeans_points * k * d * cfg.cluster.niter + 2 * N * k * d  # training + the assignment pass
     kmeans_core_h = kmeans_flops / KMEANS_FLOPS_PER_CORE / 3600
 
-    def llm_h(prompt_tok: float, completion_tok: float) -> float:
-        return (prompt_tok / tp.llm_prompt_tokens_per_s + completion_tok / tp.llm_completion_tokens_per_s) / 3600
+    def llm_h(prompt_tok: float, completion_tok: float, rates: tuple[float, float] = (tp.llm_prompt_tokens_per_s, tp.llm_completion_tokens_per_s)) -> float:
+        return (prompt_tok / rates[0] + completion_tok / rates[1]) / 3600
+
+    def answer_h(prompt_tok: float, completion_tok: float) -> float:  # single-pass: the answer is read, not decoded
+        return llm_h(prompt_tok, 0.0 if single else completion_tok)
 
     def row(stage, what, requests=None, prompt=None, completion=None, encoded=None, hours=0.0, cpu_core_hours=None, parallel=gpus):
         out = {"stage": stage, "what": what, "llm_requests": requests, "prompt_tokens": None if prompt is None else int(round(prompt)),
@@ -142,15 +145,15 @@ def capacity_plan(
             cpu_core_hours=kmeans_core_h),
         row("cqg-generate", f"{ppc} prompt(s) per cluster with {gen_texts} texts, {qpc} questions asked, written by {writer}",
             requests=gen_requests, prompt=gen_requests * gen_tokens, completion=gen_completion,
-            hours=llm_h(gen_requests * gen_tokens, gen_completion)),
+            hours=llm_h(gen_requests * gen_tokens, gen_completion, tp.writer)),
         row("cqg-probe", f"{probe_texts} probe texts per cluster, " + (f"each asked the cluster's {qpc} questions single-pass" if single else
                                                                        f"one prompt each with the cluster's {qpc} questions"),
-            requests=probe_requests, prompt=probe_prompt_tok, completion=probe_completion_tok, hours=llm_h(probe_prompt_tok, probe_completion_tok)),
+            requests=probe_requests, prompt=probe_prompt_tok, completion=probe_completion_tok, hours=answer_h(probe_prompt_tok, probe_completion_tok)),
         row("cqg-dedup", "embed the candidate questions (dedup at theta)", encoded=int(candidates),
             hours=candidates / tp.encoder_texts_per_s / 3600),
         row("label", f"{human(pairs)} pairs, " + ("single-pass, prefix trees (tokens computed)" if single else
                                                    f"up to {lab.questions_per_prompt} questions per prompt (our packing)"),
-            requests=label_requests, prompt=label_prompt_tok, completion=label_completion_tok, hours=llm_h(label_prompt_tok, label_completion_tok)),
+            requests=label_requests, prompt=label_prompt_tok, completion=label_completion_tok, hours=answer_h(label_prompt_tok, label_completion_tok)),
         row("train", f"{cfg.train.epochs} epochs x {human(pairs * (1 - cfg.train.holdout))} training pairs",
             hours=train_pairs / tp.train_pairs_per_s / 3600, parallel=min(gpus, cfg.train.num_workers)),
         row("embed", "final embedding pass (encoder + heads)", encoded=embed_n, hours=embed_n / tp.encoder_texts_per_s / 3600),

@@ -43,6 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-pairs-per-s", type=float, help="MBQA training (text, question) pairs/s per device")
     p.add_argument("--calibrate", metavar="RUN_DIR", help="take the throughputs from a finished (small) run on your hardware: "
                    "its encode manifest, LLM ledgers and training metrics; also shows how many of its prompts were clipped to fit")
+    p.add_argument("--measure", action="store_true",
+                   help="take the LLM rates from this machine's embedded engines, as the config sets them up (the writer's "
+                        "reading and writing for generation, the answerer's reading for probes and labels): measured in "
+                        "~30 s, or reused from an earlier measurement on this machine (the demo's); sizes a CPU build "
+                        "such as --config reference --preset cpu on the machine that runs it")
     p.add_argument("--prompt-tokens-per-text", type=float, default=Workload.prompt_tokens_per_text, help="mean tokens of a corpus text (default 128)")
     p.add_argument("--question-tokens", type=float, default=Workload.question_tokens, help="tokens per question (default 15)")
     p.add_argument("--answer-tokens", type=float, default=Workload.answer_tokens, help="tokens per answer line (default 4)")
@@ -69,6 +74,16 @@ def cmd_plan(args) -> int:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    if args.measure:
+        if cfg.llm.backend != "llamacpp":
+            print(f"error: --measure measures the embedded engines (llm.backend llamacpp), not {cfg.llm.backend}", file=sys.stderr)
+            return 2
+        from cqg_ray.cqg.stage import writer_llm
+        from cqg_ray.llm.rates import machine_rates
+        from cqg_ray.plan.throughput import measured
+
+        rates, source = machine_rates(writer_llm(cfg), cfg.llm)
+        tp = measured(rates, tp, source)
     changes = {}
     if args.llm_tokens_per_s:
         changes.update(llm_prompt_tokens_per_s=args.llm_tokens_per_s, llm_completion_tokens_per_s=args.llm_tokens_per_s)

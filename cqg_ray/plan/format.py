@@ -104,7 +104,9 @@ def format_plan(p: dict) -> str:
                 f"{v['chars_cut']:,} characters cut" for k, v in p["measured"]["stages"].items()))
     lines += [
         f"throughput per device: LLM {tp['llm_prompt_tokens_per_s']:,.0f} prompt tok/s + {tp['llm_completion_tokens_per_s']:,.0f} "
-        f"output tok/s, encoder {tp['encoder_texts_per_s']:,.0f} texts/s, heads {tp['train_pairs_per_s']:,.0f} pairs/s",
+        f"output tok/s, encoder {tp['encoder_texts_per_s']:,.0f} texts/s, heads {tp['train_pairs_per_s']:,.0f} pairs/s"
+        + (f"; the writer {tp['writer_prompt_tokens_per_s']:,.0f} prompt tok/s + {tp['writer_completion_tokens_per_s']:,.1f} output tok/s"
+           if tp.get("writer_prompt_tokens_per_s") else ""),
         f"  ({tp['source']})",
         f"tokens: {p['workload']['prompt_tokens_per_text']:g} per text (clipped at max_text_chars), "
         f"{p['workload']['question_tokens']:g} per question, {p['workload']['answer_tokens']:g} per answer (assumptions)",

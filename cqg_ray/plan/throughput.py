@@ -17,6 +17,14 @@ class Throughput:
     train_pairs_per_s: float
     device: str
     source: str
+    writer_prompt_tokens_per_s: float | None = None  # the question writer's, where it is another model or engine (None: the LLM's)
+    writer_completion_tokens_per_s: float | None = None
+
+    @property
+    def writer(self) -> tuple[float, float]:
+        """(prompt, completion) tokens/s of the model that writes the questions."""
+        return (self.writer_prompt_tokens_per_s or self.llm_prompt_tokens_per_s,
+                self.writer_completion_tokens_per_s or self.llm_completion_tokens_per_s)
 
 
 THROUGHPUTS = {
@@ -84,3 +92,13 @@ def calibrate(run_dir: str, base: Throughput) -> Throughput:
         raise ValueError(f"{run_dir} has no finished encode, LLM or train stage to measure throughput from")
     return replace(base, **changes, device=f"setup of {run.root_uri}",
                    source=f"MEASURED by the run {run.root_uri} ({'; '.join(used)}); the rest from the {base.device} preset")
+
+
+def measured(rates, base: Throughput, source: str) -> Throughput:
+    """``base`` with this machine's LLM rates on the config's embedded engines (``cqg_ray.llm.rates.Rates``): the writer's
+    reading and writing for generation, the answerer's reading for probes and labels (single-pass: no decoding), its
+    decoding (packed answers) at the writer's rate."""
+    return replace(base, llm_prompt_tokens_per_s=rates.answer_read, llm_completion_tokens_per_s=rates.write,
+                   writer_prompt_tokens_per_s=rates.read, writer_completion_tokens_per_s=rates.write, device="this machine",
+                   source=f"MEASURED on this machine's embedded engines ({source}): the writer reads {rates.read:.0f} prompt tokens/s "
+                          f"and writes {rates.write:.1f}, the answerer reads {rates.answer_read:.0f}; the rest from the {base.device} preset")
