@@ -61,11 +61,11 @@ def test_a_fast_machine_keeps_the_whole_demo():
 
     cfg = load_config("demo")
     sized, reason = size_demo(cfg, Rates(read=5000, write=500, pairs=500), 600)
-    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4}
-    assert reason.startswith("16 of 30 clusters, probes 10/6/4 a question: about ") and "fits (10 min;" in reason
+    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4, "cqg.n_h": 18, "cqg.n_e": 18}
+    assert reason.startswith("16 of 30 clusters, probes 10/6/4 a question, 18 + 18 negatives a prompt: about ") and "fits (10 min;" in reason
 
 
-def test_a_slow_machine_drops_clusters_then_probes_and_keeps_the_floor():
+def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_floor():
     from cqg_ray.config import load_config
     from cqg_ray.demo import MIN_QUESTIONS, OTHER_S, PROMPT_TOKENS, QUESTIONS_PER_CLUSTER, REPLY_TOKENS, size_demo
     from cqg_ray.llm.rates import Rates
@@ -77,24 +77,33 @@ def test_a_slow_machine_drops_clusters_then_probes_and_keeps_the_floor():
     # 20 of the 30 clusters fit the 360 s the LLM has, above the floor
     per = PROMPT_TOKENS / 200 + REPLY_TOKENS / 40 + (10 * 20 + 4 * 40) / 60
     sized, reason = size_demo(wide, Rates(read=200, write=40, pairs=60), 600)
-    assert sized == {"cqg.max_clusters": int((600 - OTHER_S) // per), "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4} and sized["cqg.max_clusters"] == 20
+    assert sized == {"cqg.max_clusters": int((600 - OTHER_S) // per), "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4, "cqg.n_h": 18, "cqg.n_e": 18}
+    assert sized["cqg.max_clusters"] == 20
     assert reason.startswith("20 of 30 clusters, probes 10/6/4") and "fits (10 min;" in reason
     # at 30 pairs/s the demo's probes would leave 15 (11.25 + 360 / 30 = 23.25 s a cluster), under the floor: the
     # paper's probes (10 x 10 pairs: 11.25 + 260 / 30 = 19.9 s) keep 18
     sized, _ = size_demo(wide, Rates(read=200, write=40, pairs=30), 600)
-    assert sized == {"cqg.max_clusters": 18, "cqg.p_p": 5, "cqg.p_h": 3, "cqg.p_e": 2}
-    # too slow for the floor: the fewest probes on the floor's clusters, and the reason says it does not fit
+    assert sized == {"cqg.max_clusters": 18, "cqg.p_p": 5, "cqg.p_h": 3, "cqg.p_e": 2, "cqg.n_h": 18, "cqg.n_e": 18}
+    # too slow for the floor: the fewest probes and negatives on the floor's clusters, and the reason says it does not fit
     sized, reason = size_demo(wide, Rates(read=10, write=2, pairs=1), 600)
-    assert sized == {"cqg.max_clusters": floor, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1} and "does not fit; this is the floor" in reason
-    # the demo's own 16 clusters are the floor already: a slow machine keeps them and lowers the probes
+    assert sized == {"cqg.max_clusters": floor, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6}
+    assert "6 + 6 negatives a prompt" in reason and "does not fit; this is the floor" in reason
+    # the demo's own 16 clusters are the floor already: a slow machine keeps them, lowers the probes, then the negatives
     sized, _ = size_demo(load_config("demo"), Rates(read=60, write=12, pairs=9), 600)
-    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1}
+    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6}
+    # fewer negatives where they buy the fit: at 16 clusters, probes 3/2/1 and 40 pairs/s, 18 + 18 negatives take
+    # 16 x (1675/30 + 115/20 + 220/40) = 1,074 s, 9 + 9 take 16 x ((1675 - 18 x 35)/30 + ...) = 738 s, and with OTHER_S the
+    # budget of 1,000 s holds the second: 9 + 9
+    sized, reason = size_demo(load_config("demo"), Rates(read=30, write=20, pairs=40), 1000)
+    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 9, "cqg.n_e": 9} and "fits" in reason
     # keys the user set stay: only the others are sized, and set probes are not lowered
     rates = Rates(read=200, write=40, pairs=20)
     sized, _ = size_demo(wide, rates, 600, frozenset({"cqg.max_clusters"}))
-    assert sized == {"cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1}  # 30 clusters fit with none of the levels: the fewest probes
+    assert sized == {"cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6}  # 30 clusters fit with no level: the fewest
     sized, _ = size_demo(wide, rates, 600, frozenset({"cqg.p_p"}))
-    assert sized == {"cqg.max_clusters": 16, "cqg.p_h": 6, "cqg.p_e": 4}
+    assert sized == {"cqg.max_clusters": 16, "cqg.p_h": 6, "cqg.p_e": 4, "cqg.n_h": 6, "cqg.n_e": 6}  # set probes stay; negatives go
+    sized, _ = size_demo(wide, rates, 600, frozenset({"cqg.n_e"}))
+    assert sized["cqg.n_h"] == 18 and "cqg.n_e" not in sized  # set negatives are not lowered
 
 
 def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path, monkeypatch, capsys):
@@ -122,7 +131,8 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
             pass
     record = RunDir(str(tmp_path / "run")).read_json(demo.SIZED)
     assert measured == [1] and record["rates"] == {"read": 50, "write": 10, "pairs": 6, "answer_read": 90} and record["rates_from"] == "measured now"
-    assert record["overrides"] == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6}  # p_e was set: the probes stay
+    # p_e was set: the probes stay, and the negatives are lowered instead
+    assert record["overrides"] == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.n_h": 6, "cqg.n_e": 6}
     assert [(c.cqg.max_clusters, c.cqg.p_p, c.cqg.p_h, c.cqg.p_e) for c in ran] == [(16, 10, 6, 1)] * 2
     assert capsys.readouterr().out.count("demo sizing: 16 of 30 clusters, probes 10/6/1 a question") == 2
     # another run directory on this machine reuses the measured rates
