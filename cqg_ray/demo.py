@@ -38,7 +38,8 @@ PROBE_LEVELS = ((10, 6, 4), (5, 3, 2), (3, 2, 1))  # (p_p, p_h, p_e): the demo's
 # 200 characters is ~35 tokens of the prompt (the 36 negatives are about three quarters of PROMPT_TOKENS)
 NEGATIVE_LEVELS, TEXT_TOKENS = ((18, 18), (9, 9), (6, 6)), 35
 SIZED = "demo_sizing.json"  # in the run directory: the sizing decided once, its rates and its reason
-SIZED_KEYS = ("cqg.max_clusters", "cqg.p_p", "cqg.p_h", "cqg.p_e", "cqg.n_h", "cqg.n_e")
+PROBE_KEYS, NEGATIVE_KEYS = ("cqg.p_p", "cqg.p_h", "cqg.p_e"), ("cqg.n_h", "cqg.n_e")
+SIZED_KEYS = ("cqg.max_clusters", *PROBE_KEYS, *NEGATIVE_KEYS)
 
 
 def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozenset[str] = frozenset()) -> tuple[dict, str]:
@@ -53,8 +54,8 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     most = c.max_clusters or cfg.cluster.k
     least = min(most, math.ceil(MIN_QUESTIONS / min(QUESTIONS_PER_CLUSTER, c.t)))
     own, own_negatives = (c.p_p, c.p_h, c.p_e), (c.n_h, c.n_e)
-    probe_levels = [own] if fixed & set(SIZED_KEYS[1:4]) else [lv for lv in PROBE_LEVELS if sum(lv) <= sum(own)] or [own]
-    negative_levels = ([own_negatives] if fixed & set(SIZED_KEYS[4:]) else
+    probe_levels = [own] if fixed & set(PROBE_KEYS) else [lv for lv in PROBE_LEVELS if sum(lv) <= sum(own)] or [own]
+    negative_levels = ([own_negatives] if fixed & set(NEGATIVE_KEYS) else
                        [lv for lv in NEGATIVE_LEVELS if sum(lv) <= sum(own_negatives)] or [own_negatives])
     steps = [(p, negative_levels[0]) for p in probe_levels] + [(probe_levels[-1], lv) for lv in negative_levels[1:]]
     for probes, negatives in steps:
