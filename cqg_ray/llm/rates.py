@@ -58,12 +58,9 @@ def measure_rates(writer: LLMConfig, answerer: LLMConfig) -> Rates:
         t1 = time.perf_counter()
         (_, wrote), = model.generate_batched([b])
         t2 = time.perf_counter()
-    finally:
-        model.close()
-    read_rate = read.prompt_tokens / (t1 - t0)
-    write_s = (t2 - t1) - wrote.prompt_tokens / read_rate
-    model = LlamaCppBackend(answerer)
-    try:
+        if answerer != writer:  # the same section (the reference build's 1.5B): its model stays loaded
+            model.close()
+            model = LlamaCppBackend(answerer)
         reqs = [r for t in RATE_TEXTS for r in answer_requests(t, range(len(RATE_QUESTIONS)), RATE_QUESTIONS, "single", 20, 1)]
         model.score(reqs[:2])  # warm-up
         t3 = time.perf_counter()
@@ -74,6 +71,8 @@ def measure_rates(writer: LLMConfig, answerer: LLMConfig) -> Rates:
         t5 = time.perf_counter()
     finally:
         model.close()
+    read_rate = read.prompt_tokens / (t1 - t0)
+    write_s = (t2 - t1) - wrote.prompt_tokens / read_rate
     return Rates(read=read_rate, write=max(wrote.completion_tokens - 1, 1) / max(write_s, 1e-3), pairs=len(reqs) / (t4 - t3),
                  answer_read=(scored.prompt_tokens - scored.cached_tokens) / (t5 - t4))  # what a cache held was not read
 
