@@ -99,6 +99,14 @@ def write_plan(run, path: str, table: pa.Table, rows: int) -> list[int]:
 # ----------------------------------------------------------------------------------------- the passes, mapped
 
 
+def without_no_progress_timeout(ds):
+    """``ds`` without Ray Data's no-progress timeout (30 minutes by default): an LLM pass gives no output until an engine
+    call ends, and one call (a batch of 32 generation prompts of the 1.5B on 2 CPU cores) takes longer than that. A
+    failed engine call still fails the pass; its finished answers are in the ledger."""
+    ds.context.execution_no_progress_timeout_s = -1
+    return ds
+
+
 def answer_in_one_job(job: PlanJob, identity: dict, groups: list[int], index, backend, size: tuple[int, int], reindex) -> dict[str, Any]:
     """The answer pass as one Ray Data job per attempt: plan groups -> pending request rows (CPU actors) ->
     ``backend.job`` (vLLM: ``ray.data.llm``'s processor with its autoscaling engine pool) -> judged rows into the
@@ -117,7 +125,7 @@ def answer_in_one_job(job: PlanJob, identity: dict, groups: list[int], index, ba
                                          compute=ray.data.ActorPoolStrategy(min_size=1, max_size=max(1, size[1])), num_cpus=1,
                                          batch_size=1024)
         c: dict = {}
-        for r in ds.iter_rows():
+        for r in without_no_progress_timeout(ds).iter_rows():
             add_counters(c, json.loads(r["out"]))
         if attempt > 1:
             counters["retries"] += c.get("sent", 0)
@@ -217,7 +225,7 @@ class RayPasses(_Passes):
                                                "progress_queue": progress.queue() if mode == "answer" else None},
             compute=ray.data.ActorPoolStrategy(min_size=min(size[0], len(groups)), max_size=min(size[1], len(groups))), batch_size=1,
             num_cpus=cpus)
-        for r in ds.iter_rows():
+        for r in without_no_progress_timeout(ds).iter_rows():
             yield json.loads(r["out"])
 
     def answer(self, groups: list[int], index) -> dict[str, Any]:

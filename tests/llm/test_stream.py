@@ -89,3 +89,20 @@ def test_corpus_places_finds_each_id_in_its_shard_and_names_the_missing(tmp_path
     assert shard.tolist() == [1, 0] and row.tolist() == [1, 1]
     with pytest.raises(ArtifactError, match="1 documents are not in the corpus shards"):
         corpus_places(run, pa.array(["a", "zz"]))
+
+
+@pytest.mark.ray
+def test_an_llm_pass_waits_for_an_engine_call_however_long_and_only_it(ray_local):
+    """Ray Data fails a dataset with no output for 30 minutes; one engine call of a slow CPU takes longer (the reference
+    build's first batch of generations did, 2026-11-27). The LLM passes' datasets wait; other datasets keep the bound."""
+    import ray.data
+
+    from cqg_ray.llm.stream import without_no_progress_timeout
+
+    before = ray.data.DataContext.get_current().execution_no_progress_timeout_s
+    assert before > 0
+    ds = without_no_progress_timeout(ray.data.range(3))
+    assert ds.context.execution_no_progress_timeout_s == -1
+    assert sorted(r["id"] for r in ds.take_all()) == [0, 1, 2]  # it runs (Ray Data keeps no row order here)
+    assert ray.data.DataContext.get_current().execution_no_progress_timeout_s == before
+    assert ray.data.range(1).context.execution_no_progress_timeout_s == before
