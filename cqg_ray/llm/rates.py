@@ -42,39 +42,53 @@ def _prompt(texts: list[str], tokens: int):
 
 
 def measure_rates(writer: LLMConfig, answerer: LLMConfig) -> Rates:
-    """The writer's prompt reading and generation, and the answerer's single-pass pairs and prompt reading, on the
-    engines the run uses (a prompt of ~250 tokens read; 32 tokens written after a short prompt, whose reading is taken
-    off at the rate just measured, so that noise in reading the long prompt does not land in the writing rate; 20 pairs
-    answered; one ~250-token single-pass prompt read: seconds, after the models load)."""
+    """This machine's `Rates` on the engines the run uses, from `time_engines`."""
+    return rates_from(time_engines(writer, answerer))
+
+
+def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
+    """`Rates` from `time_engines`' (seconds, count) per measure."""
+    (read_s, read), (write_s, wrote), (pairs_s, pairs), (answer_s, answer) = (timed[k] for k in ("read", "write", "pairs", "answer_read"))
+    return Rates(read=read / read_s, write=max(wrote, 1) / max(write_s, 1e-3), pairs=pairs / pairs_s, answer_read=answer / answer_s)
+
+
+def time_engines(writer: LLMConfig, answerer: LLMConfig) -> dict[str, tuple[float, int]]:
+    """(seconds, count) for each rate, after the models load: ``read``, a ~250-token prompt's tokens read; ``write``,
+    a short prompt answered with 1 and with 33 tokens, the difference being 32 tokens written (nothing estimated is
+    subtracted: the engine keeps no cache between calls); each prompt timed twice, interleaved, the faster kept (a
+    neighbour's burst on the cores lands in one repeat); ``pairs``, 20 single-pass pairs answered; ``answer_read``, one ~250-token
+    single-pass prompt's tokens read (what a cache held is not counted)."""
     from cqg_ray.llm.answers import answer_requests
     from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
+
+    def timed(req):
+        t0 = time.perf_counter()
+        (_, c), = model.generate_batched([req])
+        return time.perf_counter() - t0, c
 
     model = LlamaCppBackend(writer)
     try:
         list(model.generate_batched([_prompt(RATE_TEXTS[:1], 1)]))  # warm-up: engines load lazily
-        a, b = _prompt(RATE_TEXTS * 2, 1), _prompt(RATE_TEXTS[-1:], 33)  # different texts: no cached prefix
-        t0 = time.perf_counter()
-        (_, read), = model.generate_batched([a])
-        t1 = time.perf_counter()
-        (_, wrote), = model.generate_batched([b])
-        t2 = time.perf_counter()
+        a, b1, b33 = _prompt(RATE_TEXTS * 2, 1), _prompt(RATE_TEXTS[-1:], 1), _prompt(RATE_TEXTS[-1:], 33)
+        runs = [(timed(a), timed(b1), timed(b33)) for _ in range(2)]
+        (_, ca), (_, c1), (_, c33) = runs[0]
+        out = {"read": (min(r[0][0] for r in runs), ca.prompt_tokens),
+               "write": (min(r[2][0] for r in runs) - min(r[1][0] for r in runs), c33.completion_tokens - c1.completion_tokens)}
         if answerer != writer:  # the same section (the reference build's 1.5B): its model stays loaded
             model.close()
             model = LlamaCppBackend(answerer)
         reqs = [r for t in RATE_TEXTS for r in answer_requests(t, range(len(RATE_QUESTIONS)), RATE_QUESTIONS, "single", 20, 1)]
         model.score(reqs[:2])  # warm-up
-        t3 = time.perf_counter()
+        t0 = time.perf_counter()
         model.score(reqs)
-        t4 = time.perf_counter()
+        out["pairs"] = time.perf_counter() - t0, len(reqs)
         long = answer_requests(" ".join(RATE_TEXTS[::-1] * 2), [0], RATE_QUESTIONS[:1], "single", 20, 1)  # nothing shared
+        t0 = time.perf_counter()
         (scored,) = model.score(long)
-        t5 = time.perf_counter()
+        out["answer_read"] = time.perf_counter() - t0, scored.prompt_tokens - scored.cached_tokens
     finally:
         model.close()
-    read_rate = read.prompt_tokens / (t1 - t0)
-    write_s = (t2 - t1) - wrote.prompt_tokens / read_rate
-    return Rates(read=read_rate, write=max(wrote.completion_tokens - 1, 1) / max(write_s, 1e-3), pairs=len(reqs) / (t4 - t3),
-                 answer_read=(scored.prompt_tokens - scored.cached_tokens) / (t5 - t4))  # what a cache held was not read
+    return out
 
 
 def machine_rates(writer: LLMConfig, answerer: LLMConfig) -> tuple[Rates, str]:
