@@ -4,6 +4,9 @@
     python bench/generate.py --prompts 8 --batch 8 --engines torch-float32
     python bench/generate.py --demo --prompts 4 --no-baseline --engines llamacpp,torch-float32   # the demo's own work
 
+``--engines llamacpp,llamacpp-whole``: llama.cpp's batched decoding with the call's common prefix read once (the
+default) and with every prompt read whole (``share_prefix=False``); last line ``llamacpp_shared_prefix_vs_whole``.
+
 ``--demo``: what the demo's questions stage asks instead: the property prompt (3 worked examples) with 6 positives
 and 36 negatives (n_p, n_h + n_e) clipped at 200 characters, written by the bundled 1.5B (``cqg.writer_model``).
 
@@ -53,7 +56,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=LlamaCppConfig().batch_generate, help="sequences decoded together (llamacpp.batch_generate)")
     ap.add_argument("--max-tokens", type=int, default=260)
     ap.add_argument("--model", default="bundled:qwen2.5-coder-0.5b")
-    ap.add_argument("--engines", default=f"llamacpp,torch-{pick_dtype()}", help="batched engines to compare (llamacpp, torch-float32, torch-bfloat16)")
+    ap.add_argument("--engines", default=f"llamacpp,torch-{pick_dtype()}",
+                    help="batched engines to compare (llamacpp, llamacpp-whole: each prompt read whole, torch-float32, torch-bfloat16)")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the prompt-reading-only run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--demo", action="store_true", help="the demo's prompts and writer: property prompt, 6 + 36 texts, the bundled 1.5B")
@@ -75,7 +79,7 @@ def main() -> None:
             b._generator = b.torch_engine(engine.split("-", 1)[1])
             print(f"{engine}: model loaded in {time.perf_counter() - t0:.1f} s (not counted)", flush=True)
         else:
-            b._generator = b.engine
+            b._generator = WholePrompts(b.engine) if engine == "llamacpp-whole" else b.engine
         t0 = time.perf_counter()
         got = dict(b.generate_batched(reqs))
         batched[engine] = ([got[i] for i in range(len(reqs))], time.perf_counter() - t0)
@@ -109,7 +113,24 @@ def main() -> None:
         fastest = min(torch_engines, key=lambda e: batched[e][1])
         print(f"fastest torch engine: {fastest}")
         print(f"torch_vs_llamacpp_batched_generate: {batched['llamacpp'][1] / batched[fastest][1]:.2f}")
+    if "llamacpp" in batched and "llamacpp-whole" in batched:
+        same = sum(a.text == w.text for a, w in zip(batched["llamacpp"][0], batched["llamacpp-whole"][0]))
+        print(f"common prefix read once vs every prompt whole: {same} of {len(reqs)} replies identical")
+        print(f"llamacpp_shared_prefix_vs_whole: {batched['llamacpp-whole'][1] / batched['llamacpp'][1]:.2f}")
     b.close()
+
+
+class WholePrompts:
+    """llama.cpp's batched decoding with every prompt read whole (no common prefix read once)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def generate(self, prompts, max_tokens):
+        return self.engine.generate(prompts, max_tokens, share_prefix=False)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ BUDGET_MIN = 10.0  # the demo's time after set-up, minutes (--minutes)
 # the demo's own work per generation prompt: the property prompt with 6 + 36 texts at 200 characters, written by the
 # bundled 1.5B (the AVX2 EPYC demo of 2026-11-26 read 26,800 prompt tokens and wrote 1,839 for its 16 prompts)
 PROMPT_TOKENS, REPLY_TOKENS = 1_675, 115
+# of which the prompts' common prefix (chat template, rules, worked examples), read once per generation call
+# (BatchEngine.generate and TorchEngine.generate copy it into each sequence)
+SHARED_PROMPT_TOKENS = 691  # with the cluster keywords (598 without)
 OTHER_S = 240.0  # that demo's stages without an LLM: prepare 118, encode 49, model 47, evaluation 14 s
 MIN_QUESTIONS = 20
 # questions a cluster written for ends with, after the filters and dedup: 21 from 16 clusters in the Zen 4 demo of
@@ -59,11 +62,12 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
                        [lv for lv in NEGATIVE_LEVELS if sum(lv) <= sum(own_negatives)] or [own_negatives])
     steps = [(p, negative_levels[0]) for p in probe_levels] + [(probe_levels[-1], lv) for lv in negative_levels[1:]]
     for probes, negatives in steps:
-        prompt_tokens = PROMPT_TOKENS + TEXT_TOKENS * (sum(negatives) - sum(NEGATIVE_LEVELS[0]))
-        gen_s = c.prompts_per_cluster * (prompt_tokens / rates.read + REPLY_TOKENS / rates.write)
+        own_tokens = PROMPT_TOKENS - SHARED_PROMPT_TOKENS + TEXT_TOKENS * (sum(negatives) - sum(NEGATIVE_LEVELS[0]))
+        gen_s = c.prompts_per_cluster * (own_tokens / rates.read + REPLY_TOKENS / rates.write)
         per = gen_s + (c.questions_per_prompt * c.prompts_per_cluster * sum(probes) + label_pairs) / rates.pairs
-        n = most if "cqg.max_clusters" in fixed else max(least, min(most, int((budget_s - OTHER_S) // per)))
-        expected = OTHER_S + n * per
+        fixed_s = OTHER_S + SHARED_PROMPT_TOKENS / rates.read
+        n = most if "cqg.max_clusters" in fixed else max(least, min(most, int((budget_s - fixed_s) // per)))
+        expected = fixed_s + n * per
         if expected <= budget_s or (probes, negatives) == steps[-1]:
             break
     sized = {"cqg.max_clusters": n, "cqg.p_p": probes[0], "cqg.p_h": probes[1], "cqg.p_e": probes[2],

@@ -67,23 +67,26 @@ def test_a_fast_machine_keeps_the_whole_demo():
 
 def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_floor():
     from cqg_ray.config import load_config
-    from cqg_ray.demo import MIN_QUESTIONS, OTHER_S, PROMPT_TOKENS, QUESTIONS_PER_CLUSTER, REPLY_TOKENS, size_demo
+    from cqg_ray.demo import MIN_QUESTIONS, OTHER_S, PROMPT_TOKENS, QUESTIONS_PER_CLUSTER, REPLY_TOKENS, SHARED_PROMPT_TOKENS, size_demo
     from cqg_ray.llm.rates import Rates
 
     floor = math.ceil(MIN_QUESTIONS / QUESTIONS_PER_CLUSTER)
     assert floor == 16
     wide = load_config("demo", ["cqg.max_clusters=30"])
-    # per cluster: generation 1675/200 + 115/40 = 11.25 s; probes 10 x 20 and labels 4 x 40 pairs at 60 pairs/s = 6 s:
-    # 20 of the 30 clusters fit the 360 s the LLM has, above the floor
-    per = PROMPT_TOKENS / 200 + REPLY_TOKENS / 40 + (10 * 20 + 4 * 40) / 60
+    # per cluster: generation (1675 - 691)/200 + 115/40 = 7.80 s (the prompts' common 691 tokens are read once per call:
+    # 3.5 s beside OTHER_S); probes 10 x 20 and labels 4 x 40 pairs at 60 pairs/s = 6 s: 25 of the 30 clusters fit the
+    # 356.5 s the LLM has, above the floor
+    assert SHARED_PROMPT_TOKENS == 691
+    per = (PROMPT_TOKENS - SHARED_PROMPT_TOKENS) / 200 + REPLY_TOKENS / 40 + (10 * 20 + 4 * 40) / 60
     sized, reason = size_demo(wide, Rates(read=200, write=40, pairs=60), 600)
-    assert sized == {"cqg.max_clusters": int((600 - OTHER_S) // per), "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4, "cqg.n_h": 18, "cqg.n_e": 18}
-    assert sized["cqg.max_clusters"] == 20
-    assert reason.startswith("20 of 30 clusters, probes 10/6/4") and "fits (10 min;" in reason
-    # at 30 pairs/s the demo's probes would leave 15 (11.25 + 360 / 30 = 23.25 s a cluster), under the floor: the
-    # paper's probes (10 x 10 pairs: 11.25 + 260 / 30 = 19.9 s) keep 18
-    sized, _ = size_demo(wide, Rates(read=200, write=40, pairs=30), 600)
-    assert sized == {"cqg.max_clusters": 18, "cqg.p_p": 5, "cqg.p_h": 3, "cqg.p_e": 2, "cqg.n_h": 18, "cqg.n_e": 18}
+    assert sized == {"cqg.max_clusters": int((600 - OTHER_S - SHARED_PROMPT_TOKENS / 200) // per), "cqg.p_p": 10, "cqg.p_h": 6,
+                     "cqg.p_e": 4, "cqg.n_h": 18, "cqg.n_e": 18}
+    assert sized["cqg.max_clusters"] == 25
+    assert reason.startswith("25 of 30 clusters, probes 10/6/4") and "fits (10 min;" in reason
+    # at 24 pairs/s the demo's probes would leave 15 (7.80 + 360 / 24 = 22.8 s a cluster), under the floor: the
+    # paper's probes (10 x 10 pairs: 7.80 + 260 / 24 = 18.6 s) keep 19
+    sized, _ = size_demo(wide, Rates(read=200, write=40, pairs=24), 600)
+    assert sized == {"cqg.max_clusters": 19, "cqg.p_p": 5, "cqg.p_h": 3, "cqg.p_e": 2, "cqg.n_h": 18, "cqg.n_e": 18}
     # too slow for the floor: the fewest probes and negatives on the floor's clusters, and the reason says it does not fit
     sized, reason = size_demo(wide, Rates(read=10, write=2, pairs=1), 600)
     assert sized == {"cqg.max_clusters": floor, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6}
@@ -92,9 +95,10 @@ def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_
     sized, _ = size_demo(load_config("demo"), Rates(read=60, write=12, pairs=9), 600)
     assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6}
     # fewer negatives where they buy the fit: at 16 clusters, probes 3/2/1 and 40 pairs/s, 18 + 18 negatives take
-    # 16 x (1675/30 + 115/20 + 220/40) = 1,074 s, 9 + 9 take 16 x ((1675 - 18 x 35)/30 + ...) = 738 s, and with OTHER_S the
-    # budget of 1,000 s holds the second: 9 + 9
-    sized, reason = size_demo(load_config("demo"), Rates(read=30, write=20, pairs=40), 1000)
+    # 16 x ((1675 - 691)/30 + 115/20 + 220/40) = 704 s, 9 + 9 take 16 x ((1675 - 691 - 18 x 35)/30 + ...) = 368 s; with
+    # OTHER_S and the common prefix read once (23 s) the budget of 900 s holds the second: 9 + 9 (the paper's probes
+    # with 18 + 18 would take 984 s)
+    sized, reason = size_demo(load_config("demo"), Rates(read=30, write=20, pairs=40), 900)
     assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 9, "cqg.n_e": 9} and "fits" in reason
     # keys the user set stay: only the others are sized, and set probes are not lowered
     rates = Rates(read=200, write=40, pairs=20)

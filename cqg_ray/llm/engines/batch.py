@@ -121,6 +121,9 @@ def _logsumexp(v: np.ndarray) -> float:
     return m + math.log(float(np.exp(v - m).sum()))
 
 
+MIN_SHARED_PREFIX = 16  # a generation call's common prefix shorter than this is read with each prompt
+
+
 @dataclass
 class _Slot:
     """One running sequence of a generation batch."""
@@ -229,11 +232,15 @@ class BatchEngine:
 
     # ------------------------------------------------------------------ generation
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> Iterator[tuple[int, list[int]]]:
-        """(index, generated tokens without the end token) per prompt, as each finishes (greedy)."""
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], share_prefix: bool = True) -> Iterator[tuple[int, list[int]]]:
+        """(index, generated tokens without the end token) per prompt, as each finishes (greedy). The prompts' common
+        prefix (chat template, instructions, worked examples: ~600 of the property prompt's ~860 tokens), when at least
+        ``MIN_SHARED_PREFIX`` tokens, is read once into a sequence of its own and copied into each slot as a prompt
+        takes it (``llama_memory_seq_cp`` of a whole KV stream), so each prompt reads only its own rest."""
         lc = self.lc
+        holder = self.gen_seqs  # the shared prefix's own sequence, after the slots
         if self._gen_ctx is None:
-            self._gen_ctx = self._context(self.gen_ctx_per_seq * self.gen_seqs, self.gen_seqs, unified=False)
+            self._gen_ctx = self._context(self.gen_ctx_per_seq * (self.gen_seqs + 1), self.gen_seqs + 1, unified=False)
         ctx = self._gen_ctx
         self._clear(ctx)
         mem = lc.llama_get_memory(ctx)
@@ -242,15 +249,24 @@ class BatchEngine:
                 raise ValueError("an empty prompt cannot be generated from")
             if len(p) + max_tokens[i] > self.gen_ctx_per_seq:
                 raise ValueError(f"prompt {i}: {len(p)} tokens + {max_tokens[i]} new ones do not fit a sequence's context ({self.gen_ctx_per_seq})")
-        progress.add(handed=len(prompts), planned=sum(len(p) for p in prompts))
+        shared = min(common_prefix(prompts[0], p) for p in prompts[1:]) if share_prefix and len(prompts) > 1 else 0
+        shared = min(shared, min(len(p) for p in prompts) - 1)  # every prompt keeps a token of its own to read
+        shared = shared if shared >= MIN_SHARED_PREFIX else 0
+        progress.add(handed=len(prompts), planned=shared + sum(len(p) - shared for p in prompts))
+        budget = self.n_ubatch  # prompt tokens per decode call (llama.cpp's micro-batch: a call per chunk costs nothing more)
+        for c0 in range(0, shared, budget):
+            t0 = time.perf_counter()
+            self._decode(ctx, [(prompts[0][pos], pos, (holder,), False) for pos in range(c0, min(shared, c0 + budget))])
+            progress.add(read=min(shared, c0 + budget) - c0, read_s=time.perf_counter() - t0)
         queue = list(range(len(prompts)))[::-1]
         slots: dict[int, _Slot] = {}
-        budget = self.n_ubatch  # prompt tokens per decode call (llama.cpp's micro-batch: a call per chunk costs nothing more)
         while queue or slots:
             for s in range(self.gen_seqs):
                 if s not in slots and queue:
                     i = queue.pop()
-                    slots[s] = _Slot(i, list(prompts[i]), int(max_tokens[i]))
+                    slots[s] = _Slot(i, list(prompts[i]), int(max_tokens[i]), fed=shared)
+                    if shared:  # the whole prefix stream copied (cross-stream copies take whole streams)
+                        lc.llama_memory_seq_cp(mem, holder, s, -1, -1)
             entries: list[tuple[int, int, Sequence[int], bool]] = []
             reads: dict[int, int] = {}  # slot -> batch index of its logits
             # a prompt still being read goes alone (a chunk of it): with one KV stream per sequence llama.cpp splits a
