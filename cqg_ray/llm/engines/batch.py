@@ -154,6 +154,7 @@ class BatchEngine:
         self.score_step = n_ubatch * 4  # tree tokens per decode call when scoring: a tree is read in a few, progress advancing between
         self._score_ctx = None
         self._gen_ctx = None
+        self._gen_ctx_seqs = 0  # sequences of the generation context: gen_seqs slots and the shared prefix's
 
     # ------------------------------------------------------------------ contexts and batches
 
@@ -239,8 +240,12 @@ class BatchEngine:
         takes it (``llama_memory_seq_cp`` of a whole KV stream), so each prompt reads only its own rest."""
         lc = self.lc
         holder = self.gen_seqs  # the shared prefix's own sequence, after the slots
+        if self._gen_ctx is not None and self._gen_ctx_seqs != self.gen_seqs + 1:  # gen_seqs changed since: a new context
+            self.lc.llama_free(self._gen_ctx)
+            self._gen_ctx = None
         if self._gen_ctx is None:
             self._gen_ctx = self._context(self.gen_ctx_per_seq * (self.gen_seqs + 1), self.gen_seqs + 1, unified=False)
+            self._gen_ctx_seqs = self.gen_seqs + 1
         ctx = self._gen_ctx
         self._clear(ctx)
         mem = lc.llama_get_memory(ctx)
