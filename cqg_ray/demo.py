@@ -40,42 +40,50 @@ PROBE_LEVELS = ((10, 6, 4), (5, 3, 2), (3, 2, 1))  # (p_p, p_h, p_e): the demo's
 # (n_h, n_e): hard and easy negatives a generation prompt, after the probes: the paper's 18 + 18, then fewer. A text at
 # 200 characters is ~35 tokens of the prompt (the 36 negatives are about three quarters of PROMPT_TOKENS)
 NEGATIVE_LEVELS, TEXT_TOKENS = ((18, 18), (9, 9), (6, 6)), 35
+# (n_cluster, n_neighbor, n_random): texts labelled a question, last: the demo's 40, then 30 (held out 0.55 of them,
+# the report part keeps ~10, over reliability's min_heldout of 5)
+LABEL_LEVELS = ((20, 12, 8), (15, 9, 6))
 SIZED = "demo_sizing.json"  # in the run directory: the sizing decided once, its rates and its reason
 PROBE_KEYS, NEGATIVE_KEYS = ("cqg.p_p", "cqg.p_h", "cqg.p_e"), ("cqg.n_h", "cqg.n_e")
-SIZED_KEYS = ("cqg.max_clusters", *PROBE_KEYS, *NEGATIVE_KEYS)
+LABEL_KEYS = ("label.n_cluster", "label.n_neighbor", "label.n_random")
+SIZED_KEYS = ("cqg.max_clusters", *PROBE_KEYS, *NEGATIVE_KEYS, *LABEL_KEYS)
 
 
 def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozenset[str] = frozenset()) -> tuple[dict, str]:
     """The demo's scale knobs for `budget_s` seconds at `rates`: the clusters questions are written for, the probes
-    per question and the negatives a generation prompt shows, the most that fit within the floor (MIN_QUESTIONS
-    questions: the clusters that give them at the measured QUESTIONS_PER_CLUSTER): fewer clusters first, down to that
-    floor, then fewer probes (probes rank the questions: docs/questions.md), then fewer negatives (the writer reads
-    them: most of generation's time on a slow CPU). Keys in `fixed` (set by the user) stay.
-    Returns ({key: value}, the reason in one line)."""
+    per question, the negatives a generation prompt shows and the texts labelled a question, the most that fit within
+    the floor (MIN_QUESTIONS questions: the clusters that give them at the measured QUESTIONS_PER_CLUSTER): fewer
+    clusters first, down to that floor, then fewer probes (probes rank the questions: docs/questions.md), then fewer
+    negatives (the writer reads them: most of generation's time on a slow CPU), then fewer labels a question (the heads
+    learn from them). Keys in `fixed` (set by the user) stay. Returns ({key: value}, the reason in one line)."""
     c, lab = cfg.cqg, cfg.label
-    label_pairs = c.t * (lab.n_cluster + lab.n_neighbor + lab.n_random)
     most = c.max_clusters or cfg.cluster.k
     least = min(most, math.ceil(MIN_QUESTIONS / min(QUESTIONS_PER_CLUSTER, c.t)))
-    own, own_negatives = (c.p_p, c.p_h, c.p_e), (c.n_h, c.n_e)
-    probe_levels = [own] if fixed & set(PROBE_KEYS) else [lv for lv in PROBE_LEVELS if sum(lv) <= sum(own)] or [own]
-    negative_levels = ([own_negatives] if fixed & set(NEGATIVE_KEYS) else
-                       [lv for lv in NEGATIVE_LEVELS if sum(lv) <= sum(own_negatives)] or [own_negatives])
-    steps = [(p, negative_levels[0]) for p in probe_levels] + [(probe_levels[-1], lv) for lv in negative_levels[1:]]
-    for probes, negatives in steps:
+
+    def levels(keys: tuple[str, ...], own: tuple[int, ...], table: tuple[tuple[int, ...], ...]) -> list[tuple[int, ...]]:
+        return [own] if fixed & set(keys) else [lv for lv in table if sum(lv) <= sum(own)] or [own]
+
+    probe_levels = levels(PROBE_KEYS, (c.p_p, c.p_h, c.p_e), PROBE_LEVELS)
+    negative_levels = levels(NEGATIVE_KEYS, (c.n_h, c.n_e), NEGATIVE_LEVELS)
+    label_levels = levels(LABEL_KEYS, (lab.n_cluster, lab.n_neighbor, lab.n_random), LABEL_LEVELS)
+    steps = ([(p, negative_levels[0], label_levels[0]) for p in probe_levels]
+             + [(probe_levels[-1], lv, label_levels[0]) for lv in negative_levels[1:]]
+             + [(probe_levels[-1], negative_levels[-1], lv) for lv in label_levels[1:]])
+    for probes, negatives, labels in steps:
         own_tokens = PROMPT_TOKENS - SHARED_PROMPT_TOKENS + TEXT_TOKENS * (sum(negatives) - sum(NEGATIVE_LEVELS[0]))
         gen_s = c.prompts_per_cluster * (own_tokens / rates.read + REPLY_TOKENS / rates.write)
-        per = gen_s + (c.questions_per_prompt * c.prompts_per_cluster * sum(probes) + label_pairs) / rates.pairs
+        per = gen_s + (c.questions_per_prompt * c.prompts_per_cluster * sum(probes) + c.t * sum(labels)) / rates.pairs
         fixed_s = OTHER_S + SHARED_PROMPT_TOKENS / rates.read
         n = most if "cqg.max_clusters" in fixed else max(least, min(most, int((budget_s - fixed_s) // per)))
         expected = fixed_s + n * per
-        if expected <= budget_s or (probes, negatives) == steps[-1]:
+        if expected <= budget_s or (probes, negatives, labels) == steps[-1]:
             break
-    sized = {"cqg.max_clusters": n, "cqg.p_p": probes[0], "cqg.p_h": probes[1], "cqg.p_e": probes[2],
-             "cqg.n_h": negatives[0], "cqg.n_e": negatives[1]}
+    sized = dict(zip(SIZED_KEYS, (n, *probes, *negatives, *labels)))
     fit = "fits" if expected <= budget_s else "does not fit; this is the floor"
     reason = (f"{n} of {cfg.cluster.k} clusters, probes {probes[0]}/{probes[1]}/{probes[2]} a question, {negatives[0]} + "
-              f"{negatives[1]} negatives a prompt: about {expected / 60:.1f} min expected, {fit} ({budget_s / 60:.0f} min; writer "
-              f"{rates.read:.0f} prompt tokens/s read, {rates.write:.1f} written; answerer {rates.pairs:.1f} pairs/s)")
+              f"{negatives[1]} negatives a prompt, {sum(labels)} texts labelled a question: about {expected / 60:.1f} min "
+              f"expected, {fit} ({budget_s / 60:.0f} min; writer {rates.read:.0f} prompt tokens/s read, {rates.write:.1f} "
+              f"written; answerer {rates.pairs:.1f} pairs/s)")
     return {k: v for k, v in sized.items() if k not in fixed}, reason
 
 

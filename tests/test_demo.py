@@ -15,6 +15,9 @@ STS_PAIRS = [("A man is playing a guitar.", "A man plays the guitar.", 4.8), ("A
              ("A man walks down the street.", "The orchestra played a symphony.", 0.0)]
 
 
+L40 = {"label.n_cluster": 20, "label.n_neighbor": 12, "label.n_random": 8}  # the demo's texts labelled a question (20 + 12 + 8), then the sizing's fewer
+L30 = {"label.n_cluster": 15, "label.n_neighbor": 9, "label.n_random": 6}
+
 def test_the_demo_prints_the_summary_once_with_a_copy_rate(tmp_path, monkeypatch, capsys, toy_encoder):
     """The first demo runs the evaluation stage (which prints the tables), the second finds it done (the demo prints
     them): each time the STS table and the question-quality block appear once, the copy rate measured against the
@@ -61,8 +64,9 @@ def test_a_fast_machine_keeps_the_whole_demo():
 
     cfg = load_config("demo")
     sized, reason = size_demo(cfg, Rates(read=5000, write=500, pairs=500), 600)
-    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4, "cqg.n_h": 18, "cqg.n_e": 18}
-    assert reason.startswith("16 of 30 clusters, probes 10/6/4 a question, 18 + 18 negatives a prompt: about ") and "fits (10 min;" in reason
+    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4, "cqg.n_h": 18, "cqg.n_e": 18, **L40}
+    assert reason.startswith("16 of 30 clusters, probes 10/6/4 a question, 18 + 18 negatives a prompt, 40 texts labelled a question: "
+                             "about ") and "fits (10 min;" in reason
 
 
 def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_floor():
@@ -80,32 +84,39 @@ def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_
     per = (PROMPT_TOKENS - SHARED_PROMPT_TOKENS) / 200 + REPLY_TOKENS / 40 + (10 * 20 + 4 * 40) / 60
     sized, reason = size_demo(wide, Rates(read=200, write=40, pairs=60), 600)
     assert sized == {"cqg.max_clusters": int((600 - OTHER_S - SHARED_PROMPT_TOKENS / 200) // per), "cqg.p_p": 10, "cqg.p_h": 6,
-                     "cqg.p_e": 4, "cqg.n_h": 18, "cqg.n_e": 18}
+                     "cqg.p_e": 4, "cqg.n_h": 18, "cqg.n_e": 18, **L40}
     assert sized["cqg.max_clusters"] == 25
     assert reason.startswith("25 of 30 clusters, probes 10/6/4") and "fits (10 min;" in reason
     # at 24 pairs/s the demo's probes would leave 15 (7.80 + 360 / 24 = 22.8 s a cluster), under the floor: the
     # paper's probes (10 x 10 pairs: 7.80 + 260 / 24 = 18.6 s) keep 19
     sized, _ = size_demo(wide, Rates(read=200, write=40, pairs=24), 600)
-    assert sized == {"cqg.max_clusters": 19, "cqg.p_p": 5, "cqg.p_h": 3, "cqg.p_e": 2, "cqg.n_h": 18, "cqg.n_e": 18}
-    # too slow for the floor: the fewest probes and negatives on the floor's clusters, and the reason says it does not fit
+    assert sized == {"cqg.max_clusters": 19, "cqg.p_p": 5, "cqg.p_h": 3, "cqg.p_e": 2, "cqg.n_h": 18, "cqg.n_e": 18, **L40}
+    # too slow for the floor: the fewest probes, negatives and labels on the floor's clusters, and the reason says it
+    # does not fit
     sized, reason = size_demo(wide, Rates(read=10, write=2, pairs=1), 600)
-    assert sized == {"cqg.max_clusters": floor, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6}
-    assert "6 + 6 negatives a prompt" in reason and "does not fit; this is the floor" in reason
-    # the demo's own 16 clusters are the floor already: a slow machine keeps them, lowers the probes, then the negatives
+    assert sized == {"cqg.max_clusters": floor, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
+    assert "6 + 6 negatives a prompt, 30 texts labelled a question" in reason and "does not fit; this is the floor" in reason
+    # the demo's own 16 clusters are the floor already: a slow machine keeps them, lowers the probes, the negatives,
+    # then the labels
     sized, _ = size_demo(load_config("demo"), Rates(read=60, write=12, pairs=9), 600)
-    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6}
+    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
+    # fewer labels where they buy the fit: at 16 clusters, probes 3/2/1, 6 + 6 negatives and 40 pairs/s, 40 texts a
+    # question take 263 + 16 x ((1675 - 691 - 24 x 35)/30 + 115/20 + (60 + 4 x 40)/40) = 520 s, 30 take 504 s
+    sized, reason = size_demo(load_config("demo"), Rates(read=30, write=20, pairs=40), 510)
+    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
+    assert "30 texts labelled a question: about 8.4 min expected, fits" in reason
     # fewer negatives where they buy the fit: at 16 clusters, probes 3/2/1 and 40 pairs/s, 18 + 18 negatives take
     # 16 x ((1675 - 691)/30 + 115/20 + 220/40) = 704 s, 9 + 9 take 16 x ((1675 - 691 - 18 x 35)/30 + ...) = 368 s; with
     # OTHER_S and the common prefix read once (23 s) the budget of 900 s holds the second: 9 + 9 (the paper's probes
     # with 18 + 18 would take 984 s)
     sized, reason = size_demo(load_config("demo"), Rates(read=30, write=20, pairs=40), 900)
-    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 9, "cqg.n_e": 9} and "fits" in reason
+    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 9, "cqg.n_e": 9, **L40} and "fits" in reason
     # keys the user set stay: only the others are sized, and set probes are not lowered
     rates = Rates(read=200, write=40, pairs=20)
     sized, _ = size_demo(wide, rates, 600, frozenset({"cqg.max_clusters"}))
-    assert sized == {"cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6}  # 30 clusters fit with no level: the fewest
+    assert sized == {"cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L30}  # 30 clusters fit at no level: the fewest
     sized, _ = size_demo(wide, rates, 600, frozenset({"cqg.p_p"}))
-    assert sized == {"cqg.max_clusters": 16, "cqg.p_h": 6, "cqg.p_e": 4, "cqg.n_h": 6, "cqg.n_e": 6}  # set probes stay; negatives go
+    assert sized == {"cqg.max_clusters": 16, "cqg.p_h": 6, "cqg.p_e": 4, "cqg.n_h": 6, "cqg.n_e": 6, **L40}  # set probes stay; negatives go
     sized, _ = size_demo(wide, rates, 600, frozenset({"cqg.n_e"}))
     assert sized["cqg.n_h"] == 18 and "cqg.n_e" not in sized  # set negatives are not lowered
 
@@ -135,9 +146,9 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
             pass
     record = RunDir(str(tmp_path / "run")).read_json(demo.SIZED)
     assert measured == [1] and record["rates"] == {"read": 50, "write": 10, "pairs": 6, "answer_read": 90} and record["rates_from"] == "measured now"
-    # p_e was set: the probes stay, and the negatives are lowered instead
-    assert record["overrides"] == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.n_h": 6, "cqg.n_e": 6}
-    assert [(c.cqg.max_clusters, c.cqg.p_p, c.cqg.p_h, c.cqg.p_e) for c in ran] == [(16, 10, 6, 1)] * 2
+    # p_e was set: the probes stay, and the negatives and labels are lowered instead
+    assert record["overrides"] == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
+    assert [(c.cqg.max_clusters, c.cqg.p_p, c.cqg.p_h, c.cqg.p_e, c.label.n_cluster) for c in ran] == [(16, 10, 6, 1, 15)] * 2
     assert capsys.readouterr().out.count("demo sizing: 16 of 30 clusters, probes 10/6/1 a question") == 2
     # another run directory on this machine reuses the measured rates
     monkeypatch.setattr(rates, "measure_rates", lambda w, a: (_ for _ in ()).throw(AssertionError("measured again")))
