@@ -3,7 +3,8 @@
 #   1. restores the LLM ledger committed in builds/cqg-minilm-ref/ledger into runs/reference (no finished call is asked again);
 #   2. runs `cqg-ray run --config reference` under nice (it takes the CPU that is idle; NICE=0 for a dedicated machine);
 #   3. copies the ledger's finished shards back to builds/cqg-minilm-ref/ledger every SAVE_S seconds (default 300) and
-#      when it stops, with the questions, labels and the build's stats; commit that folder to carry the build on.
+#      when it stops (first moving the answers a stopped writer journalled into a shard, once no writer is left), with
+#      the questions, labels and the build's stats; commit that folder to carry the build on.
 # Extra arguments go to `cqg-ray run` (e.g. --until cqg). Progress: runs/reference/_progress.json, `cqg-ray status runs/reference`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,9 +24,28 @@ save() {
   done
   echo "[reference-build] $(date -u +%H:%M:%S) saved: $(find "$keep/ledger" -name '*.parquet' | wc -l) ledger shards, $(du -sh "$keep" | cut -f1)"
 }
+recover() {  # answers a stopped writer had journalled, moved into shards once no writer is left (Ledger.recover)
+  for _ in $(seq 60); do pgrep -f "ray::|cqg-ray run --config reference" >/dev/null || break; sleep 1; done
+  if pgrep -f "ray::|cqg-ray run --config reference" >/dev/null; then
+    echo "[reference-build] a writer is still running: its journals stay for the next run"; return
+  fi
+  .venv/bin/python - "$run" <<'PY' || true
+import os
+import sys
+from cqg_ray.llm.ledger import Ledger
+from cqg_ray.rundir import RunDir
+run, folder = RunDir(sys.argv[1]), os.path.join(sys.argv[1], "llm", "ledger")
+for stage in sorted(os.listdir(folder)):
+    if not os.path.isdir(os.path.join(folder, stage)):
+        continue
+    n = Ledger(run, stage).recover()
+    if n:
+        print(f"[reference-build] {stage}: {n} journalled answers moved into a shard")
+PY
+}
 copy_shards "$keep/ledger" "$run/llm/ledger"
 ( while sleep "${SAVE_S:-300}"; do save; done ) &
 saver=$!
-trap 'kill $saver 2>/dev/null || true; save' EXIT
+trap 'kill $saver 2>/dev/null || true; recover; save' EXIT
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 nice -n "${NICE:-15}" .venv/bin/cqg-ray run --config reference "$@"
