@@ -69,11 +69,11 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     steps = ([(p, negative_levels[0], label_levels[0]) for p in probe_levels]
              + [(probe_levels[-1], lv, label_levels[0]) for lv in negative_levels[1:]]
              + [(probe_levels[-1], negative_levels[-1], lv) for lv in label_levels[1:]])
+    fixed_s = OTHER_S + SHARED_PROMPT_TOKENS / rates.read  # the prompts' common prefix: read once per call
     for probes, negatives, labels in steps:
         own_tokens = PROMPT_TOKENS - SHARED_PROMPT_TOKENS + TEXT_TOKENS * (sum(negatives) - sum(NEGATIVE_LEVELS[0]))
         gen_s = c.prompts_per_cluster * (own_tokens / rates.read + REPLY_TOKENS / rates.write)
         per = gen_s + (c.questions_per_prompt * c.prompts_per_cluster * sum(probes) + c.t * sum(labels)) / rates.pairs
-        fixed_s = OTHER_S + SHARED_PROMPT_TOKENS / rates.read
         n = most if "cqg.max_clusters" in fixed else max(least, min(most, int((budget_s - fixed_s) // per)))
         expected = fixed_s + n * per
         if expected <= budget_s or (probes, negatives, labels) == steps[-1]:

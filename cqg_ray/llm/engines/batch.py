@@ -41,6 +41,18 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+MIN_SHARED_PREFIX = 16  # a generation batch's common prefix shorter than this is read with each prompt
+
+
+def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens a generation batch reads once for all its prompts: their common prefix, less a token so that every prompt
+    keeps one of its own to read; 0 for one prompt or a prefix shorter than MIN_SHARED_PREFIX."""
+    if len(prompts) < 2:
+        return 0
+    shared = min(min(common_prefix(prompts[0], p) for p in prompts[1:]), min(len(p) for p in prompts) - 1)
+    return shared if shared >= MIN_SHARED_PREFIX else 0
+
+
 def prefix_groups(token_lists: Sequence[Sequence[int]], max_seqs: int, max_tokens: int) -> list[tuple[int, int]]:
     """Consecutive groups ``(start, end)`` of prompts evaluated in one batch as a prefix tree.
 
@@ -121,9 +133,6 @@ def _logsumexp(v: np.ndarray) -> float:
     return m + math.log(float(np.exp(v - m).sum()))
 
 
-MIN_SHARED_PREFIX = 16  # a generation call's common prefix shorter than this is read with each prompt
-
-
 @dataclass
 class _Slot:
     """One running sequence of a generation batch."""
@@ -154,7 +163,6 @@ class BatchEngine:
         self.score_step = n_ubatch * 4  # tree tokens per decode call when scoring: a tree is read in a few, progress advancing between
         self._score_ctx = None
         self._gen_ctx = None
-        self._gen_ctx_seqs = 0  # sequences of the generation context: gen_seqs slots and the shared prefix's
 
     # ------------------------------------------------------------------ contexts and batches
 
@@ -240,12 +248,11 @@ class BatchEngine:
         takes it (``llama_memory_seq_cp`` of a whole KV stream), so each prompt reads only its own rest."""
         lc = self.lc
         holder = self.gen_seqs  # the shared prefix's own sequence, after the slots
-        if self._gen_ctx is not None and self._gen_ctx_seqs != self.gen_seqs + 1:  # gen_seqs changed since: a new context
-            self.lc.llama_free(self._gen_ctx)
+        if self._gen_ctx is not None and lc.llama_n_seq_max(self._gen_ctx) != self.gen_seqs + 1:  # gen_seqs changed since
+            lc.llama_free(self._gen_ctx)
             self._gen_ctx = None
         if self._gen_ctx is None:
             self._gen_ctx = self._context(self.gen_ctx_per_seq * (self.gen_seqs + 1), self.gen_seqs + 1, unified=False)
-            self._gen_ctx_seqs = self.gen_seqs + 1
         ctx = self._gen_ctx
         self._clear(ctx)
         mem = lc.llama_get_memory(ctx)
@@ -254,9 +261,7 @@ class BatchEngine:
                 raise ValueError("an empty prompt cannot be generated from")
             if len(p) + max_tokens[i] > self.gen_ctx_per_seq:
                 raise ValueError(f"prompt {i}: {len(p)} tokens + {max_tokens[i]} new ones do not fit a sequence's context ({self.gen_ctx_per_seq})")
-        shared = min(common_prefix(prompts[0], p) for p in prompts[1:]) if share_prefix and len(prompts) > 1 else 0
-        shared = min(shared, min(len(p) for p in prompts) - 1)  # every prompt keeps a token of its own to read
-        shared = shared if shared >= MIN_SHARED_PREFIX else 0
+        shared = shared_prefix(prompts) if share_prefix else 0
         progress.add(handed=len(prompts), planned=shared + sum(len(p) - shared for p in prompts))
         budget = self.n_ubatch  # prompt tokens per decode call (llama.cpp's micro-batch: a call per chunk costs nothing more)
         for c0 in range(0, shared, budget):

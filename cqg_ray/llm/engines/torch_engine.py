@@ -32,7 +32,7 @@ import numpy as np
 
 from cqg_ray import progress
 from cqg_ray.hardware import pick_dtype
-from cqg_ray.llm.engines.batch import common_prefix, p_yes_from_logits, tree_batches
+from cqg_ray.llm.engines.batch import p_yes_from_logits, shared_prefix, tree_batches
 
 
 def decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -199,7 +199,6 @@ class TorchEngine:
         self.lm_head = self.model.get_output_embeddings()
         self.max_seqs, self.max_tokens = max_seqs, max_tokens
         self.gen_seqs = gen_seqs
-        self.min_shared_prefix = 16  # a batch's common prefix shorter than this is read with the rest
         self.read_chunk = 512  # prompt tokens per forward pass when generating (a long prompt is read in several)
         self.eos_ids = list(eos_ids) or [int(t) for t in np.atleast_1d(self.model.generation_config.eos_token_id or self.model.config.eos_token_id)]
 
@@ -252,10 +251,7 @@ class TorchEngine:
 
         torch = self.torch
         n = len(prompts)
-        shared = min(common_prefix(prompts[0], p) for p in prompts[1:]) if n > 1 else 0
-        shared = min(shared, min(len(p) for p in prompts) - 1)  # every row keeps a token of its own to read
-        if shared < self.min_shared_prefix:
-            shared = 0
+        shared = shared_prefix(prompts)
         progress.add(handed=n, planned=shared + sum(len(p) - shared for p in prompts))
         filled = max(len(p) for p in prompts)  # the cache's columns: shared prefix, left padding, own tokens, then generated
         capacity = filled + max(max_tokens)
