@@ -1,6 +1,6 @@
 """Ray Data batch embedding (`cqg-ray embed`) vs the model's own single-process `.encode`, same texts, one run.
 
-    python bench/embed.py [--n 20000] [--model MODEL_FOLDER]
+    python bench/embed.py [--n 20000] [--model MODEL_FOLDER] [--tokenize-stage on]
 
 Texts: the first N lines of ../shared/data/corpus/sentences.jsonl.gz (written to a temporary JSONL corpus).
 Model: a model folder; default a toy model built on the spot (bundled MiniLM encoder, 32 hand-set heads:
@@ -33,6 +33,8 @@ def main():
     ap.add_argument("--batch-size", type=int, default=32, help="texts per encoder call on both sides (default 32: embed's CPU default)")
     ap.add_argument("--unit-rows", type=int, default=None, help="rows per unit (default n/16)")
     ap.add_argument("--threads", type=int, default=None, help="encoder threads per Ray actor (default: embed's, 1; actors = CPUs / threads)")
+    ap.add_argument("--tokenize-stage", choices=["auto", "on", "off"], default="auto",
+                    help="embed's CPU tokenizing stage before the actors (default auto: on with GPU actors only)")
     ap.add_argument("--corpus", default=DATA)
     a = ap.parse_args()
 
@@ -60,7 +62,8 @@ def main():
 
     ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     ray.data.DataContext.get_current().enable_progress_bars = False
-    cfg = EmbedConfig(batch_size=a.batch_size, unit_rows=a.unit_rows or max(250, len(texts) // 16), torch_threads=a.threads or EmbedConfig().torch_threads)
+    cfg = EmbedConfig(batch_size=a.batch_size, unit_rows=a.unit_rows or max(250, len(texts) // 16), torch_threads=a.threads or EmbedConfig().torch_threads,
+                      tokenize_stage=a.tokenize_stage)
     t0 = time.perf_counter()
     m = embed(model_path, [corpus], os.path.join(tmp, "out"), cfg, progress=False)
     t_ray = time.perf_counter() - t0
@@ -69,7 +72,7 @@ def main():
     n = len(texts)
     load = os.getloadavg()
     print(f"texts: {n}  cpus: {int(ray.cluster_resources().get('CPU', 0))}  actors: {m['counts']['actors']}  m: {m['m']}  "
-          f"units: {m['counts']['units']}  load average (1/15 min) {load[0]:.1f}/{load[2]:.1f}")
+          f"units: {m['counts']['units']}  tokenize stage: {m['counts']['tokenize_stage']}  load average (1/15 min) {load[0]:.1f}/{load[2]:.1f}")
     print(f"{'':44} {'seconds':>8} {'texts/s':>9}")
     print(f"{'single process InterpretableEmbedder.encode':44} {t_single:8.2f} {n / t_single:9.1f}")
     print(f"{'Ray Data embed(), end to end':44} {t_ray:8.2f} {n / t_ray:9.1f}")

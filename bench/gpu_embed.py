@@ -16,8 +16,9 @@ repository's fixture, repeated to --texts.
    questions whatever the random heads say; the encoder in float32 and (on a GPU) float16, at that dtype's best B.
 3. The embed stage's work: what one of its actors does per unit (`cqg_ray.embed.EmbedUnits.write_unit`: encode,
    the output table, an atomic Parquet file) over the texts in units of --unit-rows, at m = the largest of --ms,
-   sparse output. With Ray installed and not --skip-stage, also the whole `cqg-ray embed` stage once (Ray's start
-   included).
+   sparse output. With Ray installed and not --skip-stage, also the whole `cqg-ray embed` stage, once with its actors
+   tokenizing and once with its CPU tokenizing stage before them (Ray started before both):
+   ``gpu_embed_stage_vs_bare: X``, the stage as `tokenize_stage=auto` runs it on this device over the best bare.
 1b. The encoder alone: ``Encoder.encode_tensor`` (sentence-transformers' loop with each mini-batch tokenized ahead on a
    thread) at each B, the best kept per dtype; with the bounds of its two parts, each alone in one thread (tokenizing
    to arrays; the model on inputs already on the device).
@@ -236,14 +237,18 @@ def main() -> None:
 
     if not a.skip_stage:
         try:
-            import ray  # noqa: F401
+            import ray
         except ImportError:
             print("\nthe whole embed stage: not run (Ray is not installed here)")
         else:
-            stage_rate = whole_stage(texts, model_dir, work)
-            print(f"\nthe whole `cqg-ray embed` stage once (Ray's start included): {stage_rate:,.0f} texts/s, "
-                  f"{stage_rate / bare_best:.3f} of the best bare")
-            res["embed_stage_texts_per_s"] = stage_rate
+            ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+            print("\nthe whole `cqg-ray embed` stage, once each (Ray started before; the actors' start-up included):")
+            for mode in ("off", "on"):
+                stage_rate = whole_stage(texts, model_dir, work, mode)
+                what = "the actors tokenize" if mode == "off" else "a CPU stage tokenizes"
+                print(f"  tokenize_stage={mode} ({what}): {stage_rate:,.0f} texts/s, {stage_rate / bare_best:.3f} of the best bare")
+                res[f"embed_stage_tokenize_{mode}_texts_per_s"] = stage_rate
+            ray.shutdown()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     res["peak_rss_gib"] = round(rss, 2)
     print(f"\npeak RSS {rss:.2f} GiB")
@@ -251,6 +256,9 @@ def main() -> None:
         Path(a.json).write_text(json.dumps(res, indent=1))
     shutil.rmtree(work, ignore_errors=True)
     print(f"gpu_embed_overlap_vs_bare: {alone_best / bare_best:.3f}")
+    if "embed_stage_tokenize_on_texts_per_s" in res:
+        auto = "on" if a.device.startswith("cuda") else "off"  # what tokenize_stage=auto runs on this device
+        print(f"gpu_embed_stage_vs_bare: {res[f'embed_stage_tokenize_{auto}_texts_per_s'] / bare_best:.3f}")
     print(f"gpu_embed_m{big}_bits_vs_bare: {bits_best / bare_best:.3f}")
     print(f"gpu_embed_m{big}_sparse_vs_bare: {sparse_best / bare_best:.3f}")
 
@@ -284,15 +292,17 @@ def bounds(enc, texts: list[str], b: int, sync) -> dict[str, float]:
     return {"tokenize": tokenize, "tokenize_4_threads": tokenize4, "model": len(texts) / timed(forward, sync)}
 
 
-def whole_stage(texts: list[str], model_dir: Path, work: Path) -> float:
-    """Texts/s of `cqg_ray.embed.embed` over the texts written as one JSONL file (Ray started locally)."""
+def whole_stage(texts: list[str], model_dir: Path, work: Path, tokenize_stage: str) -> float:
+    """Texts/s of `cqg_ray.embed.embed` over the texts written as one JSONL file, with or without its CPU tokenizing stage."""
     from cqg_ray.config import EmbedConfig
     from cqg_ray.embed import embed
 
     corpus = work / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    if not corpus.exists():
+        corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     t0 = time.perf_counter()
-    embed(str(model_dir), [str(corpus)], str(work / "stage"), EmbedConfig(output="sparse"), progress=False)
+    embed(str(model_dir), [str(corpus)], str(work / f"stage-{tokenize_stage}"), EmbedConfig(output="sparse", tokenize_stage=tokenize_stage),
+          progress=False)
     return len(texts) / (time.perf_counter() - t0)
 
 

@@ -73,6 +73,9 @@ class CorpusConfig(Section):
 
 
 EncoderBackend = Literal["auto", "torch-float32", "torch-bfloat16", "onnx", "onnx-int8", "openvino"]
+TOKENIZE_STAGE_HELP = ("a Ray Data CPU stage that reads and tokenizes the units before the actors, so GPU actors only run "
+                       "the model: auto = with GPU actors (on CPU actors tokenizing beside the model costs less than a "
+                       "second stage's CPUs); on; off")
 BACKEND_HELP = ("encoder backend (cqg_ray.encoder): auto = openvino on CPU when the fast-encoder extra is installed, else "
                 "torch-bfloat16 on CPUs with native bfloat16, else onnx or torch-float32; torch-float32 on GPU; "
                 "onnx-int8 is opt-in (moves embeddings by cosine ~0.99)")
@@ -91,6 +94,8 @@ class EncodeConfig(Section):
     max_seq_length: int | None = Field(None, ge=8)
     torch_threads: int = Field(1, ge=1, description="torch threads per CPU actor")
     unit_rows: int = Field(10_000, ge=1, description="rows per work unit (the resume granularity)")
+    tokenize_stage: Literal["auto", "on", "off"] = Field("auto", description=TOKENIZE_STAGE_HELP)
+    tokenize_actors: int | None = Field(None, ge=1, description="CPU actors of the tokenizing stage at most (None = two per encoder actor)")
 
 
 class ClusterConfig(Section):
@@ -326,6 +331,8 @@ class EmbedConfig(Section):
     num_gpus_per_actor: float | None = Field(None, ge=0)
     unit_rows: int = Field(10_000, ge=1, description="rows per work unit (the resume granularity)")
     torch_threads: int = Field(1, ge=1, description="torch threads per CPU actor")
+    tokenize_stage: Literal["auto", "on", "off"] = Field("auto", description=TOKENIZE_STAGE_HELP)
+    tokenize_actors: int | None = Field(None, ge=1, description="CPU actors of the tokenizing stage at most (None = two per embedding actor)")
 
 
 class ServeConfig(Section):

@@ -54,10 +54,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED_META_KEY, EMBED_SETTINGS, embeddings_table, sparse_table
-from cqg_ray.config import BACKEND_HELP, CorpusConfig, EmbedConfig, EncoderBackend, RayConfig
+from cqg_ray.config import BACKEND_HELP, TOKENIZE_STAGE_HELP, CorpusConfig, EmbedConfig, EncoderBackend, RayConfig
 from cqg_ray.lease import take_lease
 from cqg_ray.pools import declared
-from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, split_units, run_units
+from cqg_ray.encoder import default_batch_size
+from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, room_for_tokenizing, run_units, split_units, tokenize_stage
 from cqg_ray.rundir import ArtifactError, RunDir, hash_sections, resolve
 
 log = logging.getLogger("cqg_ray")
@@ -127,7 +128,6 @@ class EmbedUnits(UnitActor):
     def __init__(self, model_path: str, out_uri: str, output: str, budget: dict, batch_size: int | None, threads: int,
                  backend: str = "auto"):
         limit_cpu_threads(threads)
-        from cqg_ray.encoder import default_batch_size
         from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
         self.model = InterpretableEmbedder.load(model_path, backend=backend)
@@ -136,10 +136,27 @@ class EmbedUnits(UnitActor):
         self.budget = Budget.from_dict(budget)
         self.run = RunDir(out_uri)
         self.output, self.batch_size = output, batch_size or default_batch_size(self.model.device)
+        self.token_encoder = self.model.encoder
+
+    @staticmethod
+    def plan(texts: list[str], batch_size: int, st_order: bool) -> list:
+        """`write_unit`'s chunks and mini-batches (`InterpretableEmbedder.encode`'s: `chunk_plan`), for the CPU stage."""
+        from cqg_ray.mbqa.embedder import chunk_plan
+
+        return chunk_plan(texts, batch_size, st_order)
 
     def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
-        emb = self.model.encode(texts, output="packed" if self.output == "bits" else self.output, budget=self.budget,
-                                batch_size=self.batch_size, progress=False)
+        emb = self.model.encode(texts, output=self._kind, budget=self.budget, batch_size=self.batch_size, progress=False)
+        self._write(name, doc_ids, emb)
+
+    def write_tokens(self, name: str, doc_ids: pa.Array, chunks: list) -> None:
+        self._write(name, doc_ids, self.model.encode_tokens(chunks, output=self._kind, budget=self.budget))
+
+    @property
+    def _kind(self) -> str:
+        return "packed" if self.output == "bits" else self.output
+
+    def _write(self, name: str, doc_ids: pa.Array, emb) -> None:
         self.run.write_table(name, embed_output_table(doc_ids, emb, self.output, self.model.m, self.budget.to_dict(), self.model.tau))
 
 
@@ -230,12 +247,18 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     pool, gpus = actor_pool_size(cfg, now, declared(now, cluster.max_cpus, cluster.max_gpus), units=len(todo_units))
     log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, budget %s, %d-%d actor(s) x %s GPU",
              sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, budget.name, *pool, gpus)
+    tokenize = tokenize_stage(cfg.tokenize_stage, gpus, head.encoder_name, cfg.backend, cfg.batch_size or default_batch_size("cuda" if gpus else "cpu"),
+                              None, cfg.tokenize_actors, pool[1]) if todo_units else None
+    if tokenize:
+        pool = room_for_tokenizing(pool, tokenize, gpus, cfg.torch_threads)
+        log.info("embed: a CPU stage of up to %d actor(s) reads and tokenizes the units; %d-%d embedding actor(s)", tokenize["actors"], *pool)
     t0 = time.time()
     rows_now, nodes, bytes_read = run_units(todo_units, EmbedUnits,
                                             {"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output,
                                              "budget": budget.to_dict(), "batch_size": cfg.batch_size,
                                              "threads": cfg.torch_threads, "backend": cfg.backend},
-                                            pool, gpus, cfg.torch_threads, "embed", progress)
+                                            pool, gpus, cfg.torch_threads, "embed", progress,
+                                            tokenize=tokenize and {**tokenize, "run_uri": run.root_uri})
     wall = time.time() - t0
 
     # every input row exactly once: the unit files cover the snapshot's rows one for one
@@ -245,7 +268,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
         raise ArtifactError(f"{out}: unit files with the wrong number of rows: {bad[:5]}; rerun with --force")
     rows = sum(written.values())
     counts = {"files": len(files), "rows": rows, "units": len(units), "units_resumed": len(units) - len(todo_units),
-              "embedded_now": rows_now, "nodes_used": len(nodes), "actors": pool[1] if todo_units else 0,
+              "embedded_now": rows_now, "nodes_used": len(nodes), "actors": pool[1] if todo_units else 0, "tokenize_stage": bool(tokenize),
               "snapshot_bytes": sum(run.fs.get_file_info(p).size for p, _ in shards), "unit_bytes_read": bytes_read,
               **{f"dropped_{k}": v for k, v in dropped.items() if k != "utf8_replaced"},
               **({"replaced_invalid_utf8": dropped["utf8_replaced"]} if "utf8_replaced" in dropped else {})}
@@ -309,6 +332,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="texts per encoder call (default 32 on CPU, 128 on GPU)")
     p.add_argument("--backend", default="auto", choices=get_args(EncoderBackend), help=BACKEND_HELP)
     p.add_argument("--unit-rows", type=int, default=10_000, help="rows per work unit (the resume granularity)")
+    p.add_argument("--tokenize-stage", choices=["auto", "on", "off"], default="auto", help=TOKENIZE_STAGE_HELP)
+    p.add_argument("--tokenize-actors", type=int, default=None, help="CPU actors of the tokenizing stage at most (default: two per actor)")
     p.add_argument("--actors", type=int, default=None, help="actors (default: one per GPU, else one per CPU, growing with the cluster "
                                                              "up to --max-gpus / --max-cpus)")
     p.add_argument("--gpus-per-actor", type=float, default=None, help="default: 1 when the cluster has GPUs, else 0")
@@ -326,7 +351,7 @@ def run_from_args(args) -> dict:
 
     cfg = EmbedConfig(output=args.output, tau=args.tau, k=args.k, batch_size=args.batch_size, num_actors=args.actors,
                       num_gpus_per_actor=args.gpus_per_actor, unit_rows=args.unit_rows, torch_threads=args.threads,
-                      backend=args.backend)
+                      backend=args.backend, tokenize_stage=args.tokenize_stage, tokenize_actors=args.tokenize_actors)
     corpus = CorpusConfig(format=args.format, text_column=args.text_column, id_column=args.id_column)
     with take_lease(args.out, "cqg-ray embed", args.break_lease):  # one writer per OUT (LeaseHeld: exit 3)
         cluster = RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus, max_cpus=args.max_cpus, max_gpus=args.max_gpus)

@@ -26,7 +26,8 @@ from cqg_ray.artifacts import corpus_shards, embeddings_table
 from cqg_ray.config import EncodeConfig, PipelineConfig, RayConfig
 from cqg_ray.pools import declared
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
-from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, split_units, run_units
+from cqg_ray.encoder import default_batch_size
+from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, room_for_tokenizing, run_units, split_units, tokenize_stage
 
 log = logging.getLogger("cqg_ray")
 
@@ -50,12 +51,32 @@ class EncodeUnits(UnitActor):
             self.model.max_seq_length = self.cfg.max_seq_length
         self.run = RunDir(run_uri)
         self.stage = stage
+        self.token_encoder = self.model
+
+    @staticmethod
+    def plan(texts: list[str], batch_size: int, st_order: bool) -> list:
+        """`write_unit`'s chunks as (rows, mini-batches): PROGRESS_TEXTS texts at a time in the unit's order, each cut
+        as `Encoder.encode` cuts it (what the CPU stage tokenizes for `write_tokens`)."""
+        from cqg_ray.encoder import batch_plan
+
+        return [(np.arange(i, min(i + PROGRESS_TEXTS, len(texts))), batch_plan(texts[i : i + PROGRESS_TEXTS], batch_size, st_order))
+                for i in range(0, len(texts), PROGRESS_TEXTS)]
 
     def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
         parts = []
         for i in range(0, len(texts), PROGRESS_TEXTS):  # the texts counter advances within a unit
             parts.append(self.model.encode(texts[i : i + PROGRESS_TEXTS], batch_size=self.batch_size))
             progress.add(texts=len(parts[-1]))
+        self._write(name, doc_ids, parts)
+
+    def write_tokens(self, name: str, doc_ids: pa.Array, chunks: list) -> None:
+        parts = []
+        for rows, batches in chunks:  # rows: consecutive, in the unit's order (plan)
+            parts.append(self.model.encode_tokens(len(rows), batches))
+            progress.add(texts=len(rows))
+        self._write(name, doc_ids, parts)
+
+    def _write(self, name: str, doc_ids: pa.Array, parts: list) -> None:
         emb = np.concatenate(parts) if parts else self.model.encode([], batch_size=self.batch_size)
         emb = emb.astype(np.float16 if self.cfg.dtype == "float16" else np.float32, copy=False)
         self.run.write_table(f"{self.stage}/{name}", embeddings_table(doc_ids, emb))
@@ -82,8 +103,14 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     log.info("encode: %d units (%d done before), %d rows, model %s, %d-%d actor(s) x %s GPU", len(units), len(units) - len(todo),
              sum(n for _, n in shards), cfg.model, *pool, gpus)
     t0 = time.time()
+    tokenize = tokenize_stage(cfg.tokenize_stage, gpus, cfg.model, cfg.backend, cfg.batch_size or default_batch_size("cuda" if gpus else "cpu"),
+                              cfg.max_seq_length, cfg.tokenize_actors, pool[1]) if todo else None
+    if tokenize:
+        pool = room_for_tokenizing(pool, tokenize, gpus, cfg.torch_threads)
+        log.info("encode: a CPU stage of up to %d actor(s) reads and tokenizes the units; %d-%d encoder actor(s)", tokenize["actors"], *pool)
     rows_done, nodes, bytes_read = run_units(todo, EncodeUnits, {"cfg_json": cfg.model_dump_json(), "run_uri": run.root_uri, "stage": ctx.stage},
-                                 pool, gpus, cfg.torch_threads, "encode", progress, run=run)
+                                             pool, gpus, cfg.torch_threads, "encode", progress, run=run,
+                                             tokenize=tokenize and {**tokenize, "run_uri": run.root_uri})
     wall = time.time() - t0
     files = run.ls(ctx.stage, suffix=".parquet")
     total = sum(pq.ParquetFile(run.path(ctx.stage, f), filesystem=run.fs).metadata.num_rows for f in files)
@@ -94,7 +121,8 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     ctx.extra["documents_digest"] = digest
     ctx.counts.update({"documents": total, "dim": dim, "units": len(units), "units_resumed": len(units) - len(todo),
                        "encoded_now": rows_done, "nodes_used": len(nodes), "texts_per_s": round(rows_done / wall, 1) if rows_done else None,
-                       "corpus_bytes": sum(run.fs.get_file_info(p).size for p, _ in shards), "unit_bytes_read": bytes_read})
+                       "corpus_bytes": sum(run.fs.get_file_info(p).size for p, _ in shards), "unit_bytes_read": bytes_read,
+                       "tokenize_stage": bool(tokenize)})
     ctx.extra["model"] = cfg.model
     from cqg_ray.encoder import resolve_backend
 

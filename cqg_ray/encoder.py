@@ -167,6 +167,18 @@ class Encoder:
         ids = self._count_tokenizer(list(texts), add_special_tokens=True, truncation=True, max_length=self.max_seq_length)["input_ids"]
         return int(sum(len(x) for x in ids))
 
+    @property
+    def st_order(self) -> bool:
+        """Whether `encode` batches in sentence-transformers' own order (torch backends) rather than `length_order`."""
+        return self._run is None
+
+    def tokenizer_spec(self) -> tuple[str, dict] | None:
+        """(spec, settings) of a `TextTokenizer` that gives this encoder's tokens at its current max_seq_length, for
+        tokenizing in another process (the Ray Data CPU stage before the actors); None where only the library's own
+        tokenizer does."""
+        tok = self._tokenizer if self._tokenizer is not None else self._ahead_tokenizer()
+        return None if tok is None else tok.spec()
+
     def encode(self, texts: list[str], batch_size: int = 32, progress: bool = False, normalize: bool = True) -> np.ndarray:
         """(n, dim) float32 embeddings, L2-normalised (unless normalize=False: as the model outputs them); texts are
         sorted by length into mini-batches of `batch_size`, so a mini-batch pads little, and each mini-batch is
@@ -176,15 +188,11 @@ class Encoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self._run is None:
             return self.encode_tensor(texts, batch_size, progress, normalize).cpu().numpy()
-        order = length_order(texts)
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        batches = [order[i : i + batch_size] for i in range(0, len(texts), batch_size)]
+        batches = batch_plan(texts, batch_size, st_order=False)
         # the runner takes torch's threads (load_encoder): a tokenizing thread beside it only where a core is left over
         # (on 2 cores it measured 0.93 of the serial loop with openvino, within noise but not better)
         spare = available_cpus() > self._threads
-        for idx, inputs in tokenized_ahead(self.tokenize, texts, batches, progress, ahead=spare):
-            out[idx] = self._run(inputs)
-        return normalise(out) if normalize else out
+        return self.encode_tokens(len(texts), tokenized_ahead(self.tokenize, texts, batches, progress, ahead=spare), normalize)
 
     def encode_tensor(self, texts: list[str], batch_size: int = 32, progress: bool = False, normalize: bool = True):
         """``encode`` as a float32 torch tensor (n, dim), on the encoder's device for torch backends (the embeddings do
@@ -194,12 +202,47 @@ class Encoder:
         texts = list(texts)
         if self._run is not None or not texts:
             return torch.from_numpy(self.encode(texts, batch_size, progress, normalize))
-        if self._ahead_tokenizer() is None:  # a tokenizer that cannot run alone: the library's own loop
+        tok = self._ahead_tokenizer()
+        if tok is None:  # a tokenizer that cannot run alone: the library's own loop
             out = self.st.encode(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=False, show_progress_bar=progress)
-        else:
-            out = self._torch_encode(texts, batch_size, progress)
-        out = out.float()
-        return out / out.norm(dim=1, keepdim=True).clamp_min(1e-12) if normalize else out
+            out = out.float()
+            return out / out.norm(dim=1, keepdim=True).clamp_min(1e-12) if normalize else out
+        # sentence-transformers' own order, mini-batches, tokens and forward (so its embeddings), each mini-batch
+        # tokenized ahead on a thread (pinned there on a GPU, so its copy does not wait)
+        batches = batch_plan(texts, batch_size, st_order=True)
+        pin = self.st.device.type == "cuda"
+
+        def inputs(batch: list[str]) -> dict:
+            return {k: torch.from_numpy(v).pin_memory() if pin else v for k, v in tok(batch).items()}
+
+        return self.encode_tokens(len(texts), tokenized_ahead(inputs, texts, batches, progress), normalize, tensor=True)
+
+    def encode_tokens(self, n: int, batches, normalize: bool = True, tensor: bool = False):
+        """`encode` of texts tokenized beforehand: (n, dim) embeddings from (indices, inputs) pairs that cover 0..n-1
+        once, inputs as `tokenize` gives them (int arrays or tensors) for those texts. With the mini-batches of
+        `batch_plan` (order `st_order`), the same embeddings as `encode`. tensor=True: a float32 torch tensor on the
+        encoder's device (torch backends) instead of a numpy array."""
+        import torch
+
+        if self._run is not None:
+            out = np.zeros((n, self.dim), dtype=np.float32)
+            for idx, inputs in batches:
+                out[idx] = self._run({k: np.asarray(v, dtype=np.int64) for k, v in inputs.items()})
+            out = normalise(out) if normalize else out
+            return torch.from_numpy(out) if tensor else out
+        dev, keys = self.st.device, self._input_keys()
+        out = None
+        with torch.inference_mode():
+            for idx, inputs in batches:
+                features = {k: torch.as_tensor(v).to(dev, torch.long, non_blocking=True) for k, v in inputs.items() if k in keys}
+                emb = self.st(features)["sentence_embedding"]
+                if out is None:
+                    out = torch.empty((n, emb.shape[1]), dtype=emb.dtype, device=dev)
+                out[torch.from_numpy(np.asarray(idx)).to(dev)] = emb
+        out = torch.zeros((n, self.dim), device=dev) if out is None else out.float()
+        if normalize:
+            out = out / out.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        return out if tensor else out.cpu().numpy()
 
     def _ahead_tokenizer(self) -> TextTokenizer | None:
         """The torch model's tokenizer alone (`TextTokenizer`, checked to give sentence-transformers' tokens; one that
@@ -208,31 +251,6 @@ class Encoder:
             checked = checked_tokenizer(self.st)
             self._ahead = (self.st.max_seq_length, TextTokenizer(checked[0], **checked[1]) if checked else None)
         return self._ahead[1]
-
-    def _torch_encode(self, texts: list[str], batch_size: int, progress: bool):
-        """sentence-transformers' encode loop (the same order, mini-batches, tokens and forward, so the same embeddings)
-        with each mini-batch tokenized ahead on a thread, its tensors copied to the device without waiting, and the
-        embeddings written in place on the device: (n, dim) in the model's dtype."""
-        import torch
-
-        tok, dev = self._ahead_tokenizer(), self.st.device
-        keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in self._input_keys()]
-        order = np.argsort([-len(t) for t in texts])  # sentence-transformers' own order (not stable): its mini-batches
-
-        def inputs(batch: list[str]) -> dict:
-            arrays = tok(batch)
-            tensors = {k: torch.from_numpy(arrays[k]) for k in keys}
-            return {k: v.pin_memory() for k, v in tensors.items()} if dev.type == "cuda" else tensors
-
-        batches = [order[i : i + batch_size] for i in range(0, len(texts), batch_size)]
-        out = None
-        with torch.inference_mode():
-            for idx, features in tokenized_ahead(inputs, texts, batches, progress):
-                emb = self.st({k: v.to(dev, non_blocking=True) for k, v in features.items()})["sentence_embedding"]
-                if out is None:
-                    out = torch.empty((len(texts), emb.shape[1]), dtype=emb.dtype, device=dev)
-                out[torch.from_numpy(idx).to(dev)] = emb
-        return out
 
     def _input_keys(self) -> set[str]:
         if self._keys is None:
@@ -281,6 +299,13 @@ def _torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def batch_plan(texts: list[str], batch_size: int, st_order: bool) -> list[np.ndarray]:
+    """`encode`'s mini-batches of one call (indices into `texts`): longest first, in sentence-transformers' own order
+    (st_order, torch backends; not stable) or `length_order` (exported backends), cut every `batch_size` texts."""
+    order = np.argsort([-len(t) for t in texts]) if st_order else length_order(texts)
+    return [order[i : i + batch_size] for i in range(0, len(texts), batch_size)]
 
 
 def length_order(texts: list[str]) -> np.ndarray:

@@ -37,8 +37,14 @@ class TextTokenizer:
         from tokenizers import Tokenizer
 
         self._pad = {"pad_id": int(pad_id), "pad_token": pad_token, "direction": padding_side}
+        self._spec = spec
         self._tok = Tokenizer.from_str(spec)  # set up once; encode_batch never changes it, so threads may share it
         self.max_seq_length = max_seq_length
+
+    def spec(self) -> tuple[str, dict]:
+        """(spec, settings): what `TextTokenizer(spec, **settings)` needs to give the same tokens in another process."""
+        return self._spec, {"max_seq_length": self._max, "pad_id": self._pad["pad_id"], "pad_token": self._pad["pad_token"],
+                            "padding_side": self._pad["direction"]}
 
     @property
     def max_seq_length(self) -> int:

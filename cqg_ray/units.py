@@ -15,6 +15,8 @@ the bytes it read; ``run_units`` returns their sum.
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -27,6 +29,8 @@ from cqg_ray import progress
 from cqg_ray.config import EmbedConfig, EncodeConfig
 from cqg_ray.pools import pool_range
 from cqg_ray.rundir import RunDir
+
+log = logging.getLogger("cqg_ray")
 
 UNIT_ROWS = 10_000
 
@@ -162,25 +166,112 @@ class UnitActor:
             footers.popitem(last=False)
         return table, nbytes
 
+    def write_tokens(self, name: str, doc_ids: pa.Array, chunks: list) -> None:
+        """`write_unit` of a unit tokenized by the CPU stage (`TokenizeUnits`): chunks as `unpack_tokens` gives them."""
+        raise NotImplementedError
+
     def __call__(self, batch: dict) -> dict:
         import ray
 
         node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
         out = {"name": [], "rows": [], "bytes": [], "seconds": [], "node": []}
-        for shard, start, stop, name in zip(batch["shard"], batch["start"], batch["stop"], batch["name"]):
+        for i, (shard, start, stop, name) in enumerate(zip(batch["shard"], batch["start"], batch["stop"], batch["name"])):
             t0 = time.time()
-            table, nbytes = self.read(str(shard), int(start), int(stop))
-            texts = table.column("text").to_pylist()
             before = progress.snapshot()["texts"]
-            self.write_unit(str(name), table.column("doc_id"), texts)
-            progress.add(texts=max(0, len(texts) - (progress.snapshot()["texts"] - before)))  # what write_unit did not count as it went
+            if "tokens" in batch:  # read and tokenized by the CPU stage before this one
+                doc_ids, chunks, digest = unpack_tokens(batch["tokens"][i])
+                self._check_tokenizer(digest)
+                nbytes, rows = int(batch["bytes"][i]), len(doc_ids)
+                self.write_tokens(str(name), pa.array(doc_ids, pa.string()), chunks)
+            else:
+                table, nbytes = self.read(str(shard), int(start), int(stop))
+                texts = table.column("text").to_pylist()
+                rows = len(texts)
+                self.write_unit(str(name), table.column("doc_id"), texts)
+            progress.add(texts=max(0, rows - (progress.snapshot()["texts"] - before)))  # what the write did not count as it went
             progress.flush_relay()
             out["name"].append(name)
-            out["rows"].append(len(texts))
+            out["rows"].append(rows)
             out["bytes"].append(nbytes)
             out["seconds"].append(time.time() - t0)
             out["node"].append(node)
         return {k: np.array(v) for k, v in out.items()}
+
+    def _check_tokenizer(self, digest: str) -> None:
+        """The CPU stage's tokenizer must be this actor's encoder's own (the same model files and max_seq_length)."""
+        if getattr(self, "_tokenizer_digest", None) is None:
+            spec = self.token_encoder.tokenizer_spec()
+            self._tokenizer_digest = spec_digest(*spec) if spec else ""
+        if digest != self._tokenizer_digest:
+            raise RuntimeError("the tokenizing stage's tokenizer differs from this actor's encoder's (another model folder, "
+                               "max_seq_length or library version on this node?): run with tokenize_stage=off")
+
+
+# ----------------------------------------------------------------------------------------- the CPU tokenizing stage
+def spec_digest(spec: str, settings: dict) -> str:
+    """A tokenizer's identity: its spec without the truncation and padding state (which a Hugging Face tokenizer's
+    calls change, and `TextTokenizer` sets from ``settings``), and the settings."""
+    import hashlib
+    import json
+
+    body = {k: v for k, v in json.loads(spec).items() if k not in ("truncation", "padding")}
+    return hashlib.sha256(json.dumps([body, settings], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def pack_tokens(doc_ids: list[str], chunks: list, digest: str) -> bytes:
+    """One tokenized unit as bytes (an ``.npz``, no pickle): its doc_ids, and per chunk its rows and mini-batches, each
+    (indices into the chunk's rows, token arrays as int32). `unpack_tokens` reads it back."""
+    arrays = {"doc_ids": np.array(doc_ids, dtype=str), "digest": np.array(digest), "batches": np.array([len(b) for _, b in chunks], dtype=np.int64)}
+    j = 0
+    for c, (rows, batches) in enumerate(chunks):
+        arrays[f"rows{c}"] = np.asarray(rows, dtype=np.int64)
+        for idx, inputs in batches:
+            arrays[f"idx{j}"] = np.asarray(idx, dtype=np.int64)
+            for k, v in inputs.items():
+                arrays[f"tok{j}.{k}"] = np.asarray(v, dtype=np.int32)
+            j += 1
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def unpack_tokens(blob: bytes) -> tuple[list[str], list, str]:
+    """(doc_ids, chunks [(rows, [(indices, {key: int64 array})])], tokenizer digest) of `pack_tokens`' bytes."""
+    with np.load(io.BytesIO(bytes(blob)), allow_pickle=False) as z:
+        keys = {}
+        for name in z.files:
+            if name.startswith("tok"):
+                j, k = name[3:].split(".", 1)
+                keys.setdefault(int(j), {})[k] = z[name].astype(np.int64)
+        chunks, j = [], 0
+        for c, n in enumerate(z["batches"].tolist()):
+            chunks.append((z[f"rows{c}"], [(z[f"idx{j + b}"], keys[j + b]) for b in range(n)]))
+            j += n
+        return z["doc_ids"].tolist(), chunks, str(z["digest"])
+
+
+class TokenizeUnits(UnitActor):
+    """Ray Data CPU stage before the actors: reads each unit (only its row groups) and tokenizes its texts into the
+    chunks and mini-batches the actors run (``plan``, the actor class's own), so an actor (a GPU) only moves tokens
+    to its device and runs the model."""
+
+    def __init__(self, run_uri: str, spec: str, settings: dict, plan, batch_size: int, st_order: bool):
+        from cqg_ray.encoder_export import TextTokenizer
+
+        self.run, self.tok, self.digest = RunDir(run_uri), TextTokenizer(spec, **settings), spec_digest(spec, settings)
+        self.plan, self.batch_size, self.st_order = plan, batch_size, st_order
+
+    def __call__(self, batch: dict) -> dict:
+        out = {k: [] for k in ("shard", "start", "stop", "name", "bytes", "tokens")}
+        for shard, start, stop, name in zip(batch["shard"], batch["start"], batch["stop"], batch["name"]):
+            table, nbytes = self.read(str(shard), int(start), int(stop))
+            texts = table.column("text").to_pylist()
+            chunks = [(rows, [(idx, self.tok([texts[rows[j]] for j in idx])) for idx in batches])
+                      for rows, batches in self.plan(texts, self.batch_size, self.st_order)]
+            for k, v in (("shard", shard), ("start", start), ("stop", stop), ("name", name), ("bytes", nbytes)):
+                out[k].append(v)
+            out["tokens"].append(pack_tokens(table.column("doc_id").to_pylist(), chunks, self.digest))
+        return {k: np.array(v, dtype=object) if k == "tokens" else np.array(v) for k, v in out.items()}
 
 
 def actor_pool_size(cfg: EncodeConfig | EmbedConfig, now: dict, most: dict | None = None,
@@ -212,10 +303,14 @@ def relaying(actor_cls):
 
 
 def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, pool: tuple[int, int], gpus: float, threads: int,
-              desc: str, show_progress: bool = True, run: RunDir | None = None) -> tuple[int, set[str], int]:
+              desc: str, show_progress: bool = True, run: RunDir | None = None, tokenize: dict | None = None) -> tuple[int, set[str], int]:
     """Send work units to a Ray Data pool of ``actor_cls`` (``pool``: (min, max) actors, `actor_pool_size`; one unit per
     call; each call returns rows, bytes read and node per unit). Progress: texts as the actors encode them (a bar, or
     a log line every 25 s; ``run``'s ``_progress.json``).
+
+    ``tokenize`` (`tokenize_stage`'s settings, with ``run_uri``): a pool of CPU actors (`TokenizeUnits`, one CPU each,
+    ``tokenize["actors"]`` at most) reads and tokenizes the units first, and ``actor_cls`` gets their tokens
+    (``write_tokens``) instead of texts.
 
     Shared by the encode stage and batch embedding. Returns (rows done, ids of the nodes that did them, bytes the
     units read from their shards).
@@ -227,7 +322,13 @@ def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, pool: tupl
         return rows_done, nodes, bytes_read
     with progress.View(desc, "text", sum(u["stop"] - u["start"] for u in units), kind="texts", run=run, stage=desc, remote=True,
                        show=show_progress) as view:
-        ds = ray.data.from_items(units, override_num_blocks=len(units)).map_batches(
+        ds = ray.data.from_items(units, override_num_blocks=len(units))
+        if tokenize:
+            kwargs = {k: tokenize[k] for k in ("run_uri", "spec", "settings", "batch_size", "st_order")}
+            ds = ds.map_batches(TokenizeUnits, fn_constructor_kwargs={**kwargs, "plan": actor_cls.plan},
+                                compute=ray.data.ActorPoolStrategy(min_size=1, max_size=max(1, int(tokenize["actors"]))),
+                                batch_size=1, num_cpus=1)
+        ds = ds.map_batches(
             relaying(actor_cls),
             fn_constructor_kwargs={**constructor_kwargs, "progress_queue": view.queue},
             compute=ray.data.ActorPoolStrategy(min_size=pool[0], max_size=pool[1]),
@@ -241,3 +342,32 @@ def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, pool: tupl
             bytes_read += int(row["bytes"])
             nodes.add(str(row["node"]))
     return rows_done, nodes, bytes_read
+
+
+def room_for_tokenizing(pool: tuple[int, int], tokenize: dict | None, gpus: float, threads: int) -> tuple[int, int]:
+    """The pool beside a tokenizing stage: CPU actors give up the CPUs of the stage's actors (one each); GPU actors none."""
+    if not tokenize or gpus:
+        return pool
+    take = -(-int(tokenize["actors"]) // max(1, threads))
+    return max(1, pool[0] - take), max(1, pool[1] - take)
+
+
+def tokenize_stage(setting: str, gpus: float, model: str, backend: str, batch_size: int, max_seq_length: int | None = None,
+                   actors: int | None = None, pool_max: int = 1) -> dict | None:
+    """The CPU tokenizing stage's settings for `run_units` (None: the actors tokenize): ``setting`` "on", "off" or
+    "auto" (on with GPU actors). The tokenizer is the encoder's own (`Encoder.tokenizer_spec`, loaded here on the CPU)
+    and the mini-batch order that of the backend the actors resolve; ``actors``: CPU actors at most (default two per
+    GPU actor of the pool, one beside CPU actors, whose pool gives up its CPUs)."""
+    if setting == "off" or (setting == "auto" and not gpus):
+        return None
+    from cqg_ray.encoder import load_encoder, resolve_backend
+
+    enc = load_encoder(model, backend="torch-float32", device="cpu", threads=1)
+    if max_seq_length:
+        enc.max_seq_length = max_seq_length
+    spec = enc.tokenizer_spec()
+    if spec is None:
+        log.warning("tokenize stage: %s's tokenizer does not run alone; the actors tokenize", model)
+        return None
+    return {"spec": spec[0], "settings": spec[1], "batch_size": batch_size, "actors": actors or (2 * pool_max if gpus else 1),
+            "st_order": resolve_backend(backend, "cuda" if gpus else "cpu").startswith("torch")}

@@ -179,6 +179,24 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     assert "not a cqg-ray model" in capsys.readouterr().err
 
 
+def test_the_tokenizing_stage_gives_the_same_embeddings(ray_local, toy_model, corpus_file, tmp_path, capsys):
+    """`--tokenize-stage on`: a CPU actor reads and tokenizes each unit in `chunk_plan`'s chunks, the model's actor runs
+    the encoder and heads on the tokens; the outputs equal the actors' own tokenizing, row for row, value for value."""
+    from cqg_ray.cli import main
+
+    got = {}
+    for mode in ("off", "on"):
+        out = str(tmp_path / mode)
+        assert main(["embed", toy_model, str(corpus_file), out, "--unit-rows", "150", "--output", "sparse",
+                     "--tokenize-stage", mode]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["counts"]["tokenize_stage"] == (mode == "on") and summary["counts"]["units"] == 3
+        got[mode] = read_embed_output(out)
+    (ids_a, a, _), (ids_b, b, _) = got["off"], got["on"]
+    assert ids_a.tolist() == ids_b.tolist() and len(ids_a) == 400
+    assert a.shape == b.shape and (a != b).nnz == 0 and a.nnz > 400
+
+
 def test_embed_sparse_parquet_round_trip_and_search(ray_local, toy_model, model, corpus_file, tmp_path, capsys):
     """--output sparse: list<uint16> indices and list<float16> values, the model's sparse output for every row, about 4
     bytes an active question on disk; search over it equals a brute force over the same vectors."""

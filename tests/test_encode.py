@@ -81,3 +81,37 @@ def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file, monkeypatch
     assert cl.neighbors.shape == (cl.k, 5)
     assert int(cl.sizes.sum()) == 240
     assert np.bincount(cl.labels).tolist() == cl.sizes.tolist()
+
+
+def test_the_tokenizing_stage_writes_the_same_files_and_resumes(ray_local, tmp_path, corpus_file):
+    """tokenize_stage=on (a CPU actor reads and tokenizes each unit, the encoder actor runs the model): the same unit
+    files, bit for bit, as the actors tokenizing themselves; a lost unit is the only one done again."""
+    import shutil
+
+    c = CorpusConfig(paths=[str(corpus_file)], limit=240, rows_per_shard=100)
+    runs, manifests = {}, {}
+    run_stage(RunDir(str(tmp_path / "off")), "prepare", c.config_hash(), lambda ctx: prepare(c, ctx))
+    shutil.copytree(tmp_path / "off" / "prepare", tmp_path / "on" / "prepare")  # the same shards (their names hold a uuid)
+    for mode in ("off", "on"):
+        run = runs[mode] = RunDir(str(tmp_path / mode))
+        e = EncodeConfig(batch_size=16, tokenize_stage=mode)
+        manifests[mode] = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, unit_rows=50, progress=False))
+    assert [manifests[m]["counts"]["tokenize_stage"] for m in ("off", "on")] == [False, True]
+    assert manifests["on"]["counts"]["documents"] == 240 and manifests["on"]["counts"]["unit_bytes_read"] > 0
+    files = runs["off"].ls("encode", suffix=".parquet")
+    assert runs["on"].ls("encode", suffix=".parquet") == files and len(files) == 6
+
+    def same():
+        for f in files:
+            a, b = (runs[m].read_table(f"encode/{f}") for m in ("off", "on"))
+            assert a.column("doc_id").to_pylist() == b.column("doc_id").to_pylist()
+            np.testing.assert_array_equal(np.stack(a.column("embedding").to_numpy(zero_copy_only=False)),
+                                          np.stack(b.column("embedding").to_numpy(zero_copy_only=False)))
+
+    same()
+    run, e = runs["on"], EncodeConfig(batch_size=16, tokenize_stage="on")
+    run.rm("encode", files[2])
+    run.invalidate("encode")
+    m = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, unit_rows=50, progress=False))
+    assert (m["counts"]["encoded_now"], m["counts"]["units_resumed"]) == (runs["off"].read_table(f"encode/{files[2]}").num_rows, 5)
+    same()

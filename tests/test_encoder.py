@@ -349,3 +349,26 @@ def test_an_exported_backend_tokenized_ahead_equals_one_batch_at_a_time(backend,
     np.testing.assert_array_equal(enc.encode(MIXED, batch_size=8), normalise(want))  # as this machine decides
     monkeypatch.setattr("cqg_ray.encoder.available_cpus", lambda: enc._threads + 1)  # a core to spare: tokenized on a thread
     np.testing.assert_array_equal(enc.encode(MIXED, batch_size=8), normalise(want))
+
+
+@pytest.mark.parametrize("backend", ["torch-float32", "openvino"])
+def test_texts_tokenized_in_another_process_give_encode_bit_for_bit(backend, tmp_path_factory, monkeypatch):
+    """What the Ray Data CPU stage does: a `TextTokenizer` rebuilt from `tokenizer_spec` tokenizes `batch_plan`'s
+    mini-batches (int32, as they travel), and `encode_tokens` of them equals `encode`, at any max_seq_length."""
+    if backend not in installed_backends():
+        pytest.skip(f"{backend} needs the fast-encoder extra")
+    monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path_factory.getbasetemp() / "shared-cache"))
+    from cqg_ray.encoder import batch_plan
+    from cqg_ray.encoder_export import TextTokenizer
+
+    enc = load_encoder(NAME, backend=backend, device="cpu")
+    assert enc.st_order == (backend == "torch-float32")
+    for max_len in (enc.max_seq_length, 16):
+        enc.max_seq_length = max_len
+        spec, settings = enc.tokenizer_spec()
+        assert settings["max_seq_length"] == max_len
+        tok = TextTokenizer(spec, **settings)
+        batches = [(idx, {k: v.astype(np.int32) for k, v in tok([MIXED[j] for j in idx]).items()})
+                   for idx in batch_plan(MIXED, 8, enc.st_order)]
+        np.testing.assert_array_equal(enc.encode_tokens(len(MIXED), batches), enc.encode(MIXED, batch_size=8))
+    assert enc.encode_tokens(0, []).shape == (0, enc.dim)

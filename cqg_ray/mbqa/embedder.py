@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cqg_ray.encoder import length_order
+from cqg_ray.encoder import batch_plan, length_order
 from cqg_ray.explain import Explanation, explanation
 from cqg_ray.mbqa.budget import Budget, apply_budget
 from cqg_ray.mbqa.budget_torch import join_parts, output_part
@@ -50,6 +50,7 @@ FORMAT_VERSION = 2  # 2: config.json may hold a budget, the folder a stats.safet
 MODELS_ENV = "CQG_RAY_MODELS"  # folders (os.pathsep-separated) where models named without a path are looked for
 OUTPUTS = ("bits", "packed", "probs", "sparse")  # active questions 0/1, np.packbits of them, probabilities, csr values
 HEAD_CHUNK = {"cpu": 256, "cuda": 4096}  # texts per heads-and-budget step: device memory is bounded by one chunk's (n, m)
+CHUNK_SIZE = 4096  # texts per encoder call in `encode` (its embeddings stay on the device until the heads have run)
 
 
 def model_dirs() -> list[Path]:
@@ -288,7 +289,7 @@ class InterpretableEmbedder:
         return join_parts(self._parts(torch.from_numpy(emb), output, b), output, self.m)
 
     def encode(self, texts: list[str] | str, output: str = "bits", threshold: float | None = None, batch_size: int = 64,
-               progress: bool | None = None, chunk_size: int = 4096, *, k: int | None = None, budget: Budget | None = None,
+               progress: bool | None = None, chunk_size: int = CHUNK_SIZE, *, k: int | None = None, budget: Budget | None = None,
                binary: bool | None = None, packed: bool | None = None):
         """Embed texts. output: "sparse" (a ``scipy.sparse.csr_array`` (n, m) float32 of the active questions' values),
         "bits" (n, m) uint8 0/1 active questions, "packed" (n, ceil(m/8)) uint8 (np.packbits of the bits) or "probs"
@@ -318,6 +319,16 @@ class InterpretableEmbedder:
                 add_progress(texts=len(chunk))
         return join_parts(parts, output, self.m, order)
 
+    def encode_tokens(self, chunks, output: str = "bits", *, budget: Budget | None = None):
+        """`encode` of texts tokenized beforehand (the CPU stage of `cqg-ray embed`): ``chunks`` as `chunk_plan` cuts
+        them, each (rows, [(indices into rows, the encoder's inputs)]); the same result as `encode` of those texts."""
+        b = self.budget_for(budget=budget)
+        parts, order = [], []
+        for rows, batches in chunks:
+            parts += self._parts(self.encoder.encode_tokens(len(rows), batches, normalize=self.normalize, tensor=True), output, b)
+            order.append(np.asarray(rows))
+        return join_parts(parts, output, self.m, np.concatenate(order) if order else np.zeros(0, dtype=np.int64))
+
     def explain(self, text_a: str, text_b: str, threshold: float | None = None, *, k: int | None = None,
                 budget: Budget | None = None) -> Explanation:
         """The questions both texts answer yes under the budget (cognitive load = their count), ranked, with both
@@ -338,6 +349,14 @@ class InterpretableEmbedder:
 
 
 STATS = "stats.safetensors"
+
+
+def chunk_plan(texts: list[str], batch_size: int, st_order: bool, chunk_size: int = CHUNK_SIZE) -> list:
+    """`InterpretableEmbedder.encode`'s chunks of one call as (rows, mini-batches): `chunk_size` texts at a time in
+    length order, each cut into mini-batches as `Encoder.encode` cuts it (indices into the chunk's rows)."""
+    order = length_order(texts)
+    return [(rows, batch_plan([texts[j] for j in rows], batch_size, st_order))
+            for rows in (order[i : i + chunk_size] for i in range(0, len(texts), chunk_size))]
 
 
 def _read_stats(run: RunDir, name: str, path: str) -> tuple[np.ndarray, str]:
