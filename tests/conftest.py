@@ -46,6 +46,9 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 SHARED_DATA = (ROOT / ".." / "shared" / "data").resolve()
+# CPU threads an in-process LLM engine gets in a test: one per pytest-xdist worker when two or more share the machine's
+# cores (two engines of 2 threads each on 2 cores, llama.cpp's spinning, ran the LLM files ~4x slower), else 2
+LLM_THREADS = 1 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else 2
 
 
 TIMEOUTS = {"slow": 2400, "ray": 900}  # seconds; pyproject's timeout (300) for the rest; @pytest.mark.timeout wins

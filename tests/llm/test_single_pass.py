@@ -14,6 +14,7 @@ from cqg_ray.llm.engines.bundled import BundledModelError, resolve_model
 from cqg_ray.llm.ledger import Ledger
 from cqg_ray.llm.prompts import cqg_messages
 from cqg_ray.rundir import RunDir
+from tests.conftest import LLM_THREADS
 
 from .jobs import job, sigkill_after_finished
 
@@ -44,7 +45,7 @@ def backend():
         resolve_model("bundled:qwen2.5-coder-0.5b")
     except BundledModelError as e:
         pytest.skip(str(e))
-    b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(score_engine="llamacpp", generate_engine="llamacpp")))
+    b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(score_engine="llamacpp", generate_engine="llamacpp", n_threads=LLM_THREADS)))
     yield b
     b.close()
 
@@ -98,7 +99,7 @@ def test_torch_engine_p_yes_is_the_full_vocabulary_probability(backend):
     from cqg_ray.llm.engines.bundled import hf_folder
     from cqg_ray.llm.engines.torch_engine import TorchEngine
 
-    scorer = TorchEngine(hf_folder("bundled:qwen2.5-coder-0.5b"), dtype="float32", n_threads=2)
+    scorer = TorchEngine(hf_folder("bundled:qwen2.5-coder-0.5b"), dtype="float32", n_threads=LLM_THREADS)
     yes, no = backend.yes_no_token_sets()
     tokens = [backend.prompt_tokens(r) for r in requests()]
     tree = scorer.score(tokens, yes, no)

@@ -14,6 +14,7 @@ from cqg_ray.llm.ledger import Ledger
 from cqg_ray.llm.parse import parse_questions
 from cqg_ray.llm.prompts import cqg_messages
 from cqg_ray.rundir import RunDir
+from tests.conftest import LLM_THREADS
 
 from .jobs import job, sigkill_after_finished
 
@@ -36,7 +37,7 @@ def backend():
         resolve_model("bundled:qwen2.5-coder-0.5b")
     except BundledModelError as e:
         pytest.skip(str(e))
-    b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(generate_engine="torch-float32", batch_generate=4, n_threads=2)))
+    b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(generate_engine="torch-float32", batch_generate=4, n_threads=LLM_THREADS)))
     yield b
     b.close()
 
@@ -52,7 +53,7 @@ def small_backend():
     except BundledModelError as e:
         pytest.skip(str(e))
     b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(model="bundled:smollm2-135m", generate_engine="torch-float32", batch_generate=4,
-                                                          n_threads=2)))
+                                                          n_threads=LLM_THREADS)))
     yield b
     b.close()
 
@@ -114,7 +115,7 @@ def test_torch_batched_generation_in_bfloat16_stays_close():
     # where bfloat16 is emulated (no AMX or AVX-512-BF16: pick_dtype chooses float32 there, so only a forced
     # generate_engine runs this), 2 of the 6 prompts in one batch: the 6 took 225 s of a CI run there (AVX2 EPYC), 2 take 44 s alone
     n = 6 if pick_dtype() == "bfloat16" else 2
-    b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(generate_engine="torch-bfloat16", batch_generate=min(n, 4), n_threads=2)))
+    b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(generate_engine="torch-bfloat16", batch_generate=min(n, 4), n_threads=LLM_THREADS)))
     try:
         tokens = [b.prompt_tokens(r) for r in cqg_requests(8)[:n]]  # the first 4 tokens are compared: 8 decode steps show them
         batched = dict(b.generator.generate(tokens, [8] * len(tokens)))
