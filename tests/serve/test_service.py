@@ -125,7 +125,24 @@ def test_counting_tokens_does_not_disturb_a_batch_in_the_worker_thread(model):
 
 def test_encoder_batch_size_follows_the_backend_unless_set(model):
     from cqg_ray.encoder_export import EXPORTED
+    from cqg_ray.hardware import cpu_flags
 
     on_cpu = EmbeddingService(model, ServeConfig()).encoder_batch_size
-    assert on_cpu == (32 if model.encoder.backend in EXPORTED else 8)
+    assert on_cpu == (32 if model.encoder.backend in EXPORTED and "avx512f" in cpu_flags() else 8)
     assert EmbeddingService(model, ServeConfig(encoder_batch_size=5)).encoder_batch_size == 5
+
+
+def test_the_encoder_batch_size_follows_the_device_the_backend_and_the_cpu():
+    from types import SimpleNamespace
+
+    from cqg_ray.serve.service import default_encoder_batch_size
+
+    def model(device, backend):
+        return SimpleNamespace(device=device, encoder=SimpleNamespace(backend=backend))
+
+    zen4, avx2 = {"avx2", "avx512f", "avx512_bf16"}, {"avx2", "fma"}
+    assert default_encoder_batch_size(model("cuda", "torch-float32"), avx2) == 64
+    assert default_encoder_batch_size(model("cpu", "openvino"), zen4) == 32
+    assert default_encoder_batch_size(model("cpu", "onnx"), zen4) == 32
+    assert default_encoder_batch_size(model("cpu", "openvino"), avx2) == 8  # padding a batch of 32 costs more there
+    assert default_encoder_batch_size(model("cpu", "torch-float32"), zen4) == 8
