@@ -57,8 +57,7 @@ from cqg_ray.artifacts import EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED_
 from cqg_ray.config import BACKEND_HELP, TOKENIZE_STAGE_HELP, CorpusConfig, EmbedConfig, EncoderBackend, RayConfig
 from cqg_ray.lease import take_lease
 from cqg_ray.pools import declared
-from cqg_ray.encoder import default_batch_size
-from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, room_for_tokenizing, run_units, split_units, tokenize_stage
+from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, run_units, split_units, tokenize_stage
 from cqg_ray.rundir import ArtifactError, RunDir, hash_sections, resolve
 
 log = logging.getLogger("cqg_ray")
@@ -128,6 +127,7 @@ class EmbedUnits(UnitActor):
     def __init__(self, model_path: str, out_uri: str, output: str, budget: dict, batch_size: int | None, threads: int,
                  backend: str = "auto"):
         limit_cpu_threads(threads)
+        from cqg_ray.encoder import default_batch_size
         from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
         self.model = InterpretableEmbedder.load(model_path, backend=backend)
@@ -247,18 +247,13 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     pool, gpus = actor_pool_size(cfg, now, declared(now, cluster.max_cpus, cluster.max_gpus), units=len(todo_units))
     log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, budget %s, %d-%d actor(s) x %s GPU",
              sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, budget.name, *pool, gpus)
-    tokenize = tokenize_stage(cfg.tokenize_stage, gpus, head.encoder_name, cfg.backend, cfg.batch_size or default_batch_size("cuda" if gpus else "cpu"),
-                              None, cfg.tokenize_actors, pool[1]) if todo_units else None
-    if tokenize:
-        pool = room_for_tokenizing(pool, tokenize, gpus, cfg.torch_threads)
-        log.info("embed: a CPU stage of up to %d actor(s) reads and tokenizes the units; %d-%d embedding actor(s)", tokenize["actors"], *pool)
+    tokenize, pool = tokenize_stage(cfg, head.encoder_name, gpus, pool, run.root_uri) if todo_units else (None, pool)
     t0 = time.time()
     rows_now, nodes, bytes_read = run_units(todo_units, EmbedUnits,
                                             {"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output,
                                              "budget": budget.to_dict(), "batch_size": cfg.batch_size,
                                              "threads": cfg.torch_threads, "backend": cfg.backend},
-                                            pool, gpus, cfg.torch_threads, "embed", progress,
-                                            tokenize=tokenize and {**tokenize, "run_uri": run.root_uri})
+                                            pool, gpus, cfg.torch_threads, "embed", progress, tokenize=tokenize)
     wall = time.time() - t0
 
     # every input row exactly once: the unit files cover the snapshot's rows one for one

@@ -26,8 +26,7 @@ from cqg_ray.artifacts import corpus_shards, embeddings_table
 from cqg_ray.config import EncodeConfig, PipelineConfig, RayConfig
 from cqg_ray.pools import declared
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
-from cqg_ray.encoder import default_batch_size
-from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, room_for_tokenizing, run_units, split_units, tokenize_stage
+from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, run_units, split_units, tokenize_stage
 
 log = logging.getLogger("cqg_ray")
 
@@ -103,14 +102,9 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     log.info("encode: %d units (%d done before), %d rows, model %s, %d-%d actor(s) x %s GPU", len(units), len(units) - len(todo),
              sum(n for _, n in shards), cfg.model, *pool, gpus)
     t0 = time.time()
-    tokenize = tokenize_stage(cfg.tokenize_stage, gpus, cfg.model, cfg.backend, cfg.batch_size or default_batch_size("cuda" if gpus else "cpu"),
-                              cfg.max_seq_length, cfg.tokenize_actors, pool[1]) if todo else None
-    if tokenize:
-        pool = room_for_tokenizing(pool, tokenize, gpus, cfg.torch_threads)
-        log.info("encode: a CPU stage of up to %d actor(s) reads and tokenizes the units; %d-%d encoder actor(s)", tokenize["actors"], *pool)
+    tokenize, pool = tokenize_stage(cfg, cfg.model, gpus, pool, run.root_uri, cfg.max_seq_length) if todo else (None, pool)
     rows_done, nodes, bytes_read = run_units(todo, EncodeUnits, {"cfg_json": cfg.model_dump_json(), "run_uri": run.root_uri, "stage": ctx.stage},
-                                             pool, gpus, cfg.torch_threads, "encode", progress, run=run,
-                                             tokenize=tokenize and {**tokenize, "run_uri": run.root_uri})
+                                             pool, gpus, cfg.torch_threads, "encode", progress, run=run, tokenize=tokenize)
     wall = time.time() - t0
     files = run.ls(ctx.stage, suffix=".parquet")
     total = sum(pq.ParquetFile(run.path(ctx.stage, f), filesystem=run.fs).metadata.num_rows for f in files)

@@ -205,8 +205,7 @@ class Encoder:
         tok = self._ahead_tokenizer()
         if tok is None:  # a tokenizer that cannot run alone: the library's own loop
             out = self.st.encode(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=False, show_progress_bar=progress)
-            out = out.float()
-            return out / out.norm(dim=1, keepdim=True).clamp_min(1e-12) if normalize else out
+            return _unit_rows(out.float()) if normalize else out.float()
         # sentence-transformers' own order, mini-batches, tokens and forward (so its embeddings), each mini-batch
         # tokenized ahead on a thread (pinned there on a GPU, so its copy does not wait)
         batches = batch_plan(texts, batch_size, st_order=True)
@@ -222,14 +221,18 @@ class Encoder:
         once, inputs as `tokenize` gives them (int arrays or tensors) for those texts. With the mini-batches of
         `batch_plan` (order `st_order`), the same embeddings as `encode`. tensor=True: a float32 torch tensor on the
         encoder's device (torch backends) instead of a numpy array."""
-        import torch
-
-        if self._run is not None:
+        if self._run is not None:  # no torch import on this path unless a tensor is asked for
             out = np.zeros((n, self.dim), dtype=np.float32)
             for idx, inputs in batches:
                 out[idx] = self._run({k: np.asarray(v, dtype=np.int64) for k, v in inputs.items()})
             out = normalise(out) if normalize else out
-            return torch.from_numpy(out) if tensor else out
+            if tensor:
+                import torch
+
+                return torch.from_numpy(out)
+            return out
+        import torch
+
         dev, keys = self.st.device, self._input_keys()
         out = None
         with torch.inference_mode():
@@ -240,8 +243,7 @@ class Encoder:
                     out = torch.empty((n, emb.shape[1]), dtype=emb.dtype, device=dev)
                 out[torch.from_numpy(np.asarray(idx)).to(dev)] = emb
         out = torch.zeros((n, self.dim), device=dev) if out is None else out.float()
-        if normalize:
-            out = out / out.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        out = _unit_rows(out) if normalize else out
         return out if tensor else out.cpu().numpy()
 
     def _ahead_tokenizer(self) -> TextTokenizer | None:
@@ -318,6 +320,11 @@ def default_batch_size(device: str) -> int:
     a CPU (length-sorted mini-batches pad little: 1.2-1.5x the throughput of 128 with torch, 1.45x that of 256 with
     openvino)."""
     return 128 if str(device).startswith("cuda") else 32
+
+
+def _unit_rows(t):
+    """A float torch tensor (n, d) with rows scaled to unit L2 norm (zero rows stay zero)."""
+    return t / t.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
 def normalise(x: np.ndarray) -> np.ndarray:

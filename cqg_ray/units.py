@@ -308,7 +308,7 @@ def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, pool: tupl
     call; each call returns rows, bytes read and node per unit). Progress: texts as the actors encode them (a bar, or
     a log line every 25 s; ``run``'s ``_progress.json``).
 
-    ``tokenize`` (`tokenize_stage`'s settings, with ``run_uri``): a pool of CPU actors (`TokenizeUnits`, one CPU each,
+    ``tokenize`` (`tokenize_stage`'s settings): a pool of CPU actors (`TokenizeUnits`, one CPU each,
     ``tokenize["actors"]`` at most) reads and tokenizes the units first, and ``actor_cls`` gets their tokens
     (``write_tokens``) instead of texts.
 
@@ -352,15 +352,16 @@ def room_for_tokenizing(pool: tuple[int, int], tokenize: dict | None, gpus: floa
     return max(1, pool[0] - take), max(1, pool[1] - take)
 
 
-def tokenize_stage(setting: str, gpus: float, model: str, backend: str, batch_size: int, max_seq_length: int | None = None,
-                   actors: int | None = None, pool_max: int = 1) -> dict | None:
-    """The CPU tokenizing stage's settings for `run_units` (None: the actors tokenize): ``setting`` "on", "off" or
-    "auto" (on with GPU actors). The tokenizer is the encoder's own (`Encoder.tokenizer_spec`, loaded here on the CPU)
-    and the mini-batch order that of the backend the actors resolve; ``actors``: CPU actors at most (default two per
-    GPU actor of the pool, one beside CPU actors, whose pool gives up its CPUs)."""
-    if setting == "off" or (setting == "auto" and not gpus):
-        return None
-    from cqg_ray.encoder import load_encoder, resolve_backend
+def tokenize_stage(cfg: EncodeConfig | EmbedConfig, model: str, gpus: float, pool: tuple[int, int], run_uri: str,
+                   max_seq_length: int | None = None) -> tuple[dict | None, tuple[int, int]]:
+    """(the CPU tokenizing stage's settings for `run_units`, or None where the actors tokenize; the actor pool beside
+    it, `room_for_tokenizing`), from ``cfg.tokenize_stage``: "on", "off" or "auto" (on with GPU actors). The tokenizer
+    is the encoder's own (`Encoder.tokenizer_spec`, loaded here on the CPU), the mini-batches those of the actors'
+    batch size and resolved backend; ``cfg.tokenize_actors``: CPU actors at most (default two per GPU actor of the
+    pool, one beside CPU actors, whose pool gives up its CPUs)."""
+    if cfg.tokenize_stage == "off" or (cfg.tokenize_stage == "auto" and not gpus):
+        return None, pool
+    from cqg_ray.encoder import default_batch_size, load_encoder, resolve_backend
 
     enc = load_encoder(model, backend="torch-float32", device="cpu", threads=1)
     if max_seq_length:
@@ -368,6 +369,11 @@ def tokenize_stage(setting: str, gpus: float, model: str, backend: str, batch_si
     spec = enc.tokenizer_spec()
     if spec is None:
         log.warning("tokenize stage: %s's tokenizer does not run alone; the actors tokenize", model)
-        return None
-    return {"spec": spec[0], "settings": spec[1], "batch_size": batch_size, "actors": actors or (2 * pool_max if gpus else 1),
-            "st_order": resolve_backend(backend, "cuda" if gpus else "cpu").startswith("torch")}
+        return None, pool
+    device = "cuda" if gpus else "cpu"
+    tokenize = {"spec": spec[0], "settings": spec[1], "run_uri": run_uri, "batch_size": cfg.batch_size or default_batch_size(device),
+                "actors": cfg.tokenize_actors or (2 * pool[1] if gpus else 1),
+                "st_order": resolve_backend(cfg.backend, device).startswith("torch")}
+    pool = room_for_tokenizing(pool, tokenize, gpus, cfg.torch_threads)
+    log.info("a CPU stage of up to %d actor(s) reads and tokenizes the units; %d-%d actor(s) beside it", tokenize["actors"], *pool)
+    return tokenize, pool
