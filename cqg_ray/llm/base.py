@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
-from cqg_ray.config import LLMConfig, llm_identity
+from cqg_ray.config import LLMConfig, VLLMConfig, llm_identity
 from cqg_ray.hardware import cpu_flags, pick_dtype
 
 Message = dict[str, str]
@@ -104,6 +104,16 @@ def answer_regex(n: int) -> str:
 IDENTITY_ENGINE_KWARGS = ("dtype", "quantization", "kv_cache_dtype", "tokenizer", "revision")
 
 
+def vllm_dtype(cfg: VLLMConfig, flags: set[str] | None = None) -> str | None:
+    """The dtype a vLLM engine is given (None: vLLM's ``auto``): ``engine_kwargs['dtype']``, else ``dtype`` unless
+    ``auto``, else on ``cpu`` `pick_dtype` for this CPU (bfloat16 where native, float32 elsewhere)."""
+    if "dtype" in cfg.engine_kwargs:
+        return cfg.engine_kwargs["dtype"]
+    if cfg.dtype != "auto":
+        return cfg.dtype
+    return pick_dtype(flags) if cfg.device == "cpu" else None
+
+
 def file_fingerprint(path: str, chunk: int = 1 << 20) -> str:
     """Size + sha256 of a file's first and last MiB: tells two model files apart without reading gigabytes."""
     h = hashlib.sha256()
@@ -155,6 +165,9 @@ def backend_identity(llm: LLMConfig) -> dict[str, Any]:
             ident["sends"] = {"grammar": llm.openai.send_grammar, "structured_outputs": llm.openai.send_structured_outputs}
     if llm.backend == "vllm":
         engine = {k: llm.vllm.engine_kwargs[k] for k in IDENTITY_ENGINE_KWARGS if k in llm.vllm.engine_kwargs}
+        dtype = vllm_dtype(llm.vllm)
+        if dtype is not None:
+            engine["dtype"] = dtype
         if engine:
             ident["engine"] = engine
     return ident

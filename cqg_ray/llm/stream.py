@@ -194,6 +194,15 @@ def engine_pool(llm: LLMConfig, now: dict, most: dict) -> tuple[tuple[int, int],
     return pool_range({"CPU": 1}, now, most), 1.0
 
 
+def pass_group(mode: str, job: PlanJob, identity: dict, index, group: int) -> str:
+    """One count or assemble pass over one plan row group (a Ray task), as JSON as `_PassActor` returns it."""
+    worker = PlanWorker(job, identity, index=index)
+    try:
+        return json.dumps({"group": group, **getattr(worker, mode)(group)})
+    finally:
+        worker.close()
+
+
 class RayPasses(_Passes):
     """The passes on Ray: Ray Data over the plan's row groups; the ledger's index and the part files through tasks."""
 
@@ -215,6 +224,13 @@ class RayPasses(_Passes):
         import ray
 
         if not groups:
+            return
+        if mode != "answer" and len(groups) <= self.now.get("CPU", 1):
+            # no more groups than CPUs: an actor pool would start one actor (a process, its imports) per group; a
+            # task per group runs on Ray's pooled workers instead (a resumed or small stage: seconds, not a pool's start)
+            task = ray.remote(num_cpus=1)(pass_group)
+            for ref in [task.remote(mode, self.job, self.identity, index, g) for g in groups]:
+                yield json.loads(ray.get(ref))
             return
         if mode == "answer":
             size, cpus = engine_pool(self.job.llm, self.now, self.most)

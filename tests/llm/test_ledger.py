@@ -97,6 +97,11 @@ def test_backend_identity_keys_what_changes_replies(tmp_path):
 
     v = backend_identity(LLMConfig(backend="vllm", vllm=VLLMConfig(model="m", engine_kwargs={"dtype": "float16", "max_num_seqs": 4})))
     assert v["engine"] == {"dtype": "float16"}  # max_num_seqs does not change the replies
+    assert "engine" not in backend_identity(LLMConfig(backend="vllm", vllm=VLLMConfig(model="m")))  # cuda, auto: keys as before
+    from cqg_ray.hardware import pick_dtype
+
+    on_cpu = backend_identity(LLMConfig(backend="vllm", vllm=VLLMConfig(model="m", device="cpu")))
+    assert on_cpu["engine"] == {"dtype": pick_dtype()}  # the dtype the CPU resolved to keys the replies
 
     req = Request([{"role": "user", "content": "hi"}], 10)
     assert request_key(plain, req) != request_key(sends, req)

