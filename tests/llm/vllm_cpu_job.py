@@ -7,9 +7,9 @@ generation go through ``run_requests`` with the ``vllm`` backend (``ray.data.llm
 sampling shape), twice: the second run must come from the ledger. The single-pass requests (the labels' default) go
 as a streaming stage's plan (``cqg_ray.llm.stream``), answered in one Ray Data job (``VLLMBackend.job``: plan ->
 request rows -> ray.data.llm processor -> ledger rows written by workers), twice: the second sends nothing. Each
-vLLM job starts its own engine (~35 s on 2 cores of the faster hosts, ~75 s on the slow AVX2 EPYC), so the script starts three; each runs its model in the
-engine
-core process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no separate worker process). The first two tokenize in the engine
+vLLM job starts its own engine (~35 s on 2 cores of the faster hosts, ~75 s on the slow AVX2 EPYC), so the script
+starts three; each runs its model in the engine core process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no separate
+worker process). The first two tokenize in the engine
 (vllm-cpu's default, ``VLLMConfig.tokenize_stages``); the one job tokenizes and detokenizes in Ray Data CPU actors, as
 on GPUs.
 """
