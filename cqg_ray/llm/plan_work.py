@@ -281,6 +281,20 @@ class _LedgerRows:
         return {"out": np.array([json.dumps(c)])}
 
 
+def one_pass(worker: PlanWorker, mode: str, group: int) -> dict[str, Any]:
+    """``worker``'s ``mode`` pass (count, answer or assemble) over one row group: its counters with the group."""
+    return {"group": group, **getattr(worker, mode)(group)}
+
+
+def pass_group(mode: str, job: PlanJob, identity: dict, index, group: int) -> str:
+    """One count or assemble pass over one plan row group (a Ray task), as JSON as `_PassActor` returns it."""
+    worker = PlanWorker(job, identity, index=index)
+    try:
+        return json.dumps(one_pass(worker, mode, group))
+    finally:
+        worker.close()
+
+
 class _PassActor:
     """A Ray Data actor running one pass of ``PlanWorker`` over plan row groups (one group per call)."""
 
@@ -289,6 +303,6 @@ class _PassActor:
         progress.relay(progress_queue)  # the answer pass: requests finished and tokens, to the driver's view
 
     def __call__(self, batch: dict) -> dict:
-        out = [json.dumps({"group": int(g), **getattr(self.worker, self.mode)(int(g))}) for g in batch["group"]]
+        out = [json.dumps(one_pass(self.worker, self.mode, int(g))) for g in batch["group"]]
         progress.flush_relay()
         return {"out": np.array(out)}

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from cqg_ray import progress
 from cqg_ray.config import LLMConfig
 from cqg_ray.llm.ledger import Ledger, ledger_index
-from cqg_ray.llm.plan_work import PARTS, PlanJob, PlanWorker, _LedgerRows, _PassActor, _PendingRows
+from cqg_ray.llm.plan_work import PARTS, PlanJob, PlanWorker, _LedgerRows, _PassActor, _PendingRows, one_pass, pass_group
 from cqg_ray.pools import declared, pool_range
 
 log = logging.getLogger("cqg_ray")
@@ -175,7 +175,7 @@ class LocalPasses(_Passes):
         worker = PlanWorker(self.job, self.identity, index=index, backend=self.backend)
         try:
             for g in groups:
-                yield {"group": g, **getattr(worker, mode)(g)}
+                yield one_pass(worker, mode, g)
         finally:
             worker.close()
 
@@ -192,15 +192,6 @@ def engine_pool(llm: LLMConfig, now: dict, most: dict) -> tuple[tuple[int, int],
     if llm.backend in ("openai", "vllm"):
         return (1, 1), 1.0
     return pool_range({"CPU": 1}, now, most), 1.0
-
-
-def pass_group(mode: str, job: PlanJob, identity: dict, index, group: int) -> str:
-    """One count or assemble pass over one plan row group (a Ray task), as JSON as `_PassActor` returns it."""
-    worker = PlanWorker(job, identity, index=index)
-    try:
-        return json.dumps({"group": group, **getattr(worker, mode)(group)})
-    finally:
-        worker.close()
 
 
 class RayPasses(_Passes):
