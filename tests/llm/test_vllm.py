@@ -177,18 +177,39 @@ def test_vllm_logprobs_to_p_yes():
     assert json.loads(out["p_yes_json"]) == [pytest.approx(0.9)]
 
 
-def test_rows_are_grouped_by_sampling_shape():
+def test_mixed_shapes_share_one_job_where_every_int_key_can_be_given():
+    """Packed answers (regex, 5 logprobs), a generation and single-pass answers go as one job (one engine start): every
+    row gets logprobs and, where greedy, a seed, so that no int key arrives as a float beside a null; the generation's
+    structured outputs arrive as None (no constraint). An unseeded sampled request keeps its own job, and so does
+    another kind of structured output; P(yes) is read only where the request asked for it."""
+    from cqg_ray.llm.answers import answer_requests
     from cqg_ray.llm.engines.vllm import sampling_groups
 
     llm = LLMConfig(backend="vllm", logprobs=True)
+    single = answer_requests("c", [0], ["Is c?"], "single", 20, 200)[0]
     reqs = [
         Request(answer_messages("a", ["Is a?"]), 20, 1),
         Request([{"role": "user", "content": "generate"}], 100),
         Request(answer_messages("b", ["Is b?", "Is c?"]), 20, 2),
+        single,
     ]
-    groups = sampling_groups(request_rows(llm, reqs, lambda r: 0.0))
-    assert [[row["idx"] for row in g] for g in groups] == [[0, 2], [1]]
-    assert len(sampling_groups(request_rows(llm, [reqs[0], reqs[2]], lambda r: 0.0))) == 1
+    rows = request_rows(llm, reqs, lambda r: 0.0)
+    assert [r["n_answers"] for r in rows] == [1, -1, 2, 0]
+    (group,) = sampling_groups(rows)
+    assert [row["idx"] for row in group] == [0, 1, 2, 3]
+    assert [json.loads(row["sampling_json"]) for row in group] == [
+        {"logprobs": 5, "temperature": 0.0, "max_tokens": 20, "structured_outputs": {"regex": "1\\. (yes|no)\\n"}, "seed": 0},
+        {"logprobs": 0, "temperature": 0.0, "max_tokens": 100, "seed": 0},
+        {"logprobs": 5, "temperature": 0.0, "max_tokens": 20, "structured_outputs": {"regex": "1\\. (yes|no)\\n2\\. (yes|no)\\n"}, "seed": 0},
+        {"logprobs": 20, "temperature": 0.0, "max_tokens": 1, "seed": 0},
+    ]
+    assert sampling_groups(rows[:1] + rows[2:3]) == [rows[:1] + rows[2:3]]  # one shape: the rows as they are
+    sampled = request_rows(llm, reqs[:2], lambda r: 0.0 if r.n_answers else 0.8)  # the generation sampled, unseeded
+    assert [[row["idx"] for row in g] for g in sampling_groups(sampled)] == [[0], [1]]
+    assert "seed" not in json.loads(sampling_groups(sampled)[1][0]["sampling_json"])
+    as_json = {**rows[1], "idx": 4, "sampling_json": json.dumps({"temperature": 0.0, "max_tokens": 9, "structured_outputs": {"json": {}}})}
+    assert [[row["idx"] for row in g] for g in sampling_groups([rows[0], as_json, rows[1]])] == [[0, 1], [4]]
+    assert [r["n_answers"] for r in request_rows(LLMConfig(backend="vllm"), reqs, lambda r: 0.0)] == [-1, -1, -1, 0]  # no logprobs asked
 
 
 def test_single_pass_through_vllm_rows():

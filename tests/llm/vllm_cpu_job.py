@@ -3,13 +3,13 @@
     python vllm_cpu_job.py MODEL_DIR RUN_DIR      (prints one JSON line: the results)
 
 Builds the same Request objects the pipeline builds. The packed answers (constrained, with logprobs) and a question
-generation go through ``run_requests`` with the ``vllm`` backend (``ray.data.llm`` + vLLM engine on CPU; one job per
-sampling shape), twice: the second run must come from the ledger. The single-pass requests (the labels' default) go
+generation go through ``run_requests`` with the ``vllm`` backend (``ray.data.llm`` + vLLM engine on CPU; the two shapes of
+sampling params in one job, ``sampling_groups``), twice: the second run must come from the ledger. The single-pass requests (the labels' default) go
 as a streaming stage's plan (``cqg_ray.llm.stream``), answered in one Ray Data job (``VLLMBackend.job``: plan ->
 request rows -> ray.data.llm processor -> ledger rows written by workers), twice: the second sends nothing. Each
 vLLM job starts its own engine (~35 s on 2 cores of the faster hosts, ~75 s on the slow AVX2 EPYC), so the script
-starts three; each runs its model in the engine core process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no separate
-worker process). The first two tokenize in the engine
+starts two; each runs its model in the engine core process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no separate
+worker process). The first tokenizes in the engine
 (vllm-cpu's default, ``VLLMConfig.tokenize_stages``); the one job tokenizes and detokenizes in Ray Data CPU actors, as
 on GPUs.
 """

@@ -104,10 +104,19 @@ def chat_messages(req: Request) -> list[dict[str, str]]:
     return req.messages
 
 
+def p_yes_read(llm: LLMConfig, req: Request) -> int:
+    """How `postprocess` reads a reply's P(yes) (the rows' ``n_answers``): 0 single-pass (the first position's top
+    logprobs), n the n packed answer lines (when ``llm.logprobs``), -1 none."""
+    if req.yes_no:
+        return 0
+    return req.n_answers if llm.logprobs and req.n_answers is not None else -1
+
+
 def request_rows(llm: LLMConfig, requests: Sequence[Request], temperature_of) -> list[dict[str, Any]]:
-    """Dataset rows: idx + messages and sampling params as JSON strings (one Arrow schema for every row)."""
+    """Dataset rows: idx + messages and sampling params as JSON strings (one Arrow schema for every row) + `p_yes_read`."""
     return [
-        {"idx": i, "messages_json": json.dumps(chat_messages(r)), "sampling_json": json.dumps(sampling_params(llm, r, temperature_of(r)))}
+        {"idx": i, "messages_json": json.dumps(chat_messages(r)), "sampling_json": json.dumps(sampling_params(llm, r, temperature_of(r))),
+         "n_answers": p_yes_read(llm, r)}
         for i, r in enumerate(requests)
     ]
 
@@ -173,19 +182,42 @@ def completion_from_row(row: dict[str, Any]) -> tuple[int, Completion]:
     return idx, Completion(row.get("text") or "", int(row.get("prompt_tokens") or 0), int(row.get("completion_tokens") or 0), p_yes)
 
 
-def sampling_groups(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Rows split by the shape of their sampling params (which keys, nested keys included), in first-seen order.
+def shared_shape(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with the int keys other requests of a job may hold: ``logprobs`` 0 where none were asked (the sampled
+    token's own; `postprocess` reads P(yes) only where `p_yes_read` says) and ``seed`` 0 where decoding is greedy
+    (unused). An unseeded request at temperature > 0 keeps no seed: one would fix its samples."""
+    out = {"logprobs": 0, **params}
+    if not out.get("temperature"):
+        out.setdefault("seed", 0)
+    return out
 
-    Ray Data moves ``sampling_params`` between stages as an Arrow struct; rows that lack a key another row
-    has get a null there, which turns the others' ints into floats (vLLM then rejects ``logprobs=5.0``)
-    and hands ``structured_outputs={"regex": None}`` to the rows that had none. One job per shape avoids both.
+
+def sampling_groups(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Rows split into the fewest jobs whose sampling params one Arrow struct carries, in first-seen order (one engine
+    start per job).
+
+    Ray Data moves ``sampling_params`` between stages as an Arrow struct and hands them to the engine through numpy: an
+    int key that some rows of a batch lack arrives as a float in the others (vLLM rejects ``logprobs=5.0``). Rows of
+    one shape go as they are; mixed shapes get `shared_shape` first, so only an unseeded sampled request and another
+    kind of structured output keep jobs of their own. A row without structured outputs gets None there (no constraint)
+    and joins a job that has them.
     """
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        params = json.loads(row["sampling_json"])
-        shape = json.dumps({k: sorted(v) if isinstance(v, dict) else None for k, v in params.items()}, sort_keys=True)
-        groups.setdefault(shape, []).append(row)
-    return list(groups.values())
+    def shape(params: dict[str, Any]) -> tuple:
+        so = params.get("structured_outputs")
+        return tuple(sorted(k for k in params if k != "structured_outputs")), tuple(sorted(so)) if so else ()
+
+    parsed = [json.loads(row["sampling_json"]) for row in rows]
+    if len({json.dumps(shape(p)) for p in parsed}) <= 1:
+        return [rows] if rows else []
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row, params in zip(rows, parsed):
+        params = shared_shape(params)
+        groups.setdefault(shape(params), []).append({**row, "sampling_json": json.dumps(params)})
+    for keys, so in [k for k in groups if not k[1]]:  # no structured outputs: into the first job of its keys that has them
+        into = next((k for k in groups if k[0] == keys and k[1]), None)
+        if into is not None:
+            groups[into] = sorted(groups[into] + groups.pop((keys, so)), key=lambda r: r["idx"])
+    return sorted(groups.values(), key=lambda g: g[0]["idx"])
 
 
 def job_preprocess(llm: LLMConfig, row: dict[str, Any]) -> dict[str, Any]:
@@ -223,12 +255,10 @@ class VLLMBackend(Backend):
         from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
         rows = request_rows(self.llm, requests, self.temperature)
-        for row, r in zip(rows, requests):
-            row["n_answers"] = 0 if r.yes_no else r.n_answers if r.n_answers is not None else -1
         pool = engine_concurrency(self.llm.vllm, ray.cluster_resources(), self.cluster)
         config = vLLMEngineProcessorConfig(**processor_config_kwargs(self.llm.vllm, pool))
         seen = set()
-        for group in sampling_groups(rows):  # usually one: a stage sends one kind of request
+        for group in sampling_groups(rows):  # one, unless unseeded sampling or two kinds of structured output are mixed
             processor = build_processor(config, preprocess=preprocess, postprocess=postprocess)
             for row in processor(ray.data.from_items(group)).iter_rows():
                 idx, c = completion_from_row(row)
