@@ -14,15 +14,18 @@ PROMPTS = [
 ]
 
 
-@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "smollm2-135m"])
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "smollm2-135m", "qwen2.5-coder-1.5b"])
 def test_the_hf_tokenizer_beside_the_weights_gives_llama_cpps_chat_tokens(name):
     pytest.importorskip("llama_cpp")
     from transformers import AutoTokenizer
 
     from cqg_ray.config import LlamaCppConfig
-    from cqg_ray.llm.engines.bundled import BundledModelError, hf_folder, resolve_model
+    from cqg_ray.llm.engines.bundled import BundledModelError, cache_root, hf_folder, resolve_model
     from cqg_ray.llm.engines.llamacpp import ChatTokens
 
+    if name == "qwen2.5-coder-1.5b" and not (cache_root(None) / "models" / f"{name}-hf" / "config.json").is_file():
+        pytest.skip("the 1.5B's dequantised folder is not on this machine (3.4 GB, minutes to make; the reference build and "
+                    "the torch writer make it): checked where it is")
     try:
         resolve_model(f"bundled:{name}")
     except BundledModelError as e:
