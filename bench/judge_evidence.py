@@ -25,12 +25,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _common import cpu_line  # noqa: E402
-from judge_check import DATA, PROPERTY, read_pairs  # noqa: E402
+from judge_check import DATA, PROPERTY, ask, balanced, read_pairs, summary  # noqa: E402
 
 from cqg_ray.config import LLMConfig, LlamaCppConfig  # noqa: E402
 from cqg_ray.llm.base import Request  # noqa: E402
 from cqg_ray.llm.engines.llamacpp import LlamaCppBackend  # noqa: E402
-from cqg_ray.llm.prompts import judge_shot_messages  # noqa: E402
 
 EVIDENCE = ("Read the text and the question. First copy the exact words of the text that show the answer is yes, or write "
             "none if no words of the text show it. Then answer yes or no: yes only if the copied words show it.\n\n"
@@ -42,11 +41,10 @@ def evidence_answer(reply: str) -> bool:
     return reply.lower().split("answer:")[-1].strip().startswith("yes")
 
 
-def rates(rows: list[dict], said: list[bool]) -> tuple[float, float]:
-    """(agreement where the hand answer is yes, where it is no)."""
-    yes = [s for s, r in zip(said, rows) if r["answer"]]
-    no = [not s for s, r in zip(said, rows) if not r["answer"]]
-    return sum(yes) / len(yes), sum(no) / len(no)
+def rates(rows: list[dict], p: list[float]) -> tuple[float, float]:
+    """(agreement where the hand answer is yes, where it is no) at P(yes) > 0.5 (`judge_check.summary`)."""
+    s = summary(rows, p)
+    return s["yes_rate_where_yes"], 1 - s["yes_rate_where_no"]
 
 
 def main() -> None:
@@ -64,17 +62,14 @@ def main() -> None:
     t0 = time.time()
     outs = backend.complete([Request([{"role": "user", "content": EVIDENCE.format(t=r["text"], q=r["question"])}], max_tokens=48) for r in rows])
     evidence_s = time.time() - t0
-    said = [evidence_answer(c.text) for c in outs]
+    said = [1.0 if evidence_answer(c.text) else 0.0 for c in outs]
     for r, c, s in zip(rows, outs, said):
-        print(json.dumps({"hand": r["answer"], "said": s, "question": r["question"], "text": r["text"][:90], "reply": c.text.replace("\n", " | ")[:160]}))
-    t0 = time.time()
-    shots = backend.complete([Request(judge_shot_messages(r["text"], r["question"]), max_tokens=1, yes_no=True) for r in rows])
-    default_s = time.time() - t0
-    by_default = [bool(c.p_yes and c.p_yes[0] > 0.5) for c in shots]
+        print(json.dumps({"hand": r["answer"], "said": s > 0.5, "question": r["question"], "text": r["text"][:90], "reply": c.text.replace("\n", " | ")[:160]}))
+    by_default, default_s = ask(backend, rows, "judge_shots")  # the default judge, as bench/judge_check.py asks it
     ev, de = rates(rows, said), rates(rows, by_default)
     print(f"evidence first: yes {ev[0]:.3f} / no {ev[1]:.3f}, {evidence_s:.0f} s for {len(rows)} pairs")
     print(f"default judge (worked examples, single-pass): yes {de[0]:.3f} / no {de[1]:.3f}, {default_s:.0f} s")
-    print(f"judge_evidence_vs_default_balanced: {(sum(ev) / 2) / (sum(de) / 2):.3f}")
+    print(f"judge_evidence_vs_default_balanced: {balanced(rows, said, 0.5) / balanced(rows, by_default, 0.5):.3f}")
 
 
 if __name__ == "__main__":

@@ -207,7 +207,7 @@ def sampling_groups(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         return tuple(sorted(k for k in params if k != "structured_outputs")), tuple(sorted(so)) if so else ()
 
     parsed = [json.loads(row["sampling_json"]) for row in rows]
-    if len({json.dumps(shape(p)) for p in parsed}) <= 1:
+    if len({shape(p) for p in parsed}) <= 1:
         return [rows] if rows else []
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row, params in zip(rows, parsed):
