@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.ports import free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ("python", "-m", "cqg_ray.cli", "run")  # the job entrypoint: the CLI itself
 VENV_BIN = Path(sys.executable).parent
@@ -38,17 +40,6 @@ def jobs_api(dashboard: str, path: str, timeout: float = 60):
     return r.json()
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def ray_cli(*args, timeout=120, check=True):
     r = subprocess.run([str(VENV_BIN / "ray"), *args], env=ENV, capture_output=True, text=True, timeout=timeout)
     if check and r.returncode != 0:
@@ -56,10 +47,26 @@ def ray_cli(*args, timeout=120, check=True):
     return r
 
 
+PORT_CLASH = ("Address already in use", "Failed to start the grpc server", "is already in use")
+
+
+class HeadStartError(RuntimeError):
+    """`ray start` exited because a chosen port was taken."""
+
+
 class Head:
     """A real single-node Ray head on 127.0.0.1 with the dashboard (the Jobs API) on a free port."""
 
-    def __init__(self):
+    def __init__(self, tries: int = 3):
+        for attempt in range(1, tries + 1):
+            try:
+                self._start()
+                return
+            except HeadStartError as e:  # a port taken between choosing and binding: fresh ports and a fresh temp dir
+                if attempt == tries:
+                    raise RuntimeError(f"ray start failed {tries} times; the last: {e}") from None
+
+    def _start(self) -> None:
         self.temp_dir = tempfile.mkdtemp(prefix="rjt_", dir="/tmp")  # short: Ray's unix socket paths have a length limit
         gcs, dash, client, agent_http, agent_grpc, rt_agent, metrics, nm, om = free_ports(9)
         self.dashboard = f"http://127.0.0.1:{dash}"
@@ -74,7 +81,11 @@ class Head:
         deadline = time.time() + 180
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"ray start exited with {self.proc.returncode}: {self.start_log()}")
+                log = self.start_log()
+                self.stop()
+                if any(m in log for m in PORT_CLASH):
+                    raise HeadStartError(log)
+                raise RuntimeError(f"ray start exited with {self.proc.returncode}: {log}")
             try:
                 jobs_api(self.dashboard, "", timeout=10)
                 return
@@ -194,6 +205,17 @@ def manifest(run_dir: Path, stage: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ quick (no Ray)
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_kernels_ephemeral_range():
+    ports = free_ports(9)
+    assert len(set(ports)) == 9
+    assert all(20000 <= p <= 32767 for p in ports)
+    lo, _hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert max(ports) < lo
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
 
 
 def local_run(*args: str) -> subprocess.CompletedProcess:

@@ -2,7 +2,6 @@
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from cqg_ray.llm.parse import parse_answers
 from cqg_ray.llm.prompts import answer_messages
 from cqg_ray.llm.runner import run_requests
 from cqg_ray.rundir import RunDir
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("llama_cpp.server.app")
@@ -27,12 +27,6 @@ TEXTS = [
     "The Eiffel Tower in Paris was completed in 1889 and is made of wrought iron.",
     "Add two cups of flour and a pinch of salt, then knead the dough for ten minutes.",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(model, port: int, log_path) -> subprocess.Popen:

@@ -1,7 +1,6 @@
 """OpenAI-compatible backend: request bodies, response parsing, and a misbehaving local server."""
 
 import math
-import socket
 
 import pytest
 
@@ -13,6 +12,7 @@ from cqg_ray.llm.parse import parse_answers
 from cqg_ray.llm.prompts import answer_messages
 from cqg_ray.llm.runner import run_requests
 from cqg_ray.rundir import RunDir
+from tests.ports import free_port
 
 from .fake_openai_server import FakeOpenAIServer, reply_for
 
@@ -25,12 +25,6 @@ def llm_for(base_url: str, **kw) -> LLMConfig:
 
 def areq(text="Apple is a technology company.", n=3, **meta):
     return Request(answer_messages(text, [f"Is it about topic {i}?" for i in range(n)]), max_tokens=40, n_answers=n, meta=meta)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ----------------------------------------------------------------------------- pure parts

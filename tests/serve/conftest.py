@@ -1,19 +1,13 @@
 """A real model folder (bundled MiniLM + hand-set heads) and a real Serve app on 127.0.0.1 for the serve tests."""
 
-import socket
 from types import SimpleNamespace
 
 import pytest
 
 from cqg_ray.config import ServeConfig
+from tests.ports import free_port
 
 TOKEN = "test-token-5f2c"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from tests.serve.conftest import free_port
+from tests.ports import free_port
 
 
 def test_serve_cli_config(tmp_path):
