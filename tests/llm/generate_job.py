@@ -12,7 +12,9 @@ from cqg_ray.rundir import RunDir
 TEXTS = [f"Document {i} is a short note about subject {i % 3}." for i in range(4)]
 
 if __name__ == "__main__":
-    llm = LLMConfig(flush_every=1000, llamacpp=LlamaCppConfig(model="bundled:smollm2-135m", generate_engine="torch-float32", batch_generate=2, n_threads=2))
+    # no shard before the end however slow the machine (flush_every and flush_s beyond the job): the kill finds its answers in the journal only
+    llm = LLMConfig(flush_every=1000, flush_s=3600,
+                    llamacpp=LlamaCppConfig(model="bundled:smollm2-135m", generate_engine="torch-float32", batch_generate=2, n_threads=2))
     reqs = [Request(cqg_messages([t], [u], n_questions=3), max_tokens=30) for t in TEXTS for u in TEXTS[:2] if u != t]
     assert len(reqs) == 6
     results = run_requests(reqs, llm, RunDir(sys.argv[1]), "questions", progress=False)

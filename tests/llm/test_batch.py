@@ -124,6 +124,10 @@ def test_engine_choice_follows_the_cpu():
     assert resolve_engine("auto", avx2) == resolve_engine("auto", avx2, "score") == "torch-float32"
     assert resolve_engine("auto", avx2, "generate") == "llamacpp"
     assert resolve_engine("auto", set(), "score") == resolve_engine("auto", set(), "generate") == "llamacpp"  # not measured: llama.cpp
+    for flags in (avx2, set()):  # without llama-cpp-python (scripts/setup.sh without --llama-cpp): torch-float32 in its place
+        assert resolve_engine("auto", flags, "score", llama_cpp=False) == resolve_engine("auto", flags, "generate", llama_cpp=False) == "torch-float32"
+    assert resolve_engine("auto", avx512_bf16, "generate", llama_cpp=False) == "torch-bfloat16"
+    assert resolve_engine("llamacpp", avx2, "generate", llama_cpp=False) == "llamacpp"  # named: taken as named (its load says what is missing)
     assert resolve_engine("torch-float32", avx512_bf16) == "torch-float32"  # a named engine is taken as named
     assert resolve_engine("llamacpp", avx2, "score") == "llamacpp"
     with pytest.raises(ValueError, match="score or generate"):

@@ -214,15 +214,20 @@ def dequantize_to_hf(name_or_path: str, out_dir: str | Path, cache_dir: str | No
     return out
 
 
-def hf_folder(name_or_path: str, cache_dir: str | None = None) -> Path:
-    """A safetensors folder of a GGUF model (bundled name or path), dequantised to bfloat16 once and cached
-    (``<cache>/models/<name>-hf``, the folder scripts/setup-vllm-cpu.sh makes for vLLM too); ~45 s the first time."""
+def hf_folder_path(name_or_path: str, cache_dir: str | None = None) -> Path:
+    """Where ``hf_folder`` keeps a GGUF model's dequantised folder (``<cache>/models/<name>-hf``), made or not."""
     if name_or_path.startswith("bundled:"):
         stem = name_or_path.split(":", 1)[1]
     else:
         path = resolve_model(name_or_path, cache_dir)
         stem = f"{path.stem}-{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]}"
-    out = cache_root(cache_dir) / "models" / f"{stem}-hf"
+    return cache_root(cache_dir) / "models" / f"{stem}-hf"
+
+
+def hf_folder(name_or_path: str, cache_dir: str | None = None) -> Path:
+    """A safetensors folder of a GGUF model (bundled name or path), dequantised to bfloat16 once and cached
+    (``hf_folder_path``, the folder scripts/setup-vllm-cpu.sh makes for vLLM too); ~45 s the first time."""
+    out = hf_folder_path(name_or_path, cache_dir)
     if (out / "config.json").is_file():
         return out
     log.info("dequantising %s to %s (once; ~45 s for the 0.5B model)", name_or_path, out)

@@ -4,6 +4,10 @@
     b = LlamaCppActorPool(LLMConfig())               # llamacpp.num_actors Ray actors, one model each (llamacpp_pool.py)
 
 - The chat template is the model's own (read from the GGUF by llama-cpp-python).
+- Where both engines (below) are torch, llama.cpp is not loaded at all and need not be installed: the Hugging Face
+  tokenizer gives the same tokens (``chat_tokens.HFChatTokens``) and the torch engine decodes every request that
+  needs no grammar, sampling retries with their seed; only packed answers under a grammar or with recorded yes/no log
+  probabilities still load llama.cpp.
 - Sampling: greedy at temperature 0, ``repeat_penalty=1.0`` (llama.cpp's usual 1.1 hurts yes/no lists).
 - Constrained answers: a GBNF grammar allowing exactly "1. yes|no\\n" ... "n. yes|no\\n".
 - P(yes) (``LLMConfig.logprobs``): a logits processor records, at every generated position, the log
@@ -36,13 +40,11 @@ from typing import Any, Iterator, Sequence
 from cqg_ray import progress
 from cqg_ray.config import LLMConfig
 from cqg_ray.hardware import available_cpus, cpu_flags
-from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, in_order, resolve_engine
+from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, in_order, llama_cpp_installed, resolve_engine
 from cqg_ray.llm.engines.batch import BatchEngine
 from cqg_ray.llm.engines.bundled import resolve_model
+from cqg_ray.llm.engines.chat_tokens import INSTALL_HINT, ChatTokens, HFChatTokens, chat_tokens
 from cqg_ray.llm.parse import p_yes_from_tokens
-
-INSTALL_HINT = 'pip install "cqg-ray[cpu]"   (in a checkout: python scripts/install_llama_cpp.py, a build for this CPU, cached)'
-YES_NO_WORDS = ("yes", " yes", "Yes", " Yes", "YES", " YES", "no", " no", "No", " No", "NO", " NO")
 
 
 def cpu_has_amx() -> bool:
@@ -99,37 +101,9 @@ def batch_decoded(llm: LLMConfig, req: Request) -> bool:
             and not (llm.constrained and packed) and not (llm.logprobs and packed))
 
 
-class ChatTokens:
-    """A llama.cpp model's chat-templated prompt tokens, as ``create_chat_completion`` builds them (the GGUF's template),
-    then a reply's start (``answer_prefix``). ``vocab_only`` loads the tokenizer alone (~0.2 s, no weights)."""
-
-    def __init__(self, model: Any, name: Any = ""):
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        template = model.metadata.get("tokenizer.chat_template")
-        if not template:
-            raise BackendError(f"{name} has no chat template; chat prompts need one")
-        eos, bos = model.token_eos(), model.token_bos()
-        self.model = model
-        self.formatter = Jinja2ChatFormatter(template=template, eos_token=model._model.token_get_text(eos) if eos != -1 else "",
-                                             bos_token=model._model.token_get_text(bos) if bos != -1 else "", stop_token_ids=[eos])
-
-    @classmethod
-    def vocab_only(cls, cfg: Any) -> "ChatTokens":
-        """From a ``LlamaCppConfig``: the model's vocabulary and template only."""
-        try:
-            from llama_cpp import Llama
-        except ImportError:
-            raise BackendError(f"llama-cpp-python is not installed; install it with:\n  {INSTALL_HINT}") from None
-        path = resolve_model(cfg.model, cfg.cache_dir)
-        return cls(Llama(model_path=str(path), vocab_only=True, verbose=False), path)
-
-    def __call__(self, messages: list[dict[str, str]], answer_prefix: str = "") -> list[int]:
-        res = self.formatter(messages=messages)
-        tokens = self.model.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True)
-        if answer_prefix:  # the start of the reply, after the template's assistant header
-            tokens += self.model.tokenize(answer_prefix.encode("utf-8"), add_bos=False, special=False)
-        return tokens
+def engines(cfg: Any) -> dict[str, str]:
+    """The engine of each kind of work (``score``, ``generate``) for a ``LlamaCppConfig``, ``auto`` resolved."""
+    return {"score": resolve_engine(cfg.score_engine, work="score"), "generate": resolve_engine(cfg.generate_engine, work="generate")}
 
 
 class LlamaCppBackend(Backend):
@@ -138,24 +112,13 @@ class LlamaCppBackend(Backend):
 
     def __init__(self, llm: LLMConfig, n_threads: int | None = None):
         super().__init__(llm)
-        try:
-            from llama_cpp import Llama
-        except ImportError:
-            raise BackendError(f"llama-cpp-python is not installed; install it with:\n  {INSTALL_HINT}") from None
         cfg = llm.llamacpp
         self.model_path = resolve_model(cfg.model, cfg.cache_dir)
         self.n_threads = n_threads or cfg.n_threads or available_cpus()
-        guard = _without_extra_bufts() if cpu_has_amx() else contextlib.nullcontext()
-        with guard:
-            self.model = Llama(
-                model_path=str(self.model_path),
-                n_ctx=cfg.n_ctx,
-                n_batch=cfg.n_batch,
-                n_threads=self.n_threads,
-                n_threads_batch=self.n_threads,
-                seed=0,
-                verbose=False,
-            )
+        self.engines = engines(cfg)
+        self.torch_only = "llamacpp" not in self.engines.values()  # then llama.cpp is loaded only for what torch does not do
+        self._model: Any = None
+        self._tokens: ChatTokens | HFChatTokens | None = None
         self._grammars: dict[int, Any] = {}
         self._yes_no_ids: dict[int, str] | None = None
         self._engine: BatchEngine | None = None
@@ -163,7 +126,31 @@ class LlamaCppBackend(Backend):
         self._generator: Any = None
         self._torch: dict[str, Any] = {}  # dtype -> TorchEngine, one per dtype (scoring and generation share it)
         self._eog: list[int] | None = None
-        self._formatter: Any = None
+        if not self.torch_only:
+            self.model  # loaded now: a missing llama-cpp-python fails here, with the install hint
+
+    @property
+    def model(self) -> Any:
+        """The llama.cpp model (loaded on first use)."""
+        if self._model is None:
+            try:
+                from llama_cpp import Llama
+            except ImportError:
+                raise BackendError(f"llama-cpp-python is not installed; install it with:\n  {INSTALL_HINT}") from None
+            cfg = self.llm.llamacpp
+            guard = _without_extra_bufts() if cpu_has_amx() else contextlib.nullcontext()
+            with guard:
+                self._model = Llama(model_path=str(self.model_path), n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_threads=self.n_threads,
+                                    n_threads_batch=self.n_threads, seed=0, verbose=False)
+        return self._model
+
+    @property
+    def tokens(self) -> ChatTokens | HFChatTokens:
+        """The chat prompt's tokens and the vocabulary's: llama.cpp's where an engine is llama.cpp, else the Hugging Face
+        tokenizer's (the same tokens for the bundled models, tests/llm/test_chat_tokens.py)."""
+        if self._tokens is None:
+            self._tokens = chat_tokens(self.llm.llamacpp, None if self.torch_only else self.model)
+        return self._tokens
 
     def torch_engine(self, dtype: str) -> Any:
         """A ``TorchEngine`` on this model's weights dequantised once into the cache (``bundled.hf_folder``), one per dtype."""
@@ -176,32 +163,29 @@ class LlamaCppBackend(Backend):
                                              gen_seqs=cfg.batch_generate, eos_ids=self.eog_ids())
         return self._torch[dtype]
 
-    def engine_for(self, setting: str, work: str) -> Any:
+    def engine_for(self, setting: str | None, work: str) -> Any:
         """The engine an engine setting names (``auto`` resolved for this CPU and work): this model's ``BatchEngine`` or a ``TorchEngine``."""
-        name = resolve_engine(setting, work=work)
+        name = self.engines[work] if setting is None else resolve_engine(setting, work=work)
         return self.engine if name == "llamacpp" else self.torch_engine(name.split("-", 1)[1])
 
     @property
     def scorer(self) -> Any:
         """The single-pass engine (``llamacpp.score_engine``)."""
         if self._scorer is None:
-            self._scorer = self.engine_for(self.llm.llamacpp.score_engine, "score")
+            self._scorer = self.engine_for(None, "score")
         return self._scorer
 
     @property
     def generator(self) -> Any:
         """The batched generation engine (``llamacpp.generate_engine``)."""
         if self._generator is None:
-            self._generator = self.engine_for(self.llm.llamacpp.generate_engine, "generate")
+            self._generator = self.engine_for(None, "generate")
         return self._generator
 
     def eog_ids(self) -> list[int]:
         """The model's end-of-generation tokens (llama.cpp's ``is_eog``: end of text, end of turn, ...)."""
         if self._eog is None:
-            import llama_cpp as lc
-
-            vocab = lc.llama_model_get_vocab(self.model._model.model)
-            self._eog = [t for t in range(int(lc.llama_vocab_n_tokens(vocab))) if lc.llama_vocab_is_eog(vocab, t)]
+            self._eog = self.tokens.eog_ids()
         return self._eog
 
     @property
@@ -216,16 +200,14 @@ class LlamaCppBackend(Backend):
     def prompt_tokens(self, req: Request) -> list[int]:
         """The chat-templated prompt's tokens, exactly as ``create_chat_completion`` builds them (the GGUF's template),
         then a single-pass request's ``answer_prefix``."""
-        if self._formatter is None:
-            self._formatter = ChatTokens(self.model, self.model_path)
-        return self._formatter(req.messages, req.answer_prefix)
+        return self.tokens(req.messages, req.answer_prefix)
 
     def prompt_budget(self) -> Any:
         """n_ctx and this model's own tokens (``cqg_ray.llm.fit``)."""
         from cqg_ray.llm.fit import PromptBudget, template_overhead
 
         count = lambda req: len(self.prompt_tokens(req))  # noqa: E731
-        return PromptBudget(self.llm.llamacpp.n_ctx, count, f"llama.cpp tokenizer of {self.llm.llamacpp.model}", overhead=template_overhead(count))
+        return PromptBudget(self.llm.llamacpp.n_ctx, count, tokenizer_name(self.tokens, self.llm.llamacpp.model), overhead=template_overhead(count))
 
     def yes_no_token_sets(self) -> tuple[list[int], list[int]]:
         ids = self.yes_no_ids()
@@ -238,7 +220,7 @@ class LlamaCppBackend(Backend):
         tokens = [self.prompt_tokens(r) for r in requests]
         yes, no = self.yes_no_token_sets()
         out: list[Completion | None] = [None] * len(requests)
-        limit = self.engine.score_ctx
+        limit = max(self.llm.llamacpp.n_ctx, 2048)  # the scoring context (BatchEngine's score_ctx)
         fits = [i for i, t in enumerate(tokens) if len(t) <= limit]
         for i in set(range(len(requests))) - set(fits):
             out[i] = Completion("", len(tokens[i]), error=f"the prompt has {len(tokens[i])} tokens, more than n_ctx={limit}", final=True)
@@ -250,14 +232,14 @@ class LlamaCppBackend(Backend):
     def generate_batched(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
         """Greedy completions of several prompts decoded together, as each finishes."""
         tokens = [self.prompt_tokens(r) for r in requests]
-        ok = [i for i, t in enumerate(tokens) if len(t) + requests[i].max_tokens <= self.engine.gen_ctx_per_seq]
+        n_ctx = self.llm.llamacpp.n_ctx  # each sequence's context (BatchEngine's gen_ctx_per_seq)
+        ok = [i for i, t in enumerate(tokens) if len(t) + requests[i].max_tokens <= n_ctx]
         for i in sorted(set(range(len(requests))) - set(ok)):
             yield i, Completion("", len(tokens[i]), error=f"llama.cpp: {len(tokens[i])} prompt tokens + max_tokens={requests[i].max_tokens} "
-                                                           f"exceed n_ctx={self.engine.gen_ctx_per_seq}", final=True)
+                                                           f"exceed n_ctx={n_ctx}", final=True)
         for j, out in self.generator.generate([tokens[i] for i in ok], [requests[i].max_tokens for i in ok]):
             i = ok[j]
-            text = self.model.detokenize(out).decode("utf-8", errors="ignore")
-            yield i, Completion(text, len(tokens[i]), len(out))
+            yield i, Completion(self.tokens.detokenize(out), len(tokens[i]), len(out))
 
     def stream(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
         single = [i for i, r in enumerate(requests) if r.yes_no]
@@ -286,15 +268,20 @@ class LlamaCppBackend(Backend):
     def yes_no_ids(self) -> dict[int, str]:
         """Token id -> text for the single-token spellings of yes/no in this model's vocabulary."""
         if self._yes_no_ids is None:
-            ids: dict[int, str] = {}
-            for word in YES_NO_WORDS:
-                toks = self.model.tokenize(word.encode(), add_bos=False, special=False)
-                if len(toks) == 1:
-                    ids[toks[0]] = word
-            self._yes_no_ids = ids
+            self._yes_no_ids = self.tokens.yes_no_ids()
         return self._yes_no_ids
 
     def complete_one(self, req: Request) -> Completion:
+        """One request decoded on its own: by the torch generator where both engines are torch and the request needs
+        no grammar and no recorded yes/no log probabilities (greedy, or sampled at its temperature and seed), else by
+        llama.cpp's ``create_chat_completion``."""
+        records = self.llm.logprobs and req.n_answers is not None
+        if self.torch_only and not self.constrained(req) and not records:
+            return self.complete_torch(req)
+        if self.torch_only and not llama_cpp_installed():
+            raise BackendError(f"packed answers {'under a grammar (llm.constrained)' if self.constrained(req) else 'with P(yes) (llm.logprobs)'} "
+                               f"need llama-cpp-python, which is not installed. Install it with: {INSTALL_HINT}\nor answer single-pass "
+                               "(llm.answer_mode: single)")
         from llama_cpp import LogitsProcessorList
 
         kwargs: dict[str, Any] = {
@@ -308,7 +295,7 @@ class LlamaCppBackend(Backend):
         if self.constrained(req):
             kwargs["grammar"] = self.grammar(req.n_answers)  # type: ignore[arg-type]
         recorder = None
-        if self.llm.logprobs and req.n_answers is not None:
+        if records:
             recorder = YesNoRecorder(self.yes_no_ids())
             kwargs["logits_processor"] = LogitsProcessorList([recorder])
         t0 = time.perf_counter()
@@ -324,6 +311,15 @@ class LlamaCppBackend(Backend):
         if recorder is not None and recorder.steps:
             p_yes = p_yes_from_tokens(self._recorded_tokens(recorder), req.n_answers)  # type: ignore[arg-type]
         return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), p_yes)
+
+    def complete_torch(self, req: Request) -> Completion:
+        """One request on the torch generator: greedy at temperature 0, else sampled with its seed."""
+        tokens = self.prompt_tokens(req)
+        n_ctx = self.llm.llamacpp.n_ctx
+        if len(tokens) + req.max_tokens > n_ctx:
+            return Completion("", len(tokens), error=f"{len(tokens)} prompt tokens + max_tokens={req.max_tokens} exceed n_ctx={n_ctx}", final=True)
+        ((_, out),) = list(self.generator.generate([tokens], [req.max_tokens], temperature=self.temperature(req), seed=req.seed or 0))
+        return Completion(self.tokens.detokenize(out), len(tokens), len(out))
 
     def _recorded_tokens(self, rec: YesNoRecorder) -> list[tuple[str, float, dict[str, float]]]:
         """(chosen token text, its log P if a yes/no token, yes/no alternatives) for each generated position."""
@@ -348,19 +344,25 @@ class LlamaCppBackend(Backend):
         if getattr(self, "_engine", None) is not None:
             self._engine.close()
             self._engine = None
-        model = getattr(self, "model", None)
+        model = getattr(self, "_model", None)
         if model is not None:
             model.close()
-            self.model = None
+            self._model = None
+
+
+def tokenizer_name(tokens: Any, model: str) -> str:
+    return f"{'llama.cpp' if isinstance(tokens, ChatTokens) else 'Hugging Face'} tokenizer of {model}"
 
 
 def llamacpp_budget(llm: LLMConfig) -> Any:
-    """The embedded engine: the GGUF's own tokenizer and chat template (the vocabulary only is loaded), its n_ctx."""
+    """The embedded engine: the model's own tokenizer and chat template (llama.cpp's, the vocabulary only, where an
+    engine is llama.cpp; else the Hugging Face tokenizer's), its n_ctx."""
     from cqg_ray.llm.fit import PromptBudget, template_overhead
 
-    tokens = ChatTokens.vocab_only(llm.llamacpp)
+    cfg = llm.llamacpp
+    tokens = HFChatTokens.for_model(cfg) if "llamacpp" not in engines(cfg).values() else ChatTokens.vocab_only(cfg)
 
     def count(req: Request) -> int:
         return len(tokens(req.messages, req.answer_prefix))
 
-    return PromptBudget(llm.llamacpp.n_ctx, count, f"llama.cpp tokenizer of {llm.llamacpp.model}", overhead=template_overhead(count))
+    return PromptBudget(cfg.n_ctx, count, tokenizer_name(tokens, cfg.model), overhead=template_overhead(count))

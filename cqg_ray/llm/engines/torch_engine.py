@@ -15,7 +15,8 @@ template, instruction) is read once, then each prompt's own tokens are read on t
 their keys and values written into the prompt's row of the batch's cache, right-aligned; then each step feeds every
 running sequence its last token (one matrix product over the batch, not one per sequence); a sequence that emits an
 end token or reaches its ``max_tokens`` leaves the batch at once (its cache rows dropped) and is yielded. Greedy, no
-repeat penalty, as the llama.cpp paths. A decoding step attends with ``decode_attention`` (each key/value head against
+repeat penalty, as the llama.cpp paths; a retry at a temperature is drawn by llama.cpp's default sampler chain
+(``sampler``). A decoding step attends with ``decode_attention`` (each key/value head against
 its group of query heads, no copies; torch's CPU flash-attention kernel spent more than half of a step on one query
 row) into a cache allocated once per batch (``preallocated_cache``: written in place, not concatenated every step).
 The model's linear layers run on weights reordered once for oneDNN (``pack_linears``). bfloat16 reaches the matrix
@@ -118,6 +119,28 @@ def greedy(logits):
     """Each row's greedy token: the first index of its largest logit, as ``argmax`` (``max`` finds it ~4x faster over a
     bfloat16 vocabulary: 2.3 against 9.0 ms for 32 rows of 151,936)."""
     return logits.max(-1).indices
+
+
+def sampler(temperature: float, seed: int, device, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05):
+    """Each row's next token drawn from its logits as llama.cpp's default chain draws it (``create_chat_completion``:
+    top-k 40, top-p 0.95, min-p 0.05, then the temperature), from a generator seeded with ``seed``; greedy at
+    temperature 0."""
+    import torch
+
+    if temperature <= 0:
+        return greedy
+    gen = torch.Generator(device=device).manual_seed(int(seed))
+
+    def pick(logits):
+        top, idx = logits.float().topk(min(top_k, logits.shape[-1]), dim=-1)  # sorted, largest first
+        probs = torch.softmax(top, dim=-1)
+        cut = probs.cumsum(-1) - probs >= top_p  # beyond the smallest head reaching top_p
+        cut |= probs < min_p * probs[..., :1]
+        cut[..., 0] = False
+        probs = torch.softmax((top / temperature).masked_fill(cut, float("-inf")), dim=-1)
+        return idx.gather(-1, torch.multinomial(probs, 1, generator=gen)).squeeze(-1)
+
+    return pick
 
 
 def pack_linears(model, rows: int) -> int:
@@ -228,22 +251,25 @@ class TorchEngine:
                 out[i] = (p_yes_from_logits(logits[j], yes_cols, no_cols), shared[j])
         return out
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> Iterator[tuple[int, list[int]]]:
-        """(index, generated tokens without the end token) per prompt, as each finishes (greedy); ``gen_seqs`` at a time,
-        shortest prompts first; a sequence ends at any of ``eos_ids`` (the GGUF's end-of-generation tokens when the
-        llama.cpp backend made this engine, else the model's generation config's)."""
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], temperature: float = 0.0,
+                 seed: int = 0) -> Iterator[tuple[int, list[int]]]:
+        """(index, generated tokens without the end token) per prompt, as each finishes; greedy, or at ``temperature``
+        > 0 drawn by ``sampler`` seeded with ``seed``; ``gen_seqs`` at a time, shortest prompts first; a sequence ends at
+        any of ``eos_ids`` (the model's end-of-generation tokens when the embedded backend made this engine, else its
+        generation config's)."""
         for i, p in enumerate(prompts):
             if not p:
                 raise ValueError("an empty prompt cannot be generated from")
             if max_tokens[i] < 1:
                 raise ValueError(f"prompt {i}: max_tokens must be >= 1, got {max_tokens[i]}")
         order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+        pick = sampler(temperature, seed, self.device)
         for s in range(0, len(order), self.gen_seqs):
             batch = order[s : s + self.gen_seqs]
-            for j, out in self._generate_batch([prompts[i] for i in batch], [int(max_tokens[i]) for i in batch]):
+            for j, out in self._generate_batch([prompts[i] for i in batch], [int(max_tokens[i]) for i in batch], pick):
                 yield batch[j], out
 
-    def _generate_batch(self, prompts: list[Sequence[int]], max_tokens: list[int]) -> Iterator[tuple[int, list[int]]]:
+    def _generate_batch(self, prompts: list[Sequence[int]], max_tokens: list[int], pick=greedy) -> Iterator[tuple[int, list[int]]]:
         """One static batch: the prompts' common prefix (chat template and instruction) read once, then each prompt's rest
         read on its own (no padding to compute) and its keys and values written into its row of the batch's cache,
         right-aligned; then one token per running sequence per step."""
@@ -277,7 +303,7 @@ class TorchEngine:
                         layer.put(slice(None), 0, own.keys[0, :, :shared], own.values[0, :, :shared])
                     layer.put(j, start, own.keys[0, :, shared:], own.values[0, :, shared:])
                 mask[j, start:filled] = 1
-            nxt = greedy(self.lm_head(torch.stack(last_hidden)))
+            nxt = pick(self.lm_head(torch.stack(last_hidden)))
         last_pos = self.tensor([len(p) - 1 for p in prompts])
         eos = self.tensor(self.eos_ids, dtype=torch.long)
         rows = list(range(n))  # batch row -> index into prompts, for the sequences still running
@@ -306,7 +332,7 @@ class TorchEngine:
                 t0 = time.perf_counter()
                 hidden = self.model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos[:, None], past_key_values=cache,
                                           use_cache=True).last_hidden_state
-                nxt = greedy(self.lm_head(hidden[:, -1]))
+                nxt = pick(self.lm_head(hidden[:, -1]))
                 progress.add(generated=len(rows), generate_s=time.perf_counter() - t0)
 
     def read_chunks(self, tokens: Sequence[int], start: int, stop: int, cache) -> Any:
