@@ -4,7 +4,7 @@
     python scripts/install_llama_cpp.py --models qwen2.5-coder-1.5b    # another bundled model
     python scripts/install_llama_cpp.py --print                        # only print the commands
 
-A build-machine tool (scripts/setup.sh runs it: the models always, llama-cpp-python where wanted, as for the tests). ``pip install "cqg-ray[cpu]"`` builds
+A build-machine tool (scripts/setup.sh runs it: the models always, llama-cpp-python where wanted, as for the tests). ``pip install "cqg-ray[llamacpp]"`` builds
 llama-cpp-python with its default flags instead, for the machine that builds it (on CPUs with AMX the backend loads
 models without ggml's AMX path, so that build works there too).
 

@@ -163,7 +163,9 @@ DRIVER = textwrap.dedent("""
     from conftest import make_problem
     from cqg_ray.config import TrainConfig
     from cqg_ray.mbqa.train import train_heads
-    ray.init(address="local", num_cpus=2, include_dashboard=False)  # its own Ray, killed with it
+    from cqg_ray.pipeline import start_local_ray
+    # its own Ray, killed with it; started again where a busy machine misses Ray's 30 s for the raylet to register
+    start_local_ray(ray.init, address="local", num_cpus=2, include_dashboard=False)
     emb, dense = make_problem(**{problem!r})
     cfg = TrainConfig(epochs=1000, lr=1e-2, num_workers=2, cpus_per_worker=0.5, checkpoint_every=1)
     train_heads(emb, dense, cfg, {storage!r}, "sigkill")
@@ -219,11 +221,13 @@ def driver_killed_and_resumed(ray_local, tmp_path_factory):
     script = tmp_path / "driver.py"
     script.write_text(DRIVER.format(tests=os.path.dirname(__file__), problem=size, storage=str(tmp_path)))
     run_dir = tmp_path / "sigkill"
-    proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "driver.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.time() + 300
     try:
         while time.time() < deadline:
-            assert proc.poll() is None, "the training driver ended before it could be killed"
+            assert proc.poll() is None, f"the training driver ended before it could be killed:\n{log.read_text()[-3000:]}"
             if polled_checkpoint_epoch(run_dir) >= 2:
                 break
             time.sleep(0.5)

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from cqg_ray.llm.base import BackendError
 from cqg_ray.llm.engines.bundled import hf_folder_path, resolve_model
 
-INSTALL_HINT = 'pip install "cqg-ray[cpu]"   (in a checkout: bash scripts/setup.sh --llama-cpp, a build for this CPU, cached)'
+INSTALL_HINT = 'pip install "cqg-ray[llamacpp]"   (in a checkout: bash scripts/setup.sh --llama-cpp, a build for this CPU, cached)'
 YES_NO_WORDS = ("yes", " yes", "Yes", " Yes", "YES", " YES", "no", " no", "No", " No", "NO", " NO")
 # token texts that end generation, as llama.cpp (llama-vocab.cpp) finds them: end of turn or text, and the
 # fill-in-the-middle pad, repository and file-separator tokens

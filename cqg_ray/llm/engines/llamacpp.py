@@ -15,7 +15,7 @@
   no ``logits_all`` buffer (n_ctx x vocabulary floats) is needed.
 - Model: ``llamacpp.model`` is a bundled model (``bundled:<name>``, no model hub), a GGUF path, or a hub repo and file
   (``owner/repo:file.gguf``); ``bundled.resolve_model`` turns it into a local file.
-- Build: ``pip install "cqg-ray[cpu]"`` compiles llama-cpp-python with its default flags; ``scripts/install_llama_cpp.py``
+- Build: ``pip install "cqg-ray[llamacpp]"`` compiles llama-cpp-python with its default flags; ``scripts/install_llama_cpp.py``
   (CI, scripts/setup.sh) compiles it for this CPU's flags with AMX off and caches the wheel per CPU feature set. A
   default (``GGML_NATIVE=ON``) build crashes at the first decode on CPUs with AMX (ggml's AMX matmul, reached through
   the "extra buffer types"); so on a CPU with AMX the model is loaded with ``use_extra_bufts=False``, which avoids
@@ -163,23 +163,23 @@ class LlamaCppBackend(Backend):
                                              gen_seqs=cfg.batch_generate, eos_ids=self.eog_ids())
         return self._torch[dtype]
 
-    def engine_for(self, setting: str | None, work: str) -> Any:
-        """The engine an engine setting names (``auto`` resolved for this CPU and work): this model's ``BatchEngine`` or a ``TorchEngine``."""
-        name = self.engines[work] if setting is None else resolve_engine(setting, work=work)
+    def engine_for(self, work: str) -> Any:
+        """The engine of this kind of work (``self.engines``, ``auto`` resolved): this model's ``BatchEngine`` or a ``TorchEngine``."""
+        name = self.engines[work]
         return self.engine if name == "llamacpp" else self.torch_engine(name.split("-", 1)[1])
 
     @property
     def scorer(self) -> Any:
         """The single-pass engine (``llamacpp.score_engine``)."""
         if self._scorer is None:
-            self._scorer = self.engine_for(None, "score")
+            self._scorer = self.engine_for("score")
         return self._scorer
 
     @property
     def generator(self) -> Any:
         """The batched generation engine (``llamacpp.generate_engine``)."""
         if self._generator is None:
-            self._generator = self.engine_for(None, "generate")
+            self._generator = self.engine_for("generate")
         return self._generator
 
     def eog_ids(self) -> list[int]:
