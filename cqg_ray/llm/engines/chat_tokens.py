@@ -1,6 +1,6 @@
 """A model's chat prompt as tokens, and what the embedded engines read of its vocabulary, from llama.cpp or without it.
 
-    tokens = chat_tokens(llm.llamacpp, llama_cpp=False)     # HFChatTokens: the Hugging Face tokenizer, no llama.cpp
+    tokens = chat_tokens(llm.llamacpp)                      # HFChatTokens: the Hugging Face tokenizer, no llama.cpp
     ids = tokens(messages, answer_prefix)                   # the chat-templated prompt, then a reply's start
     tokens.yes_no_ids(), tokens.eog_ids(), tokens.detokenize(ids)
 
@@ -24,6 +24,16 @@ YES_NO_WORDS = ("yes", " yes", "Yes", " Yes", "YES", " YES", "no", " no", "No", 
 EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
                        "<｜end▁of▁sentence｜>", "</s>", "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<|fim_repo|>", "<|repo_name|>",
                        "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"})
+
+
+def single_token_words(encode) -> dict[int, str]:
+    """Token id -> text for the spellings of yes/no (``YES_NO_WORDS``) that ``encode`` makes one token."""
+    ids = {}
+    for word in YES_NO_WORDS:
+        toks = encode(word)
+        if len(toks) == 1:
+            ids[toks[0]] = word
+    return ids
 
 
 class ChatTokens:
@@ -60,12 +70,7 @@ class ChatTokens:
 
     def yes_no_ids(self) -> dict[int, str]:
         """Token id -> text for the single-token spellings of yes/no in this model's vocabulary."""
-        ids = {}
-        for word in YES_NO_WORDS:
-            toks = self.model.tokenize(word.encode(), add_bos=False, special=False)
-            if len(toks) == 1:
-                ids[toks[0]] = word
-        return ids
+        return single_token_words(lambda word: self.model.tokenize(word.encode(), add_bos=False, special=False))
 
     def eog_ids(self) -> list[int]:
         """The model's end-of-generation tokens (llama.cpp's ``is_eog``: end of text, end of turn, ...)."""
@@ -105,12 +110,7 @@ class HFChatTokens:
         return tokens
 
     def yes_no_ids(self) -> dict[int, str]:
-        ids = {}
-        for word in YES_NO_WORDS:
-            toks = self.tok.encode(word, add_special_tokens=False)
-            if len(toks) == 1:
-                ids[toks[0]] = word
-        return ids
+        return single_token_words(lambda word: self.tok.encode(word, add_special_tokens=False))
 
     def eog_ids(self) -> list[int]:
         """The tokens whose text llama.cpp takes for an end of generation (``EOG_TEXTS``), and the tokenizer's end token."""

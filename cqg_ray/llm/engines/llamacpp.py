@@ -106,6 +106,18 @@ def engines(cfg: Any) -> dict[str, str]:
     return {"score": resolve_engine(cfg.score_engine, work="score"), "generate": resolve_engine(cfg.generate_engine, work="generate")}
 
 
+def torch_only(cfg: Any) -> bool:
+    """Whether both engines of a ``LlamaCppConfig`` are torch: then llama.cpp is loaded only for what torch does not do."""
+    return "llamacpp" not in engines(cfg).values()
+
+
+def context_error(prompt_tokens: int, max_tokens: int, n_ctx: int) -> Completion | None:
+    """A final error where a prompt and its reply do not fit in one sequence's context, else None."""
+    if prompt_tokens + max_tokens <= n_ctx:
+        return None
+    return Completion("", prompt_tokens, error=f"{prompt_tokens} prompt tokens + max_tokens={max_tokens} exceed n_ctx={n_ctx}", final=True)
+
+
 class LlamaCppBackend(Backend):
     name = "llamacpp"
     batch_size = 1
@@ -116,7 +128,7 @@ class LlamaCppBackend(Backend):
         self.model_path = resolve_model(cfg.model, cfg.cache_dir)
         self.n_threads = n_threads or cfg.n_threads or available_cpus()
         self.engines = engines(cfg)
-        self.torch_only = "llamacpp" not in self.engines.values()  # then llama.cpp is loaded only for what torch does not do
+        self.torch_only = "llamacpp" not in self.engines.values()  # as ``torch_only(cfg)``, from the engines resolved once
         self._model: Any = None
         self._tokens: ChatTokens | HFChatTokens | None = None
         self._grammars: dict[int, Any] = {}
@@ -189,11 +201,16 @@ class LlamaCppBackend(Backend):
         return self._eog
 
     @property
+    def score_ctx(self) -> int:
+        """The tokens a single-pass prompt may have (every scoring engine's limit)."""
+        return max(self.llm.llamacpp.n_ctx, 2048)
+
+    @property
     def engine(self) -> BatchEngine:
         """Batched scoring and generation contexts over this model (made on first use)."""
         if self._engine is None:
             cfg = self.llm.llamacpp
-            self._engine = BatchEngine(self.model, self.n_threads, score_seqs=cfg.score_batch, score_ctx=max(cfg.n_ctx, 2048),
+            self._engine = BatchEngine(self.model, self.n_threads, score_seqs=cfg.score_batch, score_ctx=self.score_ctx,
                                        gen_seqs=cfg.batch_generate, gen_ctx_per_seq=cfg.n_ctx)
         return self._engine
 
@@ -220,7 +237,7 @@ class LlamaCppBackend(Backend):
         tokens = [self.prompt_tokens(r) for r in requests]
         yes, no = self.yes_no_token_sets()
         out: list[Completion | None] = [None] * len(requests)
-        limit = max(self.llm.llamacpp.n_ctx, 2048)  # the scoring context (BatchEngine's score_ctx)
+        limit = self.score_ctx
         fits = [i for i, t in enumerate(tokens) if len(t) <= limit]
         for i in set(range(len(requests))) - set(fits):
             out[i] = Completion("", len(tokens[i]), error=f"the prompt has {len(tokens[i])} tokens, more than n_ctx={limit}", final=True)
@@ -232,11 +249,11 @@ class LlamaCppBackend(Backend):
     def generate_batched(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
         """Greedy completions of several prompts decoded together, as each finishes."""
         tokens = [self.prompt_tokens(r) for r in requests]
-        n_ctx = self.llm.llamacpp.n_ctx  # each sequence's context (BatchEngine's gen_ctx_per_seq)
-        ok = [i for i, t in enumerate(tokens) if len(t) + requests[i].max_tokens <= n_ctx]
-        for i in sorted(set(range(len(requests))) - set(ok)):
-            yield i, Completion("", len(tokens[i]), error=f"llama.cpp: {len(tokens[i])} prompt tokens + max_tokens={requests[i].max_tokens} "
-                                                           f"exceed n_ctx={n_ctx}", final=True)
+        errors = [context_error(len(t), r.max_tokens, self.llm.llamacpp.n_ctx) for t, r in zip(tokens, requests)]  # per sequence
+        ok = [i for i, e in enumerate(errors) if e is None]
+        for i, e in enumerate(errors):
+            if e is not None:
+                yield i, e
         for j, out in self.generator.generate([tokens[i] for i in ok], [requests[i].max_tokens for i in ok]):
             i = ok[j]
             yield i, Completion(self.tokens.detokenize(out), len(tokens[i]), len(out))
@@ -315,9 +332,9 @@ class LlamaCppBackend(Backend):
     def complete_torch(self, req: Request) -> Completion:
         """One request on the torch generator: greedy at temperature 0, else sampled with its seed."""
         tokens = self.prompt_tokens(req)
-        n_ctx = self.llm.llamacpp.n_ctx
-        if len(tokens) + req.max_tokens > n_ctx:
-            return Completion("", len(tokens), error=f"{len(tokens)} prompt tokens + max_tokens={req.max_tokens} exceed n_ctx={n_ctx}", final=True)
+        error = context_error(len(tokens), req.max_tokens, self.llm.llamacpp.n_ctx)
+        if error is not None:
+            return error
         ((_, out),) = list(self.generator.generate([tokens], [req.max_tokens], temperature=self.temperature(req), seed=req.seed or 0))
         return Completion(self.tokens.detokenize(out), len(tokens), len(out))
 
@@ -360,7 +377,7 @@ def llamacpp_budget(llm: LLMConfig) -> Any:
     from cqg_ray.llm.fit import PromptBudget, template_overhead
 
     cfg = llm.llamacpp
-    tokens = HFChatTokens.for_model(cfg) if "llamacpp" not in engines(cfg).values() else ChatTokens.vocab_only(cfg)
+    tokens = HFChatTokens.for_model(cfg) if torch_only(cfg) else ChatTokens.vocab_only(cfg)
 
     def count(req: Request) -> int:
         return len(tokens(req.messages, req.answer_prefix))
