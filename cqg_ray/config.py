@@ -308,7 +308,10 @@ class TrainConfig(Section):
                                  "needs before min_auc judges it)")
     min_auc: float | None = Field(0.6, ge=0, le=1, description="drop a question whose head's select-part AUC is below this "
                                   "(null: drop none for it); questions with one answer in training are dropped too")
-    num_workers: int = Field(1, ge=1, description="Ray Train data-parallel workers")
+    num_workers: int = Field(1, ge=1, description="data-parallel workers (Ray Train, DDP)")
+    trainer: Literal["auto", "ray", "task"] = Field("auto", description="ray: Ray Train's TorchTrainer; task: one Ray task runs the "
+                                                    "same loop (one worker; no Train controller or worker group to start, ~30 s "
+                                                    "less per run on 2 cores); auto: task for one worker, ray for more")
     use_gpu: bool = False
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs (and torch threads) per worker; fewer when the workers would leave "
                                    "Ray Data less than data_cpus of the cluster")
@@ -454,6 +457,8 @@ class PipelineConfig(Section):
             raise ValueError(f"cluster.n_neighbors={self.cluster.n_neighbors} < cqg.hard_neighbors={self.cqg.hard_neighbors}")
         if self.cluster.n_neighbors < self.label.neighbor_clusters:
             raise ValueError(f"cluster.n_neighbors={self.cluster.n_neighbors} < label.neighbor_clusters={self.label.neighbor_clusters}")
+        if self.train.trainer == "task" and self.train.num_workers != 1:
+            raise ValueError(f"train.trainer=task runs one worker, not train.num_workers={self.train.num_workers} (use ray or auto)")
         return self
 
 

@@ -1,11 +1,13 @@
 """The training checkpoint: heads.safetensors (the model's own format), optimizer.pt (Adam's state), state.json.
 
-The checkpoint is internal to a training run (resume, worker restarts); the model folder the train stage writes
+The checkpoint is internal to a training run (resume, worker restarts; the task trainer keeps its own under its run
+folder: `write_checkpoint`, `latest_checkpoint`); the model folder the train stage writes
 holds safetensors only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -38,3 +40,67 @@ def load_checkpoint(folder: str, heads: StackedHeads | None = None, opt: torch.o
     with open(os.path.join(folder, "state.json")) as f:
         epoch = int(json.load(f)["epoch"])
     return heads, epoch
+
+
+CHECKPOINT = "checkpoint_"  # + the epochs done, 6 digits: the task trainer's checkpoint folders under its run folder
+KEEP = 2  # checkpoints kept (the newest)
+
+
+def write_checkpoint(folder: str, heads: StackedHeads, opt: torch.optim.Optimizer, epoch: int, extra: dict | None = None) -> str:
+    """`save_checkpoint` into ``folder``/checkpoint_<epoch> (a path or a pyarrow URI), whole or not at all (written
+    beside, then moved), keeping the newest `KEEP`. Returns the checkpoint's path."""
+    import tempfile
+
+    from pyarrow import fs as pafs
+
+    fs, root = filesystem(folder)
+    fs.create_dir(root, recursive=True)
+    name = f"{CHECKPOINT}{epoch:06d}"
+    partial = f"{root}/.{name}.partial"
+    fs.delete_dir_contents(partial, missing_dir_ok=True)
+    if isinstance(fs, pafs.LocalFileSystem):
+        save_checkpoint(partial, heads, opt, epoch, extra)
+    else:
+        fs.create_dir(partial, recursive=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            save_checkpoint(tmp, heads, opt, epoch, extra)
+            pafs.copy_files(tmp, partial, destination_filesystem=fs)
+    fs.delete_dir_contents(f"{root}/{name}", missing_dir_ok=True)
+    fs.move(partial, f"{root}/{name}")
+    for old in checkpoints(fs, root)[:-KEEP]:
+        fs.delete_dir(f"{root}/{old}")
+    return f"{folder.rstrip('/')}/{name}"
+
+
+def filesystem(folder: str):
+    """(pyarrow filesystem, path in it) of a local path or a URI."""
+    from pyarrow import fs as pafs
+
+    return pafs.FileSystem.from_uri(folder) if "://" in folder else (pafs.LocalFileSystem(), os.path.abspath(folder))
+
+
+def checkpoints(fs, root: str) -> list[str]:
+    """The names of the whole checkpoints under ``root``, oldest first."""
+    from pyarrow import fs as pafs
+
+    infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory and i.base_name.startswith(CHECKPOINT))
+
+
+@contextlib.contextmanager
+def latest_checkpoint(folder: str):
+    """The newest checkpoint under ``folder`` as a local folder (copied down from a remote URI), or None."""
+    import tempfile
+
+    from pyarrow import fs as pafs
+
+    fs, root = filesystem(folder)
+    names = checkpoints(fs, root)
+    if not names:
+        yield None
+    elif isinstance(fs, pafs.LocalFileSystem):
+        yield f"{root}/{names[-1]}"
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            pafs.copy_files(f"{root}/{names[-1]}", tmp, source_filesystem=fs)
+            yield tmp

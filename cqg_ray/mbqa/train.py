@@ -1,14 +1,16 @@
-"""Training the MBQA heads with Ray Train on the stored, frozen embeddings (paper section 3.2, Appendix B).
+"""Training the MBQA heads on the stored, frozen embeddings with Ray (paper section 3.2, Appendix B).
 
 The data is a Ray Dataset of labelled texts (`mbqa.train_data`: a row per text, its embedding and its pairs); the loop
-itself is `mbqa.loop.run_epochs`, the same with or without Ray. `TorchTrainer` runs it on `num_workers` data-parallel
-workers (DDP), each reading its shard of the texts through ``get_dataset_shard`` (`TextSplit`: the whole dataset, in
-block order, no rows dropped). Shards differ in size, so the workers agree on the steps of an epoch (the fullest
-shard's, an all-reduce max) and on pos_weight (sums of the shards' answers). Every `checkpoint_every` epochs rank 0
-writes a checkpoint (`mbqa.checkpoint`) and reports it with `ray.train.report` (the only reports: metrics go to the
-log every epoch); a worker failure restarts from it (`FailureConfig(max_failures)`), and calling `fit_heads` again
-with the same storage_path and name after a kill resumes from it. One log line per epoch (loss, pairs/s), and a
-progress bar on the driver fed through a Ray queue.
+itself is `mbqa.loop.run_epochs`, the same with or without Ray, and `train_worker` is one worker's run of it. Two
+trainers (`train.trainer`): Ray Train's `TorchTrainer` runs it on `num_workers` data-parallel workers (DDP), each
+reading its shard through ``get_dataset_shard`` (`TextSplit`: the whole dataset, in block order, no rows dropped);
+shards differ in size, so the workers agree on the steps of an epoch (the fullest shard's, an all-reduce max) and on
+pos_weight (sums of the shards' answers). The task trainer runs the one worker in one Ray task, without Train's
+controller and worker group (their start is most of a small run's time). Every `checkpoint_every` epochs a checkpoint
+is written (`mbqa.checkpoint`; under Ray Train rank 0 reports it with `ray.train.report`, the only reports: metrics go
+to the log every epoch); a worker failure restarts from it (`max_failures`), and calling `fit_heads` again with the
+same storage_path and name after a kill resumes from it. One log line per epoch (loss, pairs/s), and a progress bar
+on the driver fed through a Ray queue.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ray.train import DataConfig
 
 from cqg_ray.config import TrainConfig
 from cqg_ray.log import setup_logging
-from cqg_ray.mbqa.checkpoint import load_checkpoint, save_checkpoint
+from cqg_ray.mbqa.checkpoint import CHECKPOINT, latest_checkpoint, load_checkpoint, save_checkpoint, write_checkpoint
 from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.mbqa.loop import make_optimizer, run_epochs, steps_per_epoch
 from cqg_ray.mbqa.pairs import LabelPairs, split_holdout
@@ -34,13 +36,62 @@ from cqg_ray.mbqa.train_data import arrays_dataset, shard_arrays, worker_cpus
 log = logging.getLogger("cqg_ray")
 
 
+def train_worker(config: dict, shard: dict, resume, report, rank: int = 0, world: int = 1, device="cpu", all_reduce=None, wrap=None) -> None:
+    """One worker's training on its shard (`shard_arrays`), the same under Ray Train and in one task.
+
+    The workers agree on the steps of an epoch (the fullest shard's) and on pos_weight through ``all_reduce`` (none: one
+    worker). ``resume(heads, opt)`` loads the latest checkpoint into them and returns its epoch (0: none);
+    ``report(metrics, state)`` is called every `checkpoint_every` epochs and at the end with ``state`` = (heads, opt,
+    epochs done) to checkpoint, and once with ``state`` None when a finished run is started again. ``wrap``: the
+    model that is called (DDP's wrapper of the heads)."""
+    cfg = TrainConfig(**config["cfg"])
+    reduce = all_reduce or (lambda t, op="sum": t)
+    # every rank runs the steps of the fullest shard (ranks with unequal step counts would hang in DDP's all-reduce)
+    n_steps = int(reduce(torch.tensor([steps_per_epoch([shard], config["m"], cfg.pairs_per_head)]), "max")[0])
+    pairs, yes = (int(v) for v in reduce(torch.tensor([len(shard["label"]), int(shard["label"].sum())], dtype=torch.int64)))
+    if pairs == 0:
+        raise ValueError("no labelled pairs to train on")
+    pos_weight = ((pairs - yes) / yes if yes else 1.0) if cfg.pos_weight == "auto" else float(cfg.pos_weight)
+    if rank == 0:
+        log.info("train: %d pairs over %d workers (this one %d texts, %d pairs), pos_weight=%.4f, %d steps/epoch, %d epochs",
+                 pairs, world, shard["texts"], len(shard["label"]), pos_weight, n_steps, cfg.epochs)
+
+    torch.manual_seed(cfg.seed)
+    heads = StackedHeads(config["d"], config["m"], cfg.hidden).to(device)
+    opt = make_optimizer(heads, cfg)
+    start_epoch = resume(heads, opt)
+    if start_epoch and rank == 0:
+        log.info("train: resuming from the checkpoint after epoch %d", start_epoch)
+    if rank == 0 and config["progress"] is not None:
+        config["progress"].put({"epoch": start_epoch})  # the bar starts where the run does, 0 or a resumed epoch
+    if start_epoch >= cfg.epochs:  # a finished run started again: nothing left to train
+        report({"epoch": start_epoch, "start_epoch": start_epoch, "pos_weight": pos_weight}, None)
+        return
+
+    def on_epoch_end(epoch: int, metrics: dict) -> None:
+        metrics.update(pos_weight=pos_weight, shard_pairs=len(shard["label"]))  # shard_pairs: rank 0's (the one reported)
+        if rank == 0:
+            log.info("train: epoch %d/%d loss %.4f pairs %d %.0f pairs/s %.1fs", metrics["epoch"], cfg.epochs,
+                     metrics["loss"], metrics["pairs"], metrics["pairs_per_s"], metrics["seconds"])
+            if config["progress"] is not None:
+                config["progress"].put({k: metrics[k] for k in ("epoch", "loss")})
+        if (epoch + 1) % cfg.checkpoint_every == 0 or epoch + 1 == cfg.epochs:
+            report(metrics, (heads, opt, epoch + 1))
+        # no report between checkpoints: each ray.train.report is a barrier with the controller (about 2 s on
+        # this Ray), which made small runs (milliseconds an epoch) spend nearly all their time reporting
+
+    run_epochs(heads, opt, shard, n_steps, cfg, pos_weight, start_epoch, on_epoch_end,
+               model=wrap(heads) if wrap else heads, device=device, rank=rank, all_reduce=all_reduce)
+
+
 def _train_loop_per_worker(config: dict) -> None:
+    """A Ray Train worker: its shard through ``get_dataset_shard``, DDP between workers, checkpoints through
+    ``ray.train.report``."""
     import ray
     import ray.train
     import ray.train.torch
 
     setup_logging()
-    cfg = TrainConfig(**config["cfg"])
     torch.set_num_threads(max(1, int(config["cpus"])))
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -56,52 +107,48 @@ def _train_loop_per_worker(config: dict) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return t.cpu()
 
-    # every rank runs the steps of the fullest shard (ranks with unequal step counts would hang in DDP's all-reduce)
-    n_steps = int(all_reduce(torch.tensor([steps_per_epoch([shard], config["m"], cfg.pairs_per_head)]), "max")[0])
-    pairs, yes = (int(v) for v in all_reduce(torch.tensor([len(shard["label"]), int(shard["label"].sum())], dtype=torch.int64)))
-    if pairs == 0:
-        raise ValueError("no labelled pairs to train on")
-    pos_weight = ((pairs - yes) / yes if yes else 1.0) if cfg.pos_weight == "auto" else float(cfg.pos_weight)
-    if rank == 0:
-        log.info("train: %d pairs over %d workers (this one %d texts, %d pairs), pos_weight=%.4f, %d steps/epoch, %d epochs",
-                 pairs, world, shard["texts"], len(shard["label"]), pos_weight, n_steps, cfg.epochs)
-
-    torch.manual_seed(cfg.seed)
-    heads = StackedHeads(config["d"], config["m"], cfg.hidden).to(device)
-    opt = make_optimizer(heads, cfg)
-    start_epoch = 0
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
+    def resume(heads, opt) -> int:
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return 0
         with checkpoint.as_directory() as folder:
-            _, start_epoch = load_checkpoint(folder, heads, opt)
-        if rank == 0:
-            log.info("train: resuming from the checkpoint after epoch %d", start_epoch)
-    if rank == 0 and config["progress"] is not None:
-        config["progress"].put({"epoch": start_epoch})  # the bar starts where the run does, 0 or a resumed epoch
-    if start_epoch >= cfg.epochs:  # a finished run started again: nothing left to train
-        ray.train.report({"epoch": start_epoch, "start_epoch": start_epoch, "pos_weight": pos_weight})
-        return
-    model = ray.train.torch.prepare_model(heads) if world > 1 else heads
+            return load_checkpoint(folder, heads, opt)[1]
 
-    def on_epoch_end(epoch: int, metrics: dict) -> None:
-        metrics.update(pos_weight=pos_weight, shard_pairs=len(shard["label"]))  # shard_pairs: rank 0's (the one reported)
-        if rank == 0:
-            log.info("train: epoch %d/%d loss %.4f pairs %d %.0f pairs/s %.1fs", metrics["epoch"], cfg.epochs,
-                     metrics["loss"], metrics["pairs"], metrics["pairs_per_s"], metrics["seconds"])
-            if config["progress"] is not None:
-                config["progress"].put({k: metrics[k] for k in ("epoch", "loss")})
-        if (epoch + 1) % cfg.checkpoint_every == 0 or epoch + 1 == cfg.epochs:
-            with tempfile.TemporaryDirectory() as tmp:
-                if rank == 0:
-                    save_checkpoint(tmp, heads, opt, epoch + 1, {"loss": metrics["loss"]})
-                    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-                else:
-                    ray.train.report(metrics, checkpoint=None)
-        # no report between checkpoints: each ray.train.report is a barrier with the controller (about 2 s on
-        # this Ray), which made small runs (milliseconds an epoch) spend nearly all their time reporting
+    def report(metrics: dict, state) -> None:
+        if state is None:
+            ray.train.report(metrics)
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            if rank == 0:
+                save_checkpoint(tmp, *state, {"loss": metrics["loss"]})
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+            else:
+                ray.train.report(metrics, checkpoint=None)
 
-    run_epochs(heads, opt, shard, n_steps, cfg, pos_weight, start_epoch, on_epoch_end,
-               model=model, device=device, rank=rank, all_reduce=all_reduce)
+    train_worker(config, shard, resume, report, rank, world, device, all_reduce,
+                 wrap=ray.train.torch.prepare_model if world > 1 else None)
+
+
+def _train_task(config: dict, texts, folder: str) -> dict:
+    """The task trainer: one Ray task reads the whole dataset and runs the loop, checkpointing into ``folder`` (a
+    path or URI; `checkpoint.write_checkpoint`) and resuming from its latest checkpoint. Returns the last metrics."""
+    setup_logging()
+    torch.set_num_threads(max(1, int(config["cpus"])))
+    device = "cuda" if config["cfg"]["use_gpu"] and torch.cuda.is_available() else "cpu"
+    shard = shard_arrays(texts.iter_batches(batch_size=None, batch_format="pyarrow"), config["d"])
+    out: dict = {}
+
+    def resume(heads, opt) -> int:
+        with latest_checkpoint(folder) as found:
+            return load_checkpoint(found, heads, opt)[1] if found else 0
+
+    def report(metrics: dict, state) -> None:
+        out.update(metrics)
+        if state is not None:
+            write_checkpoint(folder, *state, {"loss": metrics["loss"]})
+
+    train_worker(config, shard, resume, report, device=device)
+    return out
 
 
 class EpochBar:
@@ -178,18 +225,25 @@ class TextSplit(DataConfig):
         return output
 
 
-def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: str, run=None) -> TrainResult:
-    """Train m stacked heads on a Ray Dataset of labelled texts (`train_data.TEXT_COLUMNS`) with Ray Train.
+def trainer_kind(cfg: TrainConfig) -> str:
+    """The trainer `fit_heads` uses: ``train.trainer``, where ``auto`` is one task for one worker, Ray Train for more."""
+    if cfg.trainer == "task" and cfg.num_workers != 1:
+        raise ValueError(f"train.trainer=task runs one worker, not train.num_workers={cfg.num_workers} (use ray or auto)")
+    return cfg.trainer if cfg.trainer != "auto" else ("task" if cfg.num_workers == 1 else "ray")
 
-    Every row given is trained on (filter the held-out texts out first). Each worker reads its shard through
-    ``get_dataset_shard``; the workers ask for ``cpus_per_worker`` CPUs, fewer when that would leave Ray Data less
-    than ``train.data_cpus`` of the cluster. A run with the same storage_path and name resumes from its last
-    checkpoint; a worker that dies is restarted from it (`cfg.max_failures` times). ``run``: the run directory whose
-    ``_progress.json`` follows the epochs.
+
+def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: str, run=None) -> TrainResult:
+    """Train m stacked heads on a Ray Dataset of labelled texts (`train_data.TEXT_COLUMNS`).
+
+    Every row given is trained on (filter the held-out texts out first). ``train.trainer`` (`trainer_kind`): Ray
+    Train's ``TorchTrainer`` on ``num_workers`` data-parallel workers, each reading its shard through
+    ``get_dataset_shard``; or one Ray task running the same loop on the whole dataset (no Train controller or worker
+    group to start: ~30 s less per run on 2 cores). Either asks for ``cpus_per_worker`` CPUs a worker, fewer when that
+    would leave Ray Data less than ``train.data_cpus`` of the cluster. A run with the same storage_path and name resumes
+    from its last checkpoint; a worker that dies is restarted from it (`cfg.max_failures` times). ``run``: the run
+    directory whose ``_progress.json`` follows the epochs.
     """
     import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
     cpus = worker_cpus(cfg.cpus_per_worker, cfg.num_workers, ray.cluster_resources().get("CPU", 0.0), cfg.data_cpus)
     if cpus < cfg.cpus_per_worker:
@@ -197,6 +251,25 @@ def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: 
                  cfg.num_workers, cpus, cfg.cpus_per_worker, cfg.data_cpus)
     bar = EpochBar(cfg.epochs, run)
     config = {"cfg": cfg.model_dump(mode="json"), "d": int(d), "m": int(m), "cpus": cpus, "progress": bar.queue}
+    if trainer_kind(cfg) == "task":
+        folder = f"{storage_path.rstrip('/')}/{name}"
+        ordered = texts.copy(texts)  # the block order of a Train split (`TextSplit`)
+        from ray.data import ExecutionOptions
+
+        ordered.context.execution_options = ExecutionOptions(preserve_order=True)
+        task = ray.remote(_train_task).options(num_cpus=cpus, num_gpus=1 if cfg.use_gpu else 0, max_retries=cfg.max_failures,
+                                               name=f"train {name}")
+        with bar:
+            metrics = ray.get(task.remote(config, ordered, folder))
+        with latest_checkpoint(folder) as found:
+            if found is None:
+                raise RuntimeError(f"training run {name} in {storage_path} finished without a checkpoint")
+            heads, epochs = load_checkpoint(found)
+        return TrainResult(heads, epochs, metrics, float(metrics.get("pos_weight", 1.0)), f"{folder}/{CHECKPOINT}{epochs:06d}")
+
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
     trainer = TorchTrainer(
         _train_loop_per_worker,
         train_loop_config=config,

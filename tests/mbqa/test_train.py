@@ -147,3 +147,57 @@ def test_soft_labels_are_the_training_target(problem):
     heads, _, history = train_locally(emb, soft, cfg)
     assert history[-1]["loss"] < history[0]["loss"]
     assert evaluate_heads(heads, emb, hard)["accuracy"] > 0.99  # 0.998 here; hard labels 1.0
+
+
+def test_the_task_trainers_checkpoints_are_whole_and_the_newest_two_are_kept(tmp_path):
+    from cqg_ray.mbqa.checkpoint import latest_checkpoint, write_checkpoint
+
+    folder = str(tmp_path / "run")
+    with latest_checkpoint(folder) as found:
+        assert found is None  # no folder yet
+    heads = StackedHeads(4, 3, 2)
+    opt = make_optimizer(heads, TrainConfig())
+    paths = [write_checkpoint(folder, heads, opt, epoch, {"loss": 0.5}) for epoch in (5, 10, 15)]
+    assert paths == [f"{folder}/checkpoint_{e:06d}" for e in (5, 10, 15)]
+    (tmp_path / "run" / ".checkpoint_000020.partial").mkdir()  # a write killed before its move: not a checkpoint
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".checkpoint_000020.partial", "checkpoint_000010", "checkpoint_000015"]
+    with latest_checkpoint(folder) as found:
+        assert found == paths[-1]
+        loaded, epoch = load_checkpoint(found)
+    assert epoch == 15
+    for k, v in heads.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v)
+    write_checkpoint(folder, heads, opt, 20)  # the leftover partial folder is replaced
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint_000015", "checkpoint_000020"]
+
+
+def test_the_task_trainers_checkpoints_on_a_remote_filesystem(tmp_path, monkeypatch):
+    """Through a filesystem that is not the local one (a URI's: written beside and copied up, read by copying down)."""
+    from pyarrow import fs as pafs
+
+    from cqg_ray.mbqa import checkpoint
+
+    remote = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    monkeypatch.setattr(checkpoint, "filesystem", lambda folder: (remote, "bucket/run"))
+    heads = StackedHeads(4, 3, 2)
+    opt = make_optimizer(heads, TrainConfig())
+    for epoch in (1, 2, 3):
+        checkpoint.write_checkpoint("s3://bucket/run", heads, opt, epoch)
+    assert sorted(p.name for p in (tmp_path / "bucket" / "run").iterdir()) == ["checkpoint_000002", "checkpoint_000003"]
+    with checkpoint.latest_checkpoint("s3://bucket/run") as found:
+        assert not found.startswith(str(tmp_path))  # a local copy
+        assert load_checkpoint(found)[1] == 3
+
+
+def test_auto_trains_one_worker_in_a_task_and_more_with_ray_train():
+    from cqg_ray.mbqa.train import trainer_kind
+
+    assert trainer_kind(TrainConfig()) == "task"
+    assert trainer_kind(TrainConfig(num_workers=2)) == "ray"
+    assert trainer_kind(TrainConfig(trainer="ray")) == "ray"
+    with pytest.raises(ValueError, match="train.trainer=task runs one worker, not train.num_workers=2"):
+        trainer_kind(TrainConfig(num_workers=2, trainer="task"))
+    from cqg_ray.config import ConfigError, PipelineConfig
+
+    with pytest.raises((ConfigError, ValueError), match="train.trainer=task runs one worker"):
+        PipelineConfig.model_validate({"train": {"trainer": "task", "num_workers": 2}})

@@ -1,5 +1,6 @@
 """Ray Train: 2 data-parallel workers; a worker process SIGKILLed mid-run (restarted, or the run resumed later) and a
-SIGKILLed driver, all resumed from the last checkpoint."""
+SIGKILLed driver, all resumed from the last checkpoint. The task trainer: Ray Train's one-worker heads exactly, and its
+task SIGKILLed mid-run (retried, or the run resumed later)."""
 
 import contextlib
 import json
@@ -25,12 +26,13 @@ from .conftest import make_problem
 
 CFG = TrainConfig(epochs=4, lr=1e-2, num_workers=2, cpus_per_worker=0.5, checkpoint_every=1, seed=0)
 # the 1-worker run of `one_worker_run` (the 2-workers test's tolerances were measured at 40 epochs)
-ONE_WORKER = TrainConfig(epochs=40, lr=1e-2, num_workers=1, cpus_per_worker=0.5, checkpoint_every=40, seed=0)
+ONE_WORKER = TrainConfig(epochs=40, lr=1e-2, num_workers=1, cpus_per_worker=0.5, checkpoint_every=40, seed=0, trainer="ray")
 
 
-def train_worker_pids() -> set[int]:
-    """PIDs of the Ray Train worker actors now alive in this process's Ray: descendants of this process (the local Ray
-    it started) whose process title starts with ray::RayTrainWorker. Another Ray on the machine is not counted."""
+def train_worker_pids(title: str = "ray::RayTrainWorker") -> set[int]:
+    """PIDs of the Ray Train worker actors (or of the processes titled ``title``) now alive in this process's Ray:
+    descendants of this process (the local Ray it started) whose process title starts with ``title``. Another Ray on
+    the machine is not counted."""
     out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout
     rows = [line.split(None, 2) for line in out.splitlines()]
     parent = {int(r[0]): int(r[1]) for r in rows}
@@ -42,7 +44,7 @@ def train_worker_pids() -> set[int]:
                 return True
         return False
 
-    return {int(r[0]) for r in rows if len(r) == 3 and r[2].startswith("ray::RayTrainWorker") and ours(int(r[0]))}
+    return {int(r[0]) for r in rows if len(r) == 3 and r[2].startswith(title) and ours(int(r[0]))}
 
 
 def train_killing_a_worker(emb, dense, cfg, storage, name, after_epoch: int = 2):
@@ -146,6 +148,76 @@ def test_train_and_evaluate_holds_out_documents(one_worker_run, problem):
     assert report["no"]["support"] + report["yes"]["support"] == split["heldout_pairs"]
     assert report["accuracy"] > 0.85
     assert result.epochs == ONE_WORKER.epochs
+
+
+def test_the_task_trainer_gives_ray_trains_one_worker_heads_exactly(one_worker_run, problem, tmp_path):
+    """The same data, seed and epochs through one Ray task instead of Ray Train's controller and worker: the same
+    weights to the bit, the same metrics, and the bar follows its epochs from 0."""
+    emb, dense = problem()
+    ray_result, ray_report, _ = one_worker_run
+    with kept_bars() as bars:
+        task_result, task_report = train_and_evaluate(emb, dense, ONE_WORKER.model_copy(update={"trainer": "task"}), str(tmp_path), "one")
+    for k, v in ray_result.heads.state_dict().items():
+        assert torch.equal(task_result.heads.state_dict()[k], v), k
+    assert {k: task_result.metrics[k] for k in ("epoch", "loss", "pairs", "steps", "pos_weight", "shard_pairs")} == \
+        {k: ray_result.metrics[k] for k in ("epoch", "loss", "pairs", "steps", "pos_weight", "shard_pairs")}
+    assert task_report == ray_report
+    assert task_result.checkpoint_path == str(tmp_path / "one" / f"checkpoint_{ONE_WORKER.epochs:06d}")
+    assert [b.shown for b in bars] == [list(range(ONE_WORKER.epochs + 1))]
+
+
+def train_killing_the_task(emb, dense, cfg, storage, name, after_epoch: int = 2):
+    """Run train_heads (the task trainer) in a thread; once the task's checkpoint of `after_epoch` exists, SIGKILL the
+    process running it. Returns (result or the exception train_heads raised, the newest checkpoint's epoch then)."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["result"] = train_heads(emb, dense, cfg, storage, name)
+        except Exception as e:
+            out["result"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    folder = Path(storage) / name
+    newest = lambda: max([int(p.name.split("_")[1]) for p in folder.glob("checkpoint_*")] or [-1])  # noqa: E731  whole ones
+    deadline = time.time() + 300
+    pids: set[int] = set()
+    while time.time() < deadline and t.is_alive() and not (pids and newest() >= after_epoch):
+        pids = pids or train_worker_pids(f"ray::train {name}")
+        time.sleep(0.02)
+    killed_at = newest()
+    assert t.is_alive() and pids and after_epoch <= killed_at < cfg.epochs, f"not killed mid-run: {out.get('result')!r}, {pids}, {killed_at}"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    t.join(timeout=300)
+    assert not t.is_alive()
+    return out["result"], killed_at
+
+
+def test_the_task_trainer_killed_midway_is_retried_from_its_checkpoint_and_a_killed_run_resumes(ray_local, tmp_path):
+    """SIGKILL of the process running the task trainer: with max_failures=1 Ray runs the task again, which resumes from
+    the newest checkpoint; with max_failures=0 the run fails and, started again, resumes. Both end with the weights
+    of a run never killed."""
+    import ray.exceptions
+
+    size = {"n_docs": 2000, "d": 64, "m": 200, "per_question": 600}  # ~75 steps an epoch: time to kill it mid-run
+    emb, dense = make_problem(**size)
+    cfg = TrainConfig(epochs=30, lr=1e-2, num_workers=1, cpus_per_worker=0.5, checkpoint_every=1, max_failures=1, seed=0)
+    whole = train_heads(emb, dense, cfg, str(tmp_path), "whole")
+    assert whole.epochs == 30 and whole.metrics["start_epoch"] == 0
+    r, killed_at = train_killing_the_task(emb, dense, cfg, str(tmp_path), "retried")
+    assert isinstance(r, TrainResult), r
+    assert r.epochs == 30 and r.metrics["epoch"] == 30
+    assert killed_at <= r.metrics["start_epoch"] < 30  # run again from a checkpoint, not from 0
+    cfg0 = cfg.model_copy(update={"max_failures": 0})
+    failed, killed_at0 = train_killing_the_task(emb, dense, cfg0, str(tmp_path), "killed")
+    assert isinstance(failed, ray.exceptions.WorkerCrashedError), failed
+    resumed = train_heads(emb, dense, cfg0, str(tmp_path), "killed")  # same storage_path and name: resume
+    assert resumed.epochs == 30 and killed_at0 <= resumed.metrics["start_epoch"] < 30
+    for k, v in whole.heads.state_dict().items():
+        assert torch.equal(r.heads.state_dict()[k], v), k
+        assert torch.equal(resumed.heads.state_dict()[k], v), k
 
 
 @pytest.mark.slow
