@@ -295,14 +295,16 @@ def test_submit_pipeline_until_cluster(head, until_cluster):
 
 
 @pytest.mark.slow
-def test_submit_failing_stage_fails_the_job_with_a_clear_message(head, tmp_path, corpus_file):
+def test_submit_failing_stage_fails_the_job_with_a_clear_message(head, until_cluster, tmp_path, corpus_file):
     run_dir = tmp_path / "run"
+    shutil.copytree(until_cluster[0] / "prepare", run_dir / "prepare")  # the same corpus section: prepare is skipped
     cfgf = tiny_config(tmp_path / "tiny.yaml", run_dir, corpus_file, encode={"model": str(tmp_path / "no-such-encoder")})
     sid = head.submit(runtime_env(), *RUN, "--config", str(cfgf), "--until", "encode")
     status = head.wait(sid, timeout=600)
     logs = head.logs(sid)
     assert status == "FAILED", logs[-5000:]
     assert "error: the pipeline failed in stage encode" in logs
+    assert "prepare: done (skipped; manifest matches)" in logs
     assert (run_dir / "prepare" / "_manifest.json").exists() and not (run_dir / "encode" / "_manifest.json").exists()
 
 
