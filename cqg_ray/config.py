@@ -544,10 +544,17 @@ def stage_hash(cfg: PipelineConfig, stage: str) -> str:
     from cqg_ray.rundir import hash_sections
 
     try:
-        paths = stages.get(stage).hashed
+        s = stages.get(stage)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return hash_sections(*[config_value(cfg, p) for p in paths])
+    values = []
+    for path in s.hashed:
+        value = config_value(cfg, path)
+        left_out = {u[len(path) + 1:] for u in s.unhashed if u.startswith(path + ".")}
+        if left_out:
+            value = {k: v for k, v in value.model_dump(mode="json").items() if k not in left_out}
+        values.append(value)
+    return hash_sections(*values)
 
 
 def config_value(cfg: PipelineConfig, path: str) -> Any:

@@ -26,6 +26,7 @@ class Stage:
     function: str  # "module:function" that runs it, called as function(section or config, ctx); imported when it runs
     takes: str  # the config section that function takes ("" for the whole PipelineConfig)
     help: str
+    unhashed: tuple[str, ...] = ()  # dotted paths inside `hashed` sections that never change the output (left out)
 
     def load_function(self) -> Callable[[Any, Any], None]:
         """The stage function, imported now."""
@@ -52,7 +53,8 @@ STAGES: tuple[Stage, ...] = (
           "cqg_ray.mbqa.label:run_labels", "",
           "LLM answers for MBQA training, 20 questions per prompt (label.*)"),
     Stage("model", "train", ("labels", "encode", "questions"), ("train",), "cqg_ray.mbqa.stage:run_train", "",
-          "train the MBQA heads with Ray Train and save the model folder (train.*: alpha tau)"),
+          "train the MBQA heads with Ray Train and save the model folder (train.*: alpha tau)",
+          unhashed=("train.trainer",)),  # one Ray task or Ray Train's one worker: the same heads to the bit (tested)
     Stage("evaluation", "evaluate-run", ("model",), ("evaluate",), "cqg_ray.evaluate.stage:run_evaluation", "",
           "evaluate the run's model (evaluate.*)"),
 )

@@ -82,6 +82,19 @@ def test_every_hashed_path_and_section_exists():
             config_value(cfg, path)  # AttributeError for a path that does not exist
         if s.takes:
             assert s.takes in PipelineConfig.model_fields
+        for path in s.unhashed:  # a field right inside a hashed section
+            section, _, key = path.rpartition(".")
+            assert section in s.hashed and key in type(config_value(cfg, section)).model_fields, path
+
+
+def test_the_trainer_leaves_the_model_stage_hash_as_it_was():
+    """train.trainer picks how the same heads are trained (one Ray task or Ray Train's one worker, equal to the bit):
+    a run directory trained before it existed, or with the other trainer, is still done."""
+    cfg = PipelineConfig()
+    for trainer in ("ray", "task"):
+        other = cfg.model_copy(update={"train": cfg.train.model_copy(update={"trainer": trainer})})
+        assert stage_hash(other, "model") == stage_hash(cfg, "model") == DEFAULT_HASHES["model"]
+    assert stage_hash(cfg.model_copy(update={"train": cfg.train.model_copy(update={"epochs": 7})}), "model") != DEFAULT_HASHES["model"]
 
 
 def test_every_stage_function_imports_and_is_callable():
