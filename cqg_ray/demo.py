@@ -83,7 +83,7 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     reason = (f"{n} of {cfg.cluster.k} clusters, probes {probes[0]}/{probes[1]}/{probes[2]} a question, {negatives[0]} + "
               f"{negatives[1]} negatives a prompt, {sum(labels)} texts labelled a question: about {expected / 60:.1f} min "
               f"expected, {fit} ({budget_s / 60:.0f} min; writer {rates.read:.0f} prompt tokens/s read, {rates.write:.1f} "
-              f"written; answerer {rates.pairs:.1f} pairs/s)")
+              f"written{f' by {rates.write_batch} sequences together' if (rates.write_batch or 1) > 1 else ''}; answerer {rates.pairs:.1f} pairs/s)")
     return {k: v for k, v in sized.items() if k not in fixed}, reason
 
 

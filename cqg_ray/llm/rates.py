@@ -30,9 +30,14 @@ class Rates:
     """This machine's LLM rates on a run's engines."""
 
     read: float  # the writer's prompt tokens read per second
-    write: float  # the writer's tokens generated per second (one sequence: batches only do better)
+    write: float  # the writer's tokens generated per second, all of a batch of `write_batch` sequences together
     pairs: float  # the answerer's single-pass (text, question) pairs per second (short texts, their prefixes shared)
     answer_read: float | None = None  # the answerer's prompt tokens read per second (one long single-pass prompt)
+    write_batch: int | None = None  # sequences decoded together when `write` was timed (None: one, kept before batches)
+
+
+WRITE_BATCH = 4  # sequences decoded together for the write rate (the demo decodes up to llamacpp.batch_generate: more
+# sequences write more tokens a second, so the rate at 4 is a floor for the demo's 8-16 prompts, and ~4x the work of one)
 
 
 def _prompt(texts: list[str], tokens: int):
@@ -47,33 +52,41 @@ def measure_rates(writer: LLMConfig, answerer: LLMConfig) -> Rates:
 
 
 def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
-    """`Rates` from `time_engines`' (seconds, count) per measure."""
+    """`Rates` from `time_engines`' (seconds, count) per measure (``write_batch``: (sequences, sequences))."""
     (read_s, read), (write_s, wrote), (pairs_s, pairs), (answer_s, answer) = (timed[k] for k in ("read", "write", "pairs", "answer_read"))
-    return Rates(read=read / read_s, write=max(wrote, 1) / max(write_s, 1e-3), pairs=pairs / pairs_s, answer_read=answer / answer_s)
+    return Rates(read=read / read_s, write=max(wrote, 1) / max(write_s, 1e-3), pairs=pairs / pairs_s, answer_read=answer / answer_s,
+                 write_batch=int(timed["write_batch"][1]))
 
 
 def time_engines(writer: LLMConfig, answerer: LLMConfig) -> dict[str, tuple[float, int]]:
     """(seconds, count) for each rate, after the models load: ``read``, a ~250-token prompt's tokens read; ``write``,
-    a short prompt answered with 1 and with 33 tokens, the difference being 32 tokens written (nothing estimated is
-    subtracted: the engine keeps no cache between calls); each prompt timed twice, interleaved, the faster kept (a
-    neighbour's burst on the cores lands in one repeat); ``pairs``, 20 single-pass pairs answered; ``answer_read``, one ~250-token
+    `WRITE_BATCH` copies of a short prompt (at most ``batch_generate``) decoded together to 1 and to 33 tokens each, the
+    difference being 32 tokens a sequence written (nothing estimated is subtracted: the engine keeps no cache between
+    calls); each timed twice, interleaved, the faster kept (a neighbour's burst on the cores lands in one repeat);
+    ``write_batch``, those sequences; ``pairs``, 20 single-pass pairs answered; ``answer_read``, one ~250-token
     single-pass prompt's tokens read (what a cache held is not counted)."""
     from cqg_ray.llm.answers import answer_requests
     from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
 
-    def timed(req):
+    def timed(reqs):
         t0 = time.perf_counter()
-        (_, c), = model.generate_batched([req])
-        return time.perf_counter() - t0, c
+        done = [c for _, c in model.generate_batched(reqs)]
+        return time.perf_counter() - t0, done
 
+    batch = max(1, min(WRITE_BATCH, writer.llamacpp.batch_generate))
     model = LlamaCppBackend(writer)
     try:
         list(model.generate_batched([_prompt(RATE_TEXTS[:1], 1)]))  # warm-up: engines load lazily
-        a, b1, b33 = _prompt(RATE_TEXTS * 2, 1), _prompt(RATE_TEXTS[-1:], 1), _prompt(RATE_TEXTS[-1:], 33)
+        a = [_prompt(RATE_TEXTS * 2, 1)]
+        # the same prompt in every sequence: each writes its 33 tokens (other texts let some stop early, leaving fewer
+        # sequences in the last steps); the shared prompt is read once for all, in the 1-token run as in the 33-token one
+        b1, b33 = ([_prompt(RATE_TEXTS[-1:], n)] * batch for n in (1, 33))
         runs = [(timed(a), timed(b1), timed(b33)) for _ in range(2)]
         (_, ca), (_, c1), (_, c33) = runs[0]
-        out = {"read": (min(r[0][0] for r in runs), ca.prompt_tokens),
-               "write": (min(r[2][0] for r in runs) - min(r[1][0] for r in runs), c33.completion_tokens - c1.completion_tokens)}
+        out = {"read": (min(r[0][0] for r in runs), ca[0].prompt_tokens),
+               "write": (min(r[2][0] for r in runs) - min(r[1][0] for r in runs),
+                         sum(c.completion_tokens for c in c33) - sum(c.completion_tokens for c in c1)),
+               "write_batch": (batch, batch)}
         if answerer != writer:  # the same section (the reference build's 1.5B): its model stays loaded
             model.close()
             model = LlamaCppBackend(answerer)
@@ -93,8 +106,8 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig) -> dict[str, tuple[floa
 
 def machine_rates(writer: LLMConfig, answerer: LLMConfig) -> tuple[Rates, str]:
     """`measure_rates`, or the rates an earlier run measured on this machine with the same models and engines (kept in
-    the model cache's demo-rates.json); and where they come from. Rates kept before ``answer_read`` existed are
-    measured again."""
+    the model cache's demo-rates.json); and where they come from. Rates kept before ``answer_read`` or
+    ``write_batch`` existed are measured again."""
     from cqg_ray.hardware import available_cpus, cpu_model
     from cqg_ray.llm.base import resolve_engine
     from cqg_ray.llm.engines.bundled import cache_root
@@ -112,7 +125,7 @@ def machine_rates(writer: LLMConfig, answerer: LLMConfig) -> tuple[Rates, str]:
             rates = Rates(**known[key])
         except TypeError:
             rates = None
-        if rates is not None and rates.answer_read is not None:
+        if rates is not None and rates.answer_read is not None and rates.write_batch is not None:
             return rates, f"measured earlier on this machine ({path})"
     rates = measure_rates(writer, answerer)
     known[key] = asdict(rates)
