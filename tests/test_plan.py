@@ -386,7 +386,8 @@ def test_memory_table_small(capsys):
 
 def test_the_llm_engines_weights_follow_the_engine_that_does_the_work():
     """The GGUF for llama.cpp; the GGUF plus its parameters at 4 (float32) or 2 (bfloat16) bytes where a torch engine does
-    the work: the 1.5B in torch-float32 is ~6.2 GB more, what a 2-core machine has to hold beside the rest."""
+    the work: the 1.5B in torch-float32 is ~6.2 GB more, what a 2-core machine has to hold beside the rest; the
+    parameters alone where torch does both kinds of work."""
     from cqg_ray.config import load_config
     from cqg_ray.plan.memory import PARAMS, WEIGHTS, llm_weights
 
@@ -395,8 +396,11 @@ def test_the_llm_engines_weights_follow_the_engine_that_does_the_work():
     assert llm_weights(cfg, small, "score") == (WEIGHTS[small] + 4 * PARAMS[small],
                                                 f"{small} GGUF and its weights in float32 (torch-float32 scores)")
     assert llm_weights(cfg, big, "generate") == (WEIGHTS[big], f"{big} weights")
-    cfg = load_config(None, ["llm.llamacpp.generate_engine=torch-bfloat16"])
+    cfg = load_config(None, ["llm.llamacpp.generate_engine=torch-bfloat16", "llm.llamacpp.score_engine=llamacpp"])
     assert llm_weights(cfg, big, "generate")[0] == WEIGHTS[big] + 2 * 1.54e9
+    # torch for both kinds of work (the embedded backend without llama.cpp): the GGUF is never loaded
+    cfg = load_config(None, ["llm.llamacpp.generate_engine=torch-float32", "llm.llamacpp.score_engine=torch-float32"])
+    assert llm_weights(cfg, big, "generate") == (4 * 1.54e9, f"{big} weights in float32 (torch-float32 generates; both engines torch, no GGUF held)")
     assert llm_weights(cfg, "my.gguf", "score") == (0.0, "my.gguf weights (unknown model: not counted)")
 
 

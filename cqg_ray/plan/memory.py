@@ -8,7 +8,8 @@ except ``PROCESS_BASE``. Byte sizes (the model in docs/cluster.md):
 - a text: prompt_tokens_per_text x chars_per_token bytes, twice (Python strings and Arrow); an embedding d x 4 bytes;
 - model weights: parameters x bytes per parameter (``WEIGHTS``: fp32 encoders, bf16 for vLLM's 7B, ~4.85 bits a weight
   for the bundled Q4_K_M GGUFs, plus ``PARAMS`` x 4 or 2 bytes where the torch engine, as resolved on this CPU, scores
-  or generates); an engine's KV cache and activations are not counted (vLLM's are on the GPU);
+  or generates; the GGUF not at all where torch does both, as llama.cpp is then never loaded); an engine's KV cache
+  and activations are not counted (vLLM's are on the GPU);
 - driver plans: the labelling plan's arrays 17 bytes a pair (text int32, question int64, source int8, prompt slot
   int32) and 16 a prompt, its Arrow table and Parquet bytes 4 a pair and 16 a prompt each, held together at the write;
   the clusters 32 bytes a text (doc id ~24, label 8) and each text's place in the corpus shards 12 (shard int32, row
@@ -51,7 +52,8 @@ def llm_model(cfg: PipelineConfig) -> str:
 
 def llm_weights(cfg: PipelineConfig, model: str, work: str) -> tuple[float, str]:
     """(bytes, what) of an embedded model's weights for one kind of work (``score`` or ``generate``): the GGUF, plus
-    its weights dequantised for the torch engine where that engine (as resolved on this CPU) does the work."""
+    its weights dequantised for the torch engine where that engine (as resolved on this CPU) does the work; those alone
+    where torch does both kinds of work (the backend then never loads llama.cpp)."""
     from cqg_ray.llm.base import resolve_engine
 
     gguf = WEIGHTS.get(model, 0.0)
@@ -62,7 +64,11 @@ def llm_weights(cfg: PipelineConfig, model: str, work: str) -> tuple[float, str]
     if engine == "llamacpp":
         return gguf, f"{model} weights"
     per = 4 if engine == "torch-float32" else 2
-    return gguf + PARAMS[model] * per, f"{model} GGUF and its weights in {engine.split('-')[1]} ({engine} {'scores' if work == 'score' else 'generates'})"
+    doing = f"{engine} {'scores' if work == 'score' else 'generates'}"
+    other = "generate" if work == "score" else "score"
+    if resolve_engine(getattr(cfg.llm.llamacpp, f"{other}_engine"), work=other) != "llamacpp":  # torch only: no GGUF loaded
+        return PARAMS[model] * per, f"{model} weights in {engine.split('-')[1]} ({doing}; both engines torch, no GGUF held)"
+    return gguf + PARAMS[model] * per, f"{model} GGUF and its weights in {engine.split('-')[1]} ({doing})"
 
 
 def memory_plan(cfg: PipelineConfig, counts: dict, dim: int, w: Workload = Workload()) -> list[dict]:
