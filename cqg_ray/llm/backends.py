@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from cqg_ray.config import LLMConfig, RayConfig
@@ -39,13 +40,25 @@ def make_backend(llm: LLMConfig, *, in_process: bool | None = None, cluster: Ray
     raise ValueError(f"unknown LLM backend {llm.backend!r}")
 
 
+BUDGETS = {"fake": fake_budget, "llamacpp": llamacpp_budget, "vllm": vllm_budget, "openai": openai_budget}
+KEPT = ("llamacpp", "vllm")  # budgets read from local files (a tokenizer): built once per process and config
+
+
 def prompt_budget(llm: LLMConfig) -> Any:
     """The budget (``cqg_ray.llm.fit.PromptBudget``) of the engine ``llm`` names; None: the context length is unknown,
-    nothing can be checked."""
-    budgets = {"fake": fake_budget, "llamacpp": llamacpp_budget, "vllm": vllm_budget, "openai": openai_budget}
-    if llm.backend not in budgets:
+    nothing can be checked. The embedded engine's and vLLM's are kept per process for the same config: each task or
+    actor of a streaming stage asks for one, and loading a tokenizer takes seconds (an OpenAI-compatible server's is
+    asked again: the server may have changed)."""
+    if llm.backend not in BUDGETS:
         raise ValueError(f"unknown LLM backend {llm.backend!r}")
-    return budgets[llm.backend](llm)
+    if llm.backend in KEPT:
+        return _kept_budget(llm.backend, llm.model_dump_json())
+    return BUDGETS[llm.backend](llm)
+
+
+@functools.lru_cache(maxsize=4)
+def _kept_budget(backend: str, llm_json: str) -> Any:
+    return BUDGETS[backend](LLMConfig.model_validate_json(llm_json))
 
 
 def stage_budget(llm: LLMConfig, backend: Backend | None = None) -> Any:

@@ -211,3 +211,25 @@ def test_openai_server_without_routes():
         b = prompt_budget(llm.model_copy(update={"openai": llm.openai.model_copy(update={"max_model_len": 512})}))
         assert b.context == 512 and not b.exact and "UTF-8 bytes" in b.engine
         assert b.count(Request([{"role": "user", "content": "é" * 10}], max_tokens=1)) == 64 + 20
+
+
+def test_the_embedded_and_vllm_budgets_are_built_once_per_process_and_config(monkeypatch):
+    """Each task or actor of a streaming stage asks for the budget; a tokenizer loads once per process and config (an
+    OpenAI-compatible server's budget is asked for anew)."""
+    from cqg_ray.config import OpenAIConfig, VLLMConfig
+    from cqg_ray.llm import backends
+
+    built = []
+    monkeypatch.setitem(backends.BUDGETS, "vllm", lambda llm: built.append(llm.vllm.max_model_len) or object())
+    monkeypatch.setitem(backends.BUDGETS, "openai", lambda llm: built.append("openai") or object())
+    backends._kept_budget.cache_clear()
+    try:
+        a = LLMConfig(backend="vllm", vllm=VLLMConfig(model="m", max_model_len=1024))
+        assert backends.prompt_budget(a) is backends.prompt_budget(LLMConfig.model_validate_json(a.model_dump_json()))
+        b = a.model_copy(update={"vllm": a.vllm.model_copy(update={"max_model_len": 2048})})
+        assert backends.prompt_budget(b) is not backends.prompt_budget(a)
+        o = LLMConfig(backend="openai", openai=OpenAIConfig(base_url="http://127.0.0.1:9/v1", model="x"))
+        assert backends.prompt_budget(o) is not backends.prompt_budget(o)
+        assert built == [1024, 2048, "openai", "openai"]
+    finally:
+        backends._kept_budget.cache_clear()
