@@ -12,7 +12,6 @@ median task seconds.
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "mbqa"))
 from _common import cpu_line
-from conftest import make_problem
+from conftest import descendant_processes, make_problem
 
 from cqg_ray.config import TrainConfig
 from cqg_ray.mbqa.train import train_heads
@@ -30,18 +29,8 @@ from cqg_ray.mbqa.train import train_heads
 
 def workers_peak_mb() -> float:
     """The largest peak RSS (VmHWM) of the processes this one's Ray started (its descendants), alive now."""
-    rows = [ln.split() for ln in subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout.splitlines()]
-    parent = {int(pid): int(ppid) for pid, ppid in rows}
-
-    def ours(pid: int) -> bool:
-        while pid > 1:
-            pid = parent.get(pid, 0)
-            if pid == os.getpid():
-                return True
-        return False
-
     peaks = []
-    for pid in filter(ours, parent):
+    for pid in descendant_processes():
         try:
             peaks += [int(ln.split()[1]) / 1024 for ln in open(f"/proc/{pid}/status") if ln.startswith("VmHWM")]
         except OSError:

@@ -323,6 +323,12 @@ class TrainConfig(Section):
     tau: float = Field(0.5, gt=0, lt=1, description="tau: binary classification threshold stored with the model")
     budget: BudgetConfig = Field(default_factory=BudgetConfig, description="the model's default output (docs/mbqa.md#the-load-budget)")
 
+    @model_validator(mode="after")
+    def _one_worker_task(self) -> "TrainConfig":
+        if self.trainer == "task" and self.num_workers != 1:
+            raise ValueError(f"train.trainer=task runs one worker, not train.num_workers={self.num_workers} (use ray or auto)")
+        return self
+
 
 class EmbedConfig(Section):
     """Batch embedding of a corpus with a trained model."""
@@ -457,8 +463,6 @@ class PipelineConfig(Section):
             raise ValueError(f"cluster.n_neighbors={self.cluster.n_neighbors} < cqg.hard_neighbors={self.cqg.hard_neighbors}")
         if self.cluster.n_neighbors < self.label.neighbor_clusters:
             raise ValueError(f"cluster.n_neighbors={self.cluster.n_neighbors} < label.neighbor_clusters={self.label.neighbor_clusters}")
-        if self.train.trainer == "task" and self.train.num_workers != 1:
-            raise ValueError(f"train.trainer=task runs one worker, not train.num_workers={self.train.num_workers} (use ray or auto)")
         return self
 
 

@@ -14,6 +14,7 @@ import os
 import torch
 
 from cqg_ray.mbqa.heads import StackedHeads
+from cqg_ray.rundir import resolve
 
 
 def save_checkpoint(folder: str, heads: StackedHeads, opt: torch.optim.Optimizer, epoch: int, extra: dict | None = None) -> None:
@@ -53,7 +54,7 @@ def write_checkpoint(folder: str, heads: StackedHeads, opt: torch.optim.Optimize
 
     from pyarrow import fs as pafs
 
-    fs, root = filesystem(folder)
+    fs, root = resolve(folder)
     fs.create_dir(root, recursive=True)
     name = f"{CHECKPOINT}{epoch:06d}"
     partial = f"{root}/.{name}.partial"
@@ -72,13 +73,6 @@ def write_checkpoint(folder: str, heads: StackedHeads, opt: torch.optim.Optimize
     return f"{folder.rstrip('/')}/{name}"
 
 
-def filesystem(folder: str):
-    """(pyarrow filesystem, path in it) of a local path or a URI."""
-    from pyarrow import fs as pafs
-
-    return pafs.FileSystem.from_uri(folder) if "://" in folder else (pafs.LocalFileSystem(), os.path.abspath(folder))
-
-
 def checkpoints(fs, root: str) -> list[str]:
     """The names of the whole checkpoints under ``root``, oldest first."""
     from pyarrow import fs as pafs
@@ -94,7 +88,7 @@ def latest_checkpoint(folder: str):
 
     from pyarrow import fs as pafs
 
-    fs, root = filesystem(folder)
+    fs, root = resolve(folder)
     names = checkpoints(fs, root)
     if not names:
         yield None

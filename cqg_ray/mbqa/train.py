@@ -226,9 +226,8 @@ class TextSplit(DataConfig):
 
 
 def trainer_kind(cfg: TrainConfig) -> str:
-    """The trainer `fit_heads` uses: ``train.trainer``, where ``auto`` is one task for one worker, Ray Train for more."""
-    if cfg.trainer == "task" and cfg.num_workers != 1:
-        raise ValueError(f"train.trainer=task runs one worker, not train.num_workers={cfg.num_workers} (use ray or auto)")
+    """The trainer `fit_heads` uses: ``train.trainer``, where ``auto`` is one task for one worker, Ray Train for more
+    (``task`` with more workers is refused by `TrainConfig`)."""
     return cfg.trainer if cfg.trainer != "auto" else ("task" if cfg.num_workers == 1 else "ray")
 
 

@@ -1,5 +1,8 @@
 """A small synthetic MBQA problem: answers that a head can learn from the embeddings."""
 
+import os
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -35,3 +38,20 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def descendant_processes() -> dict[int, str]:
+    """pid -> command line of every process alive now that descends from this one (the local Ray it started, its
+    workers); another Ray on the machine is not among them."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()]
+    parent = {int(r[0]): int(r[1]) for r in rows}
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return {int(r[0]): r[2] if len(r) == 3 else "" for r in rows if ours(int(r[0]))}

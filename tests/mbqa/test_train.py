@@ -178,7 +178,7 @@ def test_the_task_trainers_checkpoints_on_a_remote_filesystem(tmp_path, monkeypa
     from cqg_ray.mbqa import checkpoint
 
     remote = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    monkeypatch.setattr(checkpoint, "filesystem", lambda folder: (remote, "bucket/run"))
+    monkeypatch.setattr(checkpoint, "resolve", lambda folder: (remote, "bucket/run"))
     heads = StackedHeads(4, 3, 2)
     opt = make_optimizer(heads, TrainConfig())
     for epoch in (1, 2, 3):

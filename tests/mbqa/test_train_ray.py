@@ -22,7 +22,7 @@ from cqg_ray.config import TrainConfig
 from cqg_ray.mbqa import train
 from cqg_ray.mbqa.train import LabelPairs, TrainResult, train_and_evaluate, train_heads
 
-from .conftest import make_problem
+from .conftest import descendant_processes, make_problem
 
 CFG = TrainConfig(epochs=4, lr=1e-2, num_workers=2, cpus_per_worker=0.5, checkpoint_every=1, seed=0)
 # the 1-worker run of `one_worker_run` (the 2-workers test's tolerances were measured at 40 epochs)
@@ -33,26 +33,11 @@ def train_worker_pids(title: str = "ray::RayTrainWorker") -> set[int]:
     """PIDs of the Ray Train worker actors (or of the processes titled ``title``) now alive in this process's Ray:
     descendants of this process (the local Ray it started) whose process title starts with ``title``. Another Ray on
     the machine is not counted."""
-    out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout
-    rows = [line.split(None, 2) for line in out.splitlines()]
-    parent = {int(r[0]): int(r[1]) for r in rows}
-
-    def ours(pid: int) -> bool:
-        while pid > 1:
-            pid = parent.get(pid, 0)
-            if pid == os.getpid():
-                return True
-        return False
-
-    return {int(r[0]) for r in rows if len(r) == 3 and r[2].startswith(title) and ours(int(r[0]))}
+    return {pid for pid, args in descendant_processes().items() if args.startswith(title)}
 
 
-def train_killing_a_worker(emb, dense, cfg, storage, name, after_epoch: int = 2):
-    """Run train_heads in a thread; once a checkpoint of `after_epoch` exists, SIGKILL one train worker process.
-
-    Returns (result or the exception train_heads raised, the epoch of the latest checkpoint when the kill happened).
-    """
-    before = train_worker_pids()
+def train_in_thread(emb, dense, cfg, storage, name) -> tuple[threading.Thread, dict]:
+    """train_heads started in a daemon thread; ``out["result"]`` is then its result or the exception it raised."""
     out: dict = {}
 
     def run():
@@ -63,6 +48,16 @@ def train_killing_a_worker(emb, dense, cfg, storage, name, after_epoch: int = 2)
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
+    return t, out
+
+
+def train_killing_a_worker(emb, dense, cfg, storage, name, after_epoch: int = 2):
+    """Run train_heads in a thread; once a checkpoint of `after_epoch` exists, SIGKILL one train worker process.
+
+    Returns (result or the exception train_heads raised, the epoch of the latest checkpoint when the kill happened).
+    """
+    before = train_worker_pids()
+    t, out = train_in_thread(emb, dense, cfg, storage, name)
     run_dir = os.path.join(storage, name)
     deadline = time.time() + 600  # a Train run starts ~7 processes: minutes on a busy 2-core machine (240 s was not enough)
     while time.time() < deadline and t.is_alive():
@@ -169,16 +164,7 @@ def test_the_task_trainer_gives_ray_trains_one_worker_heads_exactly(one_worker_r
 def train_killing_the_task(emb, dense, cfg, storage, name, after_epoch: int = 2):
     """Run train_heads (the task trainer) in a thread; once the task's checkpoint of `after_epoch` exists, SIGKILL the
     process running it. Returns (result or the exception train_heads raised, the newest checkpoint's epoch then)."""
-    out: dict = {}
-
-    def run():
-        try:
-            out["result"] = train_heads(emb, dense, cfg, storage, name)
-        except Exception as e:
-            out["result"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
+    t, out = train_in_thread(emb, dense, cfg, storage, name)
     folder = Path(storage) / name
     newest = lambda: max([int(p.name.split("_")[1]) for p in folder.glob("checkpoint_*")] or [-1])  # noqa: E731  whole ones
     deadline = time.time() + 300
