@@ -46,8 +46,10 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 SHARED_DATA = (ROOT / ".." / "shared" / "data").resolve()
-# CPU threads an in-process LLM engine gets in a test: one per pytest-xdist worker when two or more share the machine's
-# cores (two engines of 2 threads each on 2 cores, llama.cpp's spinning, ran the LLM files ~4x slower), else 2
+# CPU threads an LLM engine gets in a test (in its process, a subprocess or a job it submits): one when two or more
+# pytest-xdist workers share the machine's cores, else 2. Two engines of 2 threads each on 2 cores ran the LLM files ~4x
+# slower (llama.cpp's threads spin at each step); the cqg kill test took 325 s on 2 threads beside one busy core, 168 s
+# on 1 (AMD EPYC, AVX2)
 LLM_THREADS = 1 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else 2
 
 
@@ -149,7 +151,7 @@ def small_config(run_dir, corpus_file, backend="fake", extra=None, **cqg):
         "ray": {"num_cpus": 2},
         "corpus": {"paths": [str(corpus_file)], "limit": 300},
         "cluster": {"k": 8},
-        "llm": {"backend": backend, "flush_every": 1, "max_tokens_generate": 200, "llamacpp": {"n_ctx": 2048}},
+        "llm": {"backend": backend, "flush_every": 1, "max_tokens_generate": 200, "llamacpp": {"n_ctx": 2048, "n_threads": LLM_THREADS}},
         "cqg": {"n_p": 3, "n_h": 4, "n_e": 3, "p_p": 2, "p_h": 1, "p_e": 1, "t": 2, "max_text_chars": 160, **cqg},
         "label": {"n_cluster": 6, "n_neighbor": 4, "n_random": 2, "max_text_chars": 160},
         "train": {"epochs": 30, "lr": 0.003, "cpus_per_worker": 0.5, "checkpoint_every": 10},

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import LLM_THREADS
 from tests.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -324,7 +325,8 @@ def test_submit_full_pipeline_with_the_embedded_llm(head, until_cluster, tmp_pat
     cfgf = tiny_config(
         tmp_path / "full.yaml", run_dir, corpus_file,
         cluster={"k": K},
-        llm={"backend": "llamacpp", "flush_every": 1, "max_tokens_generate": 120, "llamacpp": {"n_ctx": 2048, "model": "bundled:qwen2.5-coder-0.5b"}},
+        llm={"backend": "llamacpp", "flush_every": 1, "max_tokens_generate": 120,
+             "llamacpp": {"n_ctx": 2048, "model": "bundled:qwen2.5-coder-0.5b", "n_threads": LLM_THREADS}},
         # own_cluster off: with 2 positive probes a question needs both to say yes, and on some CPUs (the AMX one's
         # bfloat16 engine, 2026-11-25) the 0.5B said yes to 1 of 2 for every candidate of these 3 clusters, leaving no
         # question for the stages after (the filters are tested in tests/cqg/test_stage.py). The property prompt with one

@@ -13,7 +13,7 @@ import pytest
 from cqg_ray.config import stage_hash
 from cqg_ray.rundir import RunDir, run_stage
 
-from tests.conftest import copy_clustered, small_config
+from tests.conftest import LLM_THREADS, copy_clustered, small_config
 
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "CQG_RAY_PROGRESS": "0"}
 
@@ -129,7 +129,7 @@ def test_cqg_real_llm_killed_and_resumed(clustered_run, corpus_file, tmp_path):
     # generations' time
     cfg = small_config(d, corpus_file, backend="llamacpp", max_clusters=3, questions_per_prompt=5, p_p=1, p_h=1, p_e=0, examples=1, keywords=0,
                        filters=["copy", "example", "long", "cut_off"],
-                       extra={"llm": {"max_tokens_generate": 80, "llamacpp": {"n_ctx": 2048, "batch_generate": 2}}})
+                       extra={"llm": {"max_tokens_generate": 80, "llamacpp": {"n_ctx": 2048, "batch_generate": 2, "n_threads": LLM_THREADS}}})
     cfgf = tmp_path / "c.yaml"
     cfgf.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     cmd = [sys.executable, "-m", "cqg_ray.cli", "cqg", "-c", str(cfgf)]

@@ -13,6 +13,7 @@ from cqg_ray.llm.parse import parse_answers, parse_questions
 from cqg_ray.llm.prompts import answer_messages, cqg_messages
 from cqg_ray.llm.runner import run_requests
 from cqg_ray.rundir import RunDir
+from tests.conftest import LLM_THREADS
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("llama_cpp")
@@ -35,7 +36,7 @@ def qwen_config(**kw) -> LLMConfig:
         part_paths(MODELS["qwen2.5-coder-0.5b"])
     except BundledModelError as e:
         pytest.skip(str(e))
-    return LLMConfig(backend="llamacpp", llamacpp=LlamaCppConfig(model="bundled:qwen2.5-coder-0.5b", n_ctx=2048), **kw)
+    return LLMConfig(backend="llamacpp", llamacpp=LlamaCppConfig(model="bundled:qwen2.5-coder-0.5b", n_ctx=2048, n_threads=LLM_THREADS), **kw)
 
 
 @pytest.fixture(scope="module")

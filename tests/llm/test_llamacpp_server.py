@@ -1,6 +1,5 @@
 """The OpenAI backend against a real OpenAI-compatible server: ``python -m llama_cpp.server`` on 127.0.0.1."""
 
-import os
 import re
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from cqg_ray.llm.parse import parse_answers
 from cqg_ray.llm.prompts import answer_messages
 from cqg_ray.llm.runner import run_requests
 from cqg_ray.rundir import RunDir
+from tests.conftest import LLM_THREADS
 from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ TEXTS = [
 def start_server(model, port: int, log_path) -> subprocess.Popen:
     """``python -m llama_cpp.server`` on 127.0.0.1:port, returned once it answers /v1/models."""
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", "local", "--host", "127.0.0.1",
-           "--port", str(port), "--n_ctx", "2048", "--n_threads", str(min(2, os.cpu_count() or 1))]  # fmt: skip
+           "--port", str(port), "--n_ctx", "2048", "--n_threads", str(LLM_THREADS)]  # fmt: skip
     log = open(log_path, "a")  # a file, not a pipe: the server logs a lot and would block on a full pipe
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     log.close()
