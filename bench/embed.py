@@ -43,7 +43,7 @@ def main():
     from cqg_ray.config import EmbedConfig
     from cqg_ray.embed import embed
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
-    from tests.serve.toy_model import build_toy_model
+    from cqg_ray.mbqa.toy import build_toy_model
 
     tmp = tempfile.mkdtemp(prefix="bench-embed-")
     model_path = a.model or build_toy_model(os.path.join(tmp, "model"))

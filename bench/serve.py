@@ -316,7 +316,7 @@ def main():
     from ray import serve
 
     from cqg_ray.serve.app import build_app
-    from tests.serve.toy_model import build_toy_model
+    from cqg_ray.mbqa.toy import build_toy_model
 
     model_path = a.model or build_toy_model(os.path.join(tempfile.mkdtemp(prefix="bench-serve-"), "model"))
     texts = read_texts(a.corpus, a.requests * a.texts_per_request, min_chars=20, max_chars=300)

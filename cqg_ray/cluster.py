@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from cqg_ray.artifacts import add_digests, embedding_batches, embedding_files, embedding_matrix, load_doc_ids, load_embeddings
 from cqg_ray.config import ClusterConfig
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
-from cqg_ray.search import top_k
+from cqg_ray.ranking import top_k
 
 log = logging.getLogger("cqg_ray")
 

@@ -15,8 +15,8 @@ bytes are viewed as uint64 words (zero-padded), `np.bitwise_count` counts bits, 
 n * ceil(m/64) AND+popcount operations. Search is exact and streams over chunks (or files), keeping a running
 top-k; ties are broken by corpus order, so results are deterministic.
 
-The pure core is the project's one copy of these: ``cosine_scores`` (popcount cosine over packed rows) and
-``top_k`` (exact top-k with ties, also used by evaluation's dense retrieval). Explanations of a pair live in
+The pure core is the project's one copy of ``cosine_scores`` (popcount cosine over packed rows); ``top_k`` (exact
+top-k with ties) lives in ``cqg_ray.ranking``, below the stages that share it. Explanations of a pair live in
 ``cqg_ray.explain``.
 
     index = load_index("runs/demo/embeddings")                    # the OUT folder of `cqg-ray embed`
@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from cqg_ray.explain import reliability_note
 from cqg_ray.artifacts import EMBED_MANIFEST, embed_output_files, embed_output_texts, embedding_matrix, read_embed_output
 from cqg_ray.mbqa.budget import Budget, active_mask
+from cqg_ray.ranking import top_k
 from cqg_ray.rundir import ArtifactError, RunDir
 
 # ----------------------------------------------------------------------------------------- pure core
@@ -64,31 +65,6 @@ def cosine_scores(query_words: np.ndarray, words: np.ndarray, counts: np.ndarray
     with np.errstate(divide="ignore", invalid="ignore"):
         scores = np.where(denom > 0, inter / np.where(denom > 0, denom, 1.0), 0.0)
     return scores, inter
-
-
-def top_k(scores: np.ndarray, k: int, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The k best scores of each row and their ids, best first; exact with ties: among equal scores the lower id wins.
-
-    scores: (n, c), or one row (c,); ids: the same shape (default: the column positions 0..c-1). Returns (scores,
-    ids), each (n, min(k, c)), or (min(k, c),) for one row. Every candidate tied with the k-th score is considered.
-    """
-    one = np.ndim(scores) == 1
-    scores = np.atleast_2d(scores)
-    ids = np.broadcast_to(np.arange(scores.shape[1]), scores.shape) if ids is None else np.atleast_2d(ids)
-    k = max(0, min(k, scores.shape[1]))
-    if k == 0:
-        out_s, out_i = scores[:, :0], ids[:, :0]
-    else:
-        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        out_s, out_i = np.take_along_axis(scores, part, axis=1), np.take_along_axis(ids, part, axis=1)
-        order = np.lexsort((out_i, -out_s), axis=-1)
-        out_s, out_i = np.take_along_axis(out_s, order, axis=1), np.take_along_axis(out_i, order, axis=1)
-        # rows where more candidates tie with the k-th score than fit: the lowest ids among the tied ones
-        for r in np.flatnonzero((scores >= out_s[:, -1:]).sum(axis=1) > k):
-            cand = np.flatnonzero(scores[r] >= out_s[r, -1])
-            best = cand[np.lexsort((ids[r, cand], -scores[r, cand]))[:k]]
-            out_s[r], out_i[r] = scores[r, best], ids[r, best]
-    return (out_s[0], out_i[0]) if one else (out_s, out_i)
 
 
 def shared_questions(query_packed: np.ndarray, doc_packed: np.ndarray, m: int) -> list[int]:

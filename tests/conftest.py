@@ -198,7 +198,7 @@ def toy_run(run_dir, encoder, config: dict | None = None, prepare: bool = True):
 
     from cqg_ray.config import dump_config, stage_hash
     from cqg_ray.rundir import RunDir, run_stage
-    from tests.serve.toy_model import build_toy_model
+    from cqg_ray.mbqa.toy import build_toy_model
 
     cfg = config_from_dict({"run_dir": str(run_dir), "encode": {"backend": "torch-float32"}, **(config or {})})
     run = RunDir(str(run_dir))

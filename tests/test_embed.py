@@ -23,7 +23,7 @@ from cqg_ray.rundir import ArtifactError, RunDir
 
 @pytest.fixture(scope="module")
 def toy_model(tmp_path_factory):
-    from tests.serve.toy_model import build_toy_model
+    from cqg_ray.mbqa.toy import build_toy_model
 
     return build_toy_model(str(tmp_path_factory.mktemp("toy") / "model"))
 
@@ -65,7 +65,7 @@ def test_relative_names():
 
 
 def test_model_fingerprint_follows_the_heads(toy_model, tmp_path):
-    from tests.serve.toy_model import build_toy_model
+    from cqg_ray.mbqa.toy import build_toy_model
 
     other = build_toy_model(str(tmp_path / "m2"), cut=0.2)
     assert model_fingerprint(toy_model) == model_fingerprint(toy_model)

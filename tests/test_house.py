@@ -1,5 +1,6 @@
 """The house rules the code keeps: no module over 450 lines unless its docstring's first line says why ("long"), and
-no import circle between cqg_ray's modules, imports inside functions counted."""
+no import circle between cqg_ray's modules, imports inside functions counted; neither the package nor the benches and
+scripts import the tests."""
 
 import ast
 from pathlib import Path
@@ -88,3 +89,15 @@ def test_no_module_over_450_lines_without_saying_why():
         if "long" not in first.lower():
             long.append(f"{name}: {len(text.splitlines())} lines")
     assert long == []
+
+
+def test_the_package_benches_and_scripts_import_nothing_from_the_tests():
+    root = PKG.parent
+    paths = sorted(PKG.rglob("*.py")) + sorted((root / "bench").glob("*.py")) + sorted((root / "scripts").glob("*.py"))
+    assert len(paths) > 100
+    found = []
+    for p in paths:
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{p.relative_to(root)}: {n}" for n in names if n == "tests" or n.startswith("tests.")]
+    assert found == []

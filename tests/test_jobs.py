@@ -376,7 +376,7 @@ def test_submit_serve_deploys_and_returns(head, tmp_path):
     the application keeps answering over HTTP after the job, until `serve shutdown`."""
     import httpx
 
-    from tests.serve.toy_model import build_toy_model
+    from cqg_ray.mbqa.toy import build_toy_model
 
     model = build_toy_model(str(tmp_path / "model"))
     port = free_ports(1)[0]

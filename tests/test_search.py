@@ -7,7 +7,7 @@ import pytest
 
 from cqg_ray.embed import embed_output_table
 from cqg_ray.explain import binary_cosine
-from cqg_ray.search import BinaryIndex, SparseIndex, cosine_scores, popcounts, search_chunks, shared_questions, to_words, top_k
+from cqg_ray.search import BinaryIndex, SparseIndex, cosine_scores, popcounts, search_chunks, shared_questions, to_words
 
 
 def cosine_of_bits(a, b) -> float:
@@ -49,28 +49,6 @@ def test_cosine_scores_equal_brute_force(m):
     zero_q = np.zeros(m, np.uint8)
     s0, _ = cosine_scores(to_words(np.packbits(zero_q))[0], to_words(np.packbits(bits, axis=1)))
     assert s0.tolist() == [0.0] * 300
-
-
-def test_top_k_ties_by_row_order():
-    scores = np.array([0.5, 0.9, 0.5, 0.1, 0.9, 0.5])
-    assert top_k(scores, 3)[1].tolist() == [1, 4, 0]
-    assert top_k(scores, 4)[1].tolist() == [1, 4, 0, 2]
-    assert top_k(scores, 10)[1].tolist() == [1, 4, 0, 2, 5, 3]
-    assert top_k(scores, 10)[0].tolist() == [0.9, 0.9, 0.5, 0.5, 0.5, 0.1]
-    assert top_k(scores, 0)[1].tolist() == []
-
-
-def test_top_k_per_row_with_ids_equals_a_full_sort():
-    rng = np.random.default_rng(0)
-    scores = rng.integers(0, 4, size=(50, 40)).astype(np.float32)  # many ties at every cut
-    ids = np.broadcast_to(np.arange(100, 140), scores.shape)[:, ::-1]  # higher columns have lower ids
-    for k in (1, 5, 39, 40, 60):
-        s, i = top_k(scores, k, ids)
-        assert s.shape == i.shape == (50, min(k, 40))
-        for r in range(50):
-            want = sorted(zip(-scores[r], ids[r]))[:k]
-            assert list(zip(-s[r], i[r])) == want
-    assert top_k(scores, 0, ids)[1].shape == (50, 0)
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 7, 64, 10_000])

@@ -211,7 +211,7 @@ def test_unit_actor_reports_its_bytes_and_reads_each_footer_once(tmp_path):
 
 @pytest.fixture(scope="module")
 def toy_model(tmp_path_factory):
-    from tests.serve.toy_model import build_toy_model
+    from cqg_ray.mbqa.toy import build_toy_model
 
     return build_toy_model(str(tmp_path_factory.mktemp("toy") / "model"))
 

@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.stats import spearmanr
 
-from cqg_ray.search import top_k
+from cqg_ray.ranking import top_k
 
 Matrix = np.ndarray | sp.spmatrix | sp.sparray
 

@@ -118,7 +118,7 @@ def test_nearest_pairs_by_binary_cosine_skip_texts_without_yes():
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
-    from tests.serve.toy_model import build_toy_model
+    from cqg_ray.mbqa.toy import build_toy_model
 
     return InterpretableEmbedder.load(build_toy_model(str(tmp_path_factory.mktemp("toy") / "model")), device="cpu")
 

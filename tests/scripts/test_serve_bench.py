@@ -16,7 +16,7 @@ def test_the_ceiling_uses_the_replicas_backend_threads_and_encoder_batch(tmp_pat
 
     from serve import encoder_ceiling
 
-    from tests.serve.toy_model import build_toy_model
+    from cqg_ray.mbqa.toy import build_toy_model
 
     path = build_toy_model(str(tmp_path / "model"))
     texts = [f"A short text number {i} about the weather in a city." for i in range(24)]

@@ -12,7 +12,7 @@ TOKEN = "test-token-5f2c"
 
 @pytest.fixture(scope="session")
 def toy_model(tmp_path_factory) -> str:
-    from tests.serve.toy_model import build_toy_model
+    from cqg_ray.mbqa.toy import build_toy_model
 
     return build_toy_model(str(tmp_path_factory.mktemp("toy") / "model"))
 

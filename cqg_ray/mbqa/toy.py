@@ -1,6 +1,6 @@
-"""A small but real model folder for the tests and benchmarks of the serving side (no training needed).
+"""A small but real model folder (no training needed): what the serving side's tests and the benchmarks load.
 
-    from tests.serve.toy_model import build_toy_model
+    from cqg_ray.mbqa.toy import build_toy_model
     path = build_toy_model("/tmp/toy-model")        # bundled MiniLM + 32 hand-set heads
     model = InterpretableEmbedder.load(path)
 
