@@ -63,6 +63,14 @@ class Request:
             raise ValueError("a request is either single-pass (yes_no) or packed (n_answers), not both")
 
 
+def p_yes_read(llm: LLMConfig, req: Request) -> int:
+    """How an engine's rows say to read a reply's P(yes) (their ``p_yes_read`` column): 0 single-pass (the first
+    position's top logprobs), n the n packed answer lines (when ``llm.logprobs``), -1 none."""
+    if req.yes_no:
+        return 0
+    return req.n_answers if llm.logprobs and req.n_answers is not None else -1
+
+
 def request_of(row: dict[str, Any]) -> Request:
     """The Request of a one-job row (``cqg_ray.llm.plan_work.job_row``: the request's fields as JSON in ``request_json``)."""
     import json

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from cqg_ray import progress
 from cqg_ray.config import LLMConfig, PipelineConfig
+from cqg_ray.llm.base import p_yes_read
 from cqg_ray.llm.ledger import KeyIndex, Ledger, request_key, worker_journal
 
 PARTS = "parts"  # under the stage folder: the assemble pass's Parquet parts
@@ -221,8 +222,8 @@ class PlanWorker:
 
 
 def job_row(key: str, req, llm: LLMConfig, attempt: int) -> dict[str, Any]:
-    """A request as a row of a one-job pipeline: key, the request as JSON (meta left out), n_answers (0: single-pass,
-    -1: free text). Attempts after the first sample as the runner's retries do (``RETRY_TEMPERATURE``, seed = attempt)."""
+    """A request as a row of a one-job pipeline: key, the request as JSON (meta left out), p_yes_read (``base.p_yes_read``:
+    how its reply's P(yes) is read). Attempts after the first sample as the runner's retries do (``RETRY_TEMPERATURE``, seed = attempt)."""
     import dataclasses
 
     from cqg_ray.llm.runner import RETRY_TEMPERATURE
@@ -230,7 +231,7 @@ def job_row(key: str, req, llm: LLMConfig, attempt: int) -> dict[str, Any]:
     if attempt > 1:
         req = dataclasses.replace(req, temperature=max(llm.temperature, RETRY_TEMPERATURE), seed=attempt)
     fields = {k: v for k, v in dataclasses.asdict(req).items() if k != "meta"}
-    return {"key": key, "request_json": json.dumps(fields), "n_answers": 0 if req.yes_no else req.n_answers if req.n_answers is not None else -1}
+    return {"key": key, "request_json": json.dumps(fields), "p_yes_read": p_yes_read(llm, req)}
 
 
 class _PendingRows:
@@ -241,7 +242,7 @@ class _PendingRows:
 
     def __call__(self, batch: dict) -> dict:
         rows = [r for g in batch["group"] for r in self.worker.pending_rows(int(g), self.attempt)]
-        return {k: np.array([r[k] for r in rows], dtype=object if k != "n_answers" else np.int64) for k in ("key", "request_json", "n_answers")}
+        return {k: np.array([r[k] for r in rows], dtype=object if k != "p_yes_read" else np.int64) for k in ("key", "request_json", "p_yes_read")}
 
 
 class _LedgerRows:

@@ -124,9 +124,10 @@ def test_rows_round_trip_through_preprocess():
 
 
 def test_postprocess_and_completion_from_row():
-    row = {"idx": 4, "generated_text": "1. yes\n", "num_input_tokens": 120, "num_generated_tokens": 5, "n_answers": 1, "generated_tokens": [], "logprobs": None}
+    row = {"idx": 4, "generated_text": "1. yes\n", "num_input_tokens": 120, "num_generated_tokens": 5, "p_yes_read": 1, "generated_tokens": [],
+           "logprobs": None}
     out = postprocess(row)
-    assert out == {"idx": 4, "text": "1. yes\n", "prompt_tokens": 120, "completion_tokens": 5, "p_yes_json": "null", "n_answers": 1}
+    assert out == {"idx": 4, "text": "1. yes\n", "prompt_tokens": 120, "completion_tokens": 5, "p_yes_json": "null", "p_yes_read": 1}
     idx, c = completion_from_row({**out, "__inference_error__": ""})
     assert (idx, c.text, c.prompt_tokens, c.completion_tokens, c.p_yes, c.error) == (4, "1. yes\n", 120, 5, None, None)
 
@@ -140,14 +141,18 @@ def test_one_job_rows_in_and_out():
     req = Request(answer_messages("A text.", ["Is it short?"]), max_tokens=8, yes_no=True, answer_prefix="1.", meta={"doc_id": "d1"})
     first, second = job_row("k" * 64, req, llm, 1), job_row("k" * 64, req, llm, 2)
     assert request_of(first) == Request(req.messages, 8, yes_no=True, answer_prefix="1.")  # meta stays out of the row
-    assert first["n_answers"] == 0 and request_of(second).temperature == 0.7 and request_of(second).seed == 2
+    assert first["p_yes_read"] == 0 and request_of(second).temperature == 0.7 and request_of(second).seed == 2
+    # the request rows' rule (base.p_yes_read): a packed request's answer lines are read for P(yes) only with logprobs
+    packed = Request(answer_messages("A text.", ["Is it short?", "Is it long?"]), max_tokens=20, n_answers=2)
+    assert job_row("p" * 64, packed, llm, 1)["p_yes_read"] == -1
+    assert job_row("p" * 64, packed, llm.model_copy(update={"logprobs": True}), 1)["p_yes_read"] == 2
     pre = job_preprocess(llm, first)
     assert pre["messages"][-1] == {"role": "assistant", "content": "1."}
     assert pre["sampling_params"] == {"temperature": 0.0, "max_tokens": 1, "logprobs": 20}
     assert job_preprocess(llm, second)["sampling_params"] == {"temperature": 0.7, "max_tokens": 1, "seed": 2, "logprobs": 20}
     out = job_postprocess({**first, "generated_text": " yes", "num_input_tokens": 30, "num_generated_tokens": 1, "generated_tokens": [],
                            "logprobs": None})
-    assert out == {"key": "k" * 64, "request_json": first["request_json"], "n_answers": 0, "text": " yes", "prompt_tokens": 30,
+    assert out == {"key": "k" * 64, "request_json": first["request_json"], "p_yes_read": 0, "text": " yes", "prompt_tokens": 30,
                    "completion_tokens": 1, "p_yes_json": "null", "error": "vLLM: single-pass answer without yes/no logprobs"}
     err = job_postprocess({**first, "__inference_error__": "ValueError: prompt too long"})
     assert (err["error"], err["text"], err["key"]) == ("vLLM: ValueError: prompt too long", "", "k" * 64)
@@ -172,7 +177,7 @@ def test_vllm_logprobs_to_p_yes():
     ]
     tokens = tokens_from_vllm_logprobs(gen, lps)
     assert [t for t, _, _ in tokens] == ["1", ".", " yes", "\n"]
-    out = postprocess({"idx": 0, "generated_text": "1. yes\n", "num_input_tokens": 1, "num_generated_tokens": 4, "n_answers": 1,
+    out = postprocess({"idx": 0, "generated_text": "1. yes\n", "num_input_tokens": 1, "num_generated_tokens": 4, "p_yes_read": 1,
                        "generated_tokens": gen, "logprobs": lps})
     assert json.loads(out["p_yes_json"]) == [pytest.approx(0.9)]
 
@@ -194,7 +199,7 @@ def test_mixed_shapes_share_one_job_where_every_int_key_can_be_given():
         single,
     ]
     rows = request_rows(llm, reqs, lambda r: 0.0)
-    assert [r["n_answers"] for r in rows] == [1, -1, 2, 0]
+    assert [r["p_yes_read"] for r in rows] == [1, -1, 2, 0]
     (group,) = sampling_groups(rows)
     assert [row["idx"] for row in group] == [0, 1, 2, 3]
     assert [json.loads(row["sampling_json"]) for row in group] == [
@@ -209,12 +214,12 @@ def test_mixed_shapes_share_one_job_where_every_int_key_can_be_given():
     assert "seed" not in json.loads(sampling_groups(sampled)[1][0]["sampling_json"])
     as_json = {**rows[1], "idx": 4, "sampling_json": json.dumps({"temperature": 0.0, "max_tokens": 9, "structured_outputs": {"json": {}}})}
     assert [[row["idx"] for row in g] for g in sampling_groups([rows[0], as_json, rows[1]])] == [[0, 1], [4]]
-    assert [r["n_answers"] for r in request_rows(LLMConfig(backend="vllm"), reqs, lambda r: 0.0)] == [-1, -1, -1, 0]  # no logprobs asked
+    assert [r["p_yes_read"] for r in request_rows(LLMConfig(backend="vllm"), reqs, lambda r: 0.0)] == [-1, -1, -1, 0]  # no logprobs asked
 
 
 def test_single_pass_through_vllm_rows():
     """A single-pass request: one token with 20 logprobs, the reply prefix as a final assistant message (Ray's chat
-    template stage continues it), P(yes) from the first position; n_answers 0 marks it in the rows."""
+    template stage continues it), P(yes) from the first position; p_yes_read 0 marks it in the rows."""
     from cqg_ray.llm.answers import answer_requests
     from cqg_ray.llm.engines.vllm import chat_messages
 
@@ -224,10 +229,10 @@ def test_single_pass_through_vllm_rows():
     assert chat_messages(req) == [*req.messages, {"role": "assistant", "content": "1."}]
     lp = [{"9": {"logprob": math.log(0.6), "decoded_token": " yes"}, "7": {"logprob": math.log(0.2), "decoded_token": " no"},
            "5": {"logprob": math.log(0.1), "decoded_token": " maybe"}}]
-    out = postprocess({"idx": 1, "generated_text": " yes", "num_input_tokens": 90, "num_generated_tokens": 1, "n_answers": 0,
+    out = postprocess({"idx": 1, "generated_text": " yes", "num_input_tokens": 90, "num_generated_tokens": 1, "p_yes_read": 0,
                        "generated_tokens": [9], "logprobs": lp})
     idx, c = completion_from_row(out)
     assert idx == 1 and c.error is None and c.p_yes == [pytest.approx(0.75)]
-    none = postprocess({"idx": 2, "generated_text": "The", "num_generated_tokens": 1, "n_answers": 0, "generated_tokens": [3],
+    none = postprocess({"idx": 2, "generated_text": "The", "num_generated_tokens": 1, "p_yes_read": 0, "generated_tokens": [3],
                         "logprobs": [{"3": {"logprob": 0.0, "decoded_token": "The"}}]})
     assert completion_from_row(none)[1].error == "vLLM: single-pass answer without yes/no logprobs"

@@ -97,7 +97,7 @@ def fake_job_batch(llm: LLMConfig, reply, batch: dict) -> dict:
 
     rows = [{k: v[i] for k, v in batch.items()} for i in range(len(batch["key"]))]
     done = FakeBackend(llm, reply=reply, record=False).complete([request_of(r) for r in rows])
-    out = {k: list(batch[k]) for k in ("key", "request_json", "n_answers")}
+    out = {k: list(batch[k]) for k in ("key", "request_json", "p_yes_read")}
     out.update({"text": [c.text for c in done], "prompt_tokens": [c.prompt_tokens for c in done],
                 "completion_tokens": [c.completion_tokens for c in done], "p_yes_json": [json.dumps(c.p_yes) for c in done],
                 "error": [c.error or "" for c in done]})

@@ -26,7 +26,7 @@ import json
 from typing import Any, Iterator, Sequence
 
 from cqg_ray.config import LLMConfig, RayConfig, VLLMConfig
-from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_regex, request_of, vllm_dtype
+from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_regex, p_yes_read, request_of, vllm_dtype
 from cqg_ray.llm.parse import p_yes_from_tokens, p_yes_from_top
 from cqg_ray.pools import declared, pool_range
 
@@ -104,19 +104,11 @@ def chat_messages(req: Request) -> list[dict[str, str]]:
     return req.messages
 
 
-def p_yes_read(llm: LLMConfig, req: Request) -> int:
-    """How `postprocess` reads a reply's P(yes) (the rows' ``n_answers``): 0 single-pass (the first position's top
-    logprobs), n the n packed answer lines (when ``llm.logprobs``), -1 none."""
-    if req.yes_no:
-        return 0
-    return req.n_answers if llm.logprobs and req.n_answers is not None else -1
-
-
 def request_rows(llm: LLMConfig, requests: Sequence[Request], temperature_of) -> list[dict[str, Any]]:
     """Dataset rows: idx + messages and sampling params as JSON strings (one Arrow schema for every row) + `p_yes_read`."""
     return [
         {"idx": i, "messages_json": json.dumps(chat_messages(r)), "sampling_json": json.dumps(sampling_params(llm, r, temperature_of(r))),
-         "n_answers": p_yes_read(llm, r)}
+         "p_yes_read": p_yes_read(llm, r)}
         for i, r in enumerate(requests)
     ]
 
@@ -150,7 +142,7 @@ def tokens_from_vllm_logprobs(generated_tokens: Sequence[int], logprobs: Sequenc
 def postprocess(row: dict[str, Any]) -> dict[str, Any]:
     """Engine output row -> the few columns the runner needs (p_yes as JSON: None or a list)."""
     p_yes = None
-    n = row.get("n_answers", -1)
+    n = row.get("p_yes_read", -1)
     if n == 0 and row.get("logprobs") is not None:  # 0 marks a single-pass request
         p = p_yes_from_top(tokens_from_vllm_logprobs(list(row.get("generated_tokens") or []), list(row["logprobs"])))
         p_yes = None if p is None else [p]
@@ -163,7 +155,7 @@ def postprocess(row: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens": int(row.get("num_input_tokens") or 0),
         "completion_tokens": int(row.get("num_generated_tokens") or 0),
         "p_yes_json": json.dumps(p_yes),
-        "n_answers": int(n if n is not None else -1),
+        "p_yes_read": int(n if n is not None else -1),
     }
 
 
@@ -176,7 +168,7 @@ def completion_from_row(row: dict[str, Any]) -> tuple[int, Completion]:
     if err:
         return idx, Completion("", error=f"vLLM: {err}")
     p_yes = json.loads(row.get("p_yes_json") or "null")
-    if row.get("n_answers") == 0 and not p_yes:
+    if row.get("p_yes_read") == 0 and not p_yes:
         return idx, Completion(row.get("text") or "", int(row.get("prompt_tokens") or 0), int(row.get("completion_tokens") or 0),
                                error="vLLM: single-pass answer without yes/no logprobs")
     return idx, Completion(row.get("text") or "", int(row.get("prompt_tokens") or 0), int(row.get("completion_tokens") or 0), p_yes)
@@ -229,12 +221,12 @@ def job_preprocess(llm: LLMConfig, row: dict[str, Any]) -> dict[str, Any]:
 
 def job_postprocess(row: dict[str, Any]) -> dict[str, Any]:
     """Engine output row -> a completion row of the one-job pipeline (an engine error row included; pure, unit-tested)."""
-    keep = {"key": row["key"], "request_json": row["request_json"], "n_answers": int(row.get("n_answers", -1))}
+    keep = {"key": row["key"], "request_json": row["request_json"], "p_yes_read": int(row.get("p_yes_read", -1))}
     err = row.get("__inference_error__") or ""
     if err:
         return {**keep, "text": "", "prompt_tokens": 0, "completion_tokens": 0, "p_yes_json": "null", "error": f"vLLM: {err}"}
     out = postprocess({**row, "idx": -1})
-    error = "vLLM: single-pass answer without yes/no logprobs" if keep["n_answers"] == 0 and out["p_yes_json"] == "null" else ""
+    error = "vLLM: single-pass answer without yes/no logprobs" if keep["p_yes_read"] == 0 and out["p_yes_json"] == "null" else ""
     return {**keep, "text": out["text"], "prompt_tokens": out["prompt_tokens"], "completion_tokens": out["completion_tokens"],
             "p_yes_json": out["p_yes_json"], "error": error}
 
