@@ -5,6 +5,7 @@ engines are torch and llama.cpp is absent (tests/llm/test_without_llama_cpp.py).
 
 import pytest
 
+from cqg_ray.llm.engines.bundled import hf_folder_path
 from cqg_ray.llm.prompts import SINGLE_ANSWER_PREFIX, answer_messages, cqg_messages, judge_shot_messages, single_answer_messages
 
 PROMPTS = [
@@ -19,10 +20,10 @@ REPLIES = ["1. Is it about whales?\n2. Does the text mention a city?", "Ja, √ºn√
 def both(name: str, cache_dir: str | None = None):
     pytest.importorskip("llama_cpp")
     from cqg_ray.config import LlamaCppConfig
-    from cqg_ray.llm.engines.bundled import BundledModelError, cache_root, hf_folder, resolve_model
+    from cqg_ray.llm.engines.bundled import BundledModelError, hf_folder, resolve_model
     from cqg_ray.llm.engines.chat_tokens import ChatTokens, HFChatTokens
 
-    if name == "qwen2.5-coder-1.5b" and not (cache_root(None) / "models" / f"{name}-hf" / "config.json").is_file():
+    if name == "qwen2.5-coder-1.5b" and not (hf_folder_path(f"bundled:{name}") / "config.json").is_file():
         pytest.skip("the 1.5B's dequantised folder is not on this machine (3.4 GB, minutes to make; the reference build and "
                     "the torch writer make it): checked where it is")
     try:
@@ -53,7 +54,7 @@ def test_the_hf_tokenizer_gives_llama_cpps_tokens_ids_and_text(name):
 
 def test_before_the_weights_are_dequantised_the_tokenizer_comes_from_the_gguf(tmp_path):
     ours, hf = both("smollm2-135m", cache_dir=str(tmp_path))
-    assert not (tmp_path / "models" / "smollm2-135m-hf").exists()  # read from the GGUF, nothing dequantised
+    assert not hf_folder_path("bundled:smollm2-135m", str(tmp_path)).exists()  # read from the GGUF, nothing dequantised
     for messages, prefix in PROMPTS:
         assert hf(messages, prefix) == ours(messages, prefix)
     assert hf.eog_ids() == ours.eog_ids()
