@@ -6,14 +6,16 @@
 #   bash scripts/setup.sh --llama-cpp   # and llama-cpp-python (the tests: scripts/test.sh asks for it; CQG_RAY_LLAMA_CPP=1 too)
 # On x86 CPUs with AVX2 the embedded LLM runs on torch without llama.cpp (its engines' `auto` chooses among those
 # installed: docs/llm.md), so llama-cpp-python, a compile of ~5 minutes on 2 cores, is built only when asked for; on
-# other CPUs (no AVX2, ARM) it is always built: llama.cpp is the fast engine there.
+# other CPUs (no AVX2, ARM) it is always built: llama.cpp is the fast engine there. The torch engines read the bundled
+# GGUF models dequantised to safetensors folders in the cache: set-up makes the demo's two (CQG_RAY_DEQUANTIZE, bundled
+# names, space-separated; empty for none) beside its pip installs, so that the demo's first use does not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 llama=${CQG_RAY_LLAMA_CPP:-0}
 for arg in "$@"; do
   case "$arg" in
     --llama-cpp) llama=1 ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scripts/setup.sh: unknown argument $arg (--llama-cpp, --help)" >&2; exit 2 ;;
   esac
 done
@@ -41,19 +43,32 @@ fi
 # it; then the wheel, then the package without resolving its dependencies again (its `cpu` extra would otherwise have
 # pip compile llama-cpp-python with the default flags)
 LLAMA="$VENV/bin/python scripts/install_llama_cpp.py --constraints constraints-cpu.txt"
+trap 'kill ${build:-} ${dequantize:-} 2>/dev/null || true' EXIT  # a failed step stops the compile and the dequantising too
 if [ "$llama" = 1 ]; then
   $LLAMA --build-only > "$VENV/.llama-build.log" 2>&1 &
   build=$!
-  trap 'kill "$build" 2>/dev/null || true' EXIT  # a failed step below stops the compile too
 fi
 $LLAMA --no-llama
 $LLAMA --print-deps dev > "$VENV/.requirements.txt"
+# the dequantising (single-threaded, one process per model: ~2 min for both on 2 cores) needs only transformers, gguf
+# and accelerate: installed first, then it runs beside the rest. Run by path, so that it imports none of the package.
+models=${CQG_RAY_DEQUANTIZE-qwen2.5-coder-0.5b qwen2.5-coder-1.5b}
+if [ -n "$models" ]; then
+  $PIP install -c constraints-cpu.txt $(grep -E '^(transformers|gguf|accelerate|safetensors)\b' "$VENV/.requirements.txt")
+  # shellcheck disable=SC2086  # one argument per model
+  "$VENV/bin/python" cqg_ray/llm/engines/bundled.py $(printf 'bundled:%s ' $models) > "$VENV/.dequantize.log" 2>&1 &
+  dequantize=$!
+fi
 $PIP install -c constraints-cpu.txt -r "$VENV/.requirements.txt"
 if [ "$llama" = 1 ]; then
   wait "$build" || { cat "$VENV/.llama-build.log" >&2; echo "[setup] compiling llama-cpp-python failed (log above)" >&2; exit 1; }
   $LLAMA --no-models
 fi
 $PIP install --no-deps -e .
+if [ -n "$models" ]; then
+  wait "$dequantize" && tail -1 "$VENV/.dequantize.log" \
+    || { tail -5 "$VENV/.dequantize.log" >&2; echo "[setup] WARNING: dequantising $models failed (log above): the first use does it" >&2; }
+fi
 installed=$("$VENV/bin/python" -c 'import importlib.util; print(int(importlib.util.find_spec("llama_cpp") is not None))')
 echo "$want llama=$installed" > "$STAMP"
 echo "[setup] done: $("$VENV/bin/python" -c 'import torch, ray; print("torch", torch.__version__, "| ray", ray.__version__)')" \

