@@ -55,7 +55,8 @@ def main() -> None:
     print(cpu_line(), flush=True)
     import faiss
 
-    from cqg_ray.search import SparseIndex, top_k
+    from cqg_ray.ranking import top_k
+    from cqg_ray.search import SparseIndex
 
     X = corpus(a.docs, a.m, a.k_active, 0)
     Q = corpus(a.queries, a.m, a.k_active, 1).toarray()

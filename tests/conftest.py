@@ -182,7 +182,7 @@ def clustered_run(tmp_path_factory, corpus_file, ray_local):
     return d
 
 
-# A run directory made without Ray: a prepared corpus of four texts and a hand-set model folder (tests.serve.toy_model)
+# A run directory made without Ray: a prepared corpus of four texts and a hand-set model folder (cqg_ray.mbqa.toy)
 # at <run_dir>/model, whose first question is a corpus text word for word.
 TOY_CORPUS = ["A man in a khaki jacket and ball cap walks down the street.", "The central bank raised interest rates again.",
               "A small dog chases a red ball across the park.", "The new phone has a larger screen and a faster chip."]

@@ -234,7 +234,7 @@ class Backend:
                 yield start + i, c
 
     def job(self, ds: Any) -> Any:
-        """A Ray Dataset of one-job rows (``cqg_ray.llm.plan_work.job_row``: key, request_json, n_answers) -> completion rows
+        """A Ray Dataset of one-job rows (``cqg_ray.llm.plan_work.job_row``: key, request_json, p_yes_read) -> completion rows
         (those columns + text, prompt_tokens, completion_tokens, p_yes_json, error), for engines that run as a Ray Data
         stage of their own (vLLM's ``ray.data.llm`` processor). Other engines answer in the stream's actor pool."""
         raise NotImplementedError(f"{type(self).__name__} answers in the stream's actor pool, not as a Ray Data job")

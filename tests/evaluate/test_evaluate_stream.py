@@ -21,7 +21,7 @@ from cqg_ray.evaluate.models import budgeted, model_budget
 from cqg_ray.evaluate.report import evaluate_model
 from cqg_ray.evaluate.sweeps import budget_curves
 from cqg_ray.mbqa.budget import Budget, apply_budget
-from cqg_ray.search import top_k
+from cqg_ray.ranking import top_k
 
 
 def old_top_k_cosine(Q, D, k=10, query_batch=1024, doc_batch=65536):

@@ -160,3 +160,21 @@ def test_set_ups_dequantising_makes_the_folders_side_by_side_once(tmp_path):
     before = {p: p.stat().st_mtime_ns for p in side}
     r = subprocess.run([sys.executable, bundled.__file__, *models], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and {p: p.stat().st_mtime_ns for p in side} == before
+
+
+def test_dequantize_all_goes_one_at_a_time_where_memory_is_short_and_skips_what_is_made(tmp_path, monkeypatch):
+    made = []
+
+    def fake_folder(name, cache_dir=None):
+        made.append(name)
+        out = bundled.hf_folder_path(name, cache_dir)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        return out
+
+    monkeypatch.setattr(bundled, "hf_folder", fake_folder)  # in this process: a pool's workers would not see it
+    monkeypatch.setattr(bundled, "available_memory_gb", lambda: bundled.DEQUANTIZE_GB * 2 - 0.1)
+    names = ["bundled:smollm2-135m", "bundled:qwen2.5-coder-0.5b", "bundled:smollm2-135m"]
+    out = bundled.dequantize_all(names, str(tmp_path))
+    assert made == names[:2] and out == [bundled.hf_folder_path(n, str(tmp_path)) for n in names]
+    assert bundled.dequantize_all(names, str(tmp_path)) == out and made == names[:2]  # nothing made twice

@@ -206,11 +206,18 @@ def dequantize_to_hf(name_or_path: str, out_dir: str | Path, cache_dir: str | No
     if (out / "config.json").is_file():
         return out
     tmp = out.with_name(out.name + f".{uuid.uuid4().hex[:8]}.tmp")
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True), dtype=dtype)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    os.replace(tmp, out)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True),
+                                                     dtype=dtype)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, out)
+    except OSError:
+        if not (out / "config.json").is_file():  # not another process that made the same folder first
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -234,11 +241,24 @@ def hf_folder(name_or_path: str, cache_dir: str | None = None) -> Path:
     return dequantize_to_hf(name_or_path, out, cache_dir)
 
 
+DEQUANTIZE_GB = 6.0  # peak memory of one dequantising process (the 1.5B: 5.7 GB; the 0.5B less)
+
+
+def available_memory_gb() -> float:
+    """MemAvailable of /proc/meminfo in GB (infinite where there is none to read: not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) / 1e6
+    except (OSError, StopIteration, ValueError):
+        return float("inf")
+
+
 def dequantize_all(names: list[str], cache_dir: str | None = None, parallel: bool = True) -> list[Path]:
-    """``hf_folder`` of each model, the missing ones made side by side, one process each (the work is single-threaded:
-    set-up runs this beside its pip installs so that the demo's first use finds the folders made)."""
+    """``hf_folder`` of each model, the missing ones made side by side, one process each, where memory allows
+    (``DEQUANTIZE_GB`` each; the work is single-threaded: set-up runs this beside its pip installs so that the demo's
+    first use finds the folders made)."""
     missing = [n for n in dict.fromkeys(names) if not (hf_folder_path(n, cache_dir) / "config.json").is_file()]
-    if parallel and len(missing) > 1:
+    if parallel and len(missing) > 1 and available_memory_gb() >= DEQUANTIZE_GB * len(missing):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
@@ -252,9 +272,13 @@ def dequantize_all(names: list[str], cache_dir: str | None = None, parallel: boo
 
 if __name__ == "__main__":
     import argparse
+    import sys
     import time
 
-    ap = argparse.ArgumentParser(prog="python -m cqg_ray.llm.engines.bundled",
+    # run by path, this folder is sys.path[0]: its openai.py and vllm.py would hide the packages of those names
+    if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
+        sys.path.pop(0)
+    ap = argparse.ArgumentParser(prog="python cqg_ray/llm/engines/bundled.py",
                                  description="dequantise GGUF models (bundled names or paths) to the safetensors folders the torch engines load")
     ap.add_argument("models", nargs="+", help="e.g. bundled:qwen2.5-coder-0.5b bundled:qwen2.5-coder-1.5b")
     ap.add_argument("--one-at-a-time", action="store_true", help="one model after another (less memory) instead of side by side")
