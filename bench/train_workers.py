@@ -17,10 +17,10 @@ import numpy as np
 import ray
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "mbqa"))
-from conftest import make_problem
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from cqg_ray.config import TrainConfig
+from cqg_ray.mbqa.toy import make_problem
 from cqg_ray.mbqa.train import train_and_evaluate
 
 

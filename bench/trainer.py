@@ -19,18 +19,20 @@ import time
 import ray
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "mbqa"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from _common import cpu_line
-from conftest import descendant_processes, make_problem
 
 from cqg_ray.config import TrainConfig
+from cqg_ray.mbqa.toy import make_problem
 from cqg_ray.mbqa.train import train_heads
 
 
 def workers_peak_mb() -> float:
     """The largest peak RSS (VmHWM) of the processes this one's Ray started (its descendants), alive now."""
+    import psutil  # Ray's own dependency
+
     peaks = []
-    for pid in descendant_processes():
+    for pid in (p.pid for p in psutil.Process().children(recursive=True)):
         try:
             peaks += [int(ln.split()[1]) / 1024 for ln in open(f"/proc/{pid}/status") if ln.startswith("VmHWM")]
         except OSError:

@@ -99,5 +99,5 @@ def test_the_package_benches_and_scripts_import_nothing_from_the_tests():
     for p in paths:
         for node in ast.walk(ast.parse(p.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            found += [f"{p.relative_to(root)}: {n}" for n in names if n == "tests" or n.startswith("tests.")]
+            found += [f"{p.relative_to(root)}: {n}" for n in names if n in ("tests", "conftest") or n.startswith("tests.")]
     assert found == []

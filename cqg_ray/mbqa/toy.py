@@ -1,4 +1,5 @@
-"""A small but real model folder (no training needed): what the serving side's tests and the benchmarks load.
+"""Small but real inputs that need no training or LLM: a model folder that the serving side's tests and the benchmarks
+load, and a synthetic MBQA problem (`make_problem`).
 
     from cqg_ray.mbqa.toy import build_toy_model
     path = build_toy_model("/tmp/toy-model")        # bundled MiniLM + 32 hand-set heads
@@ -17,6 +18,7 @@ pipeline (`runs/<name>/model`) replaces it everywhere.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from cqg_ray.encoder import load_encoder
@@ -93,3 +95,20 @@ def build_toy_model(path: str, questions: list[str] | None = None, encoder: str 
     records = [{"id": f"q{i:03d}", "text": q, "cluster": i, **toy_reliability(i)} for i, q in enumerate(questions)]
     InterpretableEmbedder(encoder, records, heads, tau=tau, device="cpu", encoder=enc).save(path)
     return path
+
+
+def make_problem(n_docs=400, d=16, m=6, per_question=150, seed=0):
+    """Unit embeddings; question i is 'yes' when the projection on a random direction exceeds a threshold
+    (25% yes over the corpus); each question is labelled on `per_question` random texts. Returns (embeddings, dense int8 labels)."""
+    rng = np.random.default_rng(seed)
+    emb = rng.standard_normal((n_docs, d)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    directions = rng.standard_normal((m, d))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    proj = emb @ directions.T
+    truth = (proj > np.quantile(proj, 0.75, axis=0)).astype(np.int8)
+    labels = np.full((n_docs, m), -1, dtype=np.int8)
+    for q in range(m):
+        docs = rng.choice(n_docs, per_question, replace=False)
+        labels[docs, q] = truth[docs, q]
+    return emb, labels
