@@ -1,6 +1,7 @@
 """Single-pass answering with the real bundled Qwen2.5-Coder-0.5B: P(yes) is exactly the full-vocabulary
-probability of the same prompt, prefix reuse changes no answer, batched generation decodes like one at a time,
-and a labelling run killed with SIGKILL resumes without asking any finished pair again."""
+probability of the same prompt, prefix reuse changes no answer, and a labelling run killed with SIGKILL resumes
+without asking any finished pair again. How llama.cpp's batch engine decodes (a batch like one at a time, a shared
+prefix read once) on the bundled SmolLM2-135M."""
 
 import subprocess
 
@@ -46,6 +47,22 @@ def backend():
     except BundledModelError as e:
         pytest.skip(str(e))
     b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(score_engine="llamacpp", generate_engine="llamacpp", n_threads=LLM_THREADS)))
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def small_backend():
+    """The bundled SmolLM2-135M on llama.cpp: for the tests of how the engine decodes (a batch against one at a time, a
+    shared prefix read once), which any model shows at a quarter of the 0.5B's work."""
+    from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
+
+    try:
+        resolve_model("bundled:smollm2-135m")
+    except BundledModelError as e:
+        pytest.skip(str(e))
+    b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(model="bundled:smollm2-135m", score_engine="llamacpp", generate_engine="llamacpp",
+                                                          n_threads=LLM_THREADS)))
     yield b
     b.close()
 
@@ -114,7 +131,8 @@ def test_torch_engine_p_yes_is_the_full_vocabulary_probability(backend):
     scorer.close()
 
 
-def test_batched_generation_decodes_like_one_at_a_time(backend):
+def test_batched_generation_decodes_like_one_at_a_time(small_backend):
+    backend = small_backend
     reqs = [Request(cqg_messages([t], [u], n_questions=3), max_tokens=60) for t in TEXTS for u in TEXTS if u != t][:4]
     batched = dict(backend.generate_batched(reqs))
     one = [backend.complete_one(r) for r in reqs]
@@ -130,10 +148,11 @@ def test_batched_generation_decodes_like_one_at_a_time(backend):
         assert backend.model.detokenize(toks).decode("utf-8", errors="ignore") == one[i].text
 
 
-def test_generation_reads_the_prompts_common_prefix_once(backend):
+def test_generation_reads_the_prompts_common_prefix_once(small_backend):
     """Property prompts share ~600 tokens (chat template, rules, worked examples): read once into the prefix's own
     sequence and copied into each slot, the rest read per prompt; the replies are those of reading every prompt whole
     (the same greedy tokens: only the prefix's last chunk is read in another shape), and one prompt shares nothing."""
+    backend = small_backend
     from cqg_ray import progress
     from cqg_ray.llm.engines.batch import MIN_SHARED_PREFIX, common_prefix
     from cqg_ray.llm.prompts import property_messages
@@ -150,8 +169,9 @@ def test_generation_reads_the_prompts_common_prefix_once(backend):
     whole = dict(engine.generate(tokens, [16] * len(tokens), share_prefix=False))
     assert progress.snapshot()["read"] - before == sum(len(t) for t in tokens)
     assert sorted(once) == sorted(whole) == list(range(len(tokens))) and all(once.values())
-    # greedy both ways; the prefix's last chunk is read in another shape, so a near-tie may part a reply (measured on
-    # 5 such prompts: 4 identical over 24 tokens, the fifth another sensible list; an empty or unshared cache parts all)
+    # greedy both ways; the prefix's last chunk is read in another shape, so a near-tie may part a reply (measured with
+    # the 0.5B on 5 such prompts: 4 identical over 24 tokens, the fifth another sensible list; an empty or unshared cache
+    # parts all)
     assert sum(once[i] == whole[i] for i in range(len(tokens))) >= 2
     # more prompts than slots: a slot taking its next prompt gets the prefix copied again, with the same replies
     engine_seqs, engine.gen_seqs = engine.gen_seqs, 2
