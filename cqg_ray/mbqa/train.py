@@ -15,8 +15,10 @@ on the driver fed through a Ray queue.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -225,6 +227,21 @@ class TextSplit(DataConfig):
         return output
 
 
+@contextlib.contextmanager
+def sigint_kept():
+    """Inside the block, the SIGINT handler may change (Ray Train's ``fit()`` in the main thread installs one that aborts
+    its run); after it the one before is back. Train's handler holds its controller's handle, so left installed it
+    kept the controller actor (and the Data actors it owns) alive for as long as the driver lived, and a later Ctrl-C
+    went to that finished run instead of raising KeyboardInterrupt."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        yield
+    finally:
+        if main and before is not None:
+            signal.signal(signal.SIGINT, before)
+
+
 def trainer_kind(cfg: TrainConfig) -> str:
     """The trainer `fit_heads` uses: ``train.trainer``, where ``auto`` is one task for one worker, Ray Train for more
     (``task`` with more workers is refused by `TrainConfig`)."""
@@ -279,7 +296,7 @@ def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: 
         datasets={"train": texts},
         dataset_config=TextSplit(),
     )
-    with bar:
+    with bar, sigint_kept():
         result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError(f"training run {name} in {storage_path} finished without a checkpoint")

@@ -326,7 +326,15 @@ def test_two_workers_give_the_heads_of_one_within_noise(one_worker_run, problem,
     0.926. The test asks for less than seed-to-seed noise plus a margin: < 0.05, >= 95%, accuracy within 0.03."""
     emb, dense = problem()
     one, one_report, _ = one_worker_run
+    sigint = signal.getsignal(signal.SIGINT)
     two, two_report = train_and_evaluate(emb, dense, ONE_WORKER.model_copy(update={"num_workers": 2}), str(tmp_path), "two")
+    # Train's fit() in the main thread installs a SIGINT handler holding its controller: ours is back after it, and the
+    # controller actor with the Data actors it owns ends (they lived as long as the driver before, polling)
+    assert signal.getsignal(signal.SIGINT) is sigint
+    deadline = time.time() + 60
+    while train_worker_pids("ray::TrainController") | train_worker_pids("ray::SplitCoordinator") and time.time() < deadline:
+        time.sleep(0.5)
+    assert not train_worker_pids("ray::TrainController") | train_worker_pids("ray::SplitCoordinator")
     train_pairs = one_report["split"]["train_pairs"]
     assert one.metrics["pairs"] == two.metrics["pairs"] == train_pairs
     assert one.metrics["shard_pairs"] == train_pairs
