@@ -7,8 +7,7 @@ Every `--every` seconds it reads each process's user + system time (psutil, Ray'
 prints the CPU-seconds each kind of process used while the command ran (Ray's processes by title: ``ray::MapWorker``,
 ``ray::IDLE``, the raylet, the log monitor; the test workers; LLM servers), and the longest-lived Ray processes, where
 upkeep that costs every second shows. Processes shorter than one interval are missed, and so is the last interval of
-each process; a process alive before the
-command counts only what it used during it. Exits with the command's status.
+each process; a process alive before the command counts only what it used during it. Exits with the command's status.
 """
 
 from __future__ import annotations
@@ -24,18 +23,19 @@ import time
 import psutil
 
 KINDS = ("log_monitor", "dashboard/agent.py", "dashboard/dashboard.py", "runtime_env/agent", "monitor.py", "gcs_server", "raylet",
-         "llama_cpp.server", "VLLM::", "pytest", "execnet", "cqg_ray.cli", "_job.py", "pip install", "ruff", "chrom")
+         "llama_cpp.server", "VLLM::", "cqg_ray.cli", "_job.py", "pip install", "ruff", "chrom")
+TEST_WORKER = ("sys.stdin.readline", "pytest", "execnet")  # pytest-xdist's workers run `python -c ...sys.stdin.readline()...`
 
 
 def kind(cmd: str) -> str:
     """A process's kind: Ray's title (``ray::Name``), else the first known name in its command line, else its program."""
     if m := re.match(r"ray::([A-Za-z_]+)", cmd):
         return f"ray::{m.group(1)}"
+    if any(k in cmd for k in TEST_WORKER):
+        return "pytest worker"
     for k in KINDS:
         if k in cmd:
-            return "pytest worker" if k in ("pytest", "execnet") or "sys.stdin.readline" in cmd else k
-    if "sys.stdin.readline" in cmd:  # pytest-xdist's workers
-        return "pytest worker"
+            return k
     return (cmd.split() or ["?"])[0].rsplit("/", 1)[-1][:40]
 
 
@@ -53,20 +53,26 @@ def sample(seen: dict) -> None:
             pass
 
 
+def used(r: dict) -> float:
+    """CPU-seconds a sampled process used while the command ran: all of its own, or, alive before the command began,
+    what it used after the first sample."""
+    return r["cpu"] - (r["cpu0"] if r["start"] < r.get("began", r["start"]) else 0.0)
+
+
 def table(rows: list[dict], top: int = 30) -> str:
-    used = collections.Counter()
+    by_kind = collections.Counter()
     count = collections.Counter()
     for r in rows:
         k = kind(r["cmd"])
-        used[k] += r["cpu"] - (r["cpu0"] if r["start"] < r.get("began", r["start"]) else 0.0)
+        by_kind[k] += used(r)
         count[k] += 1
-    total = sum(used.values())
+    total = sum(by_kind.values())
     lines = [f"{total:,.0f} CPU-seconds sampled in {len(rows)} processes", f"{'CPU-s':>8} {'share':>6} {'procs':>6}  kind"]
-    lines += [f"{v:8.0f} {100 * v / total:5.1f}% {count[k]:6d}  {k}" for k, v in used.most_common(top) if v >= 0.5]
+    lines += [f"{v:8.0f} {100 * v / total:5.1f}% {count[k]:6d}  {k}" for k, v in by_kind.most_common(top) if v >= 0.5]
     ray = sorted((r for r in rows if r["cmd"].startswith("ray::") or "raylet" in r["cmd"] or "log_monitor" in r["cmd"]),
                  key=lambda r: r["start"] - r["last"])[:10]
     lines.append("longest-lived Ray processes (alive s, CPU-s, kind):")
-    lines += [f"{r['last'] - r['start']:8.0f} {r['cpu'] - r['cpu0'] * (r['start'] < r.get('began', r['start'])):8.1f}  {kind(r['cmd'])}" for r in ray]
+    lines += [f"{r['last'] - r['start']:8.0f} {used(r):8.1f}  {kind(r['cmd'])}" for r in ray]
     return "\n".join(lines)
 
 
@@ -90,7 +96,7 @@ def main() -> int:
         sample(seen)
         time.sleep(a.every)
     sample(seen)
-    rows = [{**r, "began": began} for r in seen.values() if r["last"] >= began and r["cpu"] > r["cpu0"] * (r["start"] < began)]
+    rows = [r for r in ({**r, "began": began} for r in seen.values()) if r["last"] >= began and used(r) > 0]
     if a.out:
         with open(a.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
