@@ -24,7 +24,8 @@ import psutil
 
 KINDS = ("log_monitor", "dashboard/agent.py", "dashboard/dashboard.py", "runtime_env/agent", "monitor.py", "gcs_server", "raylet",
          "llama_cpp.server", "VLLM::", "cqg_ray.cli", "_job.py", "pip install", "ruff", "chrom")
-TEST_WORKER = ("sys.stdin.readline", "pytest", "execnet")  # pytest-xdist's workers run `python -c ...sys.stdin.readline()...`
+# pytest and its xdist workers (`python -c ...sys.stdin.readline()...`); not any command naming a /tmp/pytest-of-* path
+TEST_WORKER = ("sys.stdin.readline", "-m pytest", "bin/pytest", "execnet")
 
 
 def kind(cmd: str) -> str:

@@ -19,6 +19,9 @@ def test_kinds_name_ray_titles_test_workers_and_programs():
     assert cpu_map.kind("/x/python -u /x/ray/_private/log_monitor.py --session-dir=/tmp/ray/s") == "log_monitor"
     assert cpu_map.kind("/x/python -m llama_cpp.server --model m.gguf") == "llama_cpp.server"
     assert cpu_map.kind("/usr/bin/kworker") == "kworker"
+    # a test's subprocess is its own kind, though its arguments name pytest's temporary folders
+    assert cpu_map.kind("python -m pytest tests/x.py") == "pytest worker"
+    assert cpu_map.kind("python -m cqg_ray.cli run --config /tmp/pytest-of-root/pytest-1/full.yaml") == "cqg_ray.cli"
 
 
 def test_a_process_alive_before_counts_only_what_it_used_during_the_command():
