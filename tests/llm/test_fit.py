@@ -136,20 +136,45 @@ def qwen_budget():
         part_paths(MODELS["qwen2.5-coder-0.5b"])
     except BundledModelError as e:
         pytest.skip(str(e))
-    return prompt_budget(LLMConfig(backend="llamacpp", llamacpp=LlamaCppConfig(model="bundled:qwen2.5-coder-0.5b", n_ctx=4096)))
+    # an engine on llama.cpp: the budget counts with llama.cpp's tokenizer (`auto` alone gives torch on both kinds of
+    # work where bfloat16 is native, and then the Hugging Face tokenizer: the next test)
+    return prompt_budget(LLMConfig(backend="llamacpp", llamacpp=LlamaCppConfig(model="bundled:qwen2.5-coder-0.5b", n_ctx=4096,
+                                                                              generate_engine="llamacpp")))
 
 
-def test_embedded_tokenizer_counts_the_templated_prompt(qwen_budget):
+SKY = Request([{"role": "user", "content": "Is the sky blue?"}], max_tokens=8)
+
+
+def sky_tokens() -> list[int]:
+    """llama.cpp's tokens of SKY under the Qwen chat template, written out."""
     from llama_cpp import Llama
 
     from cqg_ray.llm.engines.bundled import resolve_model
 
-    assert qwen_budget.context == 4096 and qwen_budget.exact and "llama.cpp tokenizer" in qwen_budget.engine
-    req = Request([{"role": "user", "content": "Is the sky blue?"}], max_tokens=8)
     model = Llama(model_path=str(resolve_model("bundled:qwen2.5-coder-0.5b", None)), vocab_only=True, verbose=False)
-    want = model.tokenize(b"<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+    return model.tokenize(b"<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
                           b"<|im_start|>user\nIs the sky blue?<|im_end|>\n<|im_start|>assistant\n", add_bos=False, special=True)
-    assert qwen_budget.count(req) == len(want)
+
+
+def test_embedded_tokenizer_counts_the_templated_prompt(qwen_budget):
+    assert qwen_budget.context == 4096 and qwen_budget.exact
+    assert qwen_budget.engine == "llama.cpp tokenizer of bundled:qwen2.5-coder-0.5b"
+    assert qwen_budget.count(SKY) == len(sky_tokens())
+
+
+def test_torch_engines_budget_counts_with_the_hugging_face_tokenizer_the_same(qwen_budget):
+    """Both engines on torch: the budget reads the Hugging Face tokenizer saved beside the dequantised weights (no
+    llama.cpp), and counts what llama.cpp's counts."""
+    from cqg_ray.llm.backends import prompt_budget
+    from cqg_ray.llm.engines.bundled import hf_folder_path
+
+    if not (hf_folder_path("bundled:qwen2.5-coder-0.5b") / "config.json").exists():
+        pytest.skip("the 0.5B is not dequantised here (scripts/test.sh's set-up makes it)")
+    cfg = LlamaCppConfig(model="bundled:qwen2.5-coder-0.5b", n_ctx=4096, generate_engine="torch-float32", score_engine="torch-float32")
+    budget = prompt_budget(LLMConfig(backend="llamacpp", llamacpp=cfg))
+    assert budget.context == 4096 and budget.exact
+    assert budget.engine == "Hugging Face tokenizer of bundled:qwen2.5-coder-0.5b"
+    assert budget.count(SKY) == len(sky_tokens()) == qwen_budget.count(SKY)
 
 
 def test_the_byte_bound_is_an_upper_bound_of_the_real_count(qwen_budget):
