@@ -259,6 +259,17 @@ def _export_onnx(st, out: str) -> None:
 OPENVINO_CPU_CONFIG = {"PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False}
 
 
+def openvino_config(threads: int) -> dict:
+    """OpenVINO's CPU settings for `threads` threads. Where bfloat16 is native OpenVINO computes in it by its own
+    choice (its answers stay within auto's tolerance: `encoder.pick_backend`); elsewhere float32 is asked for by name,
+    which is OpenVINO's own choice on such a CPU, and what makes it act as one under ``CQG_RAY_MAX_CPU_ISA=avx2``
+    (it reads the CPU itself, and its bfloat16 kernels do not exist under ``ONEDNN_MAX_CPU_ISA=AVX2``)."""
+    from cqg_ray.hardware import pick_dtype
+
+    precision = {} if pick_dtype() == "bfloat16" else {"INFERENCE_PRECISION_HINT": "f32"}
+    return OPENVINO_CPU_CONFIG | {"INFERENCE_NUM_THREADS": threads} | precision
+
+
 class Runner:
     """An exported model, loaded: (feeds: dict of int64 arrays) -> (b, d) float32. Safe to call from several threads
     (an OpenVINO InferRequest is not: callers take turns on it; an onnxruntime session is). `close()` releases the
@@ -272,7 +283,7 @@ class Runner:
             if backend == "openvino":
                 import openvino as ov
 
-                self._compiled = ov.Core().compile_model(model_file, "CPU", OPENVINO_CPU_CONFIG | {"INFERENCE_NUM_THREADS": threads})
+                self._compiled = ov.Core().compile_model(model_file, "CPU", openvino_config(threads))
                 self._names = {p.get_any_name() for p in self._compiled.inputs}
                 self._request, self._output = self._compiled.create_infer_request(), self._compiled.output(0)
             else:

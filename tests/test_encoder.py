@@ -254,6 +254,31 @@ def test_openvino_threads_are_not_pinned(tmp_path_factory, monkeypatch):
     assert int(compiled.get_property("INFERENCE_NUM_THREADS")) == 1
 
 
+def test_openvino_computes_as_the_cpu_it_is_told_it_runs_on(tmp_path_factory):
+    """OpenVINO reads the CPU itself and computes in bfloat16 where that is native; under the AVX2-only settings
+    (`scripts/test.sh --cpu avx2`) it is asked for float32, what it chooses on an AVX2 CPU, and loads and encodes there
+    (its bfloat16 kernels do not exist under ONEDNN_MAX_CPU_ISA=AVX2: the model failed to compile before)."""
+    import subprocess
+    import sys
+
+    from cqg_ray.hardware import AVX2_ONLY_ENV, MAX_ISA_VAR, cpu_flags, pick_dtype
+
+    if "openvino" not in installed_backends():
+        pytest.skip("openvino needs the fast-encoder extra")
+    cache = str(tmp_path_factory.getbasetemp() / "shared-cache")
+    script = ("from cqg_ray.encoder import load_encoder\n"
+              f"e = load_encoder({NAME!r}, backend='openvino', device='cpu', threads=1)\n"
+              "v = e.encode(['a text', 'a longer text'])\n"
+              "print(e._run._compiled.get_property('INFERENCE_PRECISION_HINT').to_string(), v.shape, flush=True)\n")
+    base = {k: v for k, v in os.environ.items() if k != MAX_ISA_VAR and k not in AVX2_ONLY_ENV}
+    for env, want in ((base, "bf16" if pick_dtype(cpu_flags(capped=False)) == "bfloat16" else "f32"),
+                      ({**base, **AVX2_ONLY_ENV, MAX_ISA_VAR: "avx2"}, "f32")):
+        r = subprocess.run([sys.executable, "-c", script], env={**env, "CQG_RAY_CACHE": cache, "HF_HUB_OFFLINE": "1"},
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.split()[0] == want and "(2, 384)" in r.stdout, r.stdout
+
+
 def test_close_releases_and_the_process_exits_promptly(tmp_path_factory):
     """Exported backends hold native sessions with their own thread pools: `close()` releases one, and a process that
     leaves encoders (in reference cycles) to the end exits at once (an atexit hook closes them before teardown)."""
