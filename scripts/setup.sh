@@ -24,11 +24,18 @@ PY=${PYTHON:-python3}
 VENV=${CQG_RAY_VENV:-.venv}
 STAMP="$VENV/.cqg-ray-setup"
 models=${CQG_RAY_DEQUANTIZE-qwen2.5-coder-0.5b qwen2.5-coder-1.5b}  # the dequantised folders set-up makes (below)
-want=$( (cat pyproject.toml constraints-cpu.txt scripts/setup.sh scripts/install_llama_cpp.py; echo "dequantize: $models") | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml constraints-cpu.txt scripts/setup.sh scripts/install_llama_cpp.py | sha256sum | cut -c1-16)
 check="import cqg_ray, torch, ray$([ "$llama" = 1 ] && echo ', llama_cpp' || true)"
+dequantize_missing() {  # the folders of $models not made yet (a venv set up for another list: the tests' and the demo's)
+  # shellcheck disable=SC2086
+  "$VENV/bin/python" cqg_ray/llm/engines/bundled.py $(printf 'bundled:%s ' $models) > "$VENV/.dequantize.log" 2>&1 \
+    || { tail -5 "$VENV/.dequantize.log" >&2; echo "[setup] WARNING: dequantising $models failed (log above): the first use does it" >&2; }
+  grep -q "ready in 0 s" "$VENV/.dequantize.log" || tail -1 "$VENV/.dequantize.log"
+}
 # the stamp is the inputs' hash and whether llama-cpp-python was installed: a set-up with it serves one without it
 if [ -f "$STAMP" ] && { [ "$(cat "$STAMP")" = "$want llama=1" ] || [ "$(cat "$STAMP")" = "$want llama=$llama" ]; } \
    && "$VENV/bin/python" -c "$check" 2>/dev/null; then
+  [ -z "$models" ] || dequantize_missing
   exit 0
 fi
 echo "[setup] creating/refreshing $VENV (first time: ~3 min on 2 cores; ~8 with llama-cpp-python, compiled once per CPU kind beside the rest)"
