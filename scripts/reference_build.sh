@@ -48,4 +48,8 @@ copy_shards "$keep/ledger" "$run/llm/ledger"
 saver=$!
 trap 'kill $saver 2>/dev/null || true; recover; save' EXIT
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# the machine's choices made as on the AVX2 EPYC the build started on (cqg_ray.hardware), so that every machine
+# recomputes the same clusters: OpenVINO's encoder computes in float32 there, in bfloat16 where that is native, and
+# the generation prompts' keys hold the clusters' texts (a Zen 4 so found all 400 and 13,888 probes, 2026-11-28)
+export CQG_RAY_MAX_CPU_ISA=${CQG_RAY_MAX_CPU_ISA-avx2}
 nice -n "${NICE:-15}" .venv/bin/cqg-ray run --config reference "$@"
