@@ -260,14 +260,14 @@ OPENVINO_CPU_CONFIG = {"PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": Fals
 
 
 def openvino_config(threads: int) -> dict:
-    """OpenVINO's CPU settings for `threads` threads. Where bfloat16 is native OpenVINO computes in it by its own
-    choice (its answers stay within auto's tolerance: `encoder.pick_backend`); elsewhere float32 is asked for by name,
-    which is OpenVINO's own choice on such a CPU, and what makes it act as one under ``CQG_RAY_MAX_CPU_ISA=avx2``
-    (it reads the CPU itself, and its bfloat16 kernels do not exist under ``ONEDNN_MAX_CPU_ISA=AVX2``)."""
-    from cqg_ray.hardware import pick_dtype
+    """OpenVINO's CPU settings for `threads` threads. OpenVINO chooses its precision from the CPU itself (bfloat16
+    where native, within auto's tolerance: `encoder.pick_backend`); under ``CQG_RAY_MAX_CPU_ISA=avx2`` on such a CPU it
+    is asked for float32, as it computes on an AVX2 CPU (its bfloat16 kernels do not exist under
+    ``ONEDNN_MAX_CPU_ISA=AVX2``). Elsewhere its own choice stands (f16 on ARM with fp16, for one)."""
+    from cqg_ray.hardware import cpu_flags, pick_dtype
 
-    precision = {} if pick_dtype() == "bfloat16" else {"INFERENCE_PRECISION_HINT": "f32"}
-    return OPENVINO_CPU_CONFIG | {"INFERENCE_NUM_THREADS": threads} | precision
+    capped = pick_dtype() != pick_dtype(cpu_flags(capped=False))
+    return OPENVINO_CPU_CONFIG | {"INFERENCE_NUM_THREADS": threads} | ({"INFERENCE_PRECISION_HINT": "f32"} if capped else {})
 
 
 class Runner:
