@@ -26,9 +26,11 @@ STAMP="$VENV/.cqg-ray-setup"
 models=${CQG_RAY_DEQUANTIZE-qwen2.5-coder-0.5b qwen2.5-coder-1.5b}  # the dequantised folders set-up makes (below)
 want=$(cat pyproject.toml constraints-cpu.txt scripts/setup.sh scripts/install_llama_cpp.py | sha256sum | cut -c1-16)
 check="import cqg_ray, torch, ray$([ "$llama" = 1 ] && echo ', llama_cpp' || true)"
+# makes the dequantised folders of $models that are missing (below, beside pip; or alone where set-up is done)
+# shellcheck disable=SC2046,SC2086  # one argument per model
+dequantize=("$VENV/bin/python" cqg_ray/llm/engines/bundled.py $(printf 'bundled:%s ' $models))
 dequantize_missing() {  # the folders of $models not made yet (a venv set up for another list: the tests' and the demo's)
-  # shellcheck disable=SC2086
-  "$VENV/bin/python" cqg_ray/llm/engines/bundled.py $(printf 'bundled:%s ' $models) > "$VENV/.dequantize.log" 2>&1 \
+  "${dequantize[@]}" > "$VENV/.dequantize.log" 2>&1 \
     || { tail -5 "$VENV/.dequantize.log" >&2 || true; echo "[setup] WARNING: dequantising $models failed: the first use does it" >&2; return 0; }
   grep -q "ready in 0 s" "$VENV/.dequantize.log" || tail -1 "$VENV/.dequantize.log" || true
 }
@@ -52,7 +54,7 @@ fi
 # pip compile llama-cpp-python with the default flags)
 LLAMA="$VENV/bin/python scripts/install_llama_cpp.py --constraints constraints-cpu.txt"
 # a failed step stops the compile, and the dequantising with its worker processes (a process group of its own)
-trap 'kill ${build:-} 2>/dev/null || true; [ -z "${dequantize:-}" ] || kill -- "-$dequantize" 2>/dev/null || kill "$dequantize" 2>/dev/null || true' EXIT
+trap 'kill ${build:-} 2>/dev/null || true; [ -z "${dequantizing:-}" ] || kill -- "-$dequantizing" 2>/dev/null || kill "$dequantizing" 2>/dev/null || true' EXIT
 if [ "$llama" = 1 ]; then
   $LLAMA --build-only > "$VENV/.llama-build.log" 2>&1 &
   build=$!
@@ -66,9 +68,8 @@ deps=$(grep -E '^(transformers|gguf|accelerate|safetensors)\b' "$VENV/.requireme
 if [ -n "$models" ] && [ -n "$deps" ]; then
   # shellcheck disable=SC2086  # one argument per requirement, per model
   $PIP install -c constraints-cpu.txt $deps
-  # shellcheck disable=SC2086
-  $(command -v setsid || true) "$VENV/bin/python" cqg_ray/llm/engines/bundled.py $(printf 'bundled:%s ' $models) > "$VENV/.dequantize.log" 2>&1 &
-  dequantize=$!
+  $(command -v setsid || true) "${dequantize[@]}" > "$VENV/.dequantize.log" 2>&1 &
+  dequantizing=$!
 fi
 $PIP install -c constraints-cpu.txt -r "$VENV/.requirements.txt"
 if [ "$llama" = 1 ]; then
@@ -76,8 +77,8 @@ if [ "$llama" = 1 ]; then
   $LLAMA --no-models
 fi
 $PIP install --no-deps -e .
-if [ -n "${dequantize:-}" ]; then
-  wait "$dequantize" && tail -1 "$VENV/.dequantize.log" \
+if [ -n "${dequantizing:-}" ]; then
+  wait "$dequantizing" && tail -1 "$VENV/.dequantize.log" \
     || { tail -5 "$VENV/.dequantize.log" >&2; echo "[setup] WARNING: dequantising $models failed (log above): the first use does it" >&2; }
 fi
 trap - EXIT  # both background steps are waited for
