@@ -279,6 +279,28 @@ def test_openvino_computes_as_the_cpu_it_is_told_it_runs_on(tmp_path_factory):
         assert r.stdout.split()[0] == want and "(2, 384)" in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("flags,capped,hint", [
+    ("fpu sse avx avx2 fma", False, None),                              # AVX2 EPYC: OpenVINO's own choice (float32)
+    ("fpu sse avx avx2 fma", True, None),                               # the cap changes nothing there
+    ("avx2 avx512f avx512_bf16 avx512_vnni", False, None),              # Zen 4: its own choice (bfloat16)
+    ("avx2 avx512f avx512_bf16 avx512_vnni", True, "f32"),              # Zen 4 as an AVX2 CPU: float32
+    ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile", True, "f32"),        # AMX Xeon as an AVX2 CPU: float32
+])
+def test_openvino_is_asked_for_float32_only_where_the_cap_hides_native_bfloat16(monkeypatch, flags, capped, hint):
+    """In process, on every CPU kind whatever this machine is: the precision hint OpenVINO gets, from the flags
+    /proc/cpuinfo would give and `CQG_RAY_MAX_CPU_ISA` (the subprocess test above checks it on this CPU only)."""
+    from cqg_ray import hardware
+    from cqg_ray.encoder_export import OPENVINO_CPU_CONFIG, openvino_config
+
+    monkeypatch.setattr(hardware, "_cpuinfo_field", lambda name, cpuinfo: flags if name == "flags" else None)
+    if capped:
+        monkeypatch.setenv(hardware.MAX_ISA_VAR, "avx2")
+    else:
+        monkeypatch.delenv(hardware.MAX_ISA_VAR, raising=False)
+    config = openvino_config(3)
+    assert config == OPENVINO_CPU_CONFIG | {"INFERENCE_NUM_THREADS": 3} | ({"INFERENCE_PRECISION_HINT": hint} if hint else {})
+
+
 def test_close_releases_and_the_process_exits_promptly(tmp_path_factory):
     """Exported backends hold native sessions with their own thread pools: `close()` releases one, and a process that
     leaves encoders (in reference cycles) to the end exits at once (an atexit hook closes them before teardown)."""
