@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
@@ -406,6 +406,15 @@ class FaithfulnessConfig(Section):
                         "(labeller vs judge, head vs labeller, budget vs head)")
     labeller: LLMConfig = Field(default_factory=LLMConfig, description="the LLM that labelled the model's training texts, with its "
                                 "answer mode (default: the bundled Qwen2.5-Coder-0.5B, single-pass, as the demo and the shipped model)")
+    sweep_per_text: int = Field(0, ge=0, description="the budget sweep's faithfulness axis (0: off): the judge also answers at most this "
+                                "many of each text's questions above the sweep's lowest floor, sampled at random, and every budget of "
+                                "the sweep gets its estimated yes precision (docs/evaluation.md#choosing-the-budget-by-faithfulness)")
+    sweep_k: list[PositiveInt] = Field(default_factory=lambda: [8, 12, 16, 24, 32, 48, 64, 112], description="the sweep's k (top-k budgets)")
+    sweep_floors: list[Annotated[float, Field(ge=0, lt=1)]] = Field(default_factory=lambda: [0.5, 0.6, 0.7, 0.8, 0.9],
+                                                                 description="the sweep's floors on P(yes)")
+    sweep_min_active: float = Field(10.0, ge=0, description="the sweep's choice shows at least this many active questions a text on average")
+    sweep_max_without: float = Field(0.05, ge=0, le=1, description="and leaves at most this share of the texts with none")
+    sweep_min_judged: int = Field(30, ge=1, description="and rests on at least this many judged pairs that it shows")
 
 
 class EvaluateConfig(Section):

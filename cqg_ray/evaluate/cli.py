@@ -34,6 +34,8 @@ def add_commands(sub) -> None:
     g.add_argument("--n", type=int, help="texts sampled (seeded; default 100)")
     g.add_argument("--per-text", type=int, help="at most this many active questions per text, sampled at random, and as many inactive (default 5)")
     g.add_argument("--pairs", type=int, help="explained pairs shown with the judge's verdicts (default 5)")
+    g.add_argument("--sweep", type=int, metavar="N", help="also estimate each budget's yes precision (top-k by p and by p - mean, several k "
+                   "and floors) from N judged questions a text, and name the most faithful one with enough active questions")
     g.add_argument("--judge", metavar="MODEL", help="the judge's model on its backend (default bundled:qwen2.5-coder-1.5b on the embedded "
                    "engine); another engine: --set evaluate.faithfulness.judge.backend=openai|vllm and its settings")
     p.add_argument("--data-root", help="folder with the standard sets (layout of ../shared/data) used when no paths are given")
@@ -71,7 +73,7 @@ def config_from_args(args) -> EvaluateConfig:
     }
     data = {**cfg.model_dump(), **{k: v for k, v in updates.items() if v is not None}}
     faith = data["faithfulness"]
-    for key, value in (("texts", args.texts), ("n", args.n), ("per_text", args.per_text), ("pairs", args.pairs)):
+    for key, value in (("texts", args.texts), ("n", args.n), ("per_text", args.per_text), ("pairs", args.pairs), ("sweep_per_text", args.sweep)):
         if value is not None:
             faith[key] = value
     if args.judge is not None:

@@ -218,6 +218,13 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     pool = pools(act, probs, threshold)
     records = model.question_records
     picks = sample_pools(pool, cfg.per_text, seed)
+    swept = None
+    if cfg.sweep_per_text:
+        from cqg_ray.evaluate.faith_sweep import lowest_floor, sample_candidates, sweep_budgets
+
+        budgets = sweep_budgets(model.budget, cfg.sweep_k, cfg.sweep_floors, model.mean is not None)
+        floor = lowest_floor(budgets)
+        candidates = sample_candidates(probs, floor, cfg.sweep_per_text, seed)
     pairs = nearest_pairs(values, cfg.pairs)
     explained = [model.explanation(probs[i], probs[j]) for i, j in pairs]
 
@@ -239,6 +246,11 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
         shown = [[(ask(i, s.index), ask(j, s.index)) for s in ex.shared_yes[: cfg.pair_questions]] for (i, j), ex in zip(pairs, explained)]
         log.info("faithfulness: %d texts, %d sampled judgements (+%d for %d explained pairs), judge %s", len(sample), len(picks),
                  len(requests) - len(set(sampled)), len(pairs), judge_identity(cfg))
+        if cfg.sweep_per_text:
+            before = len(requests)
+            swept = [ask(r, q) for r, q in candidates]
+            log.info("faithfulness: budget sweep, %d budgets from %d judged questions above P(yes) %g (%d new)", len(budgets),
+                     len(candidates), floor, len(requests) - before)
         results = run_requests(requests, cfg.judge, RunDir(out_dir), stage="faithfulness", progress=progress, backend=judge)
     said = yes_answers(results, "the judge", "judgements", "fix the judge and rerun (the ledger keeps the answered ones)")
     p_yes = [float(r.p_yes[0]) for r in results]
@@ -248,6 +260,16 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     if cfg.links and picks:
         labelled = labeller_answers(sample, picks, records, cfg, out_dir, progress, labeller)
         out.update(link_figures([k for _, _, k in picks], judged, labelled))
+    if swept is not None:
+        from cqg_ray.evaluate.faith_sweep import choose, sweep_figures
+
+        rows_ = sweep_figures(probs, model.mean, budgets, candidates, [said[k] for k in swept], floor)
+        best = choose(rows_, cfg.sweep_min_active, cfg.sweep_max_without, cfg.sweep_min_judged)
+        out["budget_sweep"] = {"floor": floor, "per_text": cfg.sweep_per_text, "judged": len(candidates), "min_active": cfg.sweep_min_active,
+                               "max_without": cfg.sweep_max_without, "min_judged": cfg.sweep_min_judged, "chosen": best["budget"] if best else None,
+                               "chosen_budget": {k: best[k] for k in ("rule", "tau", "k", "floor", "value", "rank") if best[k] is not None or k == "floor"}
+                               if best else None,
+                               "rows": rows_}
     kinds = {ACTIVE: "active", NO: "no", CAP: "cap"}
     out.update({
         "judge": judge_identity(cfg), "labeller": labeller_identity(cfg) if labelled is not None else None,
@@ -331,6 +353,11 @@ def faithfulness_markdown(faith: dict) -> list[str]:
                     f"budget {r.get('budget', 'tau=' + str(r.get('tau')))} (answered no: P(yes) <= {r.get('threshold')}); "
                     f"{r['texts_without_active']} texts answer no question yes; {r['active_per_text_mean']} active questions per "
                     f"text on average. {r['seconds']} s.", ""]
+            if r.get("budget_sweep"):
+                from cqg_ray.evaluate.faith_sweep import sweep_markdown
+
+                plot = r["budget_sweep"].get("plot")
+                out += sweep_markdown(r["budget_sweep"]) + ([f"![budget sweep]({plot}.png)", ""] if plot else [])
             for k, p in enumerate(r["pairs"], 1):
                 out += [f"**Pair {k}** (cosine {p['cosine']:.3f}, cognitive load {p['cognitive_load']})", "",
                         f"- A: {p['text_a']}", f"- B: {p['text_b']}", ""]

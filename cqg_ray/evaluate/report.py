@@ -132,7 +132,9 @@ def evaluate_model(
     for d in faith_sets:
         for m in interpretable:
             ledger = f"{out_dir}/faithfulness" if out_dir is not None else tempfile.mkdtemp(prefix="cqg-faithfulness-")
-            faith.setdefault(m.name, {})[d.name] = faithfulness(m.obj, d.texts, cfg.faithfulness, ledger, seed=seed, progress=print_table)
+            res = faith.setdefault(m.name, {})[d.name] = faithfulness(m.obj, d.texts, cfg.faithfulness, ledger, seed=seed, progress=print_table)
+            if res.get("budget_sweep"):
+                res["budget_sweep"]["plot"] = f"faithfulness_sweep_{slug(m.name)}_{slug(d.name)}"  # .png and .csv beside report.md
     if faith_sets:
         datasets = {**datasets, "faithfulness": faith_sets}
 
@@ -397,5 +399,13 @@ def write_report(results: dict, out_dir: str) -> None:
             title = f"{name}: STS quality and cognitive load vs {'m' if kind == 'm' else 'tau'}"
             run.write_bytes(f"sweep_{kind}_{slug(name)}.png", plot_sweep(sw[kind], title))
             _write_csv(run, f"sweep_{kind}_{slug(name)}.csv", sweep_rows(sw[kind]))
+    for name, per in results.get("faithfulness", {}).items():
+        for dataset, res in per.items():
+            if res.get("budget_sweep", {}).get("plot"):
+                from cqg_ray.evaluate.faith_sweep import plot_sweep as plot_faith_sweep
+
+                stem = res["budget_sweep"]["plot"]
+                run.write_bytes(f"{stem}.png", plot_faith_sweep(res["budget_sweep"], f"{name} on {dataset}: the judge's yes-rate against load"))
+                _write_csv(run, f"{stem}.csv", res["budget_sweep"]["rows"])
     run.write_bytes("report.md", render_markdown(results).encode())
     log.info("evaluation report written to %s", run.uri("report.md"))

@@ -300,3 +300,12 @@ def long_docs_beir(tmp_path):
     table = {expected[d]: v for d, v in LONG_DOC_VECTORS.items()} | {t: v for t, v in LONG_DOC_QUERIES.values()}
     raw = {"corpus": corpus, "queries": queries, "qrels": LONG_DOC_QRELS, "expected": expected}
     return str(folder), raw, StrictLookup(table)
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """The toy model folder (``cqg_ray.mbqa.toy``), loaded: a real encoder and heads, seconds to build."""
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+    from cqg_ray.mbqa.toy import build_toy_model
+
+    return InterpretableEmbedder.load(build_toy_model(str(tmp_path_factory.mktemp("toy") / "model")), device="cpu")

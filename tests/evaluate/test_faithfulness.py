@@ -115,14 +115,6 @@ def test_nearest_pairs_by_binary_cosine_skip_texts_without_yes():
 # ----------------------------------------------------------------------------------------- the task, on a real model
 
 
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    from cqg_ray.mbqa.embedder import InterpretableEmbedder
-    from cqg_ray.mbqa.toy import build_toy_model
-
-    return InterpretableEmbedder.load(build_toy_model(str(tmp_path_factory.mktemp("toy") / "model")), device="cpu")
-
-
 def scripted_judge(yes_questions: set[str]):
     """A judge that says yes exactly to the questions in ``yes_questions``, whatever the text."""
     cfg = JudgeLLMConfig(backend="fake")
