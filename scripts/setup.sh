@@ -23,16 +23,23 @@ grep -qw avx2 /proc/cpuinfo 2>/dev/null || llama=1
 PY=${PYTHON:-python3}
 VENV=${CQG_RAY_VENV:-.venv}
 STAMP="$VENV/.cqg-ray-setup"
-models=${CQG_RAY_DEQUANTIZE-qwen2.5-coder-0.5b qwen2.5-coder-1.5b}  # the dequantised folders set-up makes (below)
+read -r -a model_list <<< "${CQG_RAY_DEQUANTIZE-qwen2.5-coder-0.5b qwen2.5-coder-1.5b}"  # the dequantised folders set-up makes (below)
+models="${model_list[*]:-}"  # blank: none
 want=$(cat pyproject.toml constraints-cpu.txt scripts/setup.sh scripts/install_llama_cpp.py | sha256sum | cut -c1-16)
 check="import cqg_ray, torch, ray$([ "$llama" = 1 ] && echo ', llama_cpp' || true)"
 # makes the dequantised folders of $models that are missing (below, beside pip; or alone where set-up is done)
 # shellcheck disable=SC2046,SC2086  # one argument per model
 dequantize=("$VENV/bin/python" cqg_ray/llm/engines/bundled.py $(printf 'bundled:%s ' $models))
+dequantize_failed() {  # never fails set-up: the first use dequantises what is missing
+  tail -5 "$VENV/.dequantize.log" >&2 || true
+  echo "[setup] WARNING: dequantising $models failed (log above): the first use does it" >&2
+}
 dequantize_missing() {  # the folders of $models not made yet (a venv set up for another list: the tests' and the demo's)
-  "${dequantize[@]}" > "$VENV/.dequantize.log" 2>&1 \
-    || { tail -5 "$VENV/.dequantize.log" >&2 || true; echo "[setup] WARNING: dequantising $models failed: the first use does it" >&2; return 0; }
-  grep -q "ready in 0 s" "$VENV/.dequantize.log" || tail -1 "$VENV/.dequantize.log" || true
+  local todo
+  todo=$("${dequantize[@]}" --missing 2>/dev/null | tr '\n' ' ') || todo=$models
+  [ -n "${todo// /}" ] || return 0
+  echo "[setup] dequantising ${todo//bundled:/}for the torch engines (about a minute a model on 2 cores)"
+  if "${dequantize[@]}" > "$VENV/.dequantize.log" 2>&1; then tail -1 "$VENV/.dequantize.log"; else dequantize_failed; fi
 }
 # the stamp is the inputs' hash and whether llama-cpp-python was installed: a set-up with it serves one without it
 if [ -f "$STAMP" ] && { [ "$(cat "$STAMP")" = "$want llama=1" ] || [ "$(cat "$STAMP")" = "$want llama=$llama" ]; } \
@@ -78,8 +85,7 @@ if [ "$llama" = 1 ]; then
 fi
 $PIP install --no-deps -e .
 if [ -n "${dequantizing:-}" ]; then
-  wait "$dequantizing" && tail -1 "$VENV/.dequantize.log" \
-    || { tail -5 "$VENV/.dequantize.log" >&2; echo "[setup] WARNING: dequantising $models failed (log above): the first use does it" >&2; }
+  if wait "$dequantizing"; then tail -1 "$VENV/.dequantize.log"; else dequantize_failed; fi
 fi
 trap - EXIT  # both background steps are waited for
 installed=$("$VENV/bin/python" -c 'import importlib.util; print(int(importlib.util.find_spec("llama_cpp") is not None))')

@@ -1,6 +1,7 @@
 """Bundled GGUF models: assembling split packages, sha256 checks, clear errors for missing packages."""
 
 import hashlib
+import os
 import sys
 
 import pytest
@@ -131,6 +132,24 @@ def test_the_module_run_by_path_imports_only_the_standard_library_at_its_top():
     top = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
     top += [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 0]
     assert top and {m.split(".")[0] for m in top} <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+def test_missing_lists_the_folders_set_up_would_make(tmp_path):
+    """`bundled.py --missing MODEL...` (set-up's fast path asks it before it dequantises, to say what it makes): the
+    models whose folder has no config.json yet, each once, in order; nothing is made."""
+    import subprocess
+
+    made = bundled.hf_folder_path("bundled:qwen2.5-coder-0.5b", str(tmp_path))
+    made.mkdir(parents=True)
+    (made / "config.json").write_text("{}")
+    half = bundled.hf_folder_path("bundled:smollm2-135m", str(tmp_path))
+    half.mkdir(parents=True)  # a folder without its config.json: an interrupted dequantising
+    names = ["bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-0.5b", "bundled:smollm2-135m", "bundled:qwen2.5-coder-1.5b"]
+    assert bundled.missing_folders(names, str(tmp_path)) == ["bundled:qwen2.5-coder-1.5b", "bundled:smollm2-135m"]
+    r = subprocess.run([sys.executable, bundled.__file__, "--missing", *names], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "CQG_RAY_CACHE": str(tmp_path)})
+    assert r.returncode == 0 and r.stdout.split() == ["bundled:qwen2.5-coder-1.5b", "bundled:smollm2-135m"], r.stderr
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["qwen2.5-coder-0.5b-hf", "smollm2-135m-hf"]
 
 
 @pytest.mark.slow

@@ -253,11 +253,16 @@ def available_memory_gb() -> float:
         return float("inf")
 
 
+def missing_folders(names: list[str], cache_dir: str | None = None) -> list[str]:
+    """The models of ``names`` (each once, in order) whose dequantised folder is not made yet."""
+    return [n for n in dict.fromkeys(names) if not (hf_folder_path(n, cache_dir) / "config.json").is_file()]
+
+
 def dequantize_all(names: list[str], cache_dir: str | None = None, parallel: bool = True) -> list[Path]:
     """``hf_folder`` of each model, the missing ones made side by side, one process each, where memory allows
     (``DEQUANTIZE_GB`` each; the work is single-threaded: set-up runs this beside its pip installs so that the demo's
     first use finds the folders made)."""
-    missing = [n for n in dict.fromkeys(names) if not (hf_folder_path(n, cache_dir) / "config.json").is_file()]
+    missing = missing_folders(names, cache_dir)
     if parallel and len(missing) > 1 and available_memory_gb() >= DEQUANTIZE_GB * len(missing):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -282,7 +287,11 @@ if __name__ == "__main__":
                                  description="dequantise GGUF models (bundled names or paths) to the safetensors folders the torch engines load")
     ap.add_argument("models", nargs="+", help="e.g. bundled:qwen2.5-coder-0.5b bundled:qwen2.5-coder-1.5b")
     ap.add_argument("--one-at-a-time", action="store_true", help="one model after another (less memory) instead of side by side")
+    ap.add_argument("--missing", action="store_true", help="only print the models whose folders are not made yet, one a line")
     a = ap.parse_args()
+    if a.missing:
+        print("\n".join(missing_folders(a.models)))
+        sys.exit(0)
     t0 = time.time()
     for path in dequantize_all(a.models, parallel=not a.one_at_a_time):
         print(f"[dequantize] {path}")
