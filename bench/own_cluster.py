@@ -7,10 +7,13 @@
 A rule is (``cqg.own_cluster_share``, ``cqg.own_cluster_quality``): a probed candidate that no text filter dropped is
 kept if its own cluster's positive probes say yes for more than the share, and (with a floor) its Eq. 1 quality is
 above the floor. Per rule: the candidates kept, per generation prompt, their Eq. 1 median, the clusters left with
-none, and the questions top-t would take (at most t a cluster) before dedup and the opening filter, whose costs are
-the run's own (printed from its manifest). The rule "0.5, none" is the document rule the stage shipped with; the
-sentence rules lower the bar and ask instead that a question be more often yes in its cluster than outside it.
-Last line: ``own_cluster_sentence_vs_document_top_t: X``, top-t's questions under (1/6, 0) over those under (0.5, none).
+none, and the questions top-t would take (at most t a cluster); then the whole selection as the stage runs it (the
+candidates embedded by the run's encoder: top-t, dedup at theta, the opening filter) with what dedup and the opening
+filter drop and the questions m left (``--no-select`` skips it). The run's own costs are printed from its manifest.
+The rule "0.5, none" is the document rule the stage shipped with; the sentence rules lower the bar and ask instead
+that a question be more often yes in its cluster than outside it.
+Then ``own_cluster_sentence_vs_document_questions`` (m under (1/6, 0) over m under (0.5, none)); last line:
+``own_cluster_sentence_vs_document_top_t: X``, top-t's questions under (1/6, 0) over those under (0.5, none).
 """
 
 from __future__ import annotations
@@ -33,9 +36,13 @@ def rule_name(share: float, floor: float | None) -> str:
     return f"yes > {share:.2f} of own positives" + ("" if floor is None else f", Eq. 1 > {floor:g}")
 
 
-def keeps(cand: dict, rules, t: int, prompts: int) -> list[dict]:
-    """Per rule, what it keeps of the candidates (columns of candidates.parquet as numpy arrays)."""
-    from cqg_ray.cqg.select import own_cluster_no
+def keeps(cand: dict, rules, t: int, prompts: int, emb: np.ndarray | None = None, theta: float = 0.8,
+          max_opening_share: float = 1.0) -> list[dict]:
+    """Per rule, what it keeps of the candidates (columns of candidates.parquet as numpy arrays). With ``emb`` (the
+    candidates' question embeddings) and ``cand["text"]``, also the whole selection as the stage runs it: top-t, dedup
+    at ``theta`` and the opening filter, and what each of the two drops."""
+    from cqg_ray.cqg.quality import opening
+    from cqg_ray.cqg.select import own_cluster_no, select
 
     text_ok = np.isin(cand["filtered"], ["", "own_cluster", "opening"])  # the text filters' drops stay dropped
     probed = ~np.isnan(cand["quality"])
@@ -49,6 +56,11 @@ def keeps(cand: dict, rules, t: int, prompts: int) -> list[dict]:
                     "per_prompt": round(float(ok.sum()) / prompts, 2) if prompts else None,
                     "quality_median": round(float(np.median(q)), 3) if len(q) else None,
                     "clusters_without": int((per_cluster == 0).sum()), "top_t": int(np.minimum(per_cluster, t).sum())})
+        if emb is not None:
+            chosen, kept, _, capped = select(cand["cluster"], np.where(ok, cand["quality"], np.nan), emb, t, theta,
+                                             [opening(x) for x in cand["text"]], max_opening_share)
+            out[-1].update({"chosen": int(len(chosen)), "deduped": int(len(chosen) - len(kept)), "opening": int(capped.sum()),
+                            "questions": int(len(kept))})
     return out
 
 
@@ -61,33 +73,49 @@ def main() -> None:
     ap.add_argument("run_dir")
     ap.add_argument("--t", type=int, help="top t a cluster (default: the run's cqg.t)")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--no-select", action="store_true", help="skip the whole selection (top-t, dedup, opening filter), which "
+                    "embeds the candidates with the run's encoder (seconds)")
     a = ap.parse_args()
     run = RunDir(a.run_dir)
     path = run.path("questions", "candidates.parquet")
     if not run.exists("questions", "candidates.parquet"):
         raise SystemExit(f"{path}: no finished questions stage in {a.run_dir}")
     table = pq.read_table(path)
-    cand = {n: table.column(n).to_numpy(zero_copy_only=False) for n in ("cluster", "quality", "positive_yes", "positive_n", "filtered")}
+    cand = {n: table.column(n).to_numpy(zero_copy_only=False) for n in ("cluster", "quality", "positive_yes", "positive_n", "filtered", "text")}
     cand["quality"] = cand["quality"].astype(np.float64)
     counts = (run.manifest("questions") or {}).get("counts", {})
-    cfg = {}
+    whole = {}
     if run.exists("config.yaml"):
         import yaml
 
-        cfg = (yaml.safe_load(run.read_bytes("config.yaml")) or {}).get("cqg", {})
-    t = a.t or int(cfg.get("t", 4))
+        whole = yaml.safe_load(run.read_bytes("config.yaml")) or {}
+    from cqg_ray.config import PipelineConfig
+
+    config = PipelineConfig.model_validate(whole)
+    t = a.t or config.cqg.t
     prompts = int(counts.get("generation_prompts", 0))
-    rows = keeps(cand, RULES, t, prompts)
+    emb = None
+    if not a.no_select:
+        from cqg_ray.encoder import load_encoder
+
+        emb = load_encoder(config.encode.model, backend=config.encode.backend).encode(list(cand["text"]), batch_size=128)
+    share = config.cqg.max_opening_share if "opening" in config.cqg.filters else 1.0
+    rows = keeps(cand, RULES, t, prompts, emb, config.cqg.theta_value, share)
     print(f"{a.run_dir}: {len(table)} candidates from {prompts} prompts; top t = {t}; the run dropped "
           f"{counts.get('deduped', '?')} at dedup and {counts.get('dropped_opening', '?')} at the opening filter of "
           f"{counts.get('selected_top_t', '?')} chosen")
-    print(f"{'rule':<45} {'kept':>6} {'a prompt':>9} {'Eq.1 med':>9} {'no question':>12} {'top t':>6}")
+    more = "" if emb is None else f" {'dedup':>6} {'opening':>8} {'m':>5}"
+    print(f"{'rule':<45} {'kept':>6} {'a prompt':>9} {'Eq.1 med':>9} {'no question':>12} {'top t':>6}{more}")
     for r in rows:
+        more = "" if emb is None else f" {-r['deduped']:>6} {-r['opening']:>8} {r['questions']:>5}"
         print(f"{r['rule']:<45} {r['kept']:>6} {r['per_prompt'] if r['per_prompt'] is not None else '-':>9} "
-              f"{r['quality_median'] if r['quality_median'] is not None else '-':>9} {r['clusters_without']:>12} {r['top_t']:>6}")
+              f"{r['quality_median'] if r['quality_median'] is not None else '-':>9} {r['clusters_without']:>12} {r['top_t']:>6}{more}")
     if a.json:
         Path(a.json).write_text(json.dumps({"t": t, "prompts": prompts, "rules": rows}, indent=1))
     by = {(r["share"], r["floor"]): r for r in rows}
+    if emb is not None:
+        m_doc, m_sent = by[DOCUMENT]["questions"], by[SENTENCE]["questions"]
+        print(f"own_cluster_sentence_vs_document_questions: {m_sent / m_doc if m_doc else float('inf'):.4f}")
     doc, sent = by[DOCUMENT]["top_t"], by[SENTENCE]["top_t"]
     print(f"own_cluster_sentence_vs_document_top_t: {sent / doc if doc else float('inf'):.4f}")
 
