@@ -8,12 +8,14 @@ hold out ``train.holdout`` of the labelled documents, split once into a select a
 and returns the held-out pairs with their logits: the select part calibrates the heads and drops the questions that
 cannot be learnt; the report part gives each question's precision and recall and the Table 6 report. Writes ``<run>/model/``
 (config.json, questions.json, heads.safetensors, eval_report.json), loadable with
-``InterpretableEmbedder.load``. Ray Train checkpoints live in ``<run>/model/_train/``: a killed run resumes
-from the last one when the stage runs again with the same config.
+``InterpretableEmbedder.load``. Ray Train checkpoints live in ``<run>/model/_train/<name>`` (``checkpoint_name``: the
+stage's config and its inputs' fingerprints): a killed run resumes from the last one when the stage runs again with the
+same config and inputs; other questions or labels train afresh.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -57,6 +59,15 @@ def labels_meta(run) -> tuple[int, int]:
     return meta.num_rows, missing
 
 
+def checkpoint_name(config_hash: str, inputs: dict[str, str | None]) -> str:
+    """The Ray Train run name the heads' checkpoints are kept under: one per stage config and input fingerprints, so a
+    killed run resumes its own checkpoints and a run on other questions or labels starts afresh."""
+    import hashlib
+
+    key = json.dumps({"config": config_hash, "inputs": inputs}, sort_keys=True)
+    return f"mbqa-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
 def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
     from cqg_ray.mbqa.label_plan import holdout_docs
@@ -84,7 +95,7 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
     storage = run.uri(ctx.stage, "_train")
     if run.local:
         os.makedirs(storage, exist_ok=True)
-    name = f"mbqa-{stage_hash(cfg, 'model')}"
+    name = checkpoint_name(stage_hash(cfg, "model"), {s: run.fingerprint(s) for s in ("questions", "labels", "encode")})
     log.info("train: %d questions, %d labelled pairs over %d texts (d=%d, %d held out: %d select, %d report), %d worker(s), %d epochs, "
              "through Ray Data", m, n_pairs, len(ids), d, len(held), len(held) - len(report_ids), len(report_ids),
              cfg.train.num_workers, cfg.train.epochs)

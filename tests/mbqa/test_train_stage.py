@@ -84,3 +84,45 @@ def evaluate_pairs_yes(model, emb, pairs, threshold):
     from cqg_ray.mbqa.report import predict_pairs
 
     return predict_pairs(model.heads, emb, pairs.doc, pairs.question) > threshold
+
+
+def test_checkpoints_are_kept_per_config_and_inputs():
+    """A killed run resumes its own checkpoints (same config, same inputs: the same name); other questions or labels
+    (the reference rebuild's questions went from 163 to 268) must not resume a checkpoint of other heads."""
+    from cqg_ray.mbqa.stage import checkpoint_name
+
+    inputs = {"questions": "q1", "labels": "l1", "encode": "e1"}
+    name = checkpoint_name("c1", inputs)
+    assert name == checkpoint_name("c1", dict(reversed(list(inputs.items())))) and name.startswith("mbqa-")
+    assert len({name, checkpoint_name("c2", inputs), checkpoint_name("c1", {**inputs, "questions": "q2"}),
+                checkpoint_name("c1", {**inputs, "labels": "l2"}), checkpoint_name("c1", {**inputs, "encode": None})}) == 5
+
+
+def test_the_stage_run_again_on_other_questions_trains_afresh(trained_run, tmp_path, corpus_file):
+    """Run again after its questions and labels changed (t 3 -> 2), the stage trains heads for the new questions
+    beside the old run's checkpoints instead of resuming them (it failed on the heads' shapes before)."""
+    import shutil
+
+    from cqg_ray.config import stage_hash
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.engines.fake import FakeBackend
+    from cqg_ray.mbqa.label import run_labels
+    from cqg_ray.mbqa.stage import run_train
+    from cqg_ray.rundir import RunDir, run_stage
+    from tests.conftest import small_config
+    from tests.evaluate.conftest import lexical_oracle
+
+    run0, cfg0, manifest0 = trained_run
+    d = tmp_path / "run"
+    shutil.copytree(run0.root, d)
+    cfg = small_config(d, corpus_file, t=2, filters=["copy", "example", "long", "cut_off"],
+                       extra={"train": {"epochs": 20, "holdout": 0.2, "num_workers": 2, "checkpoint_every": 20}})
+    run = RunDir(str(d))
+    oracle = FakeBackend(cfg.llm, reply=lexical_oracle)
+    q = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=oracle, progress=False))
+    run_stage(run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, backend=oracle, progress=False))
+    manifest = run_stage(run, "model", stage_hash(cfg, "model"), lambda ctx: run_train(cfg, ctx))
+    assert q["counts"]["questions"] < manifest0["counts"]["questions_generated"]
+    assert manifest["counts"]["questions_generated"] == q["counts"]["questions"]
+    assert manifest["final_metrics"]["start_epoch"] == 0  # trained afresh
+    assert len([p for p in (d / "model" / "_train").iterdir() if p.name.startswith("mbqa-")]) == 2
