@@ -279,7 +279,8 @@ class BudgetConfig(Section):
     rule: Literal["top_k", "tau"] = Field("top_k", description="top_k: the k most confident questions with p > floor; tau: p > "
                                           "train.tau (the paper's Eq. 4)")
     k: int = Field(112, ge=1, description="top_k: at most k active questions per text (112: STS 0.94 of the dense encoder "
-                   "at load 45 and SciFact 0.60 with the shipped heads, docs/evaluation.md#the-load-budget-sweep)")
+                   "at load 45 and SciFact 0.60 with the previous reference heads; the rebuilt model ships k 12 ranked by p, "
+                   "chosen on faithfulness: `cqg-ray evaluate MODEL --tasks faithfulness --sweep 10`, docs/reference-model.md)")
     floor: float | None = Field(0.5, ge=0, lt=1, description="top_k: only questions with p > floor (null: none)")
     value: Literal["one", "prob", "centred"] = Field("centred", description="an active question's value: 1, p, or p minus the "
                                                      "question's mean probability on the training texts")
