@@ -11,7 +11,8 @@ process with every CPU thread, batch 32 (the encode stage's CPU default), after 
 one-off ONNX export/quantisation when the machine's cache (~/.cache/cqg-ray/encoders) is empty. Quality, per backend:
   STS-B    Spearman x 100 of cosine similarity on STSBenchmark.test (1,379 pairs), next to torch float32's
   cos      mean and least cosine of each text's embedding to torch float32's
-  flips    fraction of the shipped model's (models/cqg-minilm-ref, m = 636, tau 0.76) answer bits that differ from
+  flips    fraction of the previous reference model's (tests/fixtures/previous_model, m = 636, tau 0.76: the heads `auto`
+           was chosen with) answer bits that differ from
            the answers on torch float32 embeddings, over all n texts (the heads were trained on float32 embeddings)
 A backend "holds quality" when STS-B is within 0.3 points of float32 and flips <= 0.5% (`auto` only uses backends
 that hold it on every machine measured, see cqg_ray.encoder.pick_backend).
@@ -33,7 +34,7 @@ from _common import corpus_sample, cpu_line
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 STSB = os.path.join(ROOT, "..", "shared", "data", "sts", "STSBenchmark.test.tsv")
-REF_MODEL = os.path.join(ROOT, "models", "cqg-minilm-ref")
+REF_MODEL = os.path.join(ROOT, "tests", "fixtures", "previous_model")
 MAX_STS_DROP, MAX_FLIPS = 0.3, 0.005
 
 
