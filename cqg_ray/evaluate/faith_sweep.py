@@ -15,11 +15,12 @@ The mean active questions a text and the share of texts with none are exact (fro
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 
 from cqg_ray.mbqa.budget import Budget, active_mask
+
+
+BUDGET_FIELDS = ("rule", "tau", "k", "floor", "value", "rank")  # a row's budget, None where its rule has no such field
 
 
 def sweep_budgets(model_budget: Budget, ks: list[int], floors: list[float], has_mean: bool) -> list[Budget]:
@@ -69,8 +70,7 @@ def sweep_figures(probs: np.ndarray, mean: np.ndarray | None, budgets: list[Budg
         act = active_mask(probs, b, mean)
         shown = act[rows, qs] if len(rows) else np.zeros(0, bool)
         den = float((weight * shown).sum())
-        out.append({"budget": b.name, "rule": b.rule, "tau": b.tau if b.rule == "tau" else None, "k": b.k if b.rule == "top_k" else None,
-                    "floor": b.floor if b.rule == "top_k" else None, "value": b.value, "rank": b.rank if b.rule == "top_k" else None,
+        out.append({"budget": b.name, **dict.fromkeys(BUDGET_FIELDS), **b.to_dict(),  # every row has every field (the CSV)
                     "yes_precision": round(float((weight * shown * yes).sum()) / den, 4) if den > 0 else None,
                     "judged": int(shown.sum()),
                     "mean_active": round(float(act.sum(axis=1).mean()), 3) if len(probs) else None,
@@ -108,11 +108,9 @@ def sweep_markdown(sweep: dict) -> list[str]:
 def plot_sweep(sweep: dict, title: str) -> bytes:
     """Estimated yes precision against mean active questions a text: one curve per (rank, floor), points are k; the
     model's default budget as a star, the chosen one circled; PNG bytes."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from cqg_ray.evaluate.sweeps import agg_figure, png_bytes
 
-    fig = Figure(figsize=(7.5, 5), dpi=110)
-    FigureCanvasAgg(fig)
+    fig = agg_figure((7.5, 5))
     ax = fig.add_subplot(1, 1, 1)
     rows = sweep["rows"]
     curves: dict[str, list[dict]] = {}
@@ -143,7 +141,4 @@ def plot_sweep(sweep: dict, title: str) -> bytes:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return png_bytes(fig)

@@ -267,8 +267,7 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
         best = choose(rows_, cfg.sweep_min_active, cfg.sweep_max_without, cfg.sweep_min_judged)
         out["budget_sweep"] = {"floor": floor, "per_text": cfg.sweep_per_text, "judged": len(candidates), "min_active": cfg.sweep_min_active,
                                "max_without": cfg.sweep_max_without, "min_judged": cfg.sweep_min_judged, "chosen": best["budget"] if best else None,
-                               "chosen_budget": {k: best[k] for k in ("rule", "tau", "k", "floor", "value", "rank") if best[k] is not None or k == "floor"}
-                               if best else None,
+                               "chosen_budget": budgets[rows_.index(best)].to_dict() if best else None,
                                "rows": rows_}
     kinds = {ACTIVE: "active", NO: "no", CAP: "cap"}
     out.update({

@@ -9,7 +9,8 @@
 
 All take probabilities computed once (``StsProbs``) and only apply budgets / slice them (``cqg_ray.mbqa.budget``).
 ``plot_sweep`` draws a sweep as two labelled panels and ``plot_frontier`` quality against load, one curve per rule;
-both return PNG bytes (matplotlib's Agg canvas, no pyplot, so they never touch a user's backend).
+both return PNG bytes (``agg_figure``: matplotlib's Agg canvas, no pyplot, so they never touch a user's backend;
+``png_bytes``), as does the faithfulness sweep's plot (``faith_sweep.plot_sweep``).
 """
 
 from __future__ import annotations
@@ -125,17 +126,30 @@ def sweep_rows(sweep: dict) -> list[dict]:
     return rows
 
 
-def plot_sweep(sweep: dict, title: str) -> bytes:
-    """Two panels, Spearman (left) and cognitive load (right) against m or tau; PNG bytes."""
+def agg_figure(figsize: tuple[float, float]):
+    """A matplotlib Figure on its own Agg canvas (no pyplot, so a user's backend is never touched)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
         raise ImportError('the sweep plots need matplotlib: pip install "cqg-ray[plots]"') from None
-
-    xlabel = "number of questions m (first m dimensions)" if sweep["x"] == "m" else "binary threshold $\\tau$"
-    fig = Figure(figsize=(10, 4), dpi=110)
+    fig = Figure(figsize=figsize, dpi=110)
     FigureCanvasAgg(fig)
+    return fig
+
+
+def png_bytes(fig) -> bytes:
+    """The figure laid out and rendered as PNG bytes."""
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def plot_sweep(sweep: dict, title: str) -> bytes:
+    """Two panels, Spearman (left) and cognitive load (right) against m or tau; PNG bytes."""
+    xlabel = "number of questions m (first m dimensions)" if sweep["x"] == "m" else "binary threshold $\\tau$"
+    fig = agg_figure((10, 4))
     panels = [("spearman", "STS Spearman x100 (higher = better quality)"), ("cognitive_load", "cognitive load (lower = more interpretable)")]
     for k, (key, ylabel) in enumerate(panels):
         ax = fig.add_subplot(1, 2, k + 1)
@@ -149,20 +163,13 @@ def plot_sweep(sweep: dict, title: str) -> bytes:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return png_bytes(fig)
 
 
 def plot_frontier(budget: dict, tau: dict | None, dense: float | None, default: tuple[float, float] | None, title: str) -> bytes:
     """STS quality (Avg. Spearman x100) against cognitive load: one curve per budget rule (points are k), the tau
     sweep as another, the dense encoder as a horizontal line, the model's default output as a star; PNG bytes."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7.5, 5), dpi=110)
-    FigureCanvasAgg(fig)
+    fig = agg_figure((7.5, 5))
     ax = fig.add_subplot(1, 1, 1)
 
     def avg(d: dict) -> list[float]:
@@ -186,7 +193,4 @@ def plot_frontier(budget: dict, tau: dict | None, dense: float | None, default: 
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return png_bytes(fig)
