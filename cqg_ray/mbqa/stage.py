@@ -15,7 +15,6 @@ same config and inputs; other questions or labels train afresh.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -26,7 +25,7 @@ import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import embedding_files, load_questions
 from cqg_ray.config import PipelineConfig, stage_hash
-from cqg_ray.rundir import ArtifactError, StageContext
+from cqg_ray.rundir import ArtifactError, StageContext, hash_sections, reads
 
 log = logging.getLogger("cqg_ray")
 
@@ -62,10 +61,7 @@ def labels_meta(run) -> tuple[int, int]:
 def checkpoint_name(config_hash: str, inputs: dict[str, str | None]) -> str:
     """The Ray Train run name the heads' checkpoints are kept under: one per stage config and input fingerprints, so a
     killed run resumes its own checkpoints and a run on other questions or labels starts afresh."""
-    import hashlib
-
-    key = json.dumps({"config": config_hash, "inputs": inputs}, sort_keys=True)
-    return f"mbqa-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    return f"mbqa-{hash_sections(config_hash, inputs)}"
 
 
 def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
@@ -95,7 +91,7 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
     storage = run.uri(ctx.stage, "_train")
     if run.local:
         os.makedirs(storage, exist_ok=True)
-    name = checkpoint_name(stage_hash(cfg, "model"), {s: run.fingerprint(s) for s in ("questions", "labels", "encode")})
+    name = checkpoint_name(stage_hash(cfg, "model"), {s: run.fingerprint(s) for s in reads(ctx.stage)})
     log.info("train: %d questions, %d labelled pairs over %d texts (d=%d, %d held out: %d select, %d report), %d worker(s), %d epochs, "
              "through Ray Data", m, n_pairs, len(ids), d, len(held), len(held) - len(report_ids), len(report_ids),
              cfg.train.num_workers, cfg.train.epochs)
