@@ -1,15 +1,13 @@
 """scripts/cpu_map.py: a command's CPU time by kind of process."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = importlib.util.spec_from_file_location("cpu_map", ROOT / "scripts" / "cpu_map.py")
-cpu_map = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(cpu_map)
+cpu_map = load_script("scripts/cpu_map.py", "cpu_map")
 
 
 def test_kinds_name_ray_titles_test_workers_and_programs():

@@ -1,17 +1,11 @@
 """bench/hand_check.py: the draw hides the judge's answers, the score puts hand answers beside them exactly."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from tests.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "hand_check.py"
-_spec = importlib.util.spec_from_file_location("bench_hand_check", SCRIPT)
-hc = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("bench_hand_check", hc)
-_spec.loader.exec_module(hc)
+hc = load_script("bench/hand_check.py", "bench_hand_check")
 
 
 def results(tmp_path):

@@ -1,15 +1,11 @@
 """scripts/install_llama_cpp.py, its pure parts: CMake flags from /proc/cpuinfo, the wheel cache key, commands."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 from cqg_ray.hardware import cpu_flags
+from tests.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "install_llama_cpp.py"
-_spec = importlib.util.spec_from_file_location("install_llama_cpp", SCRIPT)
-install = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(install)
+install = load_script("scripts/install_llama_cpp.py", "install_llama_cpp")
 cmake_args = install.cmake_args
 llama_commands = install.llama_commands
 main = install.main

@@ -1,20 +1,15 @@
 """bench/judge_check.py on a scripted judge (no model): agreement apart for yes and for no on the pooled held-out
 property parts, the threshold chosen on the choosing parts only, yes-precision by hand and by the judge."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from cqg_ray.llm.base import Completion
+from tests.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "judge_check.py"
-_spec = importlib.util.spec_from_file_location("bench_judge_check", SCRIPT)
-judge_check = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("bench_judge_check", judge_check)
-_spec.loader.exec_module(judge_check)
+judge_check = load_script("bench/judge_check.py", "bench_judge_check")
 
 
 class Scripted:

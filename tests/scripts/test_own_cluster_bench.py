@@ -1,16 +1,10 @@
 """bench/own_cluster.py's rule table on synthetic probe counts (no run, no LLM)."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
+from tests.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "own_cluster.py"
-_spec = importlib.util.spec_from_file_location("bench_own_cluster", SCRIPT)
-own = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("bench_own_cluster", own)
-_spec.loader.exec_module(own)
+own = load_script("bench/own_cluster.py", "bench_own_cluster")
 
 
 def test_each_rule_keeps_what_its_bar_and_floor_allow():

@@ -1,20 +1,15 @@
 """bench/scale.py, its pure parts (no Ray): the static-embedding encoder, the synthetic corpus, the config, the last lines."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cqg_ray.config import config_from_dict
+from tests.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "scale.py"
-_spec = importlib.util.spec_from_file_location("bench_scale", SCRIPT)
-scale = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("bench_scale", scale)
-_spec.loader.exec_module(scale)
+scale = load_script("bench/scale.py", "bench_scale")
 
 
 def test_static_encoder_builds_and_encodes_through_the_encoder_interface(tmp_path):
