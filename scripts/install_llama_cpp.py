@@ -60,7 +60,9 @@ def cmake_args(flags: set[str]) -> list[str]:
 
 
 def wheel_dir(args: list[str], cache_dir: str | None = None) -> str:
-    root = os.path.expanduser(cache_dir or os.environ.get("CQG_RAY_CACHE") or "~/.cache/cqg-ray")
+    # the machine cache's rule (cqg_ray/llm/engines/bundled.cache_root; this script runs before the package is installed)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    root = os.path.expanduser(cache_dir or os.environ.get("CQG_RAY_CACHE") or (os.path.join(xdg, "cqg-ray") if xdg else "~/.cache/cqg-ray"))
     key = hashlib.sha256(" ".join([LLAMA_CPP_VERSION, *sorted(args)]).encode()).hexdigest()[:12]
     return os.path.join(root, "wheels", f"llama-cpp-python-{LLAMA_CPP_VERSION}-{key}")
 

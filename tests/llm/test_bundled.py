@@ -197,3 +197,21 @@ def test_dequantize_all_goes_one_at_a_time_where_memory_is_short_and_skips_what_
     out = bundled.dequantize_all(names, str(tmp_path))
     assert made == names[:2] and out == [bundled.hf_folder_path(n, str(tmp_path)) for n in names]
     assert bundled.dequantize_all(names, str(tmp_path)) == out and made == names[:2]  # nothing made twice
+
+
+def test_one_machine_cache_for_models_encoders_and_rates(monkeypatch, tmp_path):
+    """The cache's root: the config's cache_dir, else $CQG_RAY_CACHE, else $XDG_CACHE_HOME/cqg-ray, else
+    ~/.cache/cqg-ray; the exported encoders live under the same root."""
+    from cqg_ray.encoder_export import cache_root as encoders_root
+
+    monkeypatch.delenv("CQG_RAY_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert bundled.cache_root() == tmp_path / "home" / ".cache" / "cqg-ray"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert bundled.cache_root() == tmp_path / "xdg" / "cqg-ray"
+    assert encoders_root() == str(tmp_path / "xdg" / "cqg-ray" / "encoders")
+    monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path / "own"))
+    assert bundled.cache_root() == tmp_path / "own" and encoders_root() == str(tmp_path / "own" / "encoders")
+    assert bundled.cache_root(str(tmp_path / "cfg")) == tmp_path / "cfg"
+    assert bundled.hf_folder_path("bundled:qwen2.5-coder-0.5b") == tmp_path / "own" / "models" / "qwen2.5-coder-0.5b-hf"

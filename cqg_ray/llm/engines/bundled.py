@@ -125,7 +125,10 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
 
 
 def cache_root(cache_dir: str | None = None) -> Path:
-    return Path(os.path.expanduser(cache_dir or os.environ.get("CQG_RAY_CACHE") or DEFAULT_CACHE_DIR))
+    """cqg-ray's machine cache (bundled models, exported encoders, measured rates, wheels): ``cache_dir``, else
+    $CQG_RAY_CACHE, else $XDG_CACHE_HOME/cqg-ray, else ~/.cache/cqg-ray."""
+    default = os.path.join(os.environ["XDG_CACHE_HOME"], "cqg-ray") if os.environ.get("XDG_CACHE_HOME") else DEFAULT_CACHE_DIR
+    return Path(os.path.expanduser(cache_dir or os.environ.get("CQG_RAY_CACHE") or default))
 
 
 def assemble(model: BundledModel, cache_dir: str | None = None) -> Path:
