@@ -245,8 +245,11 @@ class View:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{postfix}]")
-        elif self.show:
-            log.info("%s: %s", self.desc, self.line()[0])
+        c = self.counts()
+        text, eta = self.line(c)
+        if self.bar is None and self.show:
+            log.info("%s: %s", self.desc, text)
+        self.write_file(text, c, eta, final=False)  # `cqg-ray status` names the stage and its total from the start
         _live.append(self)
         self._thread = threading.Thread(target=self._loop, name="cqg-ray-progress-view", daemon=True)
         self._thread.start()

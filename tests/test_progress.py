@@ -133,6 +133,8 @@ def test_a_worker_relays_what_advanced_and_the_view_adds_it(monkeypatch):
 def test_a_text_view_and_an_epoch_view_count_their_own_quantity(tmp_path):
     run = RunDir(str(tmp_path / "r"))
     with progress.View("encode", "text", 3000, kind="texts", run=run, stage="encode", show=False) as view:
+        # written as the view opens (its first tick is seconds away): a stage killed at once still shows in status
+        assert progress.read_progress(run)["line"].startswith("0/3,000 text") and progress.read_progress(run)["stage"] == "encode"
         progress.add(texts=1024)
         assert view.line()[0].startswith("1,024/3,000 text")
     assert progress.read_progress(run)["line"].startswith("1,024/3,000 text")
