@@ -293,6 +293,9 @@ class TrainConfig(Section):
 
     hidden: int = Field(8, ge=1, description="hidden size of each head: Linear(d, hidden) -> ReLU -> Linear(hidden, 1)")
     lr: float = Field(1e-4, gt=0, description="alpha: Adam learning rate (the paper's 1e-4)")
+    weight_decay: float = Field(0.0, ge=0, description="L2 penalty on the heads' weights, added to Adam's gradients (the paper: none, "
+                                "with ~1,000 labels a question); with tens of labels a question an unpenalised head fits its few "
+                                "texts and ranks held-out ones worse (docs/mbqa.md#weight-decay)")
     epochs: int = Field(100, ge=1, description="passes over the labelled pairs; at lr 1e-4 held-out macro F1 levels off at ~100 (README, Training)")
     pairs_per_head: int = Field(8, ge=1, description="labelled texts per head per training step "
                                 "(question-major steps: every step updates every head on its own texts)")

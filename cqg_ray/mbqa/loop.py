@@ -123,6 +123,9 @@ def run_epochs(
 
 
 def make_optimizer(heads: StackedHeads, cfg: TrainConfig) -> torch.optim.Adam:
+    """Adam at ``train.lr``; ``train.weight_decay`` is each head's own L2 (its objective: the mean loss over its texts
+    + wd / 2 * |its weights|^2). A step's loss is the mean over every head's pairs, so each head's share of the gradient
+    is ~1/m of its own mean's: Adam's coupled decay is wd / m to keep that ratio."""
     fused = heads.w1.device.type in ("cpu", "cuda") and heads.w1.dtype == torch.float32
-    return torch.optim.Adam(heads.parameters(), lr=cfg.lr, fused=fused)
+    return torch.optim.Adam(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay / heads.m, fused=fused)
 

@@ -82,6 +82,19 @@ def test_training_learns_the_synthetic_questions(problem):
     assert report["no"]["support"] + report["yes"]["support"] == int(held.sum())
 
 
+def test_weight_decay_is_an_l2_penalty_that_keeps_few_label_heads_small(problem):
+    """train.weight_decay is each head's own L2 (its mean loss + wd / 2 |w|^2): Adam's coupled decay wd / m, since a
+    step's loss averages over all m heads' pairs. On questions with a dozen labels each it gives heads with smaller
+    first-layer weights than the paper's unpenalised training, which fits its few texts."""
+    emb, dense = problem(per_question=12)
+    pairs = LabelPairs.from_dense(dense)
+    plain, _, _ = train_locally(emb, pairs, TrainConfig(epochs=60, lr=1e-2))
+    decayed, opt, history = train_locally(emb, pairs, TrainConfig(epochs=60, lr=1e-2, weight_decay=0.05))
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.05 / pairs.n_questions] and TrainConfig().weight_decay == 0.0
+    assert decayed.w1.norm() < 0.5 * plain.w1.norm()
+    assert np.isfinite(history[-1]["loss"])
+
+
 def test_checkpoint_resume_is_exact(problem, tmp_path):
     emb, dense = problem(m=4, per_question=80)
     pairs = LabelPairs.from_dense(dense)
