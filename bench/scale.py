@@ -80,10 +80,9 @@ NOTE = ("encoder: a STATIC EMBEDDING (sentence-transformers StaticEmbedding from
 
 # ---------------------------------------------------------------------------------------------- pure helpers
 def cache_base() -> str:
-    """The machine cache's bench/ (`bundled.cache_root`: $CQG_RAY_CACHE, else ~/.cache/cqg-ray), beside the encoders'."""
-    from cqg_ray.llm.engines.bundled import cache_root
-
-    return str(cache_root() / "bench")
+    """$CQG_RAY_CACHE/bench, else ~/.cache/cqg-ray/bench (beside the encoders' cache)."""
+    base = os.environ.get("CQG_RAY_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cqg-ray")
+    return os.path.join(base, "bench")
 
 
 def static_encoder(folder: str | None = None) -> str:

@@ -127,11 +127,11 @@ def save_tokenizer(st, folder: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------- export and cache
 def cache_root() -> str:
-    """Where exported encoders live: the machine cache's encoders/ (`bundled.cache_root`: $CQG_RAY_CACHE, else
-    ~/.cache/cqg-ray)."""
-    from cqg_ray.llm.engines.bundled import cache_root as machine_cache
-
-    return str(machine_cache() / "encoders")
+    """Where exported encoders live: the machine cache's encoders/ ($CQG_RAY_CACHE, else $XDG_CACHE_HOME/cqg-ray, else
+    ~/.cache/cqg-ray: `bundled.cache_root`'s rule, spelled out here so that an encoder actor does not import the LLM
+    package for a path)."""
+    base = os.environ.get("CQG_RAY_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cqg-ray")
+    return os.path.join(base, "encoders")
 
 
 def cache_dir(path: str) -> str:
