@@ -40,16 +40,12 @@ def report_aucs(run_dir: str, model_dir: str) -> dict[int, float]:
     from cqg_ray.artifacts import embedding_files
     from cqg_ray.config import load_config
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
-    from cqg_ray.mbqa.label_plan import holdout_docs
-    from cqg_ray.mbqa.reliability import split_heldout
+    from cqg_ray.mbqa.stage import heldout_ids, labelled_doc_ids
     from cqg_ray.rundir import RunDir
 
     run = RunDir(run_dir)
-    tc = load_config(str(Path(run_dir) / "config.yaml")).train
+    _, report = heldout_ids(labelled_doc_ids(run), load_config(str(Path(run_dir) / "config.yaml")).train)  # the stage's own split
     labels = pq.read_table(Path(run_dir) / "labels" / "labels.parquet", columns=["doc_id", "question_id", "answer"]).to_pandas()
-    ids = np.sort(labels.doc_id.unique())
-    held = ids[holdout_docs(np.arange(len(ids)), tc.holdout, tc.seed)]
-    report = set(held[~split_heldout(len(held), tc.select_share, tc.seed)])
     labels = labels[labels.doc_id.isin(report)]
     emb = {}
     for f in embedding_files(run):

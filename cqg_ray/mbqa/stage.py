@@ -58,6 +58,16 @@ def labels_meta(run) -> tuple[int, int]:
     return meta.num_rows, missing
 
 
+def heldout_ids(ids: np.ndarray, train) -> tuple[np.ndarray, np.ndarray]:
+    """(the held-out ids, those of them in the report part) of the sorted labelled doc ids, for a ``TrainConfig``: the
+    split by document (`holdout_docs`), then the report part (`reliability.split_heldout`), fixed before anything is chosen."""
+    from cqg_ray.mbqa.label_plan import holdout_docs
+    from cqg_ray.mbqa.reliability import split_heldout
+
+    held = ids[holdout_docs(np.arange(len(ids)), train.holdout, train.seed)]
+    return held, held[~split_heldout(len(held), train.select_share, train.seed)]
+
+
 def checkpoint_name(config_hash: str, inputs: dict[str, str | None]) -> str:
     """The Ray Train run name the heads' checkpoints are kept under: one per stage config and input fingerprints, so a
     killed run resumes its own checkpoints and a run on other questions or labels starts afresh."""
@@ -66,8 +76,7 @@ def checkpoint_name(config_hash: str, inputs: dict[str, str | None]) -> str:
 
 def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
-    from cqg_ray.mbqa.label_plan import holdout_docs
-    from cqg_ray.mbqa.reliability import format_reliability, reliability, split_heldout
+    from cqg_ray.mbqa.reliability import format_reliability, reliability
     from cqg_ray.mbqa.report import format_report, is_table6
     from cqg_ray.mbqa.train import fit_heads
     from cqg_ray.mbqa.train_data import dataset_stats, run_texts, training_rows
@@ -83,8 +92,7 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
         raise RuntimeError(f"train.soft_labels needs P(yes) for every label; {no_p_yes} of {n_pairs} have none "
                            "(label with llm.answer_mode=single, or with llm.logprobs on a backend that returns them)")
     ids = labelled_doc_ids(run)
-    held = ids[holdout_docs(np.arange(len(ids)), cfg.train.holdout, cfg.train.seed)]  # the split by document, as before
-    report_ids = held[~split_heldout(len(held), cfg.train.select_share, cfg.train.seed)]  # fixed before anything is chosen
+    held, report_ids = heldout_ids(ids, cfg.train)
     files = embedding_files(run)
     d = pq.read_schema(files[0], filesystem=run.fs).field("embedding").type.list_size
     texts = run_texts(files, run.path("labels", "labels.parquet"), run.fs, held, cfg.train.soft_labels, report_ids=report_ids)
