@@ -54,7 +54,7 @@ def report_aucs(run_dir: str, model_dir: str) -> dict[int, float]:
         keep = np.isin(docs, labels.doc_id.unique())
         if keep.any():
             emb.update(zip(docs[keep], np.stack(t.column("embedding").to_numpy(zero_copy_only=False))[keep]))
-    model = InterpretableEmbedder.load(model_dir, device="cpu")
+    model = InterpretableEmbedder.load(model_dir, device="cpu", load_encoder=False)  # heads only: the embeddings are stored
     x = np.stack([emb[d] for d in labels.doc_id]).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     with torch.no_grad():
