@@ -25,7 +25,6 @@ ran batched, torch_vs_llamacpp_batched_generate (llama.cpp's batched wall time o
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -58,8 +57,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=260)
     ap.add_argument("--model", default="bundled:qwen2.5-coder-0.5b")
     ap.add_argument("--engines", default=f"llamacpp,torch-{pick_dtype()}",
-                    help="batched engines to compare (llamacpp, llamacpp-whole: each prompt read whole, torch-float32, torch-bfloat16, "
-                    "torch-int8: float32 with int8 decoding steps; with torch-float32 the last line is torch_int8_vs_float32_generate)")
+                    help="batched engines to compare (llamacpp, llamacpp-whole: each prompt read whole, torch-float32, torch-bfloat16)")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the prompt-reading-only run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--demo", action="store_true", help="the demo's prompts and writer: property prompt, 6 + 36 texts, the bundled 1.5B")
@@ -119,13 +117,6 @@ def main() -> None:
         same = sum(a.text == w.text for a, w in zip(batched["llamacpp"][0], batched["llamacpp-whole"][0]))
         print(f"common prefix read once vs every prompt whole: {same} of {len(reqs)} replies identical")
         print(f"llamacpp_shared_prefix_vs_whole: {batched['llamacpp-whole'][1] / batched['llamacpp'][1]:.2f}")
-    if "torch-float32" in batched and "torch-int8" in batched:  # int8 decoding steps against the float32 they replace
-        (f, t_f), (q, t_q) = batched["torch-float32"], batched["torch-int8"]
-        same = sum(a.text == w.text for a, w in zip(f, q))
-        kept = [len(os.path.commonprefix([a.text, w.text])) / max(len(a.text), 1) for a, w in zip(f, q)]
-        print(f"torch-int8 vs torch-float32: {same} of {len(reqs)} replies identical; a reply follows float32's for "
-              f"{100 * sum(kept) / len(kept):.0f}% of its characters on average", flush=True)
-        print(f"torch_int8_vs_float32_generate: {t_f / t_q:.2f}")
     b.close()
 
 

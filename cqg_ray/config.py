@@ -127,11 +127,10 @@ class LlamaCppConfig(Section):
         "auto", description="engine for single-pass answers: llama.cpp on the GGUF, or torch on its weights dequantised once (cached); "
         "auto = torch-bfloat16 on CPUs with AVX-512-BF16 or AMX, torch-float32 on other AVX2 CPUs, llama.cpp elsewhere (docs/llm.md, "
         "measured per machine kind); torch-float32 in llama.cpp's place where llama-cpp-python is not installed")
-    generate_engine: Literal["auto", "llamacpp", "torch-float32", "torch-bfloat16", "torch-int8"] = Field(
+    generate_engine: Literal["auto", "llamacpp", "torch-float32", "torch-bfloat16"] = Field(
         "auto", description="engine for batched greedy generation (batch_generate > 1): llama.cpp on the GGUF (continuous batching), or torch on "
         "its weights dequantised once (static batches of similar length); auto = torch-bfloat16 on CPUs with AVX-512-BF16 or AMX, "
-        "llama.cpp elsewhere, torch-float32 where llama-cpp-python is not installed (docs/answer-modes.md: Batched generation); torch-int8 "
-        "(never auto): float32 with int8 decoding steps, ~3x the written tokens/s on AVX2, no faster where prompts dominate (docs/llm.md)")
+        "llama.cpp elsewhere, torch-float32 where llama-cpp-python is not installed (docs/answer-modes.md: Batched generation)")
 
 
 class OpenAIConfig(Section):

@@ -29,7 +29,6 @@ AVX2_ONLY_ENV = {
     "OPENBLAS_CORETYPE": "Haswell",  # the OpenBLAS of numpy and of faiss
     "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",  # numpy's own SIMD loops (numpy >= 2.4's groups)
     "FAISS_SIMD_LEVEL": "AVX2",  # faiss's dynamically dispatched kernels
-    "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",  # fbgemm: torch's int8 linear layers (the torch-int8 engine)
 }
 
 

@@ -385,7 +385,7 @@ def test_memory_table_small(capsys):
 
 
 def test_the_llm_engines_weights_follow_the_engine_that_does_the_work():
-    """The GGUF for llama.cpp; the GGUF plus its parameters at 4 (float32), 2 (bfloat16) or 5 (float32 and int8) bytes where a torch engine does
+    """The GGUF for llama.cpp; the GGUF plus its parameters at 4 (float32) or 2 (bfloat16) bytes where a torch engine does
     the work: the 1.5B in torch-float32 is ~6.2 GB more, what a 2-core machine has to hold beside the rest; the
     parameters alone where torch does both kinds of work."""
     from cqg_ray.config import load_config
@@ -401,8 +401,6 @@ def test_the_llm_engines_weights_follow_the_engine_that_does_the_work():
     # torch for both kinds of work (the embedded backend without llama.cpp): the GGUF is never loaded
     cfg = load_config(None, ["llm.llamacpp.generate_engine=torch-float32", "llm.llamacpp.score_engine=torch-float32"])
     assert llm_weights(cfg, big, "generate") == (4 * 1.54e9, f"{big} weights in float32 (torch-float32 generates; both engines torch, no GGUF held)")
-    cfg = load_config(None, ["llm.llamacpp.generate_engine=torch-int8", "llm.llamacpp.score_engine=torch-float32"])  # int8 decoding steps
-    assert llm_weights(cfg, big, "generate") == (5 * 1.54e9, f"{big} weights in float32 and int8 (torch-int8 generates; both engines torch, no GGUF held)")
     assert llm_weights(cfg, "my.gguf", "score") == (0.0, "my.gguf weights (unknown model: not counted)")
 
 

@@ -63,13 +63,12 @@ def llm_weights(cfg: PipelineConfig, model: str, work: str) -> tuple[float, str]
     engine = resolve_engine(setting, work=work)
     if engine == "llamacpp":
         return gguf, f"{model} weights"
-    per = {"torch-bfloat16": 2, "torch-int8": 5}.get(engine, 4)  # torch-int8: float32 weights and their int8 twins
-    held = "float32 and int8" if engine == "torch-int8" else engine.split("-")[1]
+    per = 4 if engine == "torch-float32" else 2
     doing = f"{engine} {'scores' if work == 'score' else 'generates'}"
     other = "generate" if work == "score" else "score"
     if resolve_engine(getattr(cfg.llm.llamacpp, f"{other}_engine"), work=other) != "llamacpp":  # torch only: no GGUF loaded
-        return PARAMS[model] * per, f"{model} weights in {held} ({doing}; both engines torch, no GGUF held)"
-    return gguf + PARAMS[model] * per, f"{model} GGUF and its weights in {held} ({doing})"
+        return PARAMS[model] * per, f"{model} weights in {engine.split('-')[1]} ({doing}; both engines torch, no GGUF held)"
+    return gguf + PARAMS[model] * per, f"{model} GGUF and its weights in {engine.split('-')[1]} ({doing})"
 
 
 def memory_plan(cfg: PipelineConfig, counts: dict, dim: int, w: Workload = Workload()) -> list[dict]:

@@ -21,8 +21,6 @@ its group of query heads, no copies; torch's CPU flash-attention kernel spent mo
 row) into a cache allocated once per batch (``preallocated_cache``: written in place, not concatenated every step).
 The model's linear layers run on weights reordered once for oneDNN (``pack_linears``). bfloat16 reaches the matrix
 units of CPUs with AVX-512-BF16 or AMX; on others it is emulated and float32 is the fast choice (``hardware.pick_dtype``).
-``dtype="int8"``: float32, with the decoding steps' linear layers in int8 (``add_int8_decoding``), for CPUs without
-native bfloat16, where a float32 decoding step is bound by reading its weights; prompts and scoring stay float32.
 """
 
 from __future__ import annotations
@@ -181,46 +179,6 @@ def pack_linears(model, rows: int) -> int:
     return len(names)
 
 
-def add_int8_decoding(model) -> list[bool]:
-    """Give each of the model's ``nn.Linear`` layers (decoder and output) an int8 twin, in place, used while the
-    returned switch (a one-item list) is on: the twin's weights are int8 per output channel, each call's input is
-    quantized to 7-bit unsigned integers by its own range (torch's fbgemm dynamic quantization; 7 bits keep AVX2's
-    16-bit pair sums from saturating), products in int32, output float32. The float layer stays for everything else.
-    The engine turns the switch on for decoding steps only: a step's few rows are bound by reading the weights
-    (a quarter of the bytes in int8), while one input range shared by a long prompt's or a scoring tree's tokens is
-    set by the few tokens with outsized activations (Qwen2.5's) and costs most of the others their precision."""
-    import warnings
-
-    import torch
-    from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
-    from torch.ao.quantization import per_channel_dynamic_qconfig
-
-    switch = [False]
-
-    class DualLinear(torch.nn.Module):
-        """A linear layer in float (``float_linear``) and in int8 (``int8_linear``, while the switch is on)."""
-
-        def __init__(self, linear):
-            super().__init__()
-            self.in_features, self.out_features = linear.in_features, linear.out_features
-            linear.qconfig = per_channel_dynamic_qconfig
-            with warnings.catch_warnings():  # torch.ao.quantization's deprecation notice: its eager API is what runs on CPU without torchao
-                warnings.simplefilter("ignore")
-                self.int8_linear = Int8Linear.from_float(linear)
-            del linear.qconfig
-            self.float_linear = linear
-
-        def forward(self, x):
-            return self.int8_linear(x) if switch[0] else self.float_linear(x)
-
-    names = [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
-    for name in names:
-        parent, _, child = name.rpartition(".")
-        owner = model.get_submodule(parent) if parent else model
-        setattr(owner, child, DualLinear(getattr(owner, child)))
-    return switch
-
-
 def tree_mask(token_lists: Sequence[Sequence[int]], lcp: Sequence[int], n_entries: int) -> np.ndarray:
     """(n, n) bool: entry a may attend to entry b, i.e. b is on the path from the root to a (a included).
 
@@ -252,9 +210,7 @@ class TorchEngine:
             torch.set_num_threads(n_threads)
         self.device = torch.device(device)
         self.dtype_name = (pick_dtype() if self.device.type == "cpu" else "bfloat16") if dtype == "auto" else dtype
-        if self.dtype_name == "int8" and self.device.type != "cpu":
-            raise ValueError("dtype int8 is a CPU path (fbgemm); use bfloat16 or float32 on a GPU")
-        self.dtype = torch.float32 if self.dtype_name == "int8" else getattr(torch, self.dtype_name)
+        self.dtype = getattr(torch, self.dtype_name)
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(str(Path(model_dir).expanduser()), dtype=self.dtype,
                                                          attn_implementation=register_decode_attention())
@@ -262,7 +218,6 @@ class TorchEngine:
             model.set_attn_implementation(register_decode_attention())
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.out = self.model.get_output_embeddings().weight  # dense: scoring reads its yes and no rows
-        self.int8_steps = add_int8_decoding(self.model) if self.dtype_name == "int8" else [False]  # on during decoding steps
         self.packed = pack_linears(self.model, gen_seqs) if self.device.type == "cpu" else 0
         self.lm_head = self.model.get_output_embeddings()
         self.max_seqs, self.max_tokens = max_seqs, max_tokens
@@ -375,13 +330,9 @@ class TorchEngine:
                 filled += 1
                 last_pos = last_pos + 1
                 t0 = time.perf_counter()
-                self.int8_steps[0] = self.dtype_name == "int8"
-                try:
-                    hidden = self.model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos[:, None], past_key_values=cache,
-                                              use_cache=True).last_hidden_state
-                    nxt = pick(self.lm_head(hidden[:, -1]))
-                finally:
-                    self.int8_steps[0] = False
+                hidden = self.model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos[:, None], past_key_values=cache,
+                                          use_cache=True).last_hidden_state
+                nxt = pick(self.lm_head(hidden[:, -1]))
                 progress.add(generated=len(rows), generate_s=time.perf_counter() - t0)
 
     def read_chunks(self, tokens: Sequence[int], start: int, stop: int, cache) -> Any:
