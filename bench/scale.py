@@ -80,9 +80,10 @@ NOTE = ("encoder: a STATIC EMBEDDING (sentence-transformers StaticEmbedding from
 
 # ---------------------------------------------------------------------------------------------- pure helpers
 def cache_base() -> str:
-    """$CQG_RAY_CACHE/bench, else ~/.cache/cqg-ray/bench (beside the encoders' cache)."""
-    base = os.environ.get("CQG_RAY_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cqg-ray")
-    return os.path.join(base, "bench")
+    """The machine cache's bench/ (`bundled.cache_root`), beside the encoders'."""
+    from cqg_ray.llm.engines.bundled import cache_root
+
+    return str(cache_root() / "bench")
 
 
 def static_encoder(folder: str | None = None) -> str:
