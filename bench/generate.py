@@ -8,7 +8,10 @@
 default) and with every prompt read whole (``share_prefix=False``); last line ``llamacpp_shared_prefix_vs_whole``.
 
 ``--demo``: what the demo's questions stage asks instead: the property prompt (3 worked examples) with 6 positives
-and 36 negatives (n_p, n_h + n_e) clipped at 200 characters, written by the bundled 1.5B (``cqg.writer_model``).
+and 36 negatives (n_p, n_h + n_e) clipped at 200 characters, written by the bundled 1.5B (``cqg.writer_model``);
+``--negatives 12`` gives the prompts of the demo's floor sizing (6 + 6):
+
+    python bench/generate.py --demo --prompts 16 --negatives 12 --no-baseline --no-ceiling --engines torch-float32
 
 Every side runs the same A.1 prompts (6 positives, 12 negatives, texts clipped at 200 characters, as the demo) with
 greedy decoding and at most 260 new tokens: one at a time through llama.cpp's ``create_chat_completion`` (the path
@@ -16,7 +19,8 @@ before batching, the baseline), and ``--batch`` sequences at a time on each of `
 ``BatchEngine.generate``, continuous batching; ``torch-<dtype>``: ``TorchEngine.generate`` on the GGUF's weights
 dequantised once, static batches of similar length; default dtype: bfloat16 where the CPU has AVX-512-BF16 or AMX,
 float32 elsewhere). Printed per side: wall time (model loading excluded), prompt and generated tokens, how many
-questions it parsed and how many replies are identical to the baseline's; then the prefill ceiling: the time the
+questions it parsed and how many replies are identical to the baseline's (a torch engine also: the seconds its own
+counters give to reading the prompts and to decoding steps); then the prefill ceiling: the time the
 torch engine needs only to read the prompts (``max_tokens=1``), the floor of any batched run on it. Last lines:
 generation_batch_speedup (the fastest batched side against the baseline) and, when llama.cpp and a torch engine both
 ran batched, torch_vs_llamacpp_batched_generate (llama.cpp's batched wall time over the fastest torch engine's).
@@ -35,6 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _common import cpu_line, cqg_prompts  # noqa: E402
 
+from cqg_ray import progress  # noqa: E402
 from cqg_ray.config import LLMConfig, LlamaCppConfig  # noqa: E402
 from cqg_ray.hardware import pick_dtype  # noqa: E402
 from cqg_ray.llm.base import Request, resolve_engine  # noqa: E402
@@ -62,12 +67,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--demo", action="store_true", help="the demo's prompts and writer: property prompt, 6 + 36 texts, the bundled 1.5B")
     ap.add_argument("--no-baseline", action="store_true", help="skip the one-at-a-time llama.cpp run (the batched sides are compared alone)")
+    ap.add_argument("--negatives", type=int, default=None, help="negative texts a prompt (default 12; 36 with --demo; 12 is the demo's floor)")
     args = ap.parse_args()
     if args.demo and args.model == ap.get_default("model"):
         args.model = "bundled:qwen2.5-coder-1.5b"
     print(cpu_line())
     print(f"llamacpp.generate_engine auto -> {resolve_engine('auto', work='generate')} on this CPU", flush=True)
     shape = {"n_pos": 6, "n_neg": 36, "prompt": "property"} if args.demo else {}
+    if args.negatives is not None:
+        shape["n_neg"] = args.negatives
     reqs = [Request(m, max_tokens=args.max_tokens) for m in cqg_prompts(args.prompts, args.seed, **shape)]
     print(f"{len(reqs)} {'property (demo)' if args.demo else 'A.1'} prompts, model {args.model}", flush=True)
     b = LlamaCppBackend(LLMConfig(llamacpp=LlamaCppConfig(model=args.model, batch_generate=args.batch)))
@@ -80,10 +88,15 @@ def main() -> None:
             print(f"{engine}: model loaded in {time.perf_counter() - t0:.1f} s (not counted)", flush=True)
         else:
             b._generator = WholePrompts(b.engine) if engine == "llamacpp-whole" else b.engine
+        before = progress.snapshot()
         t0 = time.perf_counter()
         got = dict(b.generate_batched(reqs))
         batched[engine] = ([got[i] for i in range(len(reqs))], time.perf_counter() - t0)
         report(f"{engine} batched x{args.batch}", *batched[engine])
+        c = {k: v - before.get(k, 0.0) for k, v in progress.snapshot().items()}
+        if c.get("read_s"):  # the torch engine's own counters
+            print(f"{'':>24}  reading {c['read']:.0f} prompt tokens {c['read_s']:.1f} s ({c['read'] / c['read_s']:.0f} tok/s), "
+                  f"decoding {c['generated']:.0f} tokens {c['generate_s']:.1f} s", flush=True)
 
     ceiling = None
     torch_engines = [e for e in batched if e.startswith("torch-")]
