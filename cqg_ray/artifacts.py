@@ -284,12 +284,28 @@ def embed_table_meta(schema: pa.Schema) -> dict:
     return json.loads(raw)
 
 
+FINGERPRINT_FILES = ("config.json", "questions.json", "heads.safetensors")  # what embeddings depend on (the budget too)
+HEADS_FILES = ("questions.json", "heads.safetensors")  # what answers a query the same way, whatever its budget
+
+
+def model_fingerprint(model_path: str, names: tuple[str, ...] = FINGERPRINT_FILES) -> str:
+    """sha256 (16 hex digits) of the model folder's files ``names``: by default what the embeddings depend on."""
+    import hashlib
+
+    run = RunDir(model_path)
+    h = hashlib.sha256()
+    for name in names:
+        h.update(run.read_bytes(name))
+    return h.hexdigest()[:16]
+
+
 def embed_output_files(out: str) -> list[str]:
     """Paths (inside the output's filesystem) of the unit files of a finished `cqg-ray embed` output folder."""
     run = RunDir(out)
     if not run.exists(EMBED_MANIFEST):
         what = "unfinished" if run.exists(EMBED_SETTINGS) else "not a cqg-ray embed output"
         raise ArtifactError(f"{out}: {what} (no {EMBED_MANIFEST}); run `cqg-ray embed MODEL CORPUS {out}` (again) first")
+    run.verify("")  # StageMismatch when unit files were removed, added or changed since it finished
     return [run.path(n) for n in run.ls(suffix=".parquet") if n.startswith("emb-")]
 
 

@@ -492,7 +492,7 @@ def check_corpus_size(cfg: PipelineConfig, n_docs: int) -> None:
         raise ConfigError("impossible configuration for this corpus: " + "; ".join(problems))
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
+def format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration in {source}:"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
@@ -509,7 +509,7 @@ def config_from_dict(data: dict[str, Any] | None, source: str = "<dict>") -> Pip
     try:
         return PipelineConfig.model_validate(data or {})
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, source)) from None
+        raise ConfigError(format_errors(err, source)) from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:

@@ -41,7 +41,6 @@ results (use a new OUT or `--force`).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import logging
@@ -53,8 +52,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cqg_ray.artifacts import EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED_META_KEY, EMBED_SETTINGS, embeddings_table, sparse_table
-from cqg_ray.config import BACKEND_HELP, TOKENIZE_STAGE_HELP, CorpusConfig, EmbedConfig, EncoderBackend, RayConfig
+from cqg_ray.artifacts import (EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED_META_KEY, EMBED_SETTINGS, HEADS_FILES, embeddings_table,
+                               model_fingerprint, sparse_table)
+from cqg_ray.config import BACKEND_HELP, TOKENIZE_STAGE_HELP, ConfigError, CorpusConfig, EmbedConfig, EncoderBackend, RayConfig, format_errors
 from cqg_ray.lease import take_lease
 from cqg_ray.pools import declared
 from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, run_units, split_units, tokenize_stage
@@ -87,15 +87,6 @@ def embed_output_table(doc_ids, emb, output: str, m: int, budget: dict, tau: flo
         raise ValueError(f"output must be 'bits', 'probs' or 'sparse', got {output!r}")
     meta = {EMBED_META_KEY: json.dumps({"format": EMBED_FORMAT, "m": m, "output": output, "budget": budget, "tau": tau}).encode()}
     return table.replace_schema_metadata(meta)
-
-
-def model_fingerprint(model_path: str) -> str:
-    """sha256 (16 hex digits) of the model folder's config, questions and heads: what the embeddings depend on."""
-    run = RunDir(model_path)
-    h = hashlib.sha256()
-    for name in ("config.json", "questions.json", "heads.safetensors"):
-        h.update(run.read_bytes(name))
-    return h.hexdigest()[:16]
 
 
 def part_name(index: int) -> str:
@@ -194,19 +185,22 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     budget = head.budget_for(cfg.tau, cfg.k)
     files = list_files(corpus.paths, corpus.format)
     run = RunDir(out)
-    sizes = [_file_size(u) for u, _ in files]
+    stats = [_file_stat(u) for u, _ in files]
     settings = {
         "format": EMBED_FORMAT, "model_fingerprint": model_fingerprint(model_path), "m": head.m, "output": cfg.output, "budget": budget.to_dict(),
         "unit_rows": cfg.unit_rows, "readers": corpus.model_dump(mode="json", exclude={"paths", "dedup", "limit", "sample_seed", "rows_per_shard"}),
-        "files": [{"uri": u, "format": f, "size": size} for (u, f), size in zip(files, sizes)],
+        "files": [{"uri": u, "format": f, **stat} for (u, f), stat in zip(files, stats)],
     }
     if force:
         _clear(run)
     if run.exists(EMBED_SETTINGS):
         before = run.read_json(EMBED_SETTINGS)
+        if before.get("files") and "mtime_ns" not in before["files"][0]:  # written before the times were recorded
+            settings["files"] = [{k: v for k, v in f.items() if k != "mtime_ns"} for f in settings["files"]]
         if before != settings:
             changed = sorted(k for k in settings if before.get(k) != settings[k])
-            raise ArtifactError(f"{out} holds embeddings made with other settings ({', '.join(changed)} differ): "
+            why = " (an input file was added, removed or changed since)" if "files" in changed else ""
+            raise ArtifactError(f"{out} holds embeddings made with other settings ({', '.join(changed)} differ{why}): "
                                 "use another OUT folder or --force to start again")
     config_hash = hash_sections(settings)
     done = run.state(ROOT, config_hash, deps=[])
@@ -270,6 +264,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     return run.write_manifest(ROOT, config_hash, [], counts, time.time() - t_start, extra={
         "stage": "embed",
         **{k: settings[k] for k in ("format", "m", "output", "budget", "model_fingerprint")},
+        "heads_fingerprint": model_fingerprint(model_path, HEADS_FILES),  # what a query must be embedded by (`cqg-ray search`)
         "tau": head.tau,
         "model": model_path,
         "corpus": list(corpus_paths),
@@ -295,9 +290,11 @@ def column_bytes(run: RunDir, names: list[str], columns: tuple[str, ...]) -> int
     return total
 
 
-def _file_size(uri: str) -> int | None:
+def _file_stat(uri: str) -> dict:
+    """An input file's size and modification time (ns): a file changed since OUT was written differs in one of them."""
     fs, path = resolve(uri)
-    return fs.get_file_info(path).size
+    info = fs.get_file_info(path)
+    return {"size": info.size, "mtime_ns": info.mtime_ns}
 
 
 def _relative_names(uris: list[str]) -> list[str]:
@@ -344,10 +341,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_from_args(args) -> dict:
     from cqg_ray.pipeline import init_ray, ray_address
 
-    cfg = EmbedConfig(output=args.output, tau=args.tau, k=args.k, batch_size=args.batch_size, num_actors=args.actors,
-                      num_gpus_per_actor=args.gpus_per_actor, unit_rows=args.unit_rows, torch_threads=args.threads,
-                      backend=args.backend, tokenize_stage=args.tokenize_stage, tokenize_actors=args.tokenize_actors)
-    corpus = CorpusConfig(format=args.format, text_column=args.text_column, id_column=args.id_column)
+    from pydantic import ValidationError
+
+    try:
+        cfg = EmbedConfig(output=args.output, tau=args.tau, k=args.k, batch_size=args.batch_size, num_actors=args.actors,
+                          num_gpus_per_actor=args.gpus_per_actor, unit_rows=args.unit_rows, torch_threads=args.threads,
+                          backend=args.backend, tokenize_stage=args.tokenize_stage, tokenize_actors=args.tokenize_actors)
+        corpus = CorpusConfig(format=args.format, text_column=args.text_column, id_column=args.id_column)
+    except ValidationError as err:
+        raise ConfigError(format_errors(err, "the embed options")) from None
     with take_lease(args.out, "cqg-ray embed", args.break_lease):  # one writer per OUT (LeaseHeld: exit 3)
         cluster = RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus, max_cpus=args.max_cpus, max_gpus=args.max_gpus)
         init_ray(cluster)

@@ -102,13 +102,18 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
 
     run = RunDir(run_dir)
     run.require("model")
+    if run.local and os.path.isdir(out) and os.path.samefile(run.path("model"), out):
+        raise ArtifactError(f"{out} is the run's own model folder: export to another folder")
     if os.path.exists(os.path.join(out, "config.json")) and not overwrite:
         raise ArtifactError(f"{out} already holds a model (config.json); pass --overwrite to replace it")
+    files = {f: run.read_bytes(f"model/{f}") for f in MODEL_FILES if run.exists("model", f)}  # read whole before writing
     os.makedirs(out, exist_ok=True)
     for f in MODEL_FILES:
-        if run.exists("model", f):
+        if f in files:
             with open(os.path.join(out, f), "wb") as fh:
-                fh.write(run.read_bytes(f"model/{f}"))
+                fh.write(files[f])
+        elif os.path.exists(os.path.join(out, f)):  # the replaced model's, which this run has not (an eval report)
+            os.remove(os.path.join(out, f))
     cfg = yaml.safe_load(run.read_bytes("config.yaml")) if run.exists("config.yaml") else {}
     with open(os.path.join(out, "run_config.yaml"), "w") as fh:
         yaml.safe_dump(cfg, fh, sort_keys=False)

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from cqg_ray.explain import reliability_note
-from cqg_ray.artifacts import EMBED_MANIFEST, embed_output_files, embed_output_texts, embedding_matrix, read_embed_output
+from cqg_ray.artifacts import HEADS_FILES, EMBED_MANIFEST, embed_output_files, embed_output_texts, embedding_matrix, model_fingerprint, read_embed_output
 from cqg_ray.mbqa.budget import Budget, active_mask
 from cqg_ray.ranking import top_k
 from cqg_ray.rundir import ArtifactError, RunDir
@@ -271,14 +271,20 @@ def search(model, index: "SparseIndex | BinaryIndex", query: str, k: int = 10) -
 
 
 def cmd_search(args) -> int:
-    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder, resolve_model
 
+    if args.k < 1:
+        raise ArtifactError(f"search: -k must be at least 1 (hits to show), got {args.k}")
     model = InterpretableEmbedder.load(args.model)
     meta = RunDir(args.embeddings).read_json(EMBED_MANIFEST) if RunDir(args.embeddings).exists(EMBED_MANIFEST) else None
     if meta is None:
         raise ArtifactError(f"{args.embeddings}: no {EMBED_MANIFEST}; make embeddings with `cqg-ray embed` first")
     if meta["m"] != model.m:
         raise ArtifactError(f"the model has m={model.m} questions but {args.embeddings} has m={meta['m']} (another model?)")
+    made_by = meta.get("heads_fingerprint")  # embed outputs written before it was recorded have none
+    if made_by is not None and made_by != model_fingerprint(resolve_model(args.model), HEADS_FILES):
+        raise ArtifactError(f"{args.embeddings} was embedded by another model ({meta.get('model')}: other questions or heads than "
+                            f"{args.model}): search it with that model, or embed the corpus with this one")
     if args.tau is not None and meta["output"] != "probs":
         raise ArtifactError(f"{args.embeddings} holds {meta['output']} made under {stored_budget(meta).name}; --tau applies to "
                             "probability embeddings only")

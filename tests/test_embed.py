@@ -17,7 +17,8 @@ import pytest
 
 from cqg_ray.config import CorpusConfig, EmbedConfig
 from cqg_ray.artifacts import EMBED_CORPUS, read_embed_output
-from cqg_ray.embed import _relative_names, actor_pool_size, embed, model_fingerprint
+from cqg_ray.artifacts import model_fingerprint
+from cqg_ray.embed import _relative_names, actor_pool_size, embed
 from cqg_ray.rundir import ArtifactError, RunDir
 
 
@@ -151,6 +152,20 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
             want.append(f"yes both  [{i}] {recs[i]['text']}{note}")
     assert listed == want and any("precision 0." in ln for ln in listed)
 
+    # what search refuses, each with one line and exit 2: another model with the same m, no hits asked for, a unit file
+    # gone since the output finished (it searched the rest silently before)
+    from cqg_ray.mbqa.toy import build_toy_model
+
+    other = build_toy_model(str(tmp_path / "other"), cut=0.2)
+    assert m2["heads_fingerprint"] == model_fingerprint(toy_model, ("questions.json", "heads.safetensors"))
+    for args, says in [([other, out, query], "was embedded by another model"), ([toy_model, out, query, "-k", "0"], "-k must be at least 1")]:
+        assert main(["search", *args]) == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("error: ") and says in last, last
+    run.rm(units[0])
+    assert main(["search", toy_model, out, query]) == 2
+    assert "does not match its manifest" in capsys.readouterr().err
+
 
 def test_embed_probs_with_id_column(ray_local, toy_model, model, tmp_path):
     csv = tmp_path / "docs.csv"
@@ -177,6 +192,25 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     assert "no line has the text field 'text'" in capsys.readouterr().err
     assert main(["embed", str(tmp_path / "nope"), str(corpus_file), str(tmp_path / "x")]) == 2
     assert "not a cqg-ray model" in capsys.readouterr().err
+    for flag, value in [("--k", "0"), ("--tau", "2"), ("--unit-rows", "0"), ("--batch-size", "0")]:
+        assert main(["embed", toy_model, str(corpus_file), str(tmp_path / "y"), flag, value]) == 2, flag
+        err = capsys.readouterr().err
+        assert "invalid configuration in the embed options:" in err and "Traceback" not in err, err
+    assert not (tmp_path / "y").exists()
+
+    # the corpus edited in place, same size: the output is not taken for done, and not resumed over a changed input
+    edited = tmp_path / "edited.jsonl"
+    edited.write_text('{"text": "hello world"}\n{"text": "second line"}\n')
+    out2 = str(tmp_path / "edited-out")
+    assert main(["embed", toy_model, str(edited), out2]) == 0
+    capsys.readouterr()
+    stat = edited.stat()
+    edited.write_text('{"text": "jello world"}\n{"text": "second line"}\n')
+    os.utime(edited, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert main(["embed", toy_model, str(edited), out2]) == 2
+    assert "files differ (an input file was added, removed or changed since)" in capsys.readouterr().err
+    assert main(["embed", toy_model, str(edited), out2, "--force"]) == 0
+    assert snapshot_texts(out2)[1] == ["jello world", "second line"]
 
 
 def test_the_tokenizing_stage_gives_the_same_embeddings(ray_local, toy_model, corpus_file, tmp_path, capsys):

@@ -24,14 +24,23 @@ def mean_probabilities(model, texts: list[str]) -> np.ndarray:
 
 
 def cmd_budget(args) -> int:
-    from cqg_ray.evaluate.data import load_texts, sample_indices
+    from cqg_ray.evaluate.data import DataError, load_texts, sample_indices
     from cqg_ray.mbqa.embedder import InterpretableEmbedder, resolve_model
 
+    if args.n < 1:
+        raise ConfigError(f"budget: --n must be at least 1 (texts sampled from --stats), got {args.n}")
+    texts: list[str] = []
+    if args.stats:  # read before the model and its encoder load: bad texts fail at once
+        try:
+            texts = load_texts(args.stats).texts
+        except DataError as e:
+            raise ConfigError(f"budget --stats: {e}") from None
+        if not texts:
+            raise ConfigError(f"budget --stats: no texts in {args.stats}")
     path = resolve_model(args.model)
     model = InterpretableEmbedder.load(path, load_encoder=bool(args.stats))
     changed = False
     if args.stats:
-        texts = load_texts(args.stats).texts
         rows = sample_indices(len(texts), args.n, args.seed)
         model.mean = mean_probabilities(model, [texts[i] for i in rows])
         model.stats_source = f"{len(rows)} texts of {args.stats} (seeded sample, seed {args.seed})"

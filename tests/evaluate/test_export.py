@@ -43,3 +43,25 @@ def test_export_copies_the_model_with_its_build_record(trained_model, tmp_path, 
     np.testing.assert_array_equal(a.encode(texts, progress=False, output="probs"), b.encode(texts, progress=False, output="probs"))
     assert main(["export", str(trained_model.parent), str(out)]) == 2  # a model is there: not replaced silently
     assert main(["export", str(trained_model.parent), str(out), "--overwrite"]) == 0
+
+
+def test_export_into_the_runs_own_model_folder_is_refused_and_loses_nothing(trained_model, capsys):
+    before = {p.name: p.read_bytes() for p in trained_model.iterdir() if p.is_file()}
+    assert main(["export", str(trained_model.parent), str(trained_model), "--overwrite"]) == 2
+    assert "is the run's own model folder" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in trained_model.iterdir() if p.is_file()} == before
+
+
+def test_export_over_a_model_leaves_none_of_the_replaced_models_files(trained_model, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_model.parent, run, ignore=shutil.ignore_patterns("_train"))
+    out = tmp_path / "shipped"
+    assert main(["export", str(run), str(out)]) == 0
+    assert (out / "eval_report.json").exists()
+    (run / "model" / "eval_report.json").unlink()
+    (run / "model" / "eval_report.md").unlink()
+    assert main(["export", str(run), str(out), "--overwrite"]) == 0
+    assert not (out / "eval_report.json").exists() and not (out / "eval_report.md").exists()
+    assert (out / "heads.safetensors").read_bytes() == (run / "model" / "heads.safetensors").read_bytes()

@@ -41,6 +41,25 @@ def test_budget_sets_the_rule_measures_the_means_and_refuses_centred_values_with
     assert model.stats_source.startswith("50 texts of ") and "corpus_400.jsonl" in model.stats_source
 
 
+def test_budget_stats_that_cannot_be_measured_are_refused_and_the_folder_is_kept(encoder, tmp_path, capsys):  # noqa: F811
+    path = tmp_path / "model"
+    make_model(encoder).save(str(path))
+    assert main(["budget", str(path), "--stats", str(CORPUS), "--n", "50"]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in path.iterdir()}
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"text": "caf\xe9"}\n')
+    for args, says in [(["--stats", str(CORPUS), "--n", "0"], "--n must be at least 1"),
+                       (["--stats", str(CORPUS), "--n", "-3"], "--n must be at least 1"),
+                       (["--stats", str(tmp_path / "empty.jsonl")], "budget --stats: "),
+                       (["--stats", str(tmp_path / "latin1.jsonl")], "budget --stats: "),
+                       (["--stats", str(tmp_path / "missing.jsonl")], "budget --stats: ")]:
+        assert main(["budget", str(path), *args]) == 2, args
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("error: ") and says in last, (args, last)
+        assert {p.name: p.read_bytes() for p in path.iterdir()} == before, args
+
+
 def test_evaluate_budget_option_parses_over_the_models_own():
     from cqg_ray.config import ConfigError
     from cqg_ray.evaluate.cli import parse_budget
