@@ -438,11 +438,11 @@ class EvaluateConfig(Section):
         description="Bag-of-Tokens vector entries: binary (1 per distinct token id; reproduces the paper's STS row) or "
                     "count (term counts, the authors' published encoder; reproduces the paper's retrieval row)",
     )
-    tau_sweep: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+    tau_sweep: list[Annotated[float, Field(gt=0, lt=1)]] = Field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
     active_k: list[PositiveInt] = Field(default_factory=lambda: [8, 16, 32, 64, 96, 128],
                                 description="budgets k for the load sweep: per text the k most confident questions (with the "
                                             "model's floor), valued 0/1, by probability, and centred, on every task")
-    m_sweep: list[int] = Field(default_factory=list, description="numbers of questions for the m sweep (empty = automatic)")
+    m_sweep: list[PositiveInt] = Field(default_factory=list, description="numbers of questions for the m sweep (empty = automatic)")
     keep_identical_ids: list[str] = Field(
         default_factory=list,
         description="retrieval sets (report name or folder) that keep a retrieved document whose id equals the query id; "
@@ -522,6 +522,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             text = config_file(path).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path} (packaged configs: {', '.join(sorted(packaged()))})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path} is not UTF-8 text (byte {e.start}): save the config as UTF-8") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{path} is a folder, not a config file") from None
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:

@@ -31,3 +31,13 @@ def test_unknown_name_lists_the_packaged_configs():
     names = ", ".join(sorted(packaged()))
     with pytest.raises(ConfigError, match=re.escape(f"config file not found: nope (packaged configs: {names})")):
         load_config("nope")
+
+
+def test_a_config_that_is_not_utf8_text_or_is_a_folder_is_named(tmp_path):
+    (tmp_path / "latin1.yaml").write_bytes(b"corpus: {paths: [caf\xe9.jsonl]}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "latin1.yaml")
+    assert str(e.value) == f"{tmp_path / 'latin1.yaml'} is not UTF-8 text (byte 20): save the config as UTF-8"
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path)
+    assert str(e.value) == f"{tmp_path} is a folder, not a config file"

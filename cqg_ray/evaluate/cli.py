@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cqg_ray.config import ConfigError, EvaluateConfig, load_config
+from pydantic import ValidationError
+
+from cqg_ray.config import ConfigError, EvaluateConfig, format_errors, load_config
 
 
 def add_commands(sub) -> None:
@@ -56,7 +58,7 @@ def add_commands(sub) -> None:
                         "(keys: rule tau|top_k, tau, k, floor (a number or none), value one|prob|centred, rank prob|centred)")
     p.add_argument("--name", help="row name of MODEL (default: the model's own name)")
     p.add_argument("--compare", nargs="+", default=[], metavar="NAME=PATH", help="more models side by side, e.g. QAEmb-MBQA=runs/qaemb/model")
-    p.add_argument("--out", help="report folder (default: MODEL/evaluation)")
+    p.add_argument("--out", help="report folder (default: MODEL/evaluation; a shipped model's name: inside its own folder)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", "-c", help="YAML config whose evaluate section is the starting point")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. evaluate.max_pairs=500")
@@ -83,6 +85,8 @@ def config_from_args(args) -> EvaluateConfig:
         faith["judge"][backend]["model"] = args.judge
     try:
         return EvaluateConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_errors(e, "the evaluate options")) from None
     except ValueError as e:
         raise ConfigError(f"invalid evaluate options: {e}") from None
 
@@ -103,6 +107,14 @@ def parse_budget(items: list[str], base):
         raise ConfigError(f"--budget: {e}") from None
 
 
+def evaluation_folder(model: str) -> str:
+    """Where `cqg-ray evaluate MODEL` writes by default: MODEL/evaluation, in the shipped model's own folder for a
+    shipped model's name (not a new folder of that name here, which would then hide the shipped model)."""
+    from cqg_ray.mbqa.embedder import resolve_model
+
+    return resolve_model(model).rstrip("/") + "/evaluation"
+
+
 def cmd_evaluate(args) -> int:
     from cqg_ray.evaluate.data import DataError
     from cqg_ray.evaluate.models import load_model, model_name
@@ -110,6 +122,9 @@ def cmd_evaluate(args) -> int:
 
     cfg = config_from_args(args)
     primary = load_model(args.model)
+    m = getattr(primary, "m", None)
+    if cfg.m_sweep and m is not None and min(cfg.m_sweep) > m:
+        raise ConfigError(f"--m-sweep: no m in {cfg.m_sweep} is at most the model's {m} questions")
     if args.budget:
         primary.budget = parse_budget(args.budget, primary.budget)
     models = {args.name or model_name(primary): primary}
@@ -118,7 +133,7 @@ def cmd_evaluate(args) -> int:
             raise ConfigError(f"--compare {item!r} must look like NAME=PATH")
         name, path = item.split("=", 1)
         models[name] = load_model(path)
-    out = args.out or args.model.rstrip("/") + "/evaluation"
+    out = args.out or evaluation_folder(args.model)
     try:
         evaluate_model(models, cfg, out, data_root=args.data_root, max_queries=args.max_queries,
                        clustering_field=args.clustering_field, seed=args.seed, print_table=True)

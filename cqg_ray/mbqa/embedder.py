@@ -69,9 +69,11 @@ def shipped_models() -> list[str]:
 
 
 def resolve_model(path_or_name: str) -> str:
-    """The folder of a model: a path or URI as given; a bare name (no '/') that is not a folder here -> models/<name>."""
+    """The folder of a model: a path or URI as given; a bare name (no '/') that is not a model folder here (a folder
+    with a config.json, or a file) -> models/<name>."""
     s = str(path_or_name)
-    if "://" in s or "/" in s or os.sep in s or os.path.exists(s):
+    here = os.path.exists(s) and (not os.path.isdir(s) or os.path.isfile(os.path.join(s, "config.json")))
+    if "://" in s or "/" in s or os.sep in s or here:
         return s
     for d in model_dirs():
         if (d / s / "config.json").is_file():
@@ -87,6 +89,16 @@ def _auto_device(device: str | None) -> str:
     if device is not None:
         return device
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+_count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
+CONFIG_TYPES = (  # config.json's fields: (key, what it must be, the check)
+    ("format_version", "a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    ("encoder", "a model name or path", lambda v: isinstance(v, str) and bool(v.strip())),
+    ("dims", "a whole number >= 1", _count), ("hidden", "a whole number >= 1", _count), ("m", "a whole number >= 1", _count),
+    ("tau", "a number in (0, 1)", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1),
+    ("normalize", "true or false", lambda v: isinstance(v, bool)),
+)
 
 
 class InterpretableEmbedder:
@@ -148,7 +160,10 @@ class InterpretableEmbedder:
         if self._encoder is None:
             from cqg_ray.encoder import load_encoder
 
-            enc = load_encoder(self.encoder_name, backend=self.backend, device=self.device)
+            try:
+                enc = load_encoder(self.encoder_name, backend=self.backend, device=self.device)
+            except (OSError, ValueError) as e:  # an unknown bundled name, a missing folder, a hub name not cached here
+                raise ModelError(f"cannot load the encoder {self.encoder_name!r} the model names: {e}") from None
             self._check_encoder(enc)
             self._encoder = enc
         return self._encoder
@@ -199,11 +214,14 @@ class InterpretableEmbedder:
         cfg = _read_json(run, "config.json")
         if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
             raise ModelError(f"{path}/config.json is not a cqg-ray model config (format {cfg.get('format') if isinstance(cfg, dict) else None!r})")
-        if int(cfg.get("format_version", 0)) > FORMAT_VERSION:
-            raise ModelError(f"{path} has model format version {cfg['format_version']}; this cqg-ray reads up to {FORMAT_VERSION}")
         missing = [k for k in ("encoder", "dims", "hidden", "m", "tau") if k not in cfg]
         if missing:
             raise ModelError(f"{path}/config.json lacks {', '.join(missing)}")
+        wrong = [f"{k} must be {what}, got {cfg[k]!r}" for k, what, ok in CONFIG_TYPES if k in cfg and not ok(cfg[k])]
+        if wrong:
+            raise ModelError(f"{path}/config.json: {'; '.join(wrong)}")
+        if cfg.get("format_version", 0) > FORMAT_VERSION:
+            raise ModelError(f"{path} has model format version {cfg['format_version']}; this cqg-ray reads up to {FORMAT_VERSION}")
         questions = _read_json(run, "questions.json")
         if not isinstance(questions, list) or not all(isinstance(q, dict) and "text" in q for q in questions):
             raise ModelError(f"{path}/questions.json must be a list of objects with a 'text'")
@@ -307,6 +325,11 @@ class InterpretableEmbedder:
         if isinstance(texts, str):
             raise TypeError("encode takes a list of texts; wrap a single text in a list")
         texts = list(texts)
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise TypeError(f"texts[{bad}] must be a str, got {type(texts[bad]).__name__}")
+        if batch_size < 1 or chunk_size < 1:
+            raise ValueError(f"batch_size and chunk_size must be at least 1, got {batch_size} and {chunk_size}")
         enc = self.encoder
         show = len(texts) > chunk_size if progress is None else progress
         parts = []
@@ -333,6 +356,8 @@ class InterpretableEmbedder:
                 budget: Budget | None = None) -> Explanation:
         """The questions both texts answer yes under the budget (cognitive load = their count), ranked, with both
         probabilities; those only one answers; and the cosine of the two budgeted vectors."""
+        if not isinstance(text_a, str) or not isinstance(text_b, str):
+            raise TypeError(f"explain takes two texts (str), got {type(text_a).__name__} and {type(text_b).__name__}")
         b = self.budget_for(threshold, k, budget)
         p = self.encode([text_a, text_b], output="probs", progress=False)
         return self.explanation(p[0], p[1], b)

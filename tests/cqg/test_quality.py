@@ -92,3 +92,14 @@ def test_a_runs_model_folder_without_a_prepared_corpus_reads_the_files_its_confi
     assert q["copy_rate"] == 0.25 and q["theta"] == 0.8
     shutil.copytree(tmp_path / "run" / "model", tmp_path / "elsewhere" / "model")
     assert model_quality(str(tmp_path / "elsewhere" / "model"), encoder=toy_encoder)["copy_rate"] is None
+
+
+def test_questions_json_of_the_wrong_shape_is_named(tmp_path):
+    from cqg_ray.cqg.quality import model_quality
+    from cqg_ray.rundir import ArtifactError
+
+    for body in ('["Is it?"]', '{"a": 1}', '[{"id": "0"}]'):
+        (tmp_path / "questions.json").write_text(body)
+        with pytest.raises(ArtifactError) as e:
+            model_quality(str(tmp_path))
+        assert str(e.value) == f"{tmp_path}/questions.json must be a list of objects with a 'text'"

@@ -178,6 +178,21 @@ def test_cli_arguments_become_an_evaluate_config():
     assert args.model == "runs/x/model" and args.func.__name__ == "cmd_evaluate"
 
 
+def test_sweeps_outside_their_range_stop_before_any_work(tmp_path, capsys):
+    from cqg_ray.cli import main
+    from cqg_ray.mbqa.toy import build_toy_model
+
+    for flag, value, says in (("--tau-sweep", "2", "tau_sweep.0: Input should be less than 1 (got 2.0)"),
+                              ("--tau-sweep", "0", "tau_sweep.0: Input should be greater than 0 (got 0.0)"),
+                              ("--m-sweep", "0", "m_sweep.0: Input should be greater than 0 (got 0)")):
+        assert main(["evaluate", str(tmp_path / "no-model"), flag, value]) == 2, (flag, value)
+        assert capsys.readouterr().err.strip().splitlines()[-2:] == ["error: invalid configuration in the evaluate options:", "  " + says]
+    toy = build_toy_model(str(tmp_path / "toy"))  # 32 questions
+    assert main(["evaluate", toy, "--m-sweep", "40", "64", "--out", str(tmp_path / "ev")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: --m-sweep: no m in [40, 64] is at most the model's 32 questions"
+    assert not (tmp_path / "ev").exists()
+
+
 @pytest.mark.slow
 def test_evaluate_full_text_20ng_and_scifact(make_rp_model, minilm, data_path, tmp_path):
     """Whole texts, read by the full-length encoder: 20 Newsgroups posts (up to 256 tokens) and SciFact abstracts, 20

@@ -113,6 +113,21 @@ def test_encode_old_flags_still_work_with_a_deprecation_warning(saved, encoder):
         np.testing.assert_array_equal(model.encode_embeddings(emb, binary=False), model.encode_embeddings(emb, output="probs"))
 
 
+def test_texts_of_the_wrong_kind_are_named(saved, encoder):
+    model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
+    for texts, says in (([None], "texts[0] must be a str, got NoneType"), (["a", 1], "texts[1] must be a str, got int"),
+                        ([b"x"], "texts[0] must be a str, got bytes")):
+        with pytest.raises(TypeError) as e:
+            model.encode(texts)
+        assert str(e.value) == says
+    for kw in ({"batch_size": 0}, {"chunk_size": 0}):
+        with pytest.raises(ValueError, match="batch_size and chunk_size must be at least 1"):
+            model.encode(TEXTS, **kw)
+    with pytest.raises(TypeError) as e:
+        model.explain(["a"], "b")
+    assert str(e.value) == "explain takes two texts (str), got list and str"
+
+
 def test_heads_on_precomputed_embeddings(saved, encoder):
     model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
     emb = encoder.encode(TEXTS)  # the shared encoder: L2-normalised, as in training
@@ -223,6 +238,19 @@ def test_a_bare_name_loads_from_the_models_folders(saved, encoder, tmp_path, mon
     with pytest.raises(ModelError, match=r"no-such-model \(path does not exist\); shipped models: .*my-model"):
         InterpretableEmbedder.load("no-such-model")
 
+    # a folder of that name here that is not a model (an evaluation written into it, say) does not hide the shipped one;
+    # a model folder of that name here wins, as any path does
+    work = tmp_path / "work"
+    (work / "my-model" / "evaluation").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    assert resolve_model("my-model") == str(shipped / "my-model")
+    from cqg_ray.evaluate.cli import evaluation_folder
+
+    assert evaluation_folder("my-model") == str(shipped / "my-model" / "evaluation")
+    assert evaluation_folder("runs/x/model/") == "runs/x/model/evaluation"
+    shutil.copy(shipped / "my-model" / "config.json", work / "my-model" / "config.json")
+    assert resolve_model("my-model") == "my-model"
+
 
 def test_a_budgeted_model_saves_as_version_2_and_every_output_follows_the_budget(encoder, tmp_path):
     from cqg_ray.mbqa.budget import Budget
@@ -280,6 +308,44 @@ def test_a_newer_format_or_a_bad_budget_is_refused(saved, tmp_path):
     (d / "stats.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(ModelError, match="not a readable safetensors"):
         InterpretableEmbedder.load(str(d), load_encoder=False)
+
+
+def test_config_values_of_the_wrong_kind_are_named_not_a_traceback(saved, tmp_path):
+    import shutil
+
+    for change, says in (({"format_version": "two"}, "format_version must be a whole number, got 'two'"),
+                         ({"format_version": None}, "format_version must be a whole number, got None"),
+                         ({"tau": "high"}, "tau must be a number in (0, 1), got 'high'"),
+                         ({"tau": None}, "tau must be a number in (0, 1), got None"),
+                         ({"tau": 1.5}, "tau must be a number in (0, 1), got 1.5"),
+                         ({"dims": "384"}, "dims must be a whole number >= 1, got '384'"),
+                         ({"m": 0, "hidden": True}, "hidden must be a whole number >= 1, got True; m must be a whole number >= 1, got 0"),
+                         ({"encoder": None}, "encoder must be a model name or path, got None"),
+                         ({"normalize": "yes"}, "normalize must be true or false, got 'yes'")):
+        d = tmp_path / "model"
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(saved, d)
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, **change}))
+        with pytest.raises(ModelError) as e:
+            InterpretableEmbedder.load(str(d), load_encoder=False)
+        assert str(e.value) == f"{d}/config.json: {says}"
+
+
+def test_an_encoder_that_cannot_be_loaded_is_named(saved, tmp_path):
+    import shutil
+
+    for name in ("bundled:no-such-encoder", str(tmp_path / "no-such-folder")):
+        d = tmp_path / "model"
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(saved, d)
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, "encoder": name}))
+        model = InterpretableEmbedder.load(str(d), load_encoder=False)  # the heads alone load
+        with pytest.raises(ModelError, match=f"cannot load the encoder {name!r} the model names: "):
+            model.encode(TEXTS)
+        with pytest.raises(ModelError, match="cannot load the encoder"):
+            InterpretableEmbedder.load(str(d))
 
 
 def test_the_budget_chunk_by_chunk_on_the_heads_device_equals_the_numpy_reference(encoder, monkeypatch):
