@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import sys
 import time
@@ -173,6 +174,11 @@ def cmd_status(args) -> int:
     run = RunDir(args.run_dir)
     if not run.exists():
         print(f"no run directory at {args.run_dir}", file=sys.stderr)
+        return 2
+    if not run.exists("config.yaml") and not any(run.exists(name) for name in stages.NAMES):
+        what = ("a file" if run.local and os.path.isfile(args.run_dir) else "a model folder (config.json)" if run.exists("config.json")
+                else "no config.yaml and no stage folder")
+        print(f"{args.run_dir} is not a cqg-ray run directory ({what})", file=sys.stderr)
         return 2
     print(run_status(run))
     lease = current(args.run_dir)

@@ -232,6 +232,12 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
         tally = json.loads((f.schema_arrow.metadata or {}).get(b"cqg_ray.parse", b"{}"))
         for k, v in tally.get("dropped", {}).items():
             dropped[k] = dropped.get(k, 0) + int(v)
+    lost = {k: v for k, v in dropped.items() if k != "utf8_replaced" and v}
+    if not sum(n for _, n in shards):
+        raise CorpusError(f"nothing to embed in {', '.join(corpus_paths)}: no row has a text"
+                          + (f" (dropped: {', '.join(f'{k} {v}' for k, v in lost.items())})" if lost else ""))
+    if lost:  # counted in the manifest too; said here, so that a run that drops rows does not pass in silence
+        log.warning("embed: rows not embedded: %s", ", ".join(f"{k} {v}" for k, v in lost.items()))
 
     # 2. embedding units
     units = split_units(shards, cfg.unit_rows)
@@ -350,6 +356,8 @@ def run_from_args(args) -> dict:
         corpus = CorpusConfig(format=args.format, text_column=args.text_column, id_column=args.id_column)
     except ValidationError as err:
         raise ConfigError(format_errors(err, "the embed options")) from None
+    if os.path.isfile(args.out):
+        raise ConfigError(f"OUT {args.out} is a file: give a folder to write the embeddings to")
     with take_lease(args.out, "cqg-ray embed", args.break_lease):  # one writer per OUT (LeaseHeld: exit 3)
         cluster = RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus, max_cpus=args.max_cpus, max_gpus=args.max_gpus)
         init_ray(cluster)

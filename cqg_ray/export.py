@@ -102,6 +102,8 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
 
     run = RunDir(run_dir)
     run.require("model")
+    if os.path.isfile(out):
+        raise ArtifactError(f"{out} is a file: give a folder to export the model to")
     if run.local and os.path.isdir(out) and os.path.samefile(run.path("model"), out):
         raise ArtifactError(f"{out} is the run's own model folder: export to another folder")
     if os.path.exists(os.path.join(out, "config.json")) and not overwrite:

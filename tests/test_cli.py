@@ -80,6 +80,19 @@ def test_status_of_missing_run(tmp_path, capsys):
     assert main(["status", str(tmp_path / "nothing")]) == 2
 
 
+def test_status_of_what_is_not_a_run_directory(tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    for name, what in (("file.txt", "a file"), ("model", "a model folder (config.json)"), ("empty", "no config.yaml and no stage folder")):
+        assert main(["status", str(tmp_path / name)]) == 2
+        assert capsys.readouterr().err == f"{tmp_path / name} is not a cqg-ray run directory ({what})\n"
+    (tmp_path / "empty" / "config.yaml").write_text("run_dir: x\n")  # a run directory whose stages have not run
+    assert main(["status", str(tmp_path / "empty")]) == 0
+    assert "missing" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_kill_inside_encode_then_resume(tmp_path, corpus_file):
     run_dir = tmp_path / "run"

@@ -79,10 +79,12 @@ def snapshot_texts(out):
     return t.column("doc_id").to_pylist(), t.column("text").to_pylist()
 
 
-def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_corpus, tmp_path, capsys):
+def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_corpus, tmp_path, capsys, caplog):
     out = str(tmp_path / "emb")
     cfg = EmbedConfig(unit_rows=60, batch_size=64)
-    m = embed(toy_model, [str(mixed_corpus)], out, cfg, CorpusConfig(id_column=None), progress=False)
+    with caplog.at_level("WARNING", logger="cqg_ray"):
+        m = embed(toy_model, [str(mixed_corpus)], out, cfg, CorpusConfig(id_column=None), progress=False)
+    assert "embed: rows not embedded: empty 1" in caplog.text  # said, not only counted
     # 400 + 3 (the CSV repeat is a row of its own) + 2 (the empty line is dropped) rows
     assert m["counts"]["rows"] == 405 and m["counts"]["dropped_empty"] == 1 and m["counts"]["files"] == 3
     assert m["counts"]["units"] == 7 + 1 + 1 and m["counts"]["units_resumed"] == 0 and m["counts"]["embedded_now"] == 405
@@ -197,6 +199,12 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
         err = capsys.readouterr().err
         assert "invalid configuration in the embed options:" in err and "Traceback" not in err, err
     assert not (tmp_path / "y").exists()
+    assert main(["embed", toy_model, str(corpus_file), str(corpus_file)]) == 2
+    assert f"OUT {corpus_file} is a file" in capsys.readouterr().err
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text('{"text": ""}\n{"text": "   "}\n')
+    assert main(["embed", toy_model, str(blank), str(tmp_path / "blank-out")]) == 2
+    assert f"nothing to embed in {blank}: no row has a text (dropped: empty 2)" in capsys.readouterr().err
 
     # the corpus edited in place, same size: the output is not taken for done, and not resumed over a changed input
     edited = tmp_path / "edited.jsonl"

@@ -50,6 +50,10 @@ def test_export_into_the_runs_own_model_folder_is_refused_and_loses_nothing(trai
     assert main(["export", str(trained_model.parent), str(trained_model), "--overwrite"]) == 2
     assert "is the run's own model folder" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in trained_model.iterdir() if p.is_file()} == before
+    (trained_model.parent / "a-file").write_text("x")
+    assert main(["export", str(trained_model.parent), str(trained_model.parent / "a-file")]) == 2
+    assert "is a file: give a folder" in capsys.readouterr().err
+    (trained_model.parent / "a-file").unlink()
 
 
 def test_export_over_a_model_leaves_none_of_the_replaced_models_files(trained_model, tmp_path):
