@@ -242,6 +242,21 @@ def test_cli_bad_count_is_a_clear_error(capsys):
     assert "cannot read 'lots' as a count" in capsys.readouterr().err
 
 
+def test_cli_impossible_figures_are_refused(capsys):
+    for flag, value, says in (("--encoder-texts-per-s", "-1", "argument --encoder-texts-per-s: must be above 0, got -1"),
+                              ("--llm-tokens-per-s", "0", "argument --llm-tokens-per-s: must be above 0, got 0"),
+                              ("--cpus", "0", "argument --cpus: must be above 0, got 0"),
+                              ("--dim", "1.5", "argument --dim: '1.5' is not a whole number"),
+                              ("--questions-per-cluster", "0", "argument --questions-per-cluster: must be above 0, got 0"),
+                              ("--parse-rate", "0", "argument --parse-rate: must be above 0, got 0"),
+                              ("--filter-survival", "1.5", "argument --filter-survival: a share lies in (0, 1], got 1.5")):
+        with pytest.raises(SystemExit) as e:
+            main(["plan", flag, value])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(says), (flag, value)
+    assert main(["plan", "--docs", "1M", "--parse-rate", "1", "--encoder-texts-per-s", "2500", "--json"]) == 0
+
+
 def test_demo_config_plan():
     # the embedded demo's scale knobs are honoured: its corpus sample, questions for only cqg.max_clusters clusters,
     # n_cluster + n_neighbor + n_random texts per question; and the plan uses the throughput it was given

@@ -34,6 +34,7 @@ def quality_report(target: str, corpus: list[str] | None = None) -> dict:
 
 def cmd_questions(args) -> int:
     from cqg_ray.artifacts import load_questions
+    from cqg_ray.config import ConfigError
     from cqg_ray.rundir import RunDir
 
     if args.quality:
@@ -44,6 +45,8 @@ def cmd_questions(args) -> int:
         q = quality_report(args.run_dir, args.corpus)
         print(json.dumps(q, indent=1) if args.json else format_quality(q))
         return 0
+    if args.limit < 1:
+        raise ConfigError(f"questions: --limit/-n must be at least 1, got {args.limit}")
     run = RunDir(args.run_dir)
     t = load_questions(run)
     if args.all:
@@ -78,6 +81,6 @@ def add_commands(sub) -> None:
     p.add_argument("--search", "-q", help="only questions containing this text (case-insensitive)")
     p.add_argument("--cluster", type=int, help="only questions generated for this cluster")
     p.add_argument("--all", action="store_true", help="every parsed candidate, not only the selected ones")
-    p.add_argument("--limit", "-n", type=int, default=50)
+    p.add_argument("--limit", "-n", type=int, default=50, help="questions to show (default 50)")
     p.add_argument("--json", action="store_true", help="JSON output")
     p.set_defaults(func=cmd_questions)

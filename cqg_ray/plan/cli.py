@@ -15,6 +15,27 @@ from cqg_ray.plan.tokens import Workload
 DESCRIPTION = "Capacity planner (`cqg-ray plan`): LLM requests, tokens, encoder passes and GPU hours of a run, before running it."
 
 
+def _above_zero(kind: type):
+    """An argparse type: a number of ``kind`` above 0 (a rate, a count, a size)."""
+    def parse(s: str):
+        try:
+            v = kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a {'whole ' if kind is int else ''}number") from None
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {s}")
+        return v
+    return parse
+
+
+def _share(s: str) -> float:
+    """An argparse type: a share in (0, 1]."""
+    v = _above_zero(float)(s)
+    if v > 1:
+        raise argparse.ArgumentTypeError(f"a share lies in (0, 1], got {s}")
+    return v
+
+
 def _count_arg(s: str) -> int:
     try:
         return parse_count(s)
@@ -27,20 +48,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. label.n_cluster=250")
     p.add_argument("--docs", type=_count_arg, help="corpus size N after dedup, e.g. 6.8M (default: corpus.limit)")
     p.add_argument("--clusters", "-k", type=_count_arg, help="k (default: cluster.k)")
-    p.add_argument("--questions-per-cluster", type=int, help="questions asked per generation prompt (default: cqg.questions_per_prompt = 10)")
+    p.add_argument("--questions-per-cluster", type=_above_zero(int), help="questions asked per generation prompt (default: cqg.questions_per_prompt = 10)")
     p.add_argument("--dedup-survival", type=float,
                    help="share of the top-t questions that survive dedup (default: the paper's 9,614/20,000 = 0.4807; QAEmb 10,654/20,000)")
-    p.add_argument("--parse-rate", type=float, help="share of the questions asked that parse as yes/no questions (default 1.0, or "
+    p.add_argument("--parse-rate", type=_share, help="share of the questions asked that parse as yes/no questions (default 1.0, or "
                    "measured by --calibrate)")
-    p.add_argument("--filter-survival", type=float, help="share of the parsed questions that no filter (cqg.filters) drops before "
+    p.add_argument("--filter-survival", type=_share, help="share of the parsed questions that no filter (cqg.filters) drops before "
                    "top-t (default 1.0, or measured by --calibrate; docs/questions.md has measured figures)")
     p.add_argument("--preset", choices=sorted(THROUGHPUTS), default="gpu",
                    help="throughput figures: gpu (assumed H100-class) or cpu (measured on a 2-core machine)")
-    p.add_argument("--llm-prompt-tokens-per-s", type=float, help="LLM prefill tokens/s per device")
-    p.add_argument("--llm-completion-tokens-per-s", type=float, help="LLM generated tokens/s per device")
-    p.add_argument("--llm-tokens-per-s", type=float, help="one figure for both prompt and generated tokens/s per device")
-    p.add_argument("--encoder-texts-per-s", type=float, help="encoder texts/s per device")
-    p.add_argument("--train-pairs-per-s", type=float, help="MBQA training (text, question) pairs/s per device")
+    p.add_argument("--llm-prompt-tokens-per-s", type=_above_zero(float), help="LLM prefill tokens/s per device")
+    p.add_argument("--llm-completion-tokens-per-s", type=_above_zero(float), help="LLM generated tokens/s per device")
+    p.add_argument("--llm-tokens-per-s", type=_above_zero(float), help="one figure for both prompt and generated tokens/s per device")
+    p.add_argument("--encoder-texts-per-s", type=_above_zero(float), help="encoder texts/s per device")
+    p.add_argument("--train-pairs-per-s", type=_above_zero(float), help="MBQA training (text, question) pairs/s per device")
     p.add_argument("--calibrate", metavar="RUN_DIR", help="take the throughputs from a finished (small) run on your hardware: "
                    "its encode manifest, LLM ledgers and training metrics; also shows how many of its prompts were clipped to fit")
     p.add_argument("--measure", action="store_true",
@@ -48,13 +69,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "reading and writing for generation, the answerer's reading for probes and labels): measured in "
                         "~30 s, or reused from an earlier measurement on this machine (the demo's); sizes a CPU build "
                         "such as --config reference --preset cpu on the machine that runs it")
-    p.add_argument("--prompt-tokens-per-text", type=float, default=Workload.prompt_tokens_per_text, help="mean tokens of a corpus text (default 128)")
-    p.add_argument("--question-tokens", type=float, default=Workload.question_tokens, help="tokens per question (default 15)")
-    p.add_argument("--answer-tokens", type=float, default=Workload.answer_tokens, help="tokens per answer line (default 4)")
+    p.add_argument("--prompt-tokens-per-text", type=_above_zero(float), default=Workload.prompt_tokens_per_text,
+                   help="mean tokens of a corpus text (default 128)")
+    p.add_argument("--question-tokens", type=_above_zero(float), default=Workload.question_tokens, help="tokens per question (default 15)")
+    p.add_argument("--answer-tokens", type=_above_zero(float), default=Workload.answer_tokens, help="tokens per answer line (default 4)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs working in parallel (wall hours = device hours / gpus)")
-    p.add_argument("--cpus", type=int, help="CPU cores for k-means (default: 16 with the gpu preset, 2 with cpu)")
+    p.add_argument("--cpus", type=_above_zero(int), help="CPU cores for k-means (default: 16 with the gpu preset, 2 with cpu)")
     p.add_argument("--embed-docs", type=_count_arg, help="texts in the final embedding pass (default: the corpus)")
-    p.add_argument("--dim", type=int, help="embedding size (default: from the encoder name, else 1024)")
+    p.add_argument("--dim", type=_above_zero(int), help="embedding size (default: from the encoder name, else 1024)")
     p.add_argument("--simulate", action="store_true",
                    help="also run the real labelling planner on a synthetic balanced clustering "
                    "(exact packing counts; seconds to a minute, ~30 bytes per pair)")

@@ -103,3 +103,10 @@ def test_questions_json_of_the_wrong_shape_is_named(tmp_path):
         with pytest.raises(ArtifactError) as e:
             model_quality(str(tmp_path))
         assert str(e.value) == f"{tmp_path}/questions.json must be a list of objects with a 'text'"
+
+
+def test_questions_limit_below_one_is_refused(tmp_path, capsys):
+    from cqg_ray.cli import main
+
+    assert main(["questions", str(tmp_path), "-n", "-1"]) == 2
+    assert capsys.readouterr().err == "error: questions: --limit/-n must be at least 1, got -1\n"
