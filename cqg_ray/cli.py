@@ -168,14 +168,15 @@ def _print_status(run: RunDir) -> None:
 
 
 def cmd_status(args) -> int:
-    from cqg_ray.lease import current, describe, stale_reason
+    from cqg_ray.lease import LEASE, LOCK, current, describe, stale_reason
     from cqg_ray.pipeline import run_status
 
     run = RunDir(args.run_dir)
     if not run.exists():
         print(f"no run directory at {args.run_dir}", file=sys.stderr)
         return 2
-    if not run.exists("config.yaml") and not any(run.exists(name) for name in stages.NAMES):
+    marks = ("config.yaml", LEASE, LOCK, "_progress.json", *stages.NAMES)  # a run just started holds only its lease
+    if not any(run.exists(name) for name in marks):
         what = ("a file" if run.local and os.path.isfile(args.run_dir) else "a model folder (config.json)" if run.exists("config.json")
                 else "no config.yaml and no stage folder")
         print(f"{args.run_dir} is not a cqg-ray run directory ({what})", file=sys.stderr)
