@@ -170,12 +170,13 @@ def _print_status(run: RunDir) -> None:
 def cmd_status(args) -> int:
     from cqg_ray.lease import LEASE, LOCK, current, describe, stale_reason
     from cqg_ray.pipeline import run_status
+    from cqg_ray.progress import PROGRESS_FILE
 
     run = RunDir(args.run_dir)
     if not run.exists():
         print(f"no run directory at {args.run_dir}", file=sys.stderr)
         return 2
-    marks = ("config.yaml", LEASE, LOCK, "_progress.json", *stages.NAMES)  # a run just started holds only its lease
+    marks = ("config.yaml", LEASE, LOCK, PROGRESS_FILE, *stages.NAMES)  # a run just started holds only its lease
     if not any(run.exists(name) for name in marks):
         what = ("a file" if run.local and os.path.isfile(args.run_dir) else "a model folder (config.json)" if run.exists("config.json")
                 else "no config.yaml and no stage folder")

@@ -271,10 +271,11 @@ def search(model, index: "SparseIndex | BinaryIndex", query: str, k: int = 10) -
 
 
 def cmd_search(args) -> int:
-    from cqg_ray.mbqa.embedder import InterpretableEmbedder, resolve_model
+    from cqg_ray.config import ConfigError
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
     if args.k < 1:
-        raise ArtifactError(f"search: -k must be at least 1 (hits to show), got {args.k}")
+        raise ConfigError(f"search: -k must be at least 1 (hits to show), got {args.k}")
     model = InterpretableEmbedder.load(args.model)
     meta = RunDir(args.embeddings).read_json(EMBED_MANIFEST) if RunDir(args.embeddings).exists(EMBED_MANIFEST) else None
     if meta is None:
@@ -282,7 +283,7 @@ def cmd_search(args) -> int:
     if meta["m"] != model.m:
         raise ArtifactError(f"the model has m={model.m} questions but {args.embeddings} has m={meta['m']} (another model?)")
     made_by = meta.get("heads_fingerprint")  # embed outputs written before it was recorded have none
-    if made_by is not None and made_by != model_fingerprint(resolve_model(args.model), HEADS_FILES):
+    if made_by is not None and made_by != model_fingerprint(model.path, HEADS_FILES):
         raise ArtifactError(f"{args.embeddings} was embedded by another model ({meta.get('model')}: other questions or heads than "
                             f"{args.model}): search it with that model, or embed the corpus with this one")
     if args.tau is not None and meta["output"] != "probs":

@@ -169,15 +169,12 @@ def model_quality(model: str, corpus: list[str] | None = None, encoder: Any = No
     import yaml
 
     from cqg_ray.config import config_from_dict
-    from cqg_ray.mbqa.embedder import resolve_model
-    from cqg_ray.rundir import ArtifactError, RunDir
+    from cqg_ray.mbqa.embedder import read_questions, resolve_model
+    from cqg_ray.rundir import RunDir
 
     folder = resolve_model(model)
     run = RunDir(folder)
-    records = run.read_json("questions.json")
-    if not isinstance(records, list) or not all(isinstance(q, dict) and isinstance(q.get("text"), str) for q in records):
-        raise ArtifactError(f"{folder}/questions.json must be a list of objects with a 'text'")
-    questions = [q["text"] for q in records]
+    questions = [q["text"] for q in read_questions(run, folder)]
     own = None  # the run directory the folder is the model of (no run_config.yaml: not exported)
     if run.exists("run_config.yaml"):
         cfg = config_from_dict(yaml.safe_load(run.read_bytes("run_config.yaml")))

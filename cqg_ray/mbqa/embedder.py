@@ -222,9 +222,7 @@ class InterpretableEmbedder:
             raise ModelError(f"{path}/config.json: {'; '.join(wrong)}")
         if cfg.get("format_version", 0) > FORMAT_VERSION:
             raise ModelError(f"{path} has model format version {cfg['format_version']}; this cqg-ray reads up to {FORMAT_VERSION}")
-        questions = _read_json(run, "questions.json")
-        if not isinstance(questions, list) or not all(isinstance(q, dict) and "text" in q for q in questions):
-            raise ModelError(f"{path}/questions.json must be a list of objects with a 'text'")
+        questions = read_questions(run, path)
         if not run.exists("heads.safetensors"):
             raise ModelError(f"missing artifact: {path}/heads.safetensors")
         try:
@@ -401,6 +399,14 @@ def _read_stats(run: RunDir, name: str, path: str) -> tuple[np.ndarray, str]:
     if "mean" not in t or t["mean"].ndim != 1:
         raise ModelError(f"{path}/{name} must hold a 1-d tensor 'mean'")
     return t["mean"], str(meta.get("source", ""))
+
+
+def read_questions(run: RunDir, path: str) -> list[dict]:
+    """A model folder's questions.json: its question records, checked (a list of objects with a 'text')."""
+    questions = _read_json(run, "questions.json")
+    if not isinstance(questions, list) or not all(isinstance(q, dict) and "text" in q for q in questions):
+        raise ModelError(f"{path}/questions.json must be a list of objects with a 'text'")
+    return questions
 
 
 def _read_json(run: RunDir, name: str):
