@@ -64,6 +64,25 @@ def test_missing_column_is_a_clear_error():
         parse_file(b"text,x\na,1\n", "csv", "f", cfg(text_column="body"))
 
 
+def test_an_id_column_gives_every_row_an_id_or_rejects_it():
+    res = parse_file(b'{"text": "a", "id": 1}\n{"text": "b"}\n{"text": "c", "id": null}\n{"text": "d", "id": " "}\n', "jsonl", "f", cfg(id_column="id"))
+    assert res.texts == ["a"] and res.ids == ["1"]
+    assert res.dropped == {"missing_id": 3}
+    assert res.errors == [f"f:{i}: no 'id' id (null or empty); row rejected" for i in (2, 3, 4)]
+    with pytest.raises(CorpusError, match="f: no line has the id field 'key'; first problem: f:1: no 'key' id"):
+        parse_file(b'{"text": "a", "id": 1}\n', "jsonl", "f", cfg(id_column="key"))
+    with pytest.raises(CorpusError, match=r"no id column 'key' \(columns: text, id\)"):
+        parse_file(b"text,id\na,1\n", "csv", "f", cfg(id_column="key"))
+    assert parse_file(b"text,id\na,1\nb,\n", "csv", "f", cfg(id_column="id")).dropped == {"missing_id": 1}
+    import io
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"text": ["x", "y"], "id": [None, 5]}), buf)
+    res = parse_file(buf.getvalue(), "parquet", "f", cfg(id_column="id"))
+    assert (res.texts, res.ids, res.dropped) == (["y"], ["5"], {"missing_id": 1})
+    assert parse_file(b'{"text": "a"}\n', "jsonl", "f", cfg()).ids == [None]  # no id column: ids come from the text
+
+
 def test_csv_tsv_txt_parquet():
     assert parse_file(b'text,id\n"a, quoted",7\nb,8\n', "csv", "f", cfg(id_column="id")).ids == ["7", "8"]
     assert parse_file(b'text,id\n"a, quoted",7\n', "csv", "f", cfg()).texts == ["a, quoted"]

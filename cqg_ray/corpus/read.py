@@ -104,6 +104,9 @@ def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseRe
         if t is None:
             res.dropped["empty"] += 1
             return
+        if cfg.id_column and (doc_id is None or str(doc_id).strip() == ""):  # an id column promises an id a row
+            res.error("missing_id", f"{source}:{line}: no {cfg.id_column!r} id (null or empty); row rejected")
+            return
         res.texts.append(t)
         res.ids.append(None if doc_id is None else str(doc_id))
         res.lines.append(line)
@@ -145,6 +148,8 @@ def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseRe
             add(obj[cfg.text_column], obj.get(cfg.id_column) if cfg.id_column else None, i)
         if missing_col and not res.texts:
             raise CorpusError(f"{source}: no line has the text field {cfg.text_column!r}; first problem: {res.errors[0] if res.errors else ''}")
+        if cfg.id_column and res.dropped["missing_id"] and not res.texts:
+            raise CorpusError(f"{source}: no line has the id field {cfg.id_column!r}; first problem: {res.errors[0] if res.errors else ''}")
         return res
 
     if fmt == "txt":
