@@ -125,6 +125,7 @@ class InterpretableEmbedder:
         self.device = _auto_device(device)
         self.backend = backend  # the encoder backend (cqg_ray.encoder); the heads stay torch
         self.path: str | None = None  # the folder it was loaded from
+        self.loaded_config: dict = {}  # its config.json: keys this version does not write, and the versions, survive a save
         self.heads = heads.to(self.device).eval()
         self._encoder = encoder
         if encoder is not None:
@@ -195,7 +196,8 @@ class InterpretableEmbedder:
             run.write_bytes(STATS, save({"mean": self.mean}, metadata={"what": "mean probability per question on the training texts",
                                                                        "source": self.stats_source}))
             cfg["stats"] = STATS
-        run.write_json("config.json", {**cfg, "versions": versions()})
+        kept = {k: v for k, v in self.loaded_config.items() if k not in (*cfg, "budget", "stats", "versions")}
+        run.write_json("config.json", {**kept, **cfg, "versions": self.loaded_config.get("versions") or versions()})
 
     @classmethod
     def load(cls, path: str, device: str | None = None, encoder=None, load_encoder: bool = True,
@@ -248,7 +250,7 @@ class InterpretableEmbedder:
                         budget=budget, mean=mean)
         except ModelError as e:
             raise ModelError(f"{path}: {e}") from None
-        model.path = path
+        model.path, model.loaded_config = path, cfg
         if mean is not None:
             model.stats_source = source
         if load_encoder:

@@ -71,3 +71,17 @@ def test_evaluate_budget_option_parses_over_the_models_own():
         parse_budget(["k16"], base)
     with pytest.raises(ConfigError, match="rank"):
         parse_budget(["rank=mean"], base)
+
+
+def test_budget_keeps_the_config_keys_it_does_not_write_and_the_versions_that_made_the_model(encoder, tmp_path, capsys):  # noqa: F811
+    path = tmp_path / "model"
+    make_model(encoder).save(str(path))
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(versions={"cqg_ray": "0.0.1-trained-here"}, note="a user's key")
+    (path / "config.json").write_text(json.dumps(cfg))
+    heads = (path / "heads.safetensors").read_bytes()
+    assert main(["budget", str(path), "--rule", "top_k", "--k", "2"]) == 0
+    after = json.loads((path / "config.json").read_text())
+    assert after["note"] == "a user's key" and after["versions"] == {"cqg_ray": "0.0.1-trained-here"}
+    assert after["budget"]["k"] == 2 and after["format_version"] == 2
+    assert (path / "heads.safetensors").read_bytes() == heads
