@@ -83,6 +83,16 @@ def test_an_id_column_gives_every_row_an_id_or_rejects_it():
     assert parse_file(b'{"text": "a"}\n', "jsonl", "f", cfg()).ids == [None]  # no id column: ids come from the text
 
 
+def test_a_corrupt_parquet_file_is_a_clear_error():
+    import io
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"text": ["x", "y"]}), buf)
+    for data in (buf.getvalue()[:-20], b"PAR1 not parquet", b""):
+        with pytest.raises(CorpusError, match=r"^f: not a readable Parquet file \("):
+            parse_file(data, "parquet", "f", cfg())
+
+
 def test_csv_tsv_txt_parquet():
     assert parse_file(b'text,id\n"a, quoted",7\nb,8\n', "csv", "f", cfg(id_column="id")).ids == ["7", "8"]
     assert parse_file(b'text,id\n"a, quoted",7\n', "csv", "f", cfg()).texts == ["a, quoted"]

@@ -192,6 +192,10 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     bad.write_text('{"body": "no text field"}\n')
     assert main(["embed", toy_model, str(bad), str(tmp_path / "bad-out")]) == 2
     assert "no line has the text field 'text'" in capsys.readouterr().err
+    (tmp_path / "torn.parquet").write_bytes(b"PAR1 torn off")
+    assert main(["embed", toy_model, str(tmp_path / "torn.parquet"), str(tmp_path / "torn-out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'torn.parquet'}: not a readable Parquet file (" in err and "Traceback" not in err, err
     assert main(["embed", str(tmp_path / "nope"), str(corpus_file), str(tmp_path / "x")]) == 2
     assert "not a cqg-ray model" in capsys.readouterr().err
     for flag, value in [("--k", "0"), ("--tau", "2"), ("--unit-rows", "0"), ("--batch-size", "0")]:

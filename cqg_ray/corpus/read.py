@@ -112,7 +112,10 @@ def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseRe
         res.lines.append(line)
 
     if fmt == "parquet":
-        table = pq.read_table(io.BytesIO(data))
+        try:
+            table = pq.read_table(io.BytesIO(data))
+        except (pa.ArrowException, OSError) as e:  # truncated, not Parquet at all, a corrupt footer
+            raise CorpusError(f"{source}: not a readable Parquet file ({e})") from None
         if cfg.text_column not in table.column_names:
             raise CorpusError(f"{source}: no column {cfg.text_column!r} (columns: {', '.join(table.column_names)})")
         if cfg.id_column and cfg.id_column not in table.column_names:
