@@ -129,7 +129,7 @@ def corpus_texts(paths: list[str], base: str | None = None, settings: Any = None
     against ``base`` (a model's checkout: models/<name>/../..). ``settings``: the ``CorpusConfig`` the files were
     read with (format, text column, ...; its paths are ignored); None = the defaults."""
     from cqg_ray.config import CorpusConfig
-    from cqg_ray.corpus import list_files, parse_file, read_bytes
+    from cqg_ray.corpus import CorpusError, list_files, parse_file, read_bytes
 
     found = []
     for p in paths:
@@ -137,8 +137,13 @@ def corpus_texts(paths: list[str], base: str | None = None, settings: Any = None
             p = os.path.join(base, p)
         found.append(p)
     cfg = CorpusConfig(paths=found) if settings is None else settings.model_copy(update={"paths": found})
+    n = 0
     for uri, fmt in list_files(found, cfg.format):
-        yield from parse_file(read_bytes(uri), fmt, uri, cfg).texts
+        texts = parse_file(read_bytes(uri), fmt, uri, cfg).texts
+        n += len(texts)
+        yield from texts
+    if not n:  # a copy rate over no texts would read as "copies nothing"
+        raise CorpusError(f"no texts in {', '.join(paths)}: the copy rate needs a corpus with texts")
 
 
 def model_run(folder: str) -> Any:

@@ -74,6 +74,11 @@ def test_a_runs_model_folder_is_measured_against_the_runs_prepared_corpus(tmp_pa
     assert copied(TOY_QUESTIONS, iter(["The central bank raised interest rates again."])).tolist() == [True, False, False, False]
     assert model_quality(str(tmp_path / "run" / "model"), [str(corpus_file)], encoder=toy_encoder)["copy_rate"] == 0.0  # given files win
     assert quality_report(str(tmp_path / "run" / "model"))["copy_rate"] == 0.25  # `cqg-ray questions MODEL --quality`
+    from cqg_ray.corpus import CorpusError
+
+    (tmp_path / "empty.jsonl").write_text('{"text": ""}\n')
+    with pytest.raises(CorpusError, match=f"no texts in {tmp_path / 'empty.jsonl'}: the copy rate needs a corpus with texts"):
+        quality_report(str(tmp_path / "run" / "model"), [str(tmp_path / "empty.jsonl")])  # a copy rate over no texts is not 0
 
 
 def test_a_runs_model_folder_without_a_prepared_corpus_reads_the_files_its_config_names(tmp_path, toy_encoder):
