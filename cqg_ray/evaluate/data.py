@@ -297,8 +297,8 @@ def load_beir(
 
     query_text = {}
     for row in read_jsonl(queries_uri):
-        if "_id" not in row or "text" not in row:
-            raise DataError(f"{queries_uri}: every query needs _id and text")
+        if "_id" not in row or not isinstance(row.get("text"), str):
+            raise DataError(f"{queries_uri}: every query needs an _id and a string text (keys: {sorted(row)[:8]})")
         query_text[str(row["_id"])] = row["text"]
     query_ids = [q for q in query_text if q in qrels]
     if not query_ids:
@@ -309,6 +309,8 @@ def load_beir(
     for row in read_jsonl(corpus_uri):
         if "_id" not in row:
             raise DataError(f"{corpus_uri}: every document needs an _id")
+        if not any(isinstance(row.get(k), str) for k in ("title", "text")):  # an empty string is kept, as MTEB keeps it
+            raise DataError(f"{corpus_uri}: document {row['_id']!r} has neither a string text nor a string title (keys: {sorted(row)[:8]})")
         doc_ids.append(str(row["_id"]))
         docs.append(doc_text(row))
 

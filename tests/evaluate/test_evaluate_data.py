@@ -117,6 +117,13 @@ def test_load_beir_layout_errors_and_title_join(tmp_path):
     (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "T", "text": "body"}\n{"_id": "d2", "text": "only"}\n')
     d = load_beir(str(tmp_path))
     assert d.query_ids == ["q1"] and d.docs == ["T body", "only"] and d.qrels == {"q1": {"d1": 1}}
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "", "text": ""}\n{"_id": "d2", "body": "x"}\n')
+    with pytest.raises(DataError, match=r"corpus.jsonl: document 'd2' has neither a string text nor a string title \(keys: \['_id', 'body'\]\)"):
+        load_beir(str(tmp_path))  # an empty text is kept (d1, as MTEB keeps it); a row with no text at all is not
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n')
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": null}\n')
+    with pytest.raises(DataError, match="every query needs an _id and a string text"):
+        load_beir(str(tmp_path))
 
 
 # ----------------------------------------------------------------------------------------- clustering
