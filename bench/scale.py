@@ -80,8 +80,8 @@ NOTE = ("encoder: a STATIC EMBEDDING (sentence-transformers StaticEmbedding from
 
 # ---------------------------------------------------------------------------------------------- pure helpers
 def cache_base() -> str:
-    """The machine cache's bench/ (`bundled.cache_root`), beside the encoders'."""
-    from cqg_ray.llm.engines.bundled import cache_root
+    """The machine cache's bench/ (`cqg_ray.cache`), beside the encoders'."""
+    from cqg_ray.cache import cache_root
 
     return str(cache_root() / "bench")
 

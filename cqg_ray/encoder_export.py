@@ -126,12 +126,11 @@ def save_tokenizer(st, folder: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- export and cache
-def cache_root() -> str:
-    """Where exported encoders live: the machine cache's encoders/ ($CQG_RAY_CACHE, else $XDG_CACHE_HOME/cqg-ray, else
-    ~/.cache/cqg-ray: `bundled.cache_root`'s rule, spelled out here so that an encoder actor does not import the LLM
-    package for a path)."""
-    base = os.environ.get("CQG_RAY_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cqg-ray")
-    return os.path.join(base, "encoders")
+def encoders_root() -> str:
+    """Where exported encoders live: the machine cache's encoders/ (``cqg_ray.cache``)."""
+    from cqg_ray.cache import cache_root
+
+    return str(cache_root() / "encoders")
 
 
 def cache_dir(path: str) -> str:
@@ -143,7 +142,7 @@ def cache_dir(path: str) -> str:
                 st = os.stat(os.path.join(root, f))
                 h.update(f"{os.path.relpath(os.path.join(root, f), path)} {st.st_size} {st.st_mtime_ns}\n".encode())
     slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in os.path.basename(os.path.normpath(path)))[:60]
-    return os.path.join(cache_root(), f"{slug}-{h.hexdigest()[:16]}")
+    return os.path.join(encoders_root(), f"{slug}-{h.hexdigest()[:16]}")
 
 
 def _sha256(path: str) -> str:

@@ -30,6 +30,7 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cqg_ray")
 
@@ -59,10 +60,16 @@ def cmake_args(flags: set[str]) -> list[str]:
     return args
 
 
+def machine_cache():
+    """cqg_ray/cache.py loaded from its file: this script runs before the package is installed."""
+    spec = importlib.util.spec_from_file_location("cqg_ray_cache", Path(__file__).resolve().parents[1] / "cqg_ray" / "cache.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def wheel_dir(args: list[str], cache_dir: str | None = None) -> str:
-    # the machine cache's rule (cqg_ray/llm/engines/bundled.cache_root; this script runs before the package is installed)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    root = os.path.expanduser(cache_dir or os.environ.get("CQG_RAY_CACHE") or (os.path.join(xdg, "cqg-ray") if xdg else "~/.cache/cqg-ray"))
+    root = str(machine_cache().cache_root(cache_dir))
     key = hashlib.sha256(" ".join([LLAMA_CPP_VERSION, *sorted(args)]).encode()).hexdigest()[:12]
     return os.path.join(root, "wheels", f"llama-cpp-python-{LLAMA_CPP_VERSION}-{key}")
 

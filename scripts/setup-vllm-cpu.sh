@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${CQG_RAY_VLLM_VENV:-.venv-vllm}
-MODEL=${CQG_RAY_VLLM_MODEL:-${CQG_RAY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cqg-ray}/models/qwen2.5-coder-0.5b-hf}
+MODEL=${CQG_RAY_VLLM_MODEL:-$(.venv/bin/python -m cqg_ray.cache models qwen2.5-coder-0.5b-hf)}  # bundled.hf_folder_path
 STAMP="$VENV/.cqg-ray-setup"
 want=$(cat constraints-cpu.txt scripts/setup-vllm-cpu.sh | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -f "$MODEL/config.json" ]; then

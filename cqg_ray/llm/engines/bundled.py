@@ -26,13 +26,18 @@ import logging
 import os
 import re
 import shutil
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("cqg_ray")
+try:
+    from cqg_ray.cache import cache_root
+except ImportError:  # run by path before the package is installed (scripts/setup.sh): cache.py is standard library only
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from cqg_ray.cache import cache_root
 
-DEFAULT_CACHE_DIR = "~/.cache/cqg-ray"
+log = logging.getLogger("cqg_ray")
 
 
 @dataclass(frozen=True)
@@ -122,13 +127,6 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-def cache_root(cache_dir: str | None = None) -> Path:
-    """cqg-ray's machine cache (bundled models, exported encoders, measured rates, wheels): ``cache_dir``, else
-    $CQG_RAY_CACHE, else $XDG_CACHE_HOME/cqg-ray, else ~/.cache/cqg-ray."""
-    default = os.path.join(os.environ["XDG_CACHE_HOME"], "cqg-ray") if os.environ.get("XDG_CACHE_HOME") else DEFAULT_CACHE_DIR
-    return Path(os.path.expanduser(cache_dir or os.environ.get("CQG_RAY_CACHE") or default))
 
 
 def assemble(model: BundledModel, cache_dir: str | None = None) -> Path:
