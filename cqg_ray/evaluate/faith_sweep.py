@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cqg_ray.evaluate.faithfulness import sample_of
 from cqg_ray.mbqa.budget import Budget, active_mask
 
 
@@ -48,9 +49,7 @@ def sample_candidates(probs: np.ndarray, floor: float, per_text: int, seed: int)
     rng = np.random.default_rng([seed, 0x5357])  # "SW": independent of the protocol's own draw
     out: list[tuple[int, int]] = []
     for row, p in enumerate(np.asarray(probs)):
-        members = np.flatnonzero(p > floor)
-        picked = np.sort(rng.choice(members, size=min(per_text, len(members)), replace=False)) if len(members) else members
-        out += [(row, int(q)) for q in picked]
+        out += [(row, int(q)) for q in sample_of(rng, np.flatnonzero(p > floor), per_text)]
     return out
 
 

@@ -74,6 +74,11 @@ def pools(act: np.ndarray, probs: np.ndarray, threshold: float) -> np.ndarray:
     return np.where(act, ACTIVE, np.where(np.asarray(probs) > threshold, CAP, NO)).astype(np.int8)
 
 
+def sample_of(rng: np.random.Generator, members: np.ndarray, k: int) -> np.ndarray:
+    """At most ``k`` of ``members`` (question indices), a uniform draw of ``rng`` without replacement, sorted."""
+    return np.sort(rng.choice(members, size=min(k, len(members)), replace=False)) if len(members) else members
+
+
 def sample_pools(pool: np.ndarray, per_text: int, seed: int) -> list[tuple[int, int, int]]:
     """(row, question, pool) triples: per row of ``pool`` (n, m), a seeded random sample of at most ``per_text``
     questions of each pool; in row order, then ACTIVE, NO, CAP, each group by question index."""
@@ -81,9 +86,7 @@ def sample_pools(pool: np.ndarray, per_text: int, seed: int) -> list[tuple[int, 
     out: list[tuple[int, int, int]] = []
     for row, kinds in enumerate(np.asarray(pool)):
         for kind in (ACTIVE, NO, CAP):
-            members = np.flatnonzero(kinds == kind)
-            picked = np.sort(rng.choice(members, size=min(per_text, len(members)), replace=False)) if len(members) else members
-            out += [(row, int(q), kind) for q in picked]
+            out += [(row, int(q), kind) for q in sample_of(rng, np.flatnonzero(kinds == kind), per_text)]
     return out
 
 
