@@ -123,8 +123,13 @@ def cmd_evaluate(args) -> int:
     cfg = config_from_args(args)
     primary = load_model(args.model)
     m = getattr(primary, "m", None)
-    if cfg.m_sweep and m is not None and min(cfg.m_sweep) > m:
-        raise ConfigError(f"--m-sweep: no m in {cfg.m_sweep} is at most the model's {m} questions")
+    if cfg.m_sweep and m is not None:  # before any text is encoded
+        from cqg_ray.evaluate.sweeps import usable_ms
+
+        try:
+            usable_ms(cfg.m_sweep, m)
+        except ValueError as e:
+            raise ConfigError(f"--m-sweep: {e}") from None
     if args.budget:
         primary.budget = parse_budget(args.budget, primary.budget)
     models = {args.name or model_name(primary): primary}

@@ -54,15 +54,20 @@ def with_average(per: dict[str, list[float]]) -> dict[str, list[float]]:
     return per
 
 
+def usable_ms(ms: list[int], m_max: int) -> list[int]:
+    """The sweep's m values a model of ``m_max`` questions can give (1..m_max), sorted; none is a ValueError."""
+    usable = sorted({m for m in ms if 1 <= m <= m_max})
+    if not usable:
+        raise ValueError(f"no m in {list(ms)} is at most the model's {m_max} questions")
+    return usable
+
+
 def m_sweep(data: list[StsProbs], budget: Budget, ms: list[int], mean: np.ndarray | None = None) -> dict:
     """Spearman (x100) and cognitive load against m (a model of the first m questions under ``budget``), per
     dataset and averaged ("Avg.")."""
     if not data:
         raise ValueError("the m sweep needs at least one STS dataset")
-    m_max = data[0].probs.shape[1]
-    ms = sorted({m for m in ms if 1 <= m <= m_max})
-    if not ms:
-        raise ValueError(f"no m in the sweep is between 1 and the model's {m_max} dimensions")
+    ms = usable_ms(ms, data[0].probs.shape[1])
     rho: dict[str, list[float]] = {}
     load: dict[str, list[float]] = {}
     for d in data:

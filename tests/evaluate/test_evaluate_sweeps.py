@@ -62,8 +62,8 @@ def test_tau_sweep_load_falls_with_tau():
 def test_sweep_errors():
     with pytest.raises(ValueError, match="at least one STS dataset"):
         m_sweep([], TAU5, [1])
-    with pytest.raises(ValueError, match="between 1 and"):
-        m_sweep([_sts_probs("A", 0, m=4)], TAU5, [10])
+    with pytest.raises(ValueError, match=r"^no m in \[10, 0\] is at most the model's 4 questions$"):
+        m_sweep([_sts_probs("A", 0, m=4)], TAU5, [10, 0])
 
 
 def test_sweep_rows_and_plot_png():
