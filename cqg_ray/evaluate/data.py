@@ -99,6 +99,11 @@ def sample_indices(n: int, k: int | None, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
 
 
+def sample_of(rng: np.random.Generator, members: np.ndarray, k: int) -> np.ndarray:
+    """At most ``k`` of ``members`` (e.g. question indices), a uniform draw of ``rng`` without replacement, sorted."""
+    return np.sort(rng.choice(members, size=min(k, len(members)), replace=False)) if len(members) else members
+
+
 _ALIASES = {"STSBenchmark": "STS-B", "scifact": "SciFact", "twentynewsgroups": "TNG"}
 
 

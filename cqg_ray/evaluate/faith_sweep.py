@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cqg_ray.evaluate.faithfulness import sample_of
+from cqg_ray.evaluate.data import sample_of
 from cqg_ray.mbqa.budget import Budget, active_mask
 
 

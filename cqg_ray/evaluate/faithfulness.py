@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from cqg_ray.config import FaithfulnessConfig, llm_model_name
+from cqg_ray.evaluate.data import sample_of
 from cqg_ray.evaluate.markdown import figure, markdown_table, verdict
 from cqg_ray.explain import value_cosine
 
@@ -72,11 +73,6 @@ def pools(act: np.ndarray, probs: np.ndarray, threshold: float) -> np.ndarray:
     shown). A shown question at or below the threshold (a budget without a floor) counts as ACTIVE."""
     act = np.asarray(act, dtype=bool)
     return np.where(act, ACTIVE, np.where(np.asarray(probs) > threshold, CAP, NO)).astype(np.int8)
-
-
-def sample_of(rng: np.random.Generator, members: np.ndarray, k: int) -> np.ndarray:
-    """At most ``k`` of ``members`` (question indices), a uniform draw of ``rng`` without replacement, sorted."""
-    return np.sort(rng.choice(members, size=min(k, len(members)), replace=False)) if len(members) else members
 
 
 def sample_pools(pool: np.ndarray, per_text: int, seed: int) -> list[tuple[int, int, int]]:
