@@ -97,8 +97,17 @@ Files: `config.json` (with the budget), `questions.json` (text, cluster, probe q
 
 
 def export_model(run_dir: str, out: str, name: str | None = None, overwrite: bool = False) -> dict:
-    """Copy the run's model folder to ``out`` with its config, build record and model card. Returns the build record."""
+    """Copy the run's model folder to ``out`` with its config, build record and model card. Returns the build record.
+
+    The run's model is loaded (checked) and every file made before anything is written; the new folder is written
+    beside ``out`` and swapped in at the end, so a model it replaces stays whole until then. Files of ``out`` that
+    export does not write (``evaluation/``) are kept."""
+    import shutil
+    import uuid
+
     import yaml
+
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
     run = RunDir(run_dir)
     run.require("model")
@@ -108,25 +117,40 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
         raise ArtifactError(f"{out} is the run's own model folder: export to another folder")
     if os.path.exists(os.path.join(out, "config.json")) and not overwrite:
         raise ArtifactError(f"{out} already holds a model (config.json); pass --overwrite to replace it")
-    files = {f: run.read_bytes(f"model/{f}") for f in MODEL_FILES if run.exists("model", f)}  # read whole before writing
-    os.makedirs(out, exist_ok=True)
-    for f in MODEL_FILES:
-        if f in files:
-            with open(os.path.join(out, f), "wb") as fh:
-                fh.write(files[f])
-        elif os.path.exists(os.path.join(out, f)):  # the replaced model's, which this run has not (an eval report)
-            os.remove(os.path.join(out, f))
-    cfg = yaml.safe_load(run.read_bytes("config.yaml")) if run.exists("config.yaml") else {}
-    with open(os.path.join(out, "run_config.yaml"), "w") as fh:
-        yaml.safe_dump(cfg, fh, sort_keys=False)
+    try:
+        InterpretableEmbedder.load(run.uri("model"), device="cpu", load_encoder=False)
+    except ArtifactError as e:  # ModelError too
+        raise ArtifactError(f"the run's model does not load, nothing exported: {e}") from None
+    made = {f: run.read_bytes(f"model/{f}") for f in MODEL_FILES if run.exists("model", f)}
+    try:
+        cfg = yaml.safe_load(run.read_bytes("config.yaml")) if run.exists("config.yaml") else {}
+    except yaml.YAMLError as e:
+        raise ArtifactError(f"{run.uri('config.yaml')} is not YAML: {e}") from None
+    made["run_config.yaml"] = yaml.safe_dump(cfg, sort_keys=False).encode()
     build = build_record(run)
-    with open(os.path.join(out, "build.json"), "w") as fh:
-        json.dump(build, fh, indent=2)
-    questions = run.read_json("model/questions.json")
+    made["build.json"] = json.dumps(build, indent=2).encode()
     report = run.read_json("model/eval_report.json") if run.exists("model", "eval_report.json") else None
     name = name or os.path.basename(os.path.normpath(out))
-    with open(os.path.join(out, "README.md"), "w") as fh:
-        fh.write(model_card(name, cfg, build, questions, report if isinstance(report, dict) else None))
+    made["README.md"] = model_card(name, cfg, build, run.read_json("model/questions.json"), report if isinstance(report, dict) else None).encode()
+
+    base = os.path.normpath(out)
+    part, old = f"{base}.export-{uuid.uuid4().hex[:8]}", f"{base}.replaced-{uuid.uuid4().hex[:8]}"
+    try:
+        if os.path.isdir(out):  # what export does not write stays (an evaluation/ folder)
+            shutil.copytree(out, part, ignore=lambda d, names: [n for n in names if d == out and (n in made or n in MODEL_FILES)])
+        os.makedirs(part, exist_ok=True)
+        for f, data in made.items():  # config.json last (MODEL_FILES' order, then the build files): a folder with it is whole
+            if f != "config.json":
+                with open(os.path.join(part, f), "wb") as fh:
+                    fh.write(data)
+        with open(os.path.join(part, "config.json"), "wb") as fh:
+            fh.write(made["config.json"])
+        if os.path.isdir(out):
+            os.replace(out, old)
+        os.replace(part, out)
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     return build
 
 

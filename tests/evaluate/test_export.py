@@ -69,3 +69,19 @@ def test_export_over_a_model_leaves_none_of_the_replaced_models_files(trained_mo
     assert main(["export", str(run), str(out), "--overwrite"]) == 0
     assert not (out / "eval_report.json").exists() and not (out / "eval_report.md").exists()
     assert (out / "heads.safetensors").read_bytes() == (run / "model" / "heads.safetensors").read_bytes()
+    # a model that does not load is refused before anything is written: the shipped one stays whole
+    (out / "evaluation").mkdir()
+    (out / "evaluation" / "report.md").write_text("kept")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    heads = (run / "model" / "heads.safetensors").read_bytes()
+    (run / "model" / "heads.safetensors").unlink()
+    assert main(["export", str(run), str(out), "--overwrite"]) == 2
+    (run / "model" / "heads.safetensors").write_bytes(heads)
+    questions = (run / "model" / "questions.json").read_text()
+    (run / "model" / "questions.json").write_text(questions[: len(questions) // 2])
+    assert main(["export", str(run), str(out), "--overwrite"]) == 2
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    (run / "model" / "questions.json").write_text(questions)
+    assert main(["export", str(run), str(out), "--overwrite"]) == 0
+    assert (out / "evaluation" / "report.md").read_text() == "kept"  # what export does not write stays
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "shipped"]  # no half-written or replaced folder left
