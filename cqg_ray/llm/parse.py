@@ -34,7 +34,7 @@ YES_NO_AUXILIARIES = frozenset(
 
 # "1." "1)" "1:" "1 -" "Q1." "Question 1:" "**1.**" "- 1." ... followed by the item's content.
 _NUMBERED = re.compile(
-    r"""^[\s>#*_`\-\u2022]*                 # markdown: quotes, headings, bold, bullets
+    r"""^[\s>#*_`\-\u2022]*+                # markdown: quotes, headings, bold, bullets (possessive: linear on long runs)
         (?:q(?:uestion)?|a(?:nswer)?)?\s*    # Q1 / Question 1 / A1 / Answer 1
         (\d{1,3})                            # the number
         \s*(?:[.):\]]|-(?!\d)|(?=\s))        # 1.  1)  1:  1]  1 -  or just a space
@@ -49,7 +49,8 @@ _ANSWER_WORD = re.compile(r"(yes|no)\b", re.IGNORECASE)
 _AMBIGUOUS = re.compile(r"(yes|no)\s*(?:/|\bor\b|\band\b|&)\s*(yes|no)\b", re.IGNORECASE)
 _ANSWER_PREFIX = re.compile(r"^(?:answer|a|response|r)\s*[:=\-]\s*", re.IGNORECASE)
 # "1. yes 2. no" on one line: split before every "N." that is followed by an answer.
-_INLINE_SPLIT = re.compile(r"[,;]?\s+(?=(?:q|a)?\d{1,3}\s*[.):]\s*[*_`\"'\[(]*\s*(?:yes|no)\b)", re.IGNORECASE)
+# (A split starts at a comma or at a run's first space, never inside the run: linear on long runs of spaces.)
+_INLINE_SPLIT = re.compile(r"(?:[,;]|(?<!\s))\s++(?=(?:q|a)?\d{1,3}\s*+[.):]\s*+[*_`\"'\[(]*+\s*+(?:yes|no)\b)", re.IGNORECASE)
 
 
 class QuestionList(list):

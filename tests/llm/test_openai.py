@@ -79,6 +79,19 @@ def test_completion_from_json_malformed_is_a_row_error():
     c = completion_from_json({"oops": 1}, areq(), want_p_yes=False)
     assert c.error.startswith("malformed chat completion")
     assert completion_from_json({"choices": [{"message": {"content": None}}]}, areq(), False).text == ""
+    msg = {"message": {"content": "1. yes\n2. no\n3. yes"}}
+    single = Request([{"role": "user", "content": "x"}], max_tokens=1, yes_no=True)
+    lp = lambda *content: {"choices": [{"message": {"content": "Yes"}, "logprobs": {"content": list(content)}}]}  # noqa: E731
+    for body, req in [({"choices": [{"message": {"content": 5}}]}, areq()), ({"choices": [{"message": {"content": ["1. yes"]}}]}, areq()),
+                      ({"choices": [msg], "usage": "n/a"}, areq()), ({"choices": [msg], "usage": {"prompt_tokens": "abc"}}, areq()),
+                      ({"choices": [msg], "usage": {"prompt_tokens_details": {"cached_tokens": "x"}}}, areq()),
+                      (lp({"token": "Yes", "logprob": "abc"}), single), (lp({"token": "Yes", "logprob": float("nan")}), single),
+                      (lp({"token": "Yes", "logprob": -0.1, "top_logprobs": [{"logprob": -1}]}), single),
+                      ({"choices": [{"message": {"content": "Yes"}, "logprobs": [1, 2]}]}, single), (lp("Yes"), single), ([1, 2], areq())]:
+        c = completion_from_json(body, req, want_p_yes=True)  # one request's error, never an exception that stops the stage
+        assert c.error.startswith("malformed chat completion (") and c.text == "", body
+    c = completion_from_json(lp({"token": "Yes", "logprob": 1000.0, "top_logprobs": [{"token": "No", "logprob": -50.0}]}), single, True)
+    assert c.error is None and c.p_yes[0] > 0.999  # a logprob above 0 (a server's rounding) counts as 0
 
 
 def test_backoff_delay():

@@ -182,3 +182,14 @@ def test_p_yes_from_tokens():
 def test_p_yes_counts_case_and_space_variants_together():
     tokens = [("1. ", 0.0, {}), ("Yes", math.log(0.5), {"yes": math.log(0.2), " no": math.log(0.2), "No": math.log(0.1)})]
     assert p_yes_from_tokens(tokens, 1) == [pytest.approx(0.7)]
+
+
+@pytest.mark.timeout(10)
+def test_long_runs_of_spaces_parse_in_linear_time():
+    """A degenerate reply (a small model's run of spaces) once took seconds to tens of seconds in the regexes (the
+    timeout is the check: quadratic, these took over 40 s)."""
+    for text in (" " * 50000 + "x", "\t " * 25000, "**" + " " * 50000 + "x", "1" + " " * 50000 + "x", "> " * 25000 + "x"):
+        assert parse_questions(text) == []
+        with pytest.raises(ParseError):
+            parse_answers(text, 2)
+    assert parse_answers("1. yes ," + " " * 50000 + "2. no", 2) == [True, False]

@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -76,37 +77,53 @@ def chat_body(llm: LLMConfig, req: Request, temperature: float) -> dict[str, Any
     return body
 
 
+def _logprob(value: Any) -> float:
+    """A logprob as a float <= 0 (a server's rounding above 0 is 0); not a number is a ValueError."""
+    v = float(value)
+    if math.isnan(v):
+        raise ValueError("a logprob is NaN")
+    return min(v, 0.0)
+
+
 def tokens_from_openai_logprobs(logprobs: dict[str, Any] | None) -> list[tuple[str, float, dict[str, float]]]:
-    """OpenAI chat ``logprobs`` ({"content": [{token, logprob, top_logprobs: [...]}, ...]}) -> p_yes_from_tokens input."""
+    """OpenAI chat ``logprobs`` ({"content": [{token, logprob, top_logprobs: [...]}, ...]}) -> p_yes_from_tokens input.
+    A body of another shape raises (TypeError, KeyError, ValueError, AttributeError): ``completion_from_json`` marks it."""
     out = []
     for item in (logprobs or {}).get("content") or []:
-        alts = {a["token"]: float(a["logprob"]) for a in item.get("top_logprobs") or [] if a.get("logprob") is not None}
-        out.append((item.get("token", ""), float(item.get("logprob", float("-inf"))), alts))
+        alts = {str(a["token"]): _logprob(a["logprob"]) for a in item.get("top_logprobs") or [] if a.get("logprob") is not None}
+        out.append((str(item.get("token", "")), _logprob(item["logprob"]) if item.get("logprob") is not None else float("-inf"), alts))
     return out
 
 
 def completion_from_json(data: Any, req: Request, want_p_yes: bool) -> Completion:
-    """A ``Completion`` from a chat completion response body; ``error`` set when it is not one."""
+    """A ``Completion`` from a chat completion response body; ``error`` set when it is not one (any part of it of
+    another shape: the one request fails, not the stage)."""
     try:
-        choice = data["choices"][0]
-        text = choice["message"].get("content") or ""
-    except (KeyError, IndexError, TypeError, AttributeError):
-        return Completion("", error=f"malformed chat completion: {str(data)[:300]}")
+        return _completion(data, req, want_p_yes)
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError, OverflowError) as e:
+        return Completion("", error=f"malformed chat completion ({type(e).__name__}: {e}): {str(data)[:300]}")
+
+
+def _completion(data: Any, req: Request, want_p_yes: bool) -> Completion:
+    choice = data["choices"][0]
+    text = choice["message"].get("content") or ""
+    if not isinstance(text, str):
+        raise TypeError(f"content is {type(text).__name__}, not text")
     usage = data.get("usage") or {}
     cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
     if req.yes_no:
         p = p_yes_from_top(tokens_from_openai_logprobs(choice.get("logprobs")))
         if p is None:
-            return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                              error=f"single-pass answer without yes/no logprobs (does the server return top_logprobs?): "
-                                    f"{str(choice.get('logprobs'))[:300]}", cached_tokens=cached)
-        return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), [p], cached_tokens=cached)
+            return Completion(text, prompt, completion, error=f"single-pass answer without yes/no logprobs (does the server return "
+                                                              f"top_logprobs?): {str(choice.get('logprobs'))[:300]}", cached_tokens=cached)
+        return Completion(text, prompt, completion, [p], cached_tokens=cached)
     p_yes = None
     if want_p_yes and req.n_answers is not None and choice.get("logprobs"):
         tokens = tokens_from_openai_logprobs(choice["logprobs"])
         if tokens:
             p_yes = p_yes_from_tokens(tokens, req.n_answers)
-    return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), p_yes, cached_tokens=cached)
+    return Completion(text, prompt, completion, p_yes, cached_tokens=cached)
 
 
 def backoff_delay(attempt: int, base_s: float, retry_after: str | None = None) -> float:
