@@ -33,6 +33,9 @@ class ConfigError(ValueError):
     """A configuration problem, with a message that names the offending key."""
 
 
+Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]  # what every seeded library takes (numpy, faiss, torch)
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
@@ -68,7 +71,7 @@ class CorpusConfig(Section):
     max_chars: int | None = Field(None, ge=1, description="truncate texts longer than this (None = keep)")
     min_chars: int = Field(1, ge=1, description="drop texts shorter than this after stripping")
     limit: int | None = Field(None, ge=1, description="keep only the first N documents (a sample, for demos)")
-    sample_seed: int = 0
+    sample_seed: Seed = 0
     rows_per_shard: int = Field(50_000, ge=1, description="rows per output Parquet shard, at most (the shards are equal, ordered splits)")
 
 
@@ -106,7 +109,7 @@ class ClusterConfig(Section):
     max_points_per_centroid: int = Field(256, ge=1, description="train on at most k * this many sampled points (faiss)")
     spherical: bool = Field(True, description="spherical k-means for normalised embeddings")
     n_neighbors: int = Field(5, ge=1, description="nearest centroids stored per cluster (CQG uses 3, labelling 5)")
-    seed: int = 0
+    seed: Seed = 0
 
 
 class LlamaCppConfig(Section):
@@ -249,7 +252,7 @@ class CQGConfig(Section):
     max_text_chars: int = Field(1000, ge=16, description="texts are truncated to this many characters in prompts")
     max_clusters: int | None = Field(None, ge=1, description="only generate for the first N clusters (None = all)")
     qaemb_articles: int = Field(10, ge=1, description="reference articles per QAEmb prompt")
-    seed: int = 0
+    seed: Seed = 0
 
     @property
     def theta_value(self) -> float:
@@ -270,7 +273,7 @@ class LabelConfig(Section):
                                                        "(the paper's; paper.yaml sets it)")
     questions_per_prompt: int = Field(20, ge=1, le=100, description="questions answered per LLM prompt (paper: 20)")
     max_text_chars: int = Field(1500, ge=16)
-    seed: int = 0
+    seed: Seed = 0
 
 
 class BudgetConfig(Section):
@@ -323,7 +326,7 @@ class TrainConfig(Section):
                              "labelled texts for the workers (workers holding every CPU starve them)")
     checkpoint_every: int = Field(5, ge=1, description="epochs between checkpoints")
     max_failures: int = Field(2, ge=0)
-    seed: int = 0
+    seed: Seed = 0
     tau: float = Field(0.5, gt=0, lt=1, description="tau: binary classification threshold stored with the model")
     budget: BudgetConfig = Field(default_factory=BudgetConfig, description="the model's default output (docs/mbqa.md#the-load-budget)")
 
@@ -455,7 +458,7 @@ class PipelineConfig(Section):
     """The whole pipeline: one section per stage."""
 
     run_dir: str = "runs/demo"
-    seed: int = 0
+    seed: Seed = 0
     ray: RayConfig = Field(default_factory=RayConfig)
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     encode: EncodeConfig = Field(default_factory=EncodeConfig)
@@ -542,7 +545,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {p} is not a section")
-        node[parts[-1]] = yaml.safe_load(value)
+        try:
+            node[parts[-1]] = yaml.safe_load(value)
+        except yaml.YAMLError:  # not YAML ("*.txt", "a: b: c"): the text as given
+            node[parts[-1]] = value
     return config_from_dict(data, source)
 
 

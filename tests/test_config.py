@@ -69,6 +69,18 @@ def test_yaml_and_overrides(tmp_path):
     assert cfg.cluster.k == 40
     assert cfg.cqg.t == 2
     assert cfg.corpus.paths == ["a.jsonl", "b.jsonl"]
+    # a value that is not YAML is taken as the text given; a string where a list belongs is then named
+    assert load_config(p, ["llm.openai.model=*my-model", "corpus.paths=['*.txt']"]).llm.openai.model == "*my-model"
+    with pytest.raises(ConfigError, match=r"corpus\.paths: Input should be a valid list"):
+        load_config(p, ["corpus.paths=*.txt"])
+
+
+def test_seeds_are_what_the_seeded_libraries_take():
+    for section, key in [("corpus", "sample_seed"), ("cluster", "seed"), ("train", "seed")]:
+        assert getattr(getattr(config_from_dict({section: {key: 2**31 - 1}}), section), key) == 2**31 - 1
+        for bad in (-1, 2**31, 99999999999):
+            with pytest.raises(ConfigError, match=rf"{section}\.{key}: Input should be (greater|less) than or equal to"):
+                config_from_dict({section: {key: bad}})
 
 
 def test_unknown_key_is_named(tmp_path):
