@@ -135,6 +135,23 @@ class StageContext:
         return self.run.uri(self.stage)
 
 
+MANIFEST_TYPES = {"stage": str, "config_hash": str, "fingerprint": str, "inputs": dict, "counts": dict, "seconds": (int, float),
+                  "outputs": dict}  # what readers of a manifest rely on
+
+
+def manifest_problem(m: Any) -> str | None:
+    """Why ``m`` is not a stage manifest as ``write_manifest`` writes one (a field of another type), or None."""
+    if not isinstance(m, dict):
+        return f"a JSON {type(m).__name__}, not an object"
+    for key, kind in MANIFEST_TYPES.items():
+        if key in m and (not isinstance(m[key], kind) or isinstance(m[key], bool)):
+            return f"{key} is {type(m[key]).__name__}"
+    rows = (m.get("outputs") or {}).get("parquet_rows")
+    if rows is not None and not (isinstance(rows, dict) and all(isinstance(v, int) and not isinstance(v, bool) for v in rows.values())):
+        return "outputs.parquet_rows is not a mapping of row counts"
+    return None
+
+
 class RunDir:
     def __init__(self, root: str):
         self.root_uri = root.rstrip("/")
@@ -250,12 +267,19 @@ class RunDir:
 
     # ------------------------------------------------------------------ manifests
     def manifest(self, stage: str) -> dict | None:
+        """The stage's manifest, or None: none written, or one that is not a manifest (torn, or edited into another
+        shape), which means the stage is not done."""
         if not self.exists(stage, MANIFEST):
             return None
         try:
-            return self.read_json(f"{stage}/{MANIFEST}")
+            m = self.read_json(f"{stage}/{MANIFEST}")
         except ArtifactError:
-            return None  # a corrupt manifest means the stage is not done
+            return None
+        wrong = manifest_problem(m)
+        if wrong:
+            log.warning("%s is not a stage manifest (%s): the stage counts as not done", self.uri(stage, MANIFEST), wrong)
+            return None
+        return m
 
     def fingerprint(self, stage: str) -> str | None:
         m = self.manifest(stage)

@@ -62,6 +62,23 @@ def test_corrupt_manifest_means_not_done(tmp_path):
     assert run.state("prepare", "h").state == "missing"
 
 
+
+def test_a_manifest_of_another_shape_means_not_done_and_status_still_prints(tmp_path, caplog):
+    import json
+
+    run = RunDir(str(tmp_path / "r"))
+    good = run_stage(run, "prepare", "h", _writer(1))
+    path = tmp_path / "r" / "prepare" / "_manifest.json"
+    for body, says in [([], "a JSON list, not an object"), ("x", "a JSON str, not an object"), ({**good, "inputs": []}, "inputs is list"),
+                       ({**good, "counts": [1]}, "counts is list"), ({**good, "seconds": "1.5"}, "seconds is str"),
+                       ({**good, "outputs": {"parquet_rows": {"a.parquet": "7"}}}, "outputs.parquet_rows is not a mapping of row counts")]:
+        path.write_text(json.dumps(body))
+        caplog.clear()
+        assert run.state("prepare", "h").state == "missing", body
+        assert f"is not a stage manifest ({says}): the stage counts as not done" in caplog.text
+        assert format_status(run, {"prepare": "h"}).splitlines()[2].split() == ["prepare", "missing", "-"]
+
+
 def test_manifest_contents(tmp_path):
     run = RunDir(str(tmp_path / "r"))
     m = run_stage(run, "prepare", "h", _writer(7))
