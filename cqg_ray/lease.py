@@ -94,6 +94,14 @@ def holder(command: str) -> dict[str, Any]:
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+def well_formed(lease: object) -> bool:
+    """Whether ``lease`` has the shape this module writes (a holder object, a numeric heartbeat and timeout); one that
+    has not is read as {}: no heartbeat, so stale."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # noqa: E731
+    return (isinstance(lease, dict) and isinstance(lease.get("holder", {}), dict)
+            and all(number(lease[k]) for k in ("heartbeat_at", "ttl_s") if lease.get(k) is not None))
+
+
 def describe(lease: dict) -> str:
     h = lease.get("holder", {})
     age = time.time() - float(lease.get("heartbeat_at", 0))
@@ -127,6 +135,8 @@ def stale_reason(lease: dict, ttl: float | None = None, now: float | None = None
     limit = float(lease.get("ttl_s") or (ttl_s() if ttl is None else ttl))
     if age > limit:
         return f"no heartbeat for {age:.0f} s (timeout {limit:.0f} s)"
+    if -age > limit:  # a clock far off, or a hand-edited file: it would never go stale
+        return f"its heartbeat is {-age:.0f} s in the future (timeout {limit:.0f} s)"
     return None
 
 
@@ -169,9 +179,9 @@ class _Store:
             raise
         try:
             lease = json.loads(data)
-            return lease if isinstance(lease, dict) else {}
-        except json.JSONDecodeError:
-            return {}  # torn or foreign: no heartbeat, so stale
+        except ValueError:  # torn, foreign or not UTF-8 (JSONDecodeError, UnicodeDecodeError)
+            return {}  # no heartbeat, so stale
+        return lease if well_formed(lease) else {}
 
     def create(self, lease: dict) -> bool:
         """Write the lease only if none exists; False when one does (atomic where the filesystem allows)."""

@@ -78,6 +78,20 @@ def test_a_lease_without_heartbeat_goes_stale_and_is_taken_over(tmp_path, caplog
     lease.release()
 
 
+def test_a_damaged_lease_file_is_stale_and_taken_over(tmp_path):
+    """Bytes that are not UTF-8, a holder that is not an object, a heartbeat or timeout that is not a number: read as
+    a lease with no heartbeat (stale); a heartbeat far in the future would never go stale and is stale too."""
+    rec = _write_lease(tmp_path)
+    for body in (b"\xff\xfe{", json.dumps({"holder": "me"}).encode(), json.dumps({**rec, "heartbeat_at": "yesterday"}).encode(),
+                 json.dumps({**rec, "ttl_s": "long"}).encode(), json.dumps([rec]).encode()):
+        (tmp_path / L.LEASE).write_bytes(body)
+        lease = L.acquire(str(tmp_path), "cqg-ray run")
+        lease.release()
+    future = {**rec, "heartbeat_at": time.time() + 3600}
+    assert L.stale_reason(future, ttl=60).startswith("its heartbeat is 3600 s in the future")
+    assert L.stale_reason({**rec, "heartbeat_at": time.time() + 5}, ttl=60) is None  # a few seconds of clock skew: live
+
+
 def test_a_killed_holder_on_this_machine_is_stale_at_once(tmp_path):
     code = f"import time; from cqg_ray import lease as L; L.acquire({str(tmp_path)!r}, 'cqg-ray run'); print('held', flush=True); time.sleep(60)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
