@@ -65,12 +65,11 @@ def resolve_config(args) -> PipelineConfig:
         overrides.append(f"run_dir={args.run_dir}")
     if path is None and args.run_dir:
         run = RunDir(args.run_dir)
-        if run.exists("config.yaml"):
-            import tempfile
-
-            with tempfile.NamedTemporaryFile("wb", suffix=".yaml", delete=False) as f:
-                f.write(run.read_bytes("config.yaml"))
-                path = f.name
+        if run.exists("config.yaml"):  # the run's own config, named as the run's file in any error
+            try:
+                path = (run.read_bytes("config.yaml").decode("utf-8"), run.uri("config.yaml"))
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{run.uri('config.yaml')} is not UTF-8 text (byte {e.start}); give --config") from None
     return load_config(path, overrides)
 
 

@@ -515,11 +515,26 @@ def config_from_dict(data: dict[str, Any] | None, source: str = "<dict>") -> Pip
         raise ConfigError(format_errors(err, source)) from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
-    """Load a YAML config (None = all defaults) and apply ``a.b.c=value`` overrides (values parsed as YAML)."""
+def config_data(text: str, source: str) -> dict[str, Any]:
+    """A config file's text as its mapping of sections; ConfigError naming ``source`` when it is not one."""
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections")
+    return data
+
+
+def load_config(path: str | Path | tuple[str, str] | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """Load a YAML config (None = all defaults) and apply ``a.b.c=value`` overrides (values parsed as YAML).
+    ``path`` may also be ``(text, source)``: a config already read (a run directory's config.yaml), named ``source``."""
     data: dict[str, Any] = {}
     source = "<defaults>"
-    if path is not None:
+    if isinstance(path, tuple):
+        text, source = path
+        data = config_data(text, source)
+    elif path is not None:
         source = str(path)
         try:
             text = config_file(path).read_text(encoding="utf-8")
@@ -529,12 +544,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{path} is not UTF-8 text (byte {e.start}): save the config as UTF-8") from None
         except IsADirectoryError:
             raise ConfigError(f"{path} is a folder, not a config file") from None
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path} is not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        data = config_data(text, source)
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like section.key=value")

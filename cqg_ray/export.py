@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 
+from cqg_ray.config import ConfigError, config_data, config_from_dict, stage_hash
 from cqg_ray.hardware import cpu_flags, cpu_model, max_isa
 from cqg_ray.rundir import ArtifactError, RunDir
 from cqg_ray.stages import NAMES
+
+log = logging.getLogger("cqg_ray")
 
 MODEL_FILES = ("heads.safetensors", "stats.safetensors", "questions.json", "eval_report.json", "eval_report.md", "config.json")  # config.json last
 BUILD_STAGES = tuple(n for n in NAMES if n != "evaluation")  # the stages that build a model
@@ -122,11 +126,18 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
     except ArtifactError as e:  # ModelError too
         raise ArtifactError(f"the run's model does not load, nothing exported: {e}") from None
     made = {f: run.read_bytes(f"model/{f}") for f in MODEL_FILES if run.exists("model", f)}
-    try:
-        cfg = yaml.safe_load(run.read_bytes("config.yaml")) if run.exists("config.yaml") else {}
-    except yaml.YAMLError as e:
-        raise ArtifactError(f"{run.uri('config.yaml')} is not YAML: {e}") from None
+    try:  # the run's config as read (a mapping of sections; ConfigError naming the file when it is not one)
+        cfg = config_data(run.read_bytes("config.yaml").decode("utf-8"), run.uri("config.yaml")) if run.exists("config.yaml") else {}
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"{run.uri('config.yaml')} is not UTF-8 text (byte {e.start})") from None
     made["run_config.yaml"] = yaml.safe_dump(cfg, sort_keys=False).encode()
+    try:
+        model_state = run.state("model", stage_hash(config_from_dict(cfg), "model"))
+    except ConfigError:
+        model_state = None
+    if model_state is not None and model_state.state != "done":  # exported as it is, but said
+        log.warning("the run's model stage is %s (%s): its run_config.yaml does not rebuild the exported model; "
+                    "`cqg-ray run` it first to export one that does", model_state.state, model_state.reason)
     build = build_record(run)
     made["build.json"] = json.dumps(build, indent=2).encode()
     report = run.read_json("model/eval_report.json") if run.exists("model", "eval_report.json") else None

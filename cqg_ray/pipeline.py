@@ -11,8 +11,8 @@ import os
 import time
 
 from cqg_ray import stages
-from cqg_ray.config import ConfigError, PipelineConfig, RayConfig, config_from_dict, dump_config, stage_hash
-from cqg_ray.rundir import RunDir, format_status, run_stage
+from cqg_ray.config import ConfigError, PipelineConfig, RayConfig, config_data, config_from_dict, dump_config, stage_hash
+from cqg_ray.rundir import ArtifactError, RunDir, format_status, run_stage
 
 log = logging.getLogger("cqg_ray")
 
@@ -138,11 +138,10 @@ def saved_config(run: RunDir) -> PipelineConfig | None:
     """The config a run last used (its config.yaml); None when it has none or this version cannot read it."""
     if not run.exists("config.yaml"):
         return None
-    import yaml
-
     try:
-        return config_from_dict(yaml.safe_load(run.read_bytes("config.yaml")), run.uri("config.yaml"))
-    except ConfigError:
+        return config_from_dict(config_data(run.read_bytes("config.yaml").decode("utf-8"), run.uri("config.yaml")), run.uri("config.yaml"))
+    except (ConfigError, ArtifactError, UnicodeDecodeError) as e:
+        log.warning("%s cannot be read (%s): stages are judged by their manifests alone", run.uri("config.yaml"), e)
         return None
 
 

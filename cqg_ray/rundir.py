@@ -232,6 +232,8 @@ class RunDir:
                 return f.read()
         except FileNotFoundError:
             raise ArtifactError(f"missing artifact: {self.uri(rel)}") from None
+        except OSError as e:  # a folder where a file belongs, no permission
+            raise ArtifactError(f"cannot read {self.uri(rel)}: {e}") from None
 
     def write_json(self, rel: str, obj: Any) -> None:
         self.write_bytes(rel, json.dumps(obj, indent=2, sort_keys=False, default=str).encode())

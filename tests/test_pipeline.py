@@ -1,5 +1,7 @@
 """The pipeline runner's pure parts: which Ray to join, argument checks, the status against the saved config."""
 
+import os
+
 import pytest
 
 from cqg_ray.config import PipelineConfig, dump_config, stage_hash
@@ -43,8 +45,25 @@ def test_status_judges_stages_against_the_saved_config(tmp_path):
     assert states == {"prepare": "done", "encode": "done", "cluster": "stale", "questions": "missing", "labels": "missing",
                       "model": "missing", "evaluation": "missing"}
     assert "(config changed)" in run_status(run).splitlines()[4]
-    run.write_bytes("config.yaml", b"cluster:\n  kk: 1\n")  # unreadable: judged by the manifests alone
+    for unreadable in (b"cluster:\n  kk: 1\n", b"- a list\n", b"\xff\xfe garbage: [", b"key: [unclosed\n"):  # judged by the manifests alone
+        run.write_bytes("config.yaml", unreadable)
+        assert run_status(run).splitlines()[4].split()[:2] == ["cluster", "done"], unreadable
+    os.remove(run.path("config.yaml"))
+    os.mkdir(run.path("config.yaml"))  # a folder where the file belongs
     assert run_status(run).splitlines()[4].split()[:2] == ["cluster", "done"]
+
+
+def test_a_runs_damaged_config_is_named_as_the_runs_file(tmp_path, capsys):
+    from cqg_ray.cli import main
+
+    run = tmp_path / "r"
+    run.mkdir()
+    for body, says in [(b"key: [unclosed\n", "is not valid YAML"), (b"- a list\n", ": the top level must be a mapping of sections"),
+                       (b"\xff\xfe", "is not UTF-8 text (byte 0); give --config")]:
+        (run / "config.yaml").write_bytes(body)
+        assert main(["run", "-r", str(run), "--until", "prepare"]) == 2
+        err = capsys.readouterr().err
+        assert f"{run / 'config.yaml'}" in err and says in err and "/tmp/tmp" not in err and "Traceback" not in err, err
 
 
 def test_release_memory_gives_the_freed_heap_back():

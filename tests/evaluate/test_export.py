@@ -85,3 +85,24 @@ def test_export_over_a_model_leaves_none_of_the_replaced_models_files(trained_mo
     assert main(["export", str(run), str(out), "--overwrite"]) == 0
     assert (out / "evaluation" / "report.md").read_text() == "kept"  # what export does not write stays
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "shipped"]  # no half-written or replaced folder left
+
+
+def test_export_says_when_the_runs_model_is_stale_and_refuses_a_config_of_another_shape(trained_model, tmp_path, capsys, caplog):
+    import shutil
+
+    from cqg_ray.config import config_from_dict, dump_config, stage_hash
+    from cqg_ray.rundir import RunDir
+
+    run_state_of_model = lambda run, cfg: RunDir(str(run)).state("model", stage_hash(cfg, "model")).state  # noqa: E731
+    run = tmp_path / "run"
+    shutil.copytree(trained_model.parent, run, ignore=shutil.ignore_patterns("_train"))
+    cfg = config_from_dict({"run_dir": str(run), "train": {"epochs": 7}})  # not the config the fixture's model was trained with
+    assert run_state_of_model(run, cfg) == "stale"
+    (run / "config.yaml").write_text(dump_config(cfg))
+    with caplog.at_level("WARNING", logger="cqg_ray"):
+        assert main(["export", str(run), str(tmp_path / "a")]) == 0
+    assert "the run's model stage is stale (config changed): its run_config.yaml does not rebuild the exported model" in caplog.text
+    (run / "config.yaml").write_text("- a list\n")
+    assert main(["export", str(run), str(tmp_path / "b")]) == 2
+    assert f"{run / 'config.yaml'}: the top level must be a mapping of sections" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
