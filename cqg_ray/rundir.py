@@ -269,8 +269,7 @@ class RunDir:
 
     # ------------------------------------------------------------------ manifests
     def manifest(self, stage: str) -> dict | None:
-        """The stage's manifest, or None: none written, or one that is not a manifest (torn, or edited into another
-        shape), which means the stage is not done."""
+        """The stage's manifest; None (the stage is not done) when none was written or it is torn or of another shape."""
         if not self.exists(stage, MANIFEST):
             return None
         try:
