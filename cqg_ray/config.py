@@ -359,8 +359,8 @@ class ServeConfig(Section):
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    route_prefix: str = "/"
-    num_replicas: int | Literal["auto"] = 1
+    route_prefix: str = Field("/", pattern=r"^/", description="the path the application answers under (starts with /)")
+    num_replicas: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(4, ge=1)
     num_gpus_per_replica: float = Field(0.0, ge=0)
@@ -379,6 +379,12 @@ class ServeConfig(Section):
     encoder_backend: EncoderBackend = Field("auto", description=BACKEND_HELP)
     encoder_batch_size: int | None = Field(None, ge=1, description="texts per encoder forward inside a served batch (None = 64 on GPU; on CPU 32 "
                                            "for openvino/onnx, 8 for torch; texts are sorted by length first)")
+
+    @model_validator(mode="after")
+    def _replica_range(self) -> "ServeConfig":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
+        return self
 
 
 class JudgeLlamaCppConfig(LlamaCppConfig):

@@ -101,7 +101,7 @@ class RequestLimits:
         if size > self.max_header_bytes:
             raise ApiError(431, f"request headers of {size} bytes; at most {self.max_header_bytes}", code="headers_too_large")
         declared = next((v.decode("latin-1") for k, v in headers if k == b"content-length"), None)
-        if declared is not None and not declared.isdigit():
+        if declared is not None and not (declared.isascii() and declared.isdigit()):  # "²" is a digit to isdigit
             raise ApiError(400, f"invalid Content-Length {declared!r}", code="bad_content_length")
         if declared is not None and int(declared) > self.max_body_bytes:
             raise ApiError(413, f"request body of {declared} bytes; at most {self.max_body_bytes}", code="body_too_large")

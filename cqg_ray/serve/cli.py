@@ -16,7 +16,9 @@ import os
 import sys
 import time
 
-from cqg_ray.config import RayConfig, ServeConfig, load_config
+from pydantic import ValidationError
+
+from cqg_ray.config import ConfigError, RayConfig, ServeConfig, format_errors, load_config
 
 # Ray Serve's throughput settings: those that RAY_SERVE_THROUGHPUT_OPTIMIZED=1 turns on, but direct ingress (which
 # drops the HTTP proxy: clients would talk to each replica's own port). User code and routers run on the replica's
@@ -63,8 +65,11 @@ def serve_config(args) -> ServeConfig:
     flags = {"host": args.host, "port": args.port, "route_prefix": args.route_prefix, "api_key_env": args.api_key_env,
              "num_gpus_per_replica": args.gpus_per_replica}
     if args.replicas is not None:
-        flags["num_replicas"] = args.replicas if args.replicas == "auto" else int(args.replicas)
-    return ServeConfig.model_validate({**cfg.model_dump(), **{k: v for k, v in flags.items() if v is not None}})
+        flags["num_replicas"] = args.replicas
+    try:  # flags checked as the config's own keys are, before Ray starts
+        return ServeConfig.model_validate({**cfg.model_dump(), **{k: v for k, v in flags.items() if v is not None}})
+    except ValidationError as e:
+        raise ConfigError(format_errors(e, "the serve options")) from None
 
 
 def start(model: str, cfg: ServeConfig, name: str = "cqg-mbqa") -> str:

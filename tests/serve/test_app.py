@@ -102,6 +102,29 @@ def test_oversized_body_gets_413(api):
     assert api.post("/embed", content=fits, headers=J).status_code == 200
 
 
+def test_a_content_length_of_other_digits_is_a_400(api):
+    """"²" is a digit to str.isdigit but not to int(): raw ASGI (an HTTP client would not send it; uvicorn refuses it
+    first, but the app does not rely on that)."""
+    import asyncio
+    import json
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http", "path": "/embed",
+             "raw_path": b"/embed", "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", "\u00b2".encode("latin-1"))]}
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": b'{"texts": ["a"]}', "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(api.app(scope, receive, send))
+    assert sent[0]["status"] == 400
+    body = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    assert body["error"]["code"] == "bad_content_length"
+
+
 def test_malformed_bodies_get_openai_errors(api):
     """What the hand-written parser answered, FastAPI's parsing answers the same (message, code, param)."""
     e = error_of(api.post("/embed", content=b'{"texts": [1, 2]}', headers=J), 422)

@@ -43,6 +43,21 @@ def test_serve_refuses_a_bad_model_folder(tmp_path):
     assert main(["serve", str(tmp_path / "missing")]) == 2
 
 
+def test_serve_flags_are_checked_before_ray_starts(toy_model, capsys):
+    """Each bad flag is one error line naming it (this quick-tier test would fail if Ray started)."""
+    from cqg_ray.cli import main
+
+    for flags, says in [(["--replicas", "abc"], "num_replicas"),
+                        (["--replicas", "0"], "num_replicas.constrained-int: Input should be greater than or equal to 1"),
+                        (["--port", "70000"], "port: Input should be less than or equal to 65535"),
+                        (["--gpus-per-replica", "-1"], "num_gpus_per_replica: Input should be greater than or equal to 0"),
+                        (["--route-prefix", "noslash"], "route_prefix: String should match pattern '^/'"),
+                        (["--set", "min_replicas=5"], "min_replicas (5) is above max_replicas (4)")]:
+        assert main(["serve", toy_model, *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, (flags, err)
+
+
 def test_serve_refuses_a_missing_token_variable(toy_model, capsys):
     from cqg_ray.cli import main
 
