@@ -66,6 +66,14 @@ def schema_row(row: dict[str, Any]) -> dict[str, Any]:
     return {f.name: row.get(f.name) for f in SCHEMA}
 
 
+def _fits_schema(row: dict[str, Any]) -> bool:
+    try:
+        pa.Table.from_pylist([row], schema=SCHEMA)
+        return True
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return False
+
+
 def request_key(identity: dict[str, Any], req: Request, logprobs: bool = False) -> str:
     """sha256 of what decides a reply: model identity (backend, model, temperature, constrained), prompt, limits."""
     if not req.yes_no and "score_engine" in identity:  # the single-pass engine decides single-pass answers only
@@ -105,6 +113,15 @@ class Ledger:
     def shards(self) -> list[str]:
         return self.run.ls(self.folder, suffix=".parquet")
 
+    def _shard(self, name: str, columns: list[str] | None = None) -> pa.Table:
+        """One shard's rows; a shard that cannot be read is an ArtifactError naming it (moved aside, its requests are
+        sent again)."""
+        try:
+            return pq.read_table(self.run.path(self.folder, name), columns=columns, filesystem=self.run.fs)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise ArtifactError(f"corrupt LLM ledger shard {self.run.uri(self.folder, name)} ({e}): move it aside to send its "
+                                f"requests again") from None
+
     def journals(self) -> list[str]:
         return [n for n in self.run.ls(self.folder, suffix=".jsonl") if n.startswith("_journal")]
 
@@ -113,7 +130,7 @@ class Ledger:
         only. A key may appear twice (a compaction or a recovery killed midway): the last one is the current row."""
         names = list(dict.fromkeys(["key", *names]))
         schema = pa.schema([SCHEMA.field(n) for n in names])
-        parts = [pq.read_table(self.run.path(self.folder, n), columns=names, filesystem=self.run.fs).cast(schema) for n in self.shards()]
+        parts = [self._shard(n, names).cast(schema) for n in self.shards()]
         journal = self.journal_rows()
         if journal:
             parts.append(pa.Table.from_pylist([{n: r.get(n) for n in names} for r in journal], schema=schema))
@@ -126,7 +143,7 @@ class Ledger:
         if len(wanted) == 0:
             return out
         for n in self.shards():
-            t = pq.read_table(self.run.path(self.folder, n), filesystem=self.run.fs)
+            t = self._shard(n)
             for row in t.filter(pc.is_in(t.column("key"), value_set=wanted)).to_pylist():
                 out[row["key"]] = schema_row(row)
         keyset = set(wanted.to_pylist())
@@ -160,6 +177,10 @@ class Ledger:
                     continue  # empty or torn
                 if isinstance(row, dict) and isinstance(row.get("key"), str):
                     rows.append(schema_row(row))
+        try:
+            pa.Table.from_pylist(rows, schema=SCHEMA)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):  # a line of other types (edited): skipped as torn
+            rows = [r for r in rows if _fits_schema(r)]
         return rows
 
     def record(self, row: dict[str, Any]) -> None:
@@ -221,15 +242,29 @@ class Ledger:
             return len(names)
         # in name (time) order: the last copy of a key stays the last
         self.run.write_tables(f"{self.folder}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet", SCHEMA,
-                              (pq.read_table(self.run.path(self.folder, n), filesystem=self.run.fs) for n in small))
+                              (self._shard(n) for n in small))
         for n in small:  # written first: a kill below leaves duplicates, never a loss
             self.run.rm(self.folder, n)
         return len(self.shards())
 
     def read_stats(self) -> dict[str, Any]:
+        """The stage's accounting; started afresh (with a warning) when the file is torn or of another shape: it is
+        accounting only, and never stops the stage."""
+        fresh = {"stage": self.stage, "totals": {}, "runs": []}
         if not self.run.exists(self.folder, STATS):
-            return {"stage": self.stage, "totals": {}, "runs": []}
-        return self.run.read_json(f"{self.folder}/{STATS}")
+            return fresh
+        try:
+            stats = self.run.read_json(f"{self.folder}/{STATS}")
+        except ArtifactError as e:
+            stats, why = None, str(e)
+        else:
+            why = "not an object with totals and runs"
+        totals = stats.get("totals") if isinstance(stats, dict) else None
+        if (isinstance(totals, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in totals.values())
+                and isinstance(stats.get("runs"), list)):
+            return stats
+        log.warning("%s cannot be read (%s): the LLM accounting starts afresh", self.run.uri(self.folder, STATS), why)
+        return fresh
 
     def write_stats(self, stats: dict[str, Any]) -> None:
         self.run.write_json(f"{self.folder}/{STATS}", stats)

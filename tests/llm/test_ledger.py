@@ -180,3 +180,37 @@ def test_table_totals_count_the_last_row_of_each_key():
     t = pa.Table.from_pylist(rows, schema=SCHEMA).select(["key", "ok", "prompt_tokens", "completion_tokens", "attempts"])
     assert table_totals(t) == totals({r["key"]: r for r in rows}) == {"requests": 3, "prompt_tokens": 33, "completion_tokens": 9,
                                                                       "failures": 0, "retries": 0}
+
+
+def test_a_damaged_ledger_is_named_or_skipped_and_its_accounting_starts_afresh(tmp_path, caplog):
+    """A shard that cannot be read is an ArtifactError naming it; a journal line of other types is skipped as a torn one
+    is; stats that are torn or of another shape start afresh with a warning (accounting only: the stage goes on)."""
+    import json
+
+    import pytest
+
+    from cqg_ray.rundir import ArtifactError
+
+    run = RunDir(str(tmp_path))
+    ledger = Ledger(run, "labels")
+    ledger.append([row(0), row(1)])
+    ledger.record(row(2))
+    ledger.close()
+    folder = tmp_path / "llm" / "ledger" / "labels"
+    with open(folder / JOURNAL, "a") as f:
+        f.write(json.dumps({**row(3), "prompt_tokens": "many"}) + "\n" + json.dumps(row(4)) + "\n")
+    assert sorted(Ledger(run, "labels").load()) == ["k0", "k1", "k2", "k4"]
+    assert Ledger(run, "labels").columns(["ok"]).column("key").to_pylist() == ["k0", "k1", "k2", "k4"]
+    for body in ("{torn", "[]", '{"totals": [], "runs": []}', '{"totals": {"wall_s": "x"}, "runs": []}'):
+        (folder / "_stats.json").write_text(body)
+        caplog.clear()
+        assert ledger.read_stats() == {"stage": "labels", "totals": {}, "runs": []}
+        assert "_stats.json cannot be read" in caplog.text and "the LLM accounting starts afresh" in caplog.text
+    (shard,) = ledger.shards()
+    data = (folder / shard).read_bytes()
+    (folder / shard).write_bytes(data[: len(data) // 2])
+    for read in (lambda: ledger.columns(), lambda: ledger.rows(["k0"])):  # what a resume and a stage read
+        with pytest.raises(ArtifactError, match=f"{shard}.*move it aside to send its requests again"):
+            read()
+    with pytest.raises(ArtifactError, match=f"corrupt Parquet artifact .*{shard}"):
+        ledger.load()
