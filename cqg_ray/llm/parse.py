@@ -45,6 +45,8 @@ _NUMBERED = re.compile(
 _BULLET = re.compile(r"^\s*[-*\u2022]\s+(.*)$")
 _MARKUP = " \t*_`\"'[](){}<>\u201c\u201d\u2018\u2019"
 _WORD = re.compile(r"[A-Za-z']+")
+_KEY_WORD = re.compile(r"[A-Za-z0-9']+")  # "topic 1" and "topic 2" are two questions
+_INVISIBLE = re.compile("[\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")  # zero-width and bidi controls
 _ANSWER_WORD = re.compile(r"(yes|no)\b", re.IGNORECASE)
 _AMBIGUOUS = re.compile(r"(yes|no)\s*(?:/|\bor\b|\band\b|&)\s*(yes|no)\b", re.IGNORECASE)
 _ANSWER_PREFIX = re.compile(r"^(?:answer|a|response|r)\s*[:=\-]\s*", re.IGNORECASE)
@@ -66,7 +68,7 @@ def _strip_markup(s: str) -> str:
 
 
 def _question_key(q: str) -> str:
-    return " ".join(_WORD.findall(q.lower()))
+    return " ".join(_KEY_WORD.findall(q.lower()))
 
 
 def parse_questions(text: str) -> QuestionList:
@@ -74,7 +76,8 @@ def parse_questions(text: str) -> QuestionList:
 
     Dropped, and counted in ``result.dropped``: empty items ("empty"), items that are not yes/no questions,
     such as "What is ...?" or the template's "First simple yes/no question" ("not_yes_no"), and repeats of
-    an earlier question, ignoring case and punctuation ("duplicate"). Anything after the first "?" of an
+    an earlier question, ignoring case and punctuation ("duplicate"). Zero-width and bidi control characters are
+    removed, and a question starts at its first letter (no leading emoji, dash or stray digit). Anything after the first "?" of an
     item is cut ("Is it X? (yes for positives)" -> "Is it X?"); a yes/no question without "?" gets one.
     """
     if not isinstance(text, str):
@@ -95,7 +98,9 @@ def parse_questions(text: str) -> QuestionList:
         content = _strip_markup(content)
         if "?" in content:
             content = content[: content.index("?") + 1]
-        content = " ".join(content.split())
+        content = " ".join(_INVISIBLE.sub("", content).split())
+        first = re.search("[A-Za-z]", content)  # the question starts at its first word ("1.5 Is", an emoji, a dash)
+        content = content[first.start():] if first else content
         words = _WORD.findall(content)
         if not words:
             out.dropped["empty"] += 1

@@ -193,3 +193,11 @@ def test_long_runs_of_spaces_parse_in_linear_time():
         with pytest.raises(ParseError):
             parse_answers(text, 2)
     assert parse_answers("1. yes ," + " " * 50000 + "2. no", 2) == [True, False]
+
+
+def test_questions_start_at_their_first_word_and_numbers_tell_them_apart():
+    reply = ("1.5 Is it about cats?\n2. \u200b\u202eIs it about dogs?\n3. \U0001F642 Is it a bird?\n4. \u2014 Does it bark?\n"
+             "5. Is it about World War 1?\n6. Is it about World War 2?\n7. is it about world war 1 ?")
+    qs = parse_questions(reply)
+    assert qs == ["Is it about cats?", "Is it about dogs?", "Is it a bird?", "Does it bark?", "Is it about World War 1?", "Is it about World War 2?"]
+    assert qs.dropped == {"empty": 0, "not_yes_no": 0, "duplicate": 1}
