@@ -158,10 +158,11 @@ def _first_unfinished(run: RunDir) -> str | None:
 
 
 def _print_status(run: RunDir) -> None:
+    """The status table as `cqg-ray run` ends (its own lease still held: a stage it stopped in is not shown running)."""
     from cqg_ray.pipeline import run_status
 
     try:
-        print(run_status(run), flush=True)
+        print(run_status(run, live=False), flush=True)
     except Exception as e:
         print(f"(no status table: {e})", file=sys.stderr)
 

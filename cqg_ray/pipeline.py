@@ -145,12 +145,13 @@ def saved_config(run: RunDir) -> PipelineConfig | None:
         return None
 
 
-def run_status(run: RunDir) -> str:
+def run_status(run: RunDir, live: bool = True) -> str:
     """The table `cqg-ray status` prints: each stage done / stale / missing, judged against the run's saved config;
-    the stage a live run is in shows as running (interrupted once its lease is stale), with its last progress line."""
+    the stage a live run is in shows as running (interrupted once its lease is stale), with its last progress line.
+    ``live=False``: no such row (the run printing its own table as it stops still holds the lease)."""
     cfg = saved_config(run)  # None: judge by manifests and inputs alone
     hashes = {s.name: stage_hash(cfg, s.name) for s in stages.STAGES} if cfg is not None else None
-    return format_status(run, hashes, live_stage(run))
+    return format_status(run, hashes, live_stage(run) if live else None)
 
 
 def live_stage(run: RunDir) -> tuple[str, str, str] | None:

@@ -164,6 +164,8 @@ def test_status_shows_the_stage_a_run_is_in_and_a_stopped_one_as_interrupted(tmp
         assert row.split()[:3] == ["questions", "running", "-"]
         assert "llm cqg-generate: 0/16 req, 5,000 prompt tokens read" in row and "left" in row
         assert next(ln for ln in run_status(run).splitlines() if ln.startswith("labels")).split()[1] == "missing"
+        # the table `cqg-ray run` prints as it stops (its own lease still held): the stage it failed in is not running
+        assert next(ln for ln in run_status(run, live=False).splitlines() if ln.startswith("questions")).split()[:2] == ["questions", "missing"]
         lease = json.loads((tmp_path / "run" / LEASE).read_text())
 
     # the same lease left by a process that is gone (a kill -9): the stage shows as interrupted, with what it had done
