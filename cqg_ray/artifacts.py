@@ -175,11 +175,14 @@ def embedding_batches(paths: list[str], fs, rows: int) -> Iterator[pa.Table]:
     """``doc_id`` and ``embedding`` of encode/ files (paths inside ``fs``), ``rows`` rows at a time, file by file; a
     file without rows gives one empty table of its schema."""
     for path in paths:
-        f = pq.ParquetFile(path, filesystem=fs)
+        f = pq.ParquetFile(path, filesystem=fs, page_checksum_verification=True)
         empty = True
-        for b in f.iter_batches(batch_size=rows, columns=["doc_id", "embedding"]):
-            empty = False
-            yield pa.Table.from_batches([b])
+        try:
+            for b in f.iter_batches(batch_size=rows, columns=["doc_id", "embedding"]):
+                empty = False
+                yield pa.Table.from_batches([b])
+        except (pa.ArrowInvalid, OSError) as e:  # a page failing its CRC: damaged in place
+            raise ArtifactError(f"corrupt Parquet artifact {path}: {e}") from None
         if empty:
             yield f.schema_arrow.empty_table().select(["doc_id", "embedding"])
 

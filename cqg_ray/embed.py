@@ -107,7 +107,7 @@ def _snapshot_file(row: dict, cfg_json: str, out_uri: str, unit_rows: int) -> di
     tally = {"dropped": dict(res.dropped), "errors": res.errors}
     table = table.replace_schema_metadata({b"cqg_ray.parse": json.dumps(tally).encode()})
     buf = io.BytesIO()
-    pq.write_table(table, buf, row_group_size=unit_rows)
+    pq.write_table(table, buf, row_group_size=unit_rows, write_page_checksum=True)
     RunDir(out_uri).write_bytes(f"{EMBED_CORPUS}/{row['part']}", buf.getvalue())
     return {"part": row["part"], "rows": table.num_rows}
 

@@ -218,7 +218,7 @@ class RunDir:
         self.fs.create_dir(os.path.dirname(p), recursive=True)
         tmp = f"{p}.tmp-{uuid.uuid4().hex[:8]}" if self.local else p  # object stores: one multipart upload
         rows = 0
-        with self.fs.open_output_stream(tmp) as f, pq.ParquetWriter(f, schema) as w:
+        with self.fs.open_output_stream(tmp) as f, pq.ParquetWriter(f, schema, write_page_checksum=True) as w:
             for t in tables:
                 w.write_table(t.cast(schema))
                 rows += t.num_rows
@@ -245,13 +245,13 @@ class RunDir:
         except json.JSONDecodeError as e:
             raise ArtifactError(f"corrupt JSON artifact {self.uri(rel)}: {e}") from None
 
-    def write_table(self, rel: str, table: pa.Table) -> None:
+    def write_table(self, rel: str, table: pa.Table) -> None:  # each page with its CRC, which read_table checks
         buf = io.BytesIO()
-        pq.write_table(table, buf)
+        pq.write_table(table, buf, write_page_checksum=True)
         self.write_bytes(rel, buf.getvalue())
 
     def read_table(self, rel: str, columns: list[str] | None = None) -> pa.Table:
-        """Read one Parquet file or every *.parquet file in a folder (sorted by name)."""
+        """One Parquet file or every *.parquet file of a folder (by name); a page failing its CRC is a corrupt artifact."""
         p = self.path(rel)
         info = self.fs.get_file_info(p)
         if info.type == pafs.FileType.NotFound:
@@ -261,9 +261,9 @@ class RunDir:
                 files = [self.path(rel, n) for n in self.ls(rel, suffix=".parquet")]
                 if not files:
                     raise ArtifactError(f"no Parquet files in {self.uri(rel)}")
-                tables = [pq.read_table(f, filesystem=self.fs, columns=columns) for f in files]
+                tables = [pq.read_table(f, filesystem=self.fs, columns=columns, page_checksum_verification=True) for f in files]
                 return pa.concat_tables(tables, promote_options="default")
-            return pq.read_table(p, filesystem=self.fs, columns=columns)
+            return pq.read_table(p, filesystem=self.fs, columns=columns, page_checksum_verification=True)
         except (pa.ArrowInvalid, OSError) as e:
             raise ArtifactError(f"corrupt Parquet artifact {self.uri(rel)}: {e}") from None
 

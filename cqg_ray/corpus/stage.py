@@ -230,7 +230,7 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
     # Row groups of ROW_GROUP_ROWS: an encode unit (a multiple of it) and a streaming LLM stage's batch read only theirs.
     # (Ray makes a row group at least min_rows_per_file, so the shards' size comes from the blocks above.)
     ds.write_parquet(ctx.uri, filesystem=None if run.local else run.fs, max_rows_per_file=cfg.rows_per_shard,
-                     filename_provider=_ShardNames(), row_group_size=min(ROW_GROUP_ROWS, cfg.rows_per_shard))
+                     filename_provider=_ShardNames(), row_group_size=min(ROW_GROUP_ROWS, cfg.rows_per_shard), write_page_checksum=True)
     # Counters per written shard, from the workers: rows, digest, and what tells a repeated id
     shards = run.ls(ctx.stage, suffix=".parquet")
     summarize = ray.remote(_shard_summary).options(num_cpus=1)

@@ -91,7 +91,7 @@ def write_plan(run, path: str, table: pa.Table, rows: int) -> list[int]:
     import io
 
     buf = io.BytesIO()
-    pq.write_table(table, buf, row_group_size=max(1, rows))
+    pq.write_table(table, buf, row_group_size=max(1, rows), write_page_checksum=True)
     run.write_bytes(path, buf.getvalue())
     return list(range(pq.ParquetFile(pa.BufferReader(buf.getvalue())).num_row_groups)) if table.num_rows else []
 
