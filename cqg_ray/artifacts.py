@@ -252,16 +252,27 @@ class Clusters:
 # ----------------------------------------------------------------------------------------- questions/, labels/, model/
 
 
+def read_with(run: RunDir, rel: str, needed: tuple[str, ...]) -> pa.Table:
+    """``run.read_table(rel)``, an ArtifactError naming the file when it lacks a column its readers need (another
+    table in its place)."""
+    table = run.read_table(rel)
+    missing = [c for c in needed if c not in table.column_names]
+    if missing:
+        raise ArtifactError(f"{run.uri(rel)} lacks the column(s) {', '.join(missing)} (it has {', '.join(table.column_names)}): "
+                            f"not this stage's table")
+    return table
+
+
 def load_questions(run: RunDir) -> pa.Table:
     """The selected questions, by question_id (0..m-1, best quality first)."""
     run.require("questions")
-    return run.read_table("questions/questions.parquet").sort_by("question_id")
+    return read_with(run, "questions/questions.parquet", ("question_id", "text")).sort_by("question_id")
 
 
 def load_labels(run: RunDir) -> pa.Table:
     """The LLM's answers: doc_id, question_id, answer, p_yes, source."""
     run.require("labels")
-    return run.read_table("labels/labels.parquet")
+    return read_with(run, "labels/labels.parquet", ("doc_id", "question_id", "answer"))
 
 
 def model_path(run: RunDir) -> str:

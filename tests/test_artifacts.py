@@ -113,6 +113,12 @@ def test_readers_name_the_missing_stage(run):
         load_questions(run)
 
 
+def test_another_table_in_a_stages_place_is_named(run):
+    run.write_table("questions/questions.parquet", pa.table({"doc_id": ["x", "y"]}))  # same rows, other columns
+    with pytest.raises(ArtifactError, match=r"questions.parquet lacks the column\(s\) question_id, text \(it has doc_id\)"):
+        load_questions(run)
+
+
 def test_cluster_outside_the_neighbour_table_is_an_error(run):
     run.write_table("cluster/assignments.parquet", pa.table({"doc_id": ["d0"], "cluster": pa.array([2], pa.int32())}))
     with pytest.raises(ArtifactError, match="neighbors.parquet lacks"):
