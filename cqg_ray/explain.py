@@ -20,7 +20,7 @@ def binary_cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine of two 0/1 vectors: |a AND b| / sqrt(|a| |b|), 0 when either is all zeros."""
     a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
     na, nb = int(a.sum()), int(b.sum())
-    return float(np.count_nonzero(a & b) / np.sqrt(na * nb)) if na and nb else 0.0
+    return min(1.0, float(np.count_nonzero(a & b) / np.sqrt(na * nb))) if na and nb else 0.0
 
 
 @dataclass
@@ -66,7 +66,7 @@ def value_cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine of two value vectors, 0 when either is all zeros (for 0/1 vectors it is ``binary_cosine``)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    return float(a @ b / (na * nb)) if na and nb else 0.0
+    return min(1.0, max(-1.0, float(a @ b / (na * nb)))) if na and nb else 0.0  # rounding could pass 1
 
 
 def explanation(p_a: np.ndarray, p_b: np.ndarray, ya: np.ndarray, yb: np.ndarray, va: np.ndarray, vb: np.ndarray,

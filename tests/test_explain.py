@@ -16,6 +16,11 @@ def test_value_cosine():
     assert value_cosine([1, 1, 0, 0], [1, 0, 1, 0]) == pytest.approx(0.5)
     assert value_cosine([0.3, -0.4], [0.3, -0.4]) == pytest.approx(1.0)
     assert value_cosine([0, 0], [1, 1]) == 0.0
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    v = [rng.random(rng.integers(1, 300)) for _ in range(8)][-1]  # 57 values whose own cosine rounds above 1
+    assert v @ v / np.linalg.norm(v) ** 2 > 1 and value_cosine(v, v) == 1.0
 
 
 def test_binary_cosine():

@@ -160,7 +160,8 @@ def invalid_body(exc: RequestValidationError, body: bytes, content_type: str | N
     if first["type"] == "json_invalid":
         text, pos = body.decode("utf-8", "replace"), int(first["loc"][-1])
         line, column = text.count("\n", 0, pos) + 1, pos - text.rfind("\n", 0, pos)
-        return ApiError(400, f"request body is not valid JSON: {first['ctx']['error']} at line {line} column {column}", code="invalid_json")
+        reason = str(first["ctx"]["error"]).removesuffix(" at")  # json's "Invalid control character at"
+        return ApiError(400, f"request body is not valid JSON: {reason} at line {line} column {column}", code="invalid_json")
     loc = tuple(first["loc"][1:]) if first["loc"][:1] == ("body",) else tuple(first["loc"])
     if not loc and first["type"] in ("missing", "model_type", "model_attributes_type", "dict_type"):
         return ApiError(422, f"request body must be a JSON object, got a JSON {json_type(json.loads(body))}", code="invalid_type")

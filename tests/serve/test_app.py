@@ -134,6 +134,8 @@ def test_malformed_bodies_get_openai_errors(api):
         "message": "request body is not valid JSON: Expecting value at line 3 column 5", "type": "invalid_request_error",
         "code": "invalid_json", "param": None}
     assert error_of(api.post("/embed", content=b"{", headers=J), 400)["code"] == "invalid_json"
+    assert error_of(api.post("/embed", content=b'{"texts": ["a\tb"]}', headers=J), 400)["message"] == (
+        "request body is not valid JSON: Invalid control character at line 1 column 14")
     assert error_of(api.post("/embed", content=b"", headers=J), 400)["code"] == "empty_body"
     assert error_of(api.post("/embed", content=b'{"texts": ["a"]}', headers={"content-type": "text/plain"}), 415)["code"] == "unsupported_media_type"
     assert error_of(api.post("/explain", json={"text_a": "x"}), 422)["param"] == "text_b"
