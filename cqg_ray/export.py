@@ -158,10 +158,15 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
             fh.write(made["config.json"])
         if os.path.isdir(out):
             os.replace(out, old)
-        os.replace(part, out)
+        try:
+            os.replace(part, out)
+        except OSError:
+            if os.path.isdir(old):  # the old model back in its place
+                os.replace(old, out)
+            raise
     finally:
         shutil.rmtree(part, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)  # only once the new folder is in place
     return build
 
 

@@ -106,3 +106,30 @@ def test_export_says_when_the_runs_model_is_stale_and_refuses_a_config_of_anothe
     assert main(["export", str(run), str(tmp_path / "b")]) == 2
     assert f"{run / 'config.yaml'}: the top level must be a mapping of sections" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_a_swap_that_fails_puts_the_replaced_model_back(trained_model, tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    import pytest
+
+    from cqg_ray import export
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_model.parent, run, ignore=shutil.ignore_patterns("_train"))
+    out = tmp_path / "shipped"
+    export.export_model(str(run), str(out))
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    real = os.replace
+
+    def failing(src, dst):
+        if ".export-" in str(src):
+            raise OSError("disk full")
+        real(src, dst)
+
+    monkeypatch.setattr(export.os, "replace", failing)
+    with pytest.raises(OSError, match="disk full"):
+        export.export_model(str(run), str(out), overwrite=True)
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "shipped"]
