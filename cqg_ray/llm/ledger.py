@@ -113,14 +113,13 @@ class Ledger:
     def shards(self) -> list[str]:
         return self.run.ls(self.folder, suffix=".parquet")
 
-    def _shard(self, name: str, columns: list[str] | None = None) -> pa.Table:
-        """One shard's rows; a shard that cannot be read is an ArtifactError naming it (moved aside, its requests are
-        sent again)."""
+    def read_shard(self, name: str, columns: list[str] | None = None) -> pa.Table:
+        """One shard's rows (``RunDir.read_table``: its page CRCs checked); one that cannot be read is an ArtifactError
+        naming it, with what to do (moved aside, its requests are sent again)."""
         try:
-            return pq.read_table(self.run.path(self.folder, name), columns=columns, filesystem=self.run.fs)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise ArtifactError(f"corrupt LLM ledger shard {self.run.uri(self.folder, name)} ({e}): move it aside to send its "
-                                f"requests again") from None
+            return self.run.read_table(f"{self.folder}/{name}", columns)
+        except ArtifactError as e:
+            raise ArtifactError(f"{e}; a corrupt LLM ledger shard: move it aside to send its requests again") from None
 
     def journals(self) -> list[str]:
         return [n for n in self.run.ls(self.folder, suffix=".jsonl") if n.startswith("_journal")]
@@ -130,7 +129,7 @@ class Ledger:
         only. A key may appear twice (a compaction or a recovery killed midway): the last one is the current row."""
         names = list(dict.fromkeys(["key", *names]))
         schema = pa.schema([SCHEMA.field(n) for n in names])
-        parts = [self._shard(n, names).cast(schema) for n in self.shards()]
+        parts = [self.read_shard(n, names).cast(schema) for n in self.shards()]
         journal = self.journal_rows()
         if journal:
             parts.append(pa.Table.from_pylist([{n: r.get(n) for n in names} for r in journal], schema=schema))
@@ -143,7 +142,7 @@ class Ledger:
         if len(wanted) == 0:
             return out
         for n in self.shards():
-            t = self._shard(n)
+            t = self.read_shard(n)
             for row in t.filter(pc.is_in(t.column("key"), value_set=wanted)).to_pylist():
                 out[row["key"]] = schema_row(row)
         keyset = set(wanted.to_pylist())
@@ -242,7 +241,7 @@ class Ledger:
             return len(names)
         # in name (time) order: the last copy of a key stays the last
         self.run.write_tables(f"{self.folder}/{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet", SCHEMA,
-                              (self._shard(n) for n in small))
+                              (self.read_shard(n) for n in small))
         for n in small:  # written first: a kill below leaves duplicates, never a loss
             self.run.rm(self.folder, n)
         return len(self.shards())
@@ -372,7 +371,7 @@ class KeyIndex:
         names = ledger.shards()
         keys, ok, shard, row = [], [], [], []
         for i, n in enumerate(names):
-            t = pq.read_table(ledger.run.path(ledger.folder, n), columns=["key", "ok"], filesystem=ledger.run.fs)
+            t = ledger.read_shard(n, ["key", "ok"])
             keys.append(binary_keys(t.column("key").combine_chunks()))
             ok.append(t.column("ok").combine_chunks().fill_null(False).to_numpy(zero_copy_only=False).astype(bool))
             shard.append(np.full(t.num_rows, i, dtype=np.int32))
@@ -428,7 +427,7 @@ def index_totals(ledger: Ledger, index: KeyIndex) -> dict[str, int]:
     for i, name in enumerate(index.shards):
         rows = index.row[order[bounds[i]:bounds[i + 1]]]
         if len(rows):
-            t = pq.read_table(ledger.run.path(ledger.folder, name), columns=list(ACCOUNTING[1:]), filesystem=ledger.run.fs)
+            t = ledger.read_shard(name, list(ACCOUNTING[1:]))
             for k, v in _row_sums(t.take(pa.array(rows))).items():
                 out[k] += v
     return out
