@@ -249,6 +249,18 @@ class Clusters:
         return cls(a.column("doc_id").combine_chunks(), labels, neighbors, nb.column("size").to_numpy())
 
 
+def run_config_text(run: RunDir) -> tuple[str, str]:
+    """(text, URI) of the run directory's config.yaml, as ``config.load_config`` and ``config_data`` take them; a
+    ConfigError naming it when it is not UTF-8 (ArtifactError when it cannot be read)."""
+    from cqg_ray.config import ConfigError
+
+    uri = run.uri("config.yaml")
+    try:
+        return run.read_bytes("config.yaml").decode("utf-8"), uri
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{uri} is not UTF-8 text (byte {e.start})") from None
+
+
 # ----------------------------------------------------------------------------------------- questions/, labels/, model/
 
 

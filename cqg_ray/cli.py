@@ -66,10 +66,12 @@ def resolve_config(args) -> PipelineConfig:
     if path is None and args.run_dir:
         run = RunDir(args.run_dir)
         if run.exists("config.yaml"):  # the run's own config, named as the run's file in any error
+            from cqg_ray.artifacts import run_config_text
+
             try:
-                path = (run.read_bytes("config.yaml").decode("utf-8"), run.uri("config.yaml"))
-            except UnicodeDecodeError as e:
-                raise ConfigError(f"{run.uri('config.yaml')} is not UTF-8 text (byte {e.start}); give --config") from None
+                path = run_config_text(run)
+            except ConfigError as e:
+                raise ConfigError(f"{e}; give --config") from None
     return load_config(path, overrides)
 
 

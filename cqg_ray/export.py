@@ -111,6 +111,7 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
 
     import yaml
 
+    from cqg_ray.artifacts import run_config_text
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
     run = RunDir(run_dir)
@@ -126,10 +127,8 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
     except ArtifactError as e:  # ModelError too
         raise ArtifactError(f"the run's model does not load, nothing exported: {e}") from None
     made = {f: run.read_bytes(f"model/{f}") for f in MODEL_FILES if run.exists("model", f)}
-    try:  # the run's config as read (a mapping of sections; ConfigError naming the file when it is not one)
-        cfg = config_data(run.read_bytes("config.yaml").decode("utf-8"), run.uri("config.yaml")) if run.exists("config.yaml") else {}
-    except UnicodeDecodeError as e:
-        raise ArtifactError(f"{run.uri('config.yaml')} is not UTF-8 text (byte {e.start})") from None
+    # the run's config as read (a mapping of sections; ConfigError naming the file when it is not one)
+    cfg = config_data(*run_config_text(run)) if run.exists("config.yaml") else {}
     made["run_config.yaml"] = yaml.safe_dump(cfg, sort_keys=False).encode()
     try:
         model_state = run.state("model", stage_hash(config_from_dict(cfg), "model"))

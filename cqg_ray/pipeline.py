@@ -138,9 +138,12 @@ def saved_config(run: RunDir) -> PipelineConfig | None:
     """The config a run last used (its config.yaml); None when it has none or this version cannot read it."""
     if not run.exists("config.yaml"):
         return None
+    from cqg_ray.artifacts import run_config_text
+
     try:
-        return config_from_dict(config_data(run.read_bytes("config.yaml").decode("utf-8"), run.uri("config.yaml")), run.uri("config.yaml"))
-    except (ConfigError, ArtifactError, UnicodeDecodeError) as e:
+        text, uri = run_config_text(run)
+        return config_from_dict(config_data(text, uri), uri)
+    except (ConfigError, ArtifactError) as e:
         log.warning("%s cannot be read (%s): stages are judged by their manifests alone", run.uri("config.yaml"), e)
         return None
 
