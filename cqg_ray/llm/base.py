@@ -45,6 +45,12 @@ class Request:
     temperature: float | None = None  # None = LLMConfig.temperature
     seed: int | None = None
 
+    @property
+    def expected_tokens(self) -> float:
+        """Tokens it is expected to generate before any reply is seen (progress's estimate): none single-pass, half
+        of ``max_tokens`` otherwise."""
+        return 0.0 if self.yes_no else self.max_tokens / 2
+
     def validate(self) -> None:
         if not isinstance(self.messages, list) or not self.messages:
             raise ValueError("a request needs a non-empty list of chat messages")

@@ -149,8 +149,9 @@ class PlanWorker:
         done = self._done(keys)
         unique = len(set(keys))
         from_ledger = len({k for k, d in zip(keys, done) if d})
+        unsent = {k: r for k, r, d in zip(keys, reqs, done) if not d}
         return {"requests": len(reqs), "unique": unique, "from_ledger": from_ledger, "to_send": unique - from_ledger,
-                "fit": self.job.fit_counts()}
+                "expected_tokens": sum(r.expected_tokens for r in unsent.values()), "fit": self.job.fit_counts()}
 
     def _missing(self, group: int) -> tuple[list, list[str], dict[str, Any]]:
         """The batch's requests, their keys, and {key: request} of those the ledger lacks (each key once, plan order)."""

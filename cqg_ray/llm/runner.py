@@ -184,9 +184,9 @@ def answer_pending(pending: list[_Pending], backend: Backend, llm: LLMConfig, st
 
 
 def generation_prior(requests) -> float:
-    """Tokens a request is expected to generate before any has finished: none for single-pass requests, half of
-    ``max_tokens`` for the others (the mean of the ones given)."""
-    want = [0.0 if r.yes_no else r.max_tokens / 2 for r in requests]
+    """Tokens a request is expected to generate before any has finished (``Request.expected_tokens``, the mean of the
+    ones given)."""
+    want = [r.expected_tokens for r in requests]
     return sum(want) / len(want) if want else 0.0
 
 

@@ -295,7 +295,9 @@ def stream_plan(job: PlanJob, groups: list[int], identity: dict, backend=None, e
     totals = {k: v for k, v in before.items() if k != "recovered"}
     if work:
         ledger.write_stats(stats)  # the run's entry (to_send) from its start: `cqg-ray status` reads it
-        with progress.View(f"llm {job.ledger}", "req", c.get("to_send", 0), run=ledger.run, stage=job.ledger, remote=isinstance(passes, RayPasses)):
+        to_send = c.get("to_send", 0)
+        with progress.View(f"llm {job.ledger}", "req", to_send, run=ledger.run, stage=job.ledger, remote=isinstance(passes, RayPasses),
+                           gen_per_request=c.get("expected_tokens", 0.0) / max(1, to_send)):
             sent = passes.answer(work, index)
         this_run.update({k: v for k, v in sent.items() if k != "shards"})
         index, after = passes.index()  # the workers' journals into a shard, and the ledger's keys again

@@ -6,8 +6,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from cqg_ray import progress
+from cqg_ray.config import LLMConfig, PipelineConfig
+from cqg_ray.llm.base import Request, backend_identity
+from cqg_ray.llm.engines.fake import FakeBackend
 from cqg_ray.llm.ledger import ACCOUNTING, KeyIndex, Ledger, binary_keys, index_totals, ledger_index, table_totals
-from cqg_ray.llm.stream import add_counters, concat_parts, corpus_places
+from cqg_ray.llm.plan_work import PlanJob
+from cqg_ray.llm.stream import add_counters, concat_parts, corpus_places, stream_plan, write_plan
 from cqg_ray.rundir import ArtifactError, RunDir
 
 
@@ -106,3 +111,41 @@ def test_an_llm_pass_waits_for_an_engine_call_however_long_and_only_it(ray_local
     assert sorted(r["id"] for r in ds.take_all()) == [0, 1, 2]  # it runs (Ray Data keeps no row order here)
     assert ray.data.DataContext.get_current().execution_no_progress_timeout_s == before
     assert ray.data.range(1).context.execution_no_progress_timeout_s == before
+
+
+class PromptsJob(PlanJob):
+    """Generation requests from the plan's own `text` column (no corpus), one reply part per batch."""
+
+    plan = "plan/prompts.parquet"
+    parts = {"replies": pa.schema([("text", pa.string())])}
+
+    def requests(self, group: int):
+        plan = self.read(group)
+        return [Request([{"role": "user", "content": t}], max_tokens=40, yes_no=t.startswith("yes/no")) for t in plan.column("text").to_pylist()], plan
+
+    def assemble(self, group, reqs, results, plan):
+        self.write_part("replies", group, pa.table({"text": [(r or {}).get("text") or "" for r in results]}, schema=self.parts["replies"]))
+        return {"replies": len(reqs)}
+
+
+def test_a_streamed_stage_expects_its_unsent_requests_tokens_before_any_reply(tmp_path, monkeypatch):
+    """The time left of a generation stage counts the tokens still to be written from its start (half of each unsent
+    generation request's max_tokens, none for a single-pass one), not only the prompts to read: a writer deep in its
+    decoding showed "~0s left" for minutes."""
+    run = RunDir(str(tmp_path / "run"))
+    texts = [f"write about {i}" for i in range(5)] + ["yes/no: is it 5?"]
+    groups = write_plan(run, "gen/plan/prompts.parquet", pa.table({"text": texts}), 4)
+    seen: list[float] = []
+
+    class Recording(progress.View):
+        def __init__(self, *args, **kwargs):
+            seen.append(kwargs.get("gen_per_request"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(progress, "View", Recording)
+    llm = LLMConfig(backend="fake")
+    job = PromptsJob(run.root_uri, "gen", "gen", PipelineConfig(llm=llm))
+    done = stream_plan(job, groups, backend_identity(llm), backend=FakeBackend(llm))
+    assert done["run"]["sent"] == 6 and done["assemble"]["replies"] == 6 and seen == [5 * 20 / 6]
+    assert Request([{"role": "user", "content": "x"}], max_tokens=40, yes_no=True).expected_tokens == 0.0
+    assert stream_plan(job, groups, backend_identity(llm), backend=FakeBackend(llm))["run"]["sent"] == 0 and len(seen) == 1  # nothing to send: no view
