@@ -120,3 +120,18 @@ def test_without_onednn_nothing_is_packed(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     assert pack_linears(model, rows=4) == 0
     assert sum(type(m) is torch.nn.Linear for m in model.modules()) == 15
+
+
+def test_the_engine_decodes_a_tiny_model_without_deprecation_warnings():
+    """Prompt reading and decoding hand the cache under the name this transformers takes (``cache`` where it has
+    renamed ``past_key_values``, which warns on every call): a demo's log shows no FutureWarning."""
+    import warnings
+
+    from cqg_ray.llm.engines.torch_engine import TorchEngine
+
+    engine = TorchEngine(None, dtype="float32", model=tiny_qwen(torch.float32), eos_ids=[299])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = dict(engine.generate([[1, 2, 3, 4, 5], [1, 2, 7]], [4, 3]))
+    assert sorted(out) == [0, 1] and 1 <= len(out[0]) <= 4 and 1 <= len(out[1]) <= 3
+    assert [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))] == []

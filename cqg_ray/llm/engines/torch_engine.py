@@ -25,6 +25,7 @@ units of CPUs with AVX-512-BF16 or AMX; on others it is emulated and float32 is 
 
 from __future__ import annotations
 
+import inspect
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -212,6 +213,9 @@ class TorchEngine:
         self.dtype_name = (pick_dtype() if self.device.type == "cpu" else "bfloat16") if dtype == "auto" else dtype
         self.dtype = getattr(torch, self.dtype_name)
         if model is None:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # its "Loading weights" bar: the stage's own progress is what a user reads
             model = AutoModelForCausalLM.from_pretrained(str(Path(model_dir).expanduser()), dtype=self.dtype,
                                                          attn_implementation=register_decode_attention())
         else:
@@ -223,6 +227,8 @@ class TorchEngine:
         self.max_seqs, self.max_tokens = max_seqs, max_tokens
         self.gen_seqs = gen_seqs
         self.read_chunk = 512  # prompt tokens per forward pass when generating (a long prompt is read in several)
+        # the decoder's cache argument: `cache` where transformers has renamed `past_key_values` (deprecated there, with a warning a call)
+        self.cache_arg = "cache" if "cache" in inspect.signature(self.model.model.forward).parameters else "past_key_values"
         self.eos_ids = list(eos_ids) or [int(t) for t in np.atleast_1d(self.model.generation_config.eos_token_id or self.model.config.eos_token_id)]
 
     def tensor(self, data, dtype=None):
@@ -330,8 +336,8 @@ class TorchEngine:
                 filled += 1
                 last_pos = last_pos + 1
                 t0 = time.perf_counter()
-                hidden = self.model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos[:, None], past_key_values=cache,
-                                          use_cache=True).last_hidden_state
+                hidden = self.model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos[:, None], use_cache=True,
+                                          **{self.cache_arg: cache}).last_hidden_state
                 nxt = pick(self.lm_head(hidden[:, -1]))
                 progress.add(generated=len(rows), generate_s=time.perf_counter() - t0)
 
@@ -343,7 +349,7 @@ class TorchEngine:
             c1 = min(stop, c0 + self.read_chunk)
             t0 = time.perf_counter()
             hidden = self.model.model(input_ids=self.tensor([list(tokens[c0:c1])]), position_ids=torch.arange(c0, c1, device=self.device)[None],
-                                      past_key_values=cache, use_cache=True).last_hidden_state
+                                      use_cache=True, **{self.cache_arg: cache}).last_hidden_state
             progress.add(read=c1 - c0, read_s=time.perf_counter() - t0)
         return hidden[0, -1]
 
