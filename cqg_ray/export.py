@@ -100,12 +100,29 @@ Files: `config.json` (with the budget), `questions.json` (text, cluster, probe q
 """
 
 
+def recover_interrupted(out: str) -> None:
+    """What an export killed mid-swap left beside ``out``: the model it was replacing (``OUT.replaced-*``) goes back in
+    place when ``out`` is missing (killed between the two renames), else away (killed before removing it); an
+    unfinished new folder (``OUT.export-*``) goes."""
+    import glob
+    import shutil
+
+    base = os.path.normpath(out)
+    replaced = sorted(glob.glob(glob.escape(base) + ".replaced-*"), key=os.path.getmtime)
+    if replaced and not os.path.exists(base) and os.path.isfile(os.path.join(replaced[-1], "config.json")):
+        os.replace(replaced.pop(), base)
+        log.warning("%s was missing after an interrupted export: the model it was replacing is back in place", out)
+    for d in replaced + glob.glob(glob.escape(base) + ".export-*"):
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def export_model(run_dir: str, out: str, name: str | None = None, overwrite: bool = False) -> dict:
     """Copy the run's model folder to ``out`` with its config, build record and model card. Returns the build record.
 
     The run's model is loaded (checked) and every file made before anything is written; the new folder is written
-    beside ``out`` and swapped in at the end, so a model it replaces stays whole until then. Files of ``out`` that
-    export does not write (``evaluation/``) are kept."""
+    beside ``out`` and swapped in at the end, so a model it replaces stays whole until then (an export killed during
+    the swap is put right by the next one: ``recover_interrupted``). Files of ``out`` that export does not write
+    (``evaluation/``) are kept."""
     import shutil
     import uuid
 
@@ -116,6 +133,7 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
 
     run = RunDir(run_dir)
     run.require("model")
+    recover_interrupted(out)
     if os.path.isfile(out):
         raise ArtifactError(f"{out} is a file: give a folder to export the model to")
     if run.local and os.path.isdir(out) and os.path.samefile(run.path("model"), out):

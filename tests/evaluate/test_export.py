@@ -133,3 +133,32 @@ def test_a_swap_that_fails_puts_the_replaced_model_back(trained_model, tmp_path,
         export.export_model(str(run), str(out), overwrite=True)
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "shipped"]
+
+
+def test_an_export_killed_during_its_swap_is_put_right_by_the_next(trained_model, tmp_path, capsys, caplog):
+    """SIGKILL between the swap's two renames leaves OUT missing, the model it replaced beside it and the new folder
+    unfinished: the next export puts the replaced model back (so --overwrite is asked for again) and clears both."""
+    import os
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_model.parent, run, ignore=shutil.ignore_patterns("_train"))
+    out = tmp_path / "shipped"
+    assert main(["export", str(run), str(out)]) == 0
+    (out / "evaluation").mkdir()
+    (out / "evaluation" / "report.md").write_text("kept")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    os.replace(out, tmp_path / "shipped.replaced-0000abcd")  # the state a kill between the renames leaves
+    (tmp_path / "shipped.export-0000dcba").mkdir()
+    (tmp_path / "shipped.export-0000dcba" / "heads.safetensors").write_bytes(b"half")
+    with caplog.at_level("WARNING", logger="cqg_ray"):
+        assert main(["export", str(run), str(out)]) == 2
+    assert "already holds a model" in capsys.readouterr().err
+    assert f"{out} was missing after an interrupted export: the model it was replacing is back in place" in caplog.text
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "shipped"]
+    # killed after the second rename, before the replaced folder was removed: the next export removes it
+    (tmp_path / "shipped.replaced-0000eeee").mkdir()
+    assert main(["export", str(run), str(out), "--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "shipped"]
+    assert (out / "evaluation" / "report.md").read_text() == "kept"
