@@ -56,7 +56,7 @@ def test_cqg_probes_single_pass(clustered_run, corpus_file, tmp_path):
 
 
 def test_cqg_with_scripted_llm(clustered_run, corpus_file):
-    from cqg_ray.artifacts import load_questions
+    from cqg_ray.artifacts import load_questions, load_texts
     from cqg_ray.cqg.stage import run_cqg
     from cqg_ray.llm.engines.fake import FakeBackend
 
@@ -81,6 +81,8 @@ def test_cqg_with_scripted_llm(clustered_run, corpus_file):
     assert row["quality"] == pytest.approx(row["positive_yes"] / row["positive_n"] - (row["hard_yes"] + row["easy_yes"]) / (row["hard_n"] + row["easy_n"]))
     samples = run.read_table("questions/samples.parquet")
     assert samples.num_rows == 5 * (3 + 4 + 3)
+    ids = samples.column("doc_id").to_pylist()  # the prompts' texts are the samples' documents, each found in the corpus
+    assert len(load_texts(run, ids)) == len(set(ids))
     for f in ("report.md", "quality_hist.png", "generations.parquet", "probes.parquet", "stats.json"):
         assert run.exists("questions", f)
     # a rerun takes every answer from the ledger: no LLM call at all
@@ -88,15 +90,6 @@ def test_cqg_with_scripted_llm(clustered_run, corpus_file):
     run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake2, progress=False), force=True)
     assert fake2.calls == []
     assert load_questions(run).equals(q)
-
-
-def test_cqg_prompt_texts_are_the_samples(clustered_run, corpus_file):
-    from cqg_ray.artifacts import load_texts
-
-    run = RunDir(str(clustered_run))
-    s = run.read_table("questions/samples.parquet").to_pylist()
-    texts = load_texts(run, [r["doc_id"] for r in s])
-    assert len(texts) == len({r["doc_id"] for r in s})
 
 
 def test_qaemb_method(clustered_run, corpus_file):
