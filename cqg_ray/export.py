@@ -27,6 +27,7 @@ log = logging.getLogger("cqg_ray")
 
 MODEL_FILES = ("heads.safetensors", "stats.safetensors", "questions.json", "eval_report.json", "eval_report.md", "config.json")  # config.json last
 BUILD_STAGES = tuple(n for n in NAMES if n != "evaluation")  # the stages that build a model
+NEW, REPLACED = ".export-", ".replaced-"  # beside OUT during the swap: the folder being written, the model it replaces
 
 
 def cpu_name() -> str:
@@ -108,11 +109,11 @@ def recover_interrupted(out: str) -> None:
     import shutil
 
     base = os.path.normpath(out)
-    replaced = sorted(glob.glob(glob.escape(base) + ".replaced-*"), key=os.path.getmtime)
+    replaced = sorted(glob.glob(glob.escape(base + REPLACED) + "*"), key=os.path.getmtime)
     if replaced and not os.path.exists(base) and os.path.isfile(os.path.join(replaced[-1], "config.json")):
         os.replace(replaced.pop(), base)
         log.warning("%s was missing after an interrupted export: the model it was replacing is back in place", out)
-    for d in replaced + glob.glob(glob.escape(base) + ".export-*"):
+    for d in replaced + glob.glob(glob.escape(base + NEW) + "*"):
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -162,7 +163,7 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
     made["README.md"] = model_card(name, cfg, build, run.read_json("model/questions.json"), report if isinstance(report, dict) else None).encode()
 
     base = os.path.normpath(out)
-    part, old = f"{base}.export-{uuid.uuid4().hex[:8]}", f"{base}.replaced-{uuid.uuid4().hex[:8]}"
+    part, old = f"{base}{NEW}{uuid.uuid4().hex[:8]}", f"{base}{REPLACED}{uuid.uuid4().hex[:8]}"
     try:
         if os.path.isdir(out):  # what export does not write stays (an evaluation/ folder)
             shutil.copytree(out, part, ignore=lambda d, names: [n for n in names if d == out and (n in made or n in MODEL_FILES)])

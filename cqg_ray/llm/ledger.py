@@ -66,9 +66,10 @@ def schema_row(row: dict[str, Any]) -> dict[str, Any]:
     return {f.name: row.get(f.name) for f in SCHEMA}
 
 
-def _fits_schema(row: dict[str, Any]) -> bool:
+def _fits_schema(rows: list[dict[str, Any]]) -> bool:
+    """Whether every row converts to the ledger's schema (a journal line edited to other types does not)."""
     try:
-        pa.Table.from_pylist([row], schema=SCHEMA)
+        pa.Table.from_pylist(rows, schema=SCHEMA)
         return True
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         return False
@@ -176,11 +177,8 @@ class Ledger:
                     continue  # empty or torn
                 if isinstance(row, dict) and isinstance(row.get("key"), str):
                     rows.append(schema_row(row))
-        try:
-            pa.Table.from_pylist(rows, schema=SCHEMA)
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):  # a line of other types (edited): skipped as torn
-            rows = [r for r in rows if _fits_schema(r)]
-        return rows
+        # a line of other types (edited) is skipped as a torn one; row by row only when the whole batch does not fit
+        return rows if _fits_schema(rows) else [r for r in rows if _fits_schema([r])]
 
     def record(self, row: dict[str, Any]) -> None:
         """Journal one finished row now (one line, flushed to the OS): a kill after this cannot lose it."""

@@ -148,9 +148,8 @@ class PlanWorker:
         reqs, keys, _ = self.requests(group)
         done = self._done(keys)
         unique = len(set(keys))
-        from_ledger = len({k for k, d in zip(keys, done) if d})
-        unsent = {k: r for k, r, d in zip(keys, reqs, done) if not d}
-        return {"requests": len(reqs), "unique": unique, "from_ledger": from_ledger, "to_send": unique - from_ledger,
+        unsent = {k: r for k, r, d in zip(keys, reqs, done) if not d}  # each key once
+        return {"requests": len(reqs), "unique": unique, "from_ledger": unique - len(unsent), "to_send": len(unsent),
                 "expected_tokens": sum(r.expected_tokens for r in unsent.values()), "fit": self.job.fit_counts()}
 
     def _missing(self, group: int) -> tuple[list, list[str], dict[str, Any]]:
