@@ -1,6 +1,7 @@
 """`cqg-ray serve MODEL`: serve a model with Ray Serve.
 
-On this machine (no --address, no RAY_ADDRESS) it starts a local Ray and serves until Ctrl-C. On a cluster
+On this machine (no --address, no RAY_ADDRESS) it starts a local Ray and serves until Ctrl-C or SIGTERM (`kill`,
+`docker stop`, systemd), then shuts Serve down. On a cluster
 (--address, or RAY_ADDRESS as inside `ray job submit -- python -m cqg_ray.cli serve MODEL --host 0.0.0.0`) it
 deploys the application and returns: Serve applications outlive the job (`serve status`, `serve shutdown`); --wait
 keeps it running until stopped, then deletes the application. A local Ray starts with `THROUGHPUT_ENV` (Ray Serve's
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -109,13 +111,24 @@ def cmd_serve(args) -> int:
         return 0  # on a cluster the application outlives this process
     try:
         print("Ctrl-C stops", flush=True)
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
+        wait_for_stop()
         print("stopping", flush=True)
     finally:
         serve.delete(args.name) if address is not None else serve.shutdown()
     return 0
+
+
+def wait_for_stop() -> None:
+    """Block until Ctrl-C (SIGINT) or SIGTERM. SIGTERM is taken from Ray's handler, which dumps a stack trace and
+    ends the process at once, so that the caller shuts Serve down as it does on Ctrl-C."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt, as SIGINT does
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)  # None: a handler set outside Python
 
 
 def add_commands(sub) -> None:

@@ -1,4 +1,5 @@
-"""`cqg-ray serve` as a user runs it: a subprocess with its own Ray, answered over HTTP, stopped with Ctrl-C (SIGINT)."""
+"""`cqg-ray serve` as a user runs it: a subprocess with its own Ray, answered over HTTP, stopped as `kill`, `docker stop`
+and systemd stop it (SIGTERM); its wait ends on Ctrl-C (SIGINT) the same way."""
 
 import argparse
 import os
@@ -65,6 +66,29 @@ def test_serve_refuses_a_missing_token_variable(toy_model, capsys):
     assert "CQG_RAY_SURELY_UNSET_VARIABLE" in capsys.readouterr().err
 
 
+WAITS = """
+import sys
+from cqg_ray.serve.cli import wait_for_stop
+print("waiting", flush=True)
+wait_for_stop()
+print("stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_the_serve_commands_wait_ends_on_ctrl_c_and_on_sigterm(sig):
+    """What `cqg-ray serve` waits in once it serves: either signal ends the wait (and the command then shuts Serve down
+    and exits 0); the real command is stopped with SIGTERM below."""
+    proc = subprocess.Popen([sys.executable, "-c", WAITS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "waiting\n"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out, err) == (0, "stopped\n", "")
+
+
 @pytest.mark.slow
 def test_cqg_ray_serve_command(toy_model):
     port = free_port()
@@ -85,11 +109,11 @@ def test_cqg_ray_serve_command(toy_model):
         r = httpx.post(url + "/explain", json={"text_a": "a film with good actors", "text_b": "a movie I liked"}, timeout=60)
         assert r.status_code == 200 and r.json()["m"] == 32
         assert httpx.get(url + "/ui", timeout=30).status_code == 200
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        proc.send_signal(signal.SIGTERM)  # Ray's own handler would dump a stack trace and end the process before Serve stopped
         proc.wait(timeout=120)
         reader.join(timeout=10)
         assert proc.returncode == 0, "".join(lines)[-3000:]
-        assert "stopping\n" in lines
+        assert "stopping\n" in lines and not any("SIGTERM received" in line for line in lines), "".join(lines)[-3000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
