@@ -110,19 +110,20 @@ def cmd_serve(args) -> int:
     if address is not None and not args.wait:
         return 0  # on a cluster the application outlives this process
     try:
-        print("Ctrl-C stops", flush=True)
-        wait_for_stop()
+        wait_for_stop("Ctrl-C stops")
         print("stopping", flush=True)
     finally:
         serve.delete(args.name) if address is not None else serve.shutdown()
     return 0
 
 
-def wait_for_stop() -> None:
-    """Block until Ctrl-C (SIGINT) or SIGTERM. SIGTERM is taken from Ray's handler, which dumps a stack trace and
-    ends the process at once, so that the caller shuts Serve down as it does on Ctrl-C."""
+def wait_for_stop(ready: str) -> None:
+    """Print ``ready``, then block until Ctrl-C (SIGINT) or SIGTERM. SIGTERM is taken from Ray's handler, which dumps
+    a stack trace and ends the process at once, so that the caller shuts Serve down as it does on Ctrl-C. A signal
+    that comes before ``ready`` is printed may find the old handlers."""
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt, as SIGINT does
     try:
+        print(ready, flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

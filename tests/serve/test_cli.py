@@ -67,18 +67,16 @@ def test_serve_refuses_a_missing_token_variable(toy_model, capsys):
 
 
 WAITS = """
-import sys
 from cqg_ray.serve.cli import wait_for_stop
-print("waiting", flush=True)
-wait_for_stop()
+wait_for_stop("waiting")
 print("stopped", flush=True)
 """
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_the_serve_commands_wait_ends_on_ctrl_c_and_on_sigterm(sig):
-    """What `cqg-ray serve` waits in once it serves: either signal ends the wait (and the command then shuts Serve down
-    and exits 0); the real command is stopped with SIGTERM below."""
+    """What `cqg-ray serve` waits in once it serves: either signal, sent once the wait has said it is ready, ends the
+    wait (the command then shuts Serve down and exits 0); the real command is stopped with SIGTERM below."""
     proc = subprocess.Popen([sys.executable, "-c", WAITS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "waiting\n"
