@@ -370,6 +370,8 @@ class ServeConfig(Section):
     max_texts_per_request: int = Field(256, ge=1)
     max_chars_per_text: int = Field(20_000, ge=1)
     max_request_bytes: int = Field(4_000_000, ge=1024)
+    body_timeout_s: float = Field(30.0, gt=0, description="seconds a request's body may take to arrive (408 after): a client that sends "
+                                  "its body slowly, or not at all, holds one of the replica's in-flight slots no longer")
     api_key_env: str | None = Field(None, description="environment variable with the bearer token; None = no auth")
     model_name: str = Field("cqg-mbqa", description="the model name of the OpenAI-compatible /v1/embeddings route")
     target_ongoing_requests: float = Field(32.0, gt=0, description="autoscaling target of in-flight requests per replica")

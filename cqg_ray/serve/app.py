@@ -21,6 +21,7 @@ error answer has OpenAI's shape (`protocol.ErrorResponse`); none of these reach 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import importlib.resources
 import json
@@ -62,17 +63,19 @@ PAGE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-i
 
 
 def error_response(e: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    # a 408 leaves the rest of the body unread: the connection closes after the answer (RFC 9110, 15.5.9)
+    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else {"Connection": "close"} if e.status == 408 else None
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 class RequestLimits:
     """ASGI middleware: 431 for request headers over `max_header_bytes`, 413 for a body over `max_body_bytes`
-    (by its Content-Length, else as it arrives; 400 for a Content-Length that is not a number). The body is
-    read here, within the limit, and handed on unchanged."""
+    (by its Content-Length, else as it arrives; 400 for a Content-Length that is not a number), 408 for a body
+    that has not arrived whole within `body_timeout_s`. The body is read here, within the limits, and handed on
+    unchanged."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, max_header_bytes: int = MAX_HEADER_BYTES):
-        self.app, self.max_body_bytes, self.max_header_bytes = app, max_body_bytes, max_header_bytes
+    def __init__(self, app: ASGIApp, max_body_bytes: int, max_header_bytes: int = MAX_HEADER_BYTES, body_timeout_s: float = 30.0):
+        self.app, self.max_body_bytes, self.max_header_bytes, self.body_timeout_s = app, max_body_bytes, max_header_bytes, body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -106,14 +109,18 @@ class RequestLimits:
         if declared is not None and int(declared) > self.max_body_bytes:
             raise ApiError(413, f"request body of {declared} bytes; at most {self.max_body_bytes}", code="body_too_large")
         body, more = bytearray(), True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return None
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_body_bytes:
-                raise ApiError(413, f"request body over {self.max_body_bytes} bytes", code="body_too_large")
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                while more:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return None
+                    body += message.get("body", b"")
+                    more = message.get("more_body", False)
+                    if len(body) > self.max_body_bytes:
+                        raise ApiError(413, f"request body over {self.max_body_bytes} bytes", code="body_too_large")
+        except TimeoutError:
+            raise ApiError(408, f"request body not received within {self.body_timeout_s:g} s ({len(body)} bytes came)", code="body_timeout") from None
         return bytes(body)
 
 
@@ -264,7 +271,8 @@ def build_api(service: EmbeddingService, api_key: str | None = None, max_header_
     api.state.service, api.state.api_key = service, api_key
     api.state.page = importlib.resources.files("cqg_ray.serve").joinpath("static/index.html").read_text(encoding="utf-8")
     api.include_router(router)
-    api.add_middleware(RequestLimits, max_body_bytes=service.cfg.max_request_bytes, max_header_bytes=max_header_bytes)
+    api.add_middleware(RequestLimits, max_body_bytes=service.cfg.max_request_bytes, max_header_bytes=max_header_bytes,
+                       body_timeout_s=service.cfg.body_timeout_s)
     api.add_exception_handler(ApiError, _api_error)
     api.add_exception_handler(StarletteHTTPException, _http_error)
     api.add_exception_handler(RequestValidationError, _validation_error)

@@ -1,4 +1,4 @@
-"""The HTTP layer without Ray: `build_api` (FastAPI) through FastAPI's TestClient: request limits (431, 413), the
+"""The HTTP layer without Ray: `build_api` (FastAPI) through FastAPI's TestClient: request limits (431, 413, 408), the
 key (401), typed bodies and the OpenAI error shape (400, 415, 422); the Serve deployment's options and builder.
 
 The real server (Ray Serve's proxy and a replica) answers the same requests in test_bad_requests.py and test_routes.py.
@@ -123,6 +123,44 @@ def test_a_content_length_of_other_digits_is_a_400(api):
     assert sent[0]["status"] == 400
     body = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
     assert body["error"]["code"] == "bad_content_length"
+
+
+def test_a_body_that_stops_arriving_gets_408_and_the_connection_closes(model):
+    """Raw ASGI: the headers and the first bytes of a body come, the rest never does; after `body_timeout_s` the
+    client gets a 408 in the error shape and the connection is closed (the unread rest would be taken for the next
+    request). A body that arrives in time is answered."""
+    import asyncio
+    import json
+    import time
+
+    app = build_api(UnbatchedService(model, ServeConfig(**TEST_CFG, body_timeout_s=0.5)))
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http", "path": "/embed",
+             "raw_path": b"/embed", "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+             "headers": [(b"content-type", b"application/json")]}
+
+    def answer(parts: list[bytes], whole: bool) -> tuple[list[dict], float]:
+        sent: list[dict] = []
+        chunks = iter(parts)
+
+        async def receive():
+            part = next(chunks, None)
+            if part is None:
+                await asyncio.sleep(3600)  # the client sends nothing more
+            return {"type": "http.request", "body": part, "more_body": not (whole and part == parts[-1])}
+
+        async def send(message):
+            sent.append(message)
+
+        start = time.monotonic()
+        asyncio.run(asyncio.wait_for(app(scope, receive, send), 60))
+        return sent, time.monotonic() - start
+
+    sent, took = answer([b'{"texts": ["a sl', b"ow"], whole=False)
+    assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"] and 0.5 <= took < 30
+    assert json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["error"] == {
+        "message": "request body not received within 0.5 s (18 bytes came)", "type": "invalid_request_error", "code": "body_timeout", "param": None}
+    sent, _ = answer([b'{"texts": ["in', b' time"]}'], whole=True)
+    assert sent[0]["status"] == 200
 
 
 def test_malformed_bodies_get_openai_errors(api):

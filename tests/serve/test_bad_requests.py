@@ -144,3 +144,33 @@ def test_streamed_body_over_the_limit_gets_413(client):
     assert r.status_code == 413, r.text
     assert r.json()["error"] == {"message": f"request body over {MAX_BYTES} bytes", "type": "invalid_request_error",
                                  "code": "body_too_large", "param": None}
+
+
+def test_a_body_that_stops_arriving_gets_408_through_serves_proxy(server):
+    """A raw socket sends the headers and the first bytes of a body, then nothing: the replica answers 408 after its
+    `body_timeout_s` (an app of its own with 2 s), through Ray Serve's proxy, and the connection is closed. Without
+    the limit the request would hold one of the replica's in-flight slots for as long as the client kept it open."""
+    import socket
+    import time
+
+    from ray import serve
+
+    from cqg_ray.serve.app import build_app
+
+    cfg = server.cfg.model_copy(update={"body_timeout_s": 2.0, "num_cpus_per_replica": 0.25})
+    serve.run(build_app(server.model_path, cfg), name="slow-body", route_prefix="/slow-body")
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=120) as s:
+            start = time.monotonic()
+            s.sendall(b"POST /slow-body/embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b'Content-Length: 40\r\n\r\n{"texts": ["a sl')
+            data = b""
+            while chunk := s.recv(65536):  # to the end: the server closes the connection after its answer
+                data += chunk
+            took = time.monotonic() - start
+    finally:
+        serve.delete("slow-body")
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower() and took >= 2.0, data[:2000]
+    assert json.loads(body)["error"] == {"message": "request body not received within 2 s (16 bytes came)", "type": "invalid_request_error",
+                                         "code": "body_timeout", "param": None}
