@@ -265,9 +265,13 @@ async def _server_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def build_api(service: EmbeddingService, api_key: str | None = None, max_header_bytes: int = MAX_HEADER_BYTES) -> FastAPI:
-    """The FastAPI app over one service; with `api_key`, every route but /healthz and /ui needs it as a bearer token."""
-    api = FastAPI(title="cqg-ray", version="1", strict_content_type=False,
+    """The FastAPI app over one service; with `api_key`, every route but /healthz and /ui needs it as a bearer token
+    (the schema /openapi.json too; FastAPI's /docs and /redoc pages, which a browser would load without the token,
+    are then off)."""
+    api = FastAPI(title="cqg-ray", version="1", strict_content_type=False, openapi_url=None if api_key else "/openapi.json",
                   description="Interpretable text embeddings: every dimension answers a yes/no question (CQG-MBQA).")
+    if api_key:
+        api.add_api_route("/openapi.json", lambda: JSONResponse(api.openapi()), include_in_schema=False, dependencies=KEY)
     api.state.service, api.state.api_key = service, api_key
     api.state.page = importlib.resources.files("cqg_ray.serve").joinpath("static/index.html").read_text(encoding="utf-8")
     api.include_router(router)

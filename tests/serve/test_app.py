@@ -71,6 +71,12 @@ def test_key_guards_every_route_but_health_and_page(secure_api, api):
         assert api.request(method, path, json=body).status_code == 200  # no key configured: nothing to send
     assert secure_api.get("/healthz").status_code == 200
     assert secure_api.get("/ui").status_code == 200
+    # the schema is behind the key; the browsable docs pages, which fetch it without the key, are off
+    assert error_of(secure_api.get("/openapi.json"), 401)["code"] == "missing_token"
+    spec = secure_api.get("/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    assert spec == api.get("/openapi.json").json() and "/embed" in spec["paths"]
+    assert [secure_api.get(p).status_code for p in ("/docs", "/redoc")] == [404, 404]
+    assert [api.get(p).status_code for p in ("/docs", "/redoc")] == [200, 200]
     # the key is checked after the body is read as JSON (docs/serving.md: the order of the checks), before its schema
     assert error_of(secure_api.post("/embed", content=b'{"texts": 5}', headers=J), 401)["code"] == "missing_token"
     assert error_of(secure_api.post("/embed", content=b'{"texts": ', headers=J), 400)["code"] == "invalid_json"
