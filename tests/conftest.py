@@ -7,6 +7,7 @@ test that starts Ray unmarked is caught.
 """
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -43,6 +44,24 @@ def own_cores() -> None:
 
 
 own_cores()
+
+
+class ToRootWhileUnpropagated(logging.Handler):
+    """On the cqg_ray logger: while the CLI's logging set-up (`cqg_ray.log.setup_logging`) keeps its records from the
+    root logger (propagate=False), hands them to the root logger's handlers that are not on cqg_ray's already, as
+    propagation would. pytest's caplog listens on the root logger, and at the start of each phase on every logger
+    that does not propagate then, but not on one that stops propagating within the test (a CLI call in its body):
+    so a test reads cqg_ray's messages through caplog, once, whatever ran before."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logger = logging.getLogger("cqg_ray")
+        if not logger.propagate:
+            for h in logging.getLogger().handlers:
+                if h not in logger.handlers and record.levelno >= h.level:
+                    h.handle(record)
+
+
+logging.getLogger("cqg_ray").addHandler(ToRootWhileUnpropagated())
 # Started in the background of a script (`pytest &`, and so its xdist workers), this process and every subprocess it
 # starts would ignore SIGINT: the tests that press Ctrl-C on a `cqg-ray` subprocess run as a user at a terminal does
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

@@ -11,20 +11,8 @@ from cqg_ray.cli import main
 from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
 
-@pytest.fixture
-def logged():
-    """The cqg_ray logger's messages, from a handler of its own: the CLI's logging set-up keeps them from the root
-    logger, where caplog listens, so caplog saw them only after some other test had reset that."""
-    got: list[str] = []
-
-    class Kept(logging.Handler):
-        def emit(self, record):
-            got.append(record.getMessage())
-
-    logger, h = logging.getLogger("cqg_ray"), Kept(logging.WARNING)
-    logger.addHandler(h)
-    yield got
-    logger.removeHandler(h)
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("cqg_ray")]
 
 
 def test_questions_carry_their_llm_yes_rate(trained_model):
@@ -105,7 +93,7 @@ def test_export_over_a_model_leaves_none_of_the_replaced_models_files(trained_mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "shipped"]  # no half-written or replaced folder left
 
 
-def test_export_says_when_the_runs_model_is_stale_and_refuses_a_config_of_another_shape(trained_model, tmp_path, capsys, logged):
+def test_export_says_when_the_runs_model_is_stale_and_refuses_a_config_of_another_shape(trained_model, tmp_path, capsys, caplog):
     import shutil
 
     from cqg_ray.config import config_from_dict, dump_config, stage_hash
@@ -118,7 +106,7 @@ def test_export_says_when_the_runs_model_is_stale_and_refuses_a_config_of_anothe
     assert run_state_of_model(run, cfg) == "stale"
     (run / "config.yaml").write_text(dump_config(cfg))
     assert main(["export", str(run), str(tmp_path / "a")]) == 0
-    assert any("the run's model stage is stale (config changed): its run_config.yaml does not rebuild the exported model" in m for m in logged)
+    assert any("the run's model stage is stale (config changed): its run_config.yaml does not rebuild the exported model" in m for m in warnings_of(caplog))
     (run / "config.yaml").write_text("- a list\n")
     assert main(["export", str(run), str(tmp_path / "b")]) == 2
     assert f"{run / 'config.yaml'}: the top level must be a mapping of sections" in capsys.readouterr().err
@@ -128,8 +116,6 @@ def test_export_says_when_the_runs_model_is_stale_and_refuses_a_config_of_anothe
 def test_a_swap_that_fails_puts_the_replaced_model_back(trained_model, tmp_path, monkeypatch):
     import os
     import shutil
-
-    import pytest
 
     from cqg_ray import export
 
@@ -152,7 +138,7 @@ def test_a_swap_that_fails_puts_the_replaced_model_back(trained_model, tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "shipped"]
 
 
-def test_an_export_killed_during_its_swap_is_put_right_by_the_next(trained_model, tmp_path, capsys, logged):
+def test_an_export_killed_during_its_swap_is_put_right_by_the_next(trained_model, tmp_path, capsys, caplog):
     """SIGKILL between the swap's two renames leaves OUT missing, the model it replaced beside it and the new folder
     unfinished: the next export puts the replaced model back (so --overwrite is asked for again) and clears both."""
     import os
@@ -168,10 +154,10 @@ def test_an_export_killed_during_its_swap_is_put_right_by_the_next(trained_model
     os.replace(out, tmp_path / "shipped.replaced-0000abcd")  # the state a kill between the renames leaves
     (tmp_path / "shipped.export-0000dcba").mkdir()
     (tmp_path / "shipped.export-0000dcba" / "heads.safetensors").write_bytes(b"half")
-    logged.clear()  # the first export's warnings (the fixture's model stage is stale under the copied run's config)
+    caplog.clear()  # the first export's warnings (the fixture's model stage is stale under the copied run's config)
     assert main(["export", str(run), str(out)]) == 2
     assert "already holds a model" in capsys.readouterr().err
-    assert logged == [f"{out} was missing after an interrupted export: the model it was replacing is back in place"]
+    assert warnings_of(caplog) == [f"{out} was missing after an interrupted export: the model it was replacing is back in place"]
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "shipped"]
     # killed after the second rename, before the replaced folder was removed: the next export removes it
