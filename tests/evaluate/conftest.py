@@ -131,7 +131,7 @@ def lexical_oracle(req):
 @pytest.fixture(scope="session")
 def trained_model(tmp_path_factory, clustered_run, corpus_file):
     """The model folder: questions, labels and MBQA heads made by the real stages on the 300-text fixture run."""
-    from cqg_ray.config import stage_hash
+    from cqg_ray.config import dump_config, stage_hash
     from cqg_ray.cqg.stage import run_cqg
     from cqg_ray.llm.engines.fake import FakeBackend
     from cqg_ray.mbqa.label import run_labels
@@ -143,6 +143,7 @@ def trained_model(tmp_path_factory, clustered_run, corpus_file):
     # no own_cluster filter: a word most of the prompt's 3 positives share is rarely in the cluster's other probe texts,
     # so the lexical oracle would see every question denied by its own cluster
     cfg = small_config(d, corpus_file, t=3, filters=["copy", "example", "long", "cut_off"], extra={"train": {"epochs": 40, "holdout": 0.2}})
+    (d / "config.yaml").write_text(dump_config(cfg))  # the run's own config, as `cqg-ray run` keeps it: its stages read as done
     run = RunDir(str(d))
     oracle = FakeBackend(cfg.llm, reply=lexical_oracle)
     run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=oracle, progress=False))

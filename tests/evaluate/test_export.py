@@ -148,13 +148,13 @@ def test_an_export_killed_during_its_swap_is_put_right_by_the_next(trained_model
     shutil.copytree(trained_model.parent, run, ignore=shutil.ignore_patterns("_train"))
     out = tmp_path / "shipped"
     assert main(["export", str(run), str(out)]) == 0
+    assert warnings_of(caplog) == []  # the run's model stage is current under its config: nothing to warn of
     (out / "evaluation").mkdir()
     (out / "evaluation" / "report.md").write_text("kept")
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     os.replace(out, tmp_path / "shipped.replaced-0000abcd")  # the state a kill between the renames leaves
     (tmp_path / "shipped.export-0000dcba").mkdir()
     (tmp_path / "shipped.export-0000dcba" / "heads.safetensors").write_bytes(b"half")
-    caplog.clear()  # the first export's warnings (the fixture's model stage is stale under the copied run's config)
     assert main(["export", str(run), str(out)]) == 2
     assert "already holds a model" in capsys.readouterr().err
     assert warnings_of(caplog) == [f"{out} was missing after an interrupted export: the model it was replacing is back in place"]
