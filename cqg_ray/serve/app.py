@@ -62,10 +62,13 @@ PAGE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-i
 # --------------------------------------------------------------------------------------------- request checks
 
 
+# a 408 leaves the rest of the body unread: the connection closes after the answer (RFC 9110, 15.5.9)
+ERROR_HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 408: {"Connection": "close"}}
+
+
 def error_response(e: ApiError) -> JSONResponse:
-    # a 408 leaves the rest of the body unread: the connection closes after the answer (RFC 9110, 15.5.9)
-    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else {"Connection": "close"} if e.status == 408 else None
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+    return JSONResponse(e.body(), status_code=e.status, headers=ERROR_HEADERS.get(e.status))
+
 
 
 class RequestLimits:
@@ -74,8 +77,8 @@ class RequestLimits:
     that has not arrived whole within `body_timeout_s`. The body is read here, within the limits, and handed on
     unchanged."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, max_header_bytes: int = MAX_HEADER_BYTES, body_timeout_s: float = 30.0):
-        self.app, self.max_body_bytes, self.max_header_bytes, self.body_timeout_s = app, max_body_bytes, max_header_bytes, body_timeout_s
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float, max_header_bytes: int = MAX_HEADER_BYTES):
+        self.app, self.max_body_bytes, self.body_timeout_s, self.max_header_bytes = app, max_body_bytes, body_timeout_s, max_header_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -275,8 +278,8 @@ def build_api(service: EmbeddingService, api_key: str | None = None, max_header_
     api.state.service, api.state.api_key = service, api_key
     api.state.page = importlib.resources.files("cqg_ray.serve").joinpath("static/index.html").read_text(encoding="utf-8")
     api.include_router(router)
-    api.add_middleware(RequestLimits, max_body_bytes=service.cfg.max_request_bytes, max_header_bytes=max_header_bytes,
-                       body_timeout_s=service.cfg.body_timeout_s)
+    api.add_middleware(RequestLimits, max_body_bytes=service.cfg.max_request_bytes, body_timeout_s=service.cfg.body_timeout_s,
+                       max_header_bytes=max_header_bytes)
     api.add_exception_handler(ApiError, _api_error)
     api.add_exception_handler(StarletteHTTPException, _http_error)
     api.add_exception_handler(RequestValidationError, _validation_error)

@@ -119,8 +119,8 @@ def cmd_serve(args) -> int:
 
 def wait_for_stop(ready: str) -> None:
     """Print ``ready``, then block until Ctrl-C (SIGINT) or SIGTERM. SIGTERM is taken from Ray's handler, which dumps
-    a stack trace and ends the process at once, so that the caller shuts Serve down as it does on Ctrl-C. A signal
-    that comes before ``ready`` is printed may find the old handlers."""
+    a stack trace and ends the process at once, so that the caller shuts Serve down as it does on Ctrl-C. The handler
+    is in place before ``ready`` is printed, so a signal sent after that line ends the wait."""
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt, as SIGINT does
     try:
         print(ready, flush=True)
