@@ -25,7 +25,7 @@ VENV=${CQG_RAY_VENV:-.venv}
 STAMP="$VENV/.cqg-ray-setup"
 read -r -a model_list <<< "${CQG_RAY_DEQUANTIZE-qwen2.5-coder-0.5b qwen2.5-coder-1.5b}"  # the dequantised folders set-up makes (below)
 models="${model_list[*]:-}"  # blank: none
-want=$(cat pyproject.toml constraints-cpu.txt scripts/setup.sh scripts/install_llama_cpp.py | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml constraints-cpu.txt scripts/setup.sh scripts/install_llama_cpp.py scripts/llama_cpp_no_common.cmake | sha256sum | cut -c1-16)
 check="import cqg_ray, torch, ray$([ "$llama" = 1 ] && echo ', llama_cpp' || true)"
 # makes the dequantised folders of $models that are missing (below, beside pip; or alone where set-up is done)
 # shellcheck disable=SC2046,SC2086  # one argument per model

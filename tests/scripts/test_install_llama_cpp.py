@@ -1,6 +1,10 @@
 """scripts/install_llama_cpp.py, its pure parts: CMake flags from /proc/cpuinfo, the wheel cache key, commands."""
 
+import shutil
+import subprocess
 import sys
+
+import pytest
 
 from cqg_ray.hardware import cpu_flags
 from tests.scripts import load_script
@@ -36,6 +40,38 @@ def test_wheel_cache_is_keyed_by_the_flags(tmp_path):
     assert a != b
     assert a == wheel_dir(cmake_args(cpu_flags(ZEN4)), str(tmp_path))
     assert a.startswith(str(tmp_path / "wheels" / "llama-cpp-python-0.3.36-"))
+
+
+def test_the_wheel_key_reads_the_include_files_content_not_its_path(tmp_path):
+    args = cmake_args(cpu_flags(ZEN4))
+    (include,) = [a for a in args if a.startswith("-DCMAKE_PROJECT_llama.cpp_INCLUDE=")]
+    assert include.split("=", 1)[1] == install.NO_COMMON
+    moved = tmp_path / "elsewhere.cmake"
+    moved.write_text(open(install.NO_COMMON).read())
+    elsewhere = [a if a != include else f"-DCMAKE_PROJECT_llama.cpp_INCLUDE={moved}" for a in args]
+    assert wheel_dir(elsewhere, str(tmp_path)) == wheel_dir(args, str(tmp_path))
+    moved.write_text("set(LLAMA_BUILD_COMMON ON CACHE BOOL \"\" FORCE)\n")
+    assert wheel_dir(elsewhere, str(tmp_path)) != wheel_dir(args, str(tmp_path))
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+def test_the_include_turns_off_the_common_library_that_the_outer_project_forces_on(tmp_path):
+    """Real CMake on a two-level project shaped as llama-cpp-python's: the outer project forces LLAMA_BUILD_COMMON on
+    (CACHE FORCE) and adds llama.cpp, whose option() then reads it; the include, run at llama.cpp's project(), wins."""
+    (tmp_path / "src" / "vendor").mkdir(parents=True)
+    (tmp_path / "src" / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.21)\nproject(llama_cpp NONE)\n"
+        'set(LLAMA_BUILD_COMMON ON CACHE BOOL "forced" FORCE)\nadd_subdirectory(vendor)\n')
+    (tmp_path / "src" / "vendor" / "CMakeLists.txt").write_text(
+        'project("llama.cpp" NONE)\noption(LLAMA_BUILD_COMMON "common" ON)\nmessage(STATUS "COMMON=${LLAMA_BUILD_COMMON}")\n')
+    include = [a for a in cmake_args(set()) if a.startswith("-DCMAKE_PROJECT_llama.cpp_INCLUDE=")]
+
+    def configure(build, extra):
+        return subprocess.run(["cmake", "-S", str(tmp_path / "src"), "-B", str(tmp_path / build), *extra],
+                              capture_output=True, text=True, check=True).stdout
+
+    assert "COMMON=ON" in configure("plain", [])
+    assert "COMMON=OFF" in configure("with", include)
 
 
 def test_without_a_folder_the_wheels_go_to_the_packages_machine_cache(monkeypatch, tmp_path):
