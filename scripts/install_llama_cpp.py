@@ -13,7 +13,8 @@ depend on the CPU. ``GGML_NATIVE=ON`` (the default) crashes on CPUs with AMX (gg
 fixed flag list is not portable either (AVX-VNNI is on Intel's Sapphire Rapids but not on AMD's Zen 4:
 such a build dies with "Illegal instruction" there). So the flags are read from /proc/cpuinfo: every
 x86 extension ggml can use that this CPU has, AMX never, ``GGML_NATIVE=OFF``, no llava/mtmd library
-(multimodal only), no llama.cpp ``common`` library (the bindings never load it: ~45% fewer objects to compile). The wheel is cached under ``~/.cache/cqg-ray/wheels/<version>-<hash of the flags>/``
+(multimodal only), no llama.cpp ``common`` library (the bindings never load it: ~45% fewer objects to
+compile). The wheel is cached under ``~/.cache/cqg-ray/wheels/<version>-<hash of the flags>/``
 (or ``$CQG_RAY_CACHE``), so CI compiles once per machine type and later runs install in seconds.
 
 Stdlib only, and it loads ``cqg_ray/hardware.py`` and ``cqg_ray/llm/engines/bundled.py`` by file path: it runs before the
