@@ -198,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Interpretable text embeddings (CQG-MBQA) on Ray. Stages write to a run directory and skip what is done.",
         epilog="Typical use: cqg-ray run --config demo ; cqg-ray status runs/demo",
     )
-    p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
+    p.add_argument("--log-level", default=None, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="how much to log: DEBUG, INFO (default), WARNING or ERROR")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = sub.add_parser("run", help="run every stage in order (resumes; skips finished stages); the `ray job submit` entrypoint",

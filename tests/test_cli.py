@@ -63,6 +63,14 @@ def test_run_until_and_force_take_commands_or_names(capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
+def test_log_level_takes_a_level_in_any_case(capsys):
+    assert build_parser().parse_args(["--log-level", "debug", "status", "x"]).log_level == "DEBUG"
+    with pytest.raises(SystemExit) as e:
+        main(["--log-level", "foo", "status", "x"])
+    assert e.value.code == 2
+    assert "argument --log-level: invalid choice: 'FOO' (choose from" in capsys.readouterr().err
+
+
 def test_an_import_error_in_a_command_module_surfaces(monkeypatch):
     monkeypatch.setattr(cli_module, "COMMAND_MODULES", (*cli_module.COMMAND_MODULES, "cqg_ray.no_such_module"))
     with pytest.raises(ModuleNotFoundError, match="cqg_ray.no_such_module"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -74,6 +75,23 @@ def serve_config(args) -> ServeConfig:
         raise ConfigError(format_errors(e, "the serve options")) from None
 
 
+def port_taken(host: str, port: int) -> str | None:
+    """Why a local server cannot listen on host:port (the name does not resolve, or the address is in use or not this
+    machine's), or None. A plain bind, without SO_REUSEPORT: Ray Serve's proxy sets that option, so a second proxy
+    would share the port with the first and the kernel would split the clients between the two."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        return f"--host {host}: the name does not resolve ({e.strerror})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        try:
+            s.bind(address)
+        except OSError as e:
+            return f"{host}:{port}: {e.strerror} (another server listens there, or the address is not this machine's)"
+    return None
+
+
 def start(model: str, cfg: ServeConfig, name: str = "cqg-mbqa") -> str:
     """Start Serve's HTTP proxy on cfg.host:cfg.port and deploy the app; returns the base URL (Ray must be up)."""
     from ray import serve
@@ -101,7 +119,10 @@ def cmd_serve(args) -> int:
         return 2
     InterpretableEmbedder.load(args.model, load_encoder=False, device="cpu")  # a bad folder fails before Ray starts
     address = ray_address(args.address, None)
-    if address is None:
+    if address is None:  # a local Ray: its proxy listens on this machine
+        if (why := port_taken(cfg.host, cfg.port)) is not None:
+            print(f"error: cannot serve on {why}; choose another --port", file=sys.stderr)
+            return 2
         use_throughput_env()
     init_ray(RayConfig(address=address, num_cpus=args.num_cpus))
     url = start(args.model, cfg, name=args.name)

@@ -4,6 +4,7 @@ and systemd stop it (SIGTERM); its wait ends on Ctrl-C (SIGINT) the same way."""
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -66,6 +67,29 @@ def test_serve_refuses_a_missing_token_variable(toy_model, capsys):
     assert "CQG_RAY_SURELY_UNSET_VARIABLE" in capsys.readouterr().err
 
 
+def test_serve_refuses_a_port_in_use_and_a_host_that_does_not_resolve(toy_model, capsys, monkeypatch):
+    """A listener that set SO_REUSEPORT, as Ray Serve's proxy does, holds the port: a second server would share it and
+    the kernel would split the clients between the two. Refused with one error line before Ray starts."""
+    import ray
+
+    from cqg_ray.cli import main
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main(["serve", toy_model, "--port", str(port)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: cannot serve on 127.0.0.1:{port}: Address already in use (another server listens there, or the " \
+                      "address is not this machine's); choose another --port\n"
+    assert main(["serve", toy_model, "--host", "no-such-host.invalid"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot serve on --host no-such-host.invalid: the name does not resolve (") and "Traceback" not in err
+    assert not ray.is_initialized()
+
+
 WAITS = """
 from cqg_ray.serve.cli import wait_for_stop
 wait_for_stop("waiting")
@@ -107,6 +131,10 @@ def test_cqg_ray_serve_command(toy_model):
         r = httpx.post(url + "/explain", json={"text_a": "a film with good actors", "text_b": "a movie I liked"}, timeout=60)
         assert r.status_code == 200 and r.json()["m"] == 32
         assert httpx.get(url + "/ui", timeout=30).status_code == 200
+        # a second server on the same port is refused: Ray's proxy would share it with the first (SO_REUSEPORT)
+        second = subprocess.run([sys.executable, "-m", "cqg_ray.cli", "serve", toy_model, "--port", str(port)], env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2 and f"cannot serve on 127.0.0.1:{port}: Address already in use" in second.stderr, second.stderr
         proc.send_signal(signal.SIGTERM)  # Ray's own handler would dump a stack trace and end the process before Serve stopped
         proc.wait(timeout=120)
         reader.join(timeout=10)
