@@ -257,6 +257,8 @@ def search(model, index: "SparseIndex | BinaryIndex", query: str, k: int = 10) -
     """Embed `query` with the model (under the index's budget) and return the top-k hits with their shared questions."""
     if model.m != index.m:
         raise ValueError(f"the model has m={model.m} questions but the embeddings have m={index.m}")
+    if not query.strip():
+        raise ValueError("the query is empty or only whitespace: it answers no question, so nothing is like it")
     if isinstance(index, SparseIndex):
         q = model.encode([query], output="sparse", budget=index.budget, progress=False).toarray()[0]
     else:
@@ -276,6 +278,8 @@ def cmd_search(args) -> int:
 
     if args.k < 1:
         raise ConfigError(f"search: -k must be at least 1 (hits to show), got {args.k}")
+    if not args.query.strip():
+        raise ConfigError("search: the query is empty or only whitespace: it answers no question, so nothing is like it")
     model = InterpretableEmbedder.load(args.model)
     meta = RunDir(args.embeddings).read_json(EMBED_MANIFEST) if RunDir(args.embeddings).exists(EMBED_MANIFEST) else None
     if meta is None:

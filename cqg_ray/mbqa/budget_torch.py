@@ -99,6 +99,23 @@ def join_parts(parts: list, output: str, m: int, order: np.ndarray | None = None
     return matrix[inverse]
 
 
+def zero_rows(result, rows: np.ndarray, output: str):
+    """``result`` of ``join_parts`` with ``rows`` answering no to every question: zeros (probabilities 0, no active
+    question); a sparse result keeps no stored entry in them."""
+    if len(rows) == 0:
+        return result
+    if output != "sparse":
+        result[rows] = 0
+        return result
+    import scipy.sparse as sp
+
+    keep = np.ones(result.shape[0], dtype=result.dtype)
+    keep[rows] = 0
+    out = sp.csr_array(sp.diags_array(keep) @ result)
+    out.eliminate_zeros()
+    return out
+
+
 def _csr(parts: list, m: int):
     import scipy.sparse as sp
 

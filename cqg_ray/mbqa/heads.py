@@ -146,6 +146,10 @@ class StackedHeads(nn.Module):
         got = {k: tuple(v.shape) for k, v in tensors.items()}
         if got != expected:
             raise ValueError(f"{source}: tensors {got} do not match the stored config {expected}")
+        broken = [k for k, v in sorted(tensors.items()) if not torch.isfinite(v).all()]
+        if broken:
+            raise ValueError(f"{source}: {', '.join(broken)} hold NaN or infinite weights (a diverged training or a damaged file: "
+                             "train the model again, or copy it again)")
         heads.load_state_dict(tensors)
         return heads
 

@@ -188,6 +188,14 @@ def test_load_fails_clearly(saved, encoder, tmp_path):
     with pytest.raises(ModelError, match="not a valid safetensors"):
         InterpretableEmbedder.load(str(bad), encoder=encoder)
 
+    bad = copy("nan_heads")
+    heads = StackedHeads.load(str(saved / "heads.safetensors"))
+    with torch.no_grad():
+        heads.b1[2] = float("nan")
+    heads.save(str(bad / "heads.safetensors"))
+    with pytest.raises(ModelError, match=r"heads.safetensors: b1 hold NaN or infinite weights \(a diverged training or a damaged file"):
+        InterpretableEmbedder.load(str(bad), encoder=encoder)
+
     bad = copy("question_count")
     qs = json.loads((bad / "questions.json").read_text())
     (bad / "questions.json").write_text(json.dumps(qs[:-1]))
@@ -213,6 +221,25 @@ def test_load_fails_clearly(saved, encoder, tmp_path):
         InterpretableEmbedder.load(str(bad), encoder=encoder)
     lazy = InterpretableEmbedder.load(str(bad), load_encoder=False)  # heads-only use still works
     assert lazy.encode_embeddings(np.zeros((1, 100), np.float32)).shape == (1, 1)
+
+
+def test_an_empty_text_answers_no_to_every_question_and_is_not_explained(saved, encoder):
+    """Whatever the heads make of an empty text's embedding, it has no answers: zeros in every output; explain refuses."""
+    model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
+    texts = [TEXTS[0], "", TEXTS[1], " \n\t "]
+    full = model.encode([TEXTS[0], TEXTS[1]], output="probs")
+    probs = model.encode(texts, output="probs")
+    np.testing.assert_array_equal(probs[[1, 3]], 0)
+    np.testing.assert_allclose(probs[[0, 2]], full, rtol=1e-5, atol=1e-7)
+    bits = model.encode(texts)
+    assert bits[[1, 3]].sum() == 0 and bits[[0, 2]].sum() > 0
+    np.testing.assert_array_equal(model.encode(texts, output="packed")[[1, 3]], 0)
+    sparse = model.encode(texts, output="sparse")
+    assert sparse.shape == (4, M) and np.diff(sparse.indptr).tolist()[1::2] == [0, 0]
+    np.testing.assert_array_equal(sparse.toarray() > 0, bits.astype(bool))
+    for a, b, name in [("", TEXTS[0], "text_a"), (TEXTS[0], "  ", "text_b")]:
+        with pytest.raises(ValueError, match=f"{name} is empty or only whitespace"):
+            model.explain(a, b)
 
 
 def test_encode_rejects_a_bare_string(saved, encoder):
