@@ -6,7 +6,8 @@
     cqg-ray evaluate cqg-minilm-ref --tasks faithfulness --texts my_texts.jsonl      # a judge LLM checks the active questions
 
 Settings come from ``--config`` (its ``evaluate`` section) and ``--set evaluate.key=value``, then the flags.
-Writes results.json, report.md and the sweep plots to ``--out`` (default MODEL/evaluation) and prints the table.
+Writes results.json, report.md and the sweep plots to ``--out`` (default MODEL/evaluation; for a shipped model's name,
+evaluation/NAME in the current folder, leaving its published report alone) and prints the table.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def add_commands(sub) -> None:
                         "(keys: rule tau|top_k, tau, k, floor (a number or none), value one|prob|centred, rank prob|centred)")
     p.add_argument("--name", help="row name of MODEL (default: the model's own name)")
     p.add_argument("--compare", nargs="+", default=[], metavar="NAME=PATH", help="more models side by side, e.g. QAEmb-MBQA=runs/qaemb/model")
-    p.add_argument("--out", help="report folder (default: MODEL/evaluation; a shipped model's name: inside its own folder)")
+    p.add_argument("--out", help="report folder (default: MODEL/evaluation; a shipped model's name: evaluation/NAME here)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", "-c", help="YAML config whose evaluate section is the starting point")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. evaluate.max_pairs=500")
@@ -108,11 +109,14 @@ def parse_budget(items: list[str], base):
 
 
 def evaluation_folder(model: str) -> str:
-    """Where `cqg-ray evaluate MODEL` writes by default: MODEL/evaluation, in the shipped model's own folder for a
-    shipped model's name (not a new folder of that name here, which would then hide the shipped model)."""
+    """Where `cqg-ray evaluate MODEL` writes by default: MODEL/evaluation for a folder or URI; for a shipped model's
+    name, evaluation/NAME here, which leaves the shipped model's own published report as it is (name its folder by
+    path, models/NAME, to rewrite that)."""
     from cqg_ray.mbqa.embedder import resolve_model
 
-    return resolve_model(model).rstrip("/") + "/evaluation"
+    if resolve_model(model) != model:
+        return f"evaluation/{model}"
+    return model.rstrip("/") + "/evaluation"
 
 
 def cmd_evaluate(args) -> int:

@@ -1,11 +1,12 @@
 """`cqg-ray budget MODEL`: show or set a model folder's load budget, and measure its centring statistics.
 
-    cqg-ray budget cqg-minilm-ref                                         # the budget, and what it gives on a few texts
+    cqg-ray budget cqg-minilm-ref                                         # show the model's budget and whether it has statistics
     cqg-ray budget runs/demo/model --stats TRAINING.jsonl.gz --n 20000    # mean probabilities on training texts
     cqg-ray budget runs/demo/model --rule top_k --k 112 --floor 0.5 --value centred --rank centred
 
 The statistics must come from the texts the model was trained on (or a sample of them), never from evaluation data.
-Setting a budget or statistics makes the folder format version 2 (docs/mbqa.md#the-load-budget).
+Setting a budget or statistics makes the folder format version 2 (docs/mbqa.md#the-load-budget). It rewrites the
+folder's config.json in place, so a shipped model named by its name is left alone: copy its folder and change the copy.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def cmd_budget(args) -> int:
         model.versioned_budget = changed = True
     if model.budget.needs_mean and model.mean is None:
         raise ConfigError("centred values or ranking need the statistics: give --stats TRAINING_TEXTS")
+    if changed and path != args.model:
+        raise ConfigError(f"budget: {args.model} is a shipped model ({path}): copy its folder (cp -r {path} my-model) and set the "
+                          "budget of the copy (cqg-ray budget my-model ...), or name the folder by its path to change it in place")
     if changed:
         model.save(path)
         print(f"wrote {path}/config.json (format version 2)")

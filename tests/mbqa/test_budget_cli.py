@@ -85,3 +85,20 @@ def test_budget_keeps_the_config_keys_it_does_not_write_and_the_versions_that_ma
     assert after["note"] == "a user's key" and after["versions"] == {"cqg_ray": "0.0.1-trained-here"}
     assert after["budget"]["k"] == 2 and after["format_version"] == 2
     assert (path / "heads.safetensors").read_bytes() == heads
+
+
+def test_a_shipped_model_named_by_its_name_is_shown_but_not_rewritten(encoder, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """`cqg-ray budget NAME --k 20` would change every later load by that name: refused, the folder untouched; by its
+    path the same folder is changed, as any folder is."""
+    shipped = tmp_path / "shipped"
+    make_model(encoder).save(str(shipped / "my-model"))
+    monkeypatch.setenv("CQG_RAY_MODELS", str(shipped))
+    monkeypatch.chdir(tmp_path)
+    before = {p.name: p.read_bytes() for p in (shipped / "my-model").iterdir()}
+    assert main(["budget", "my-model"]) == 0 and "budget: tau=0.5" in capsys.readouterr().out
+    assert main(["budget", "my-model", "--rule", "top_k", "--k", "3"]) == 2
+    err = capsys.readouterr().err
+    assert f"budget: my-model is a shipped model ({shipped / 'my-model'}): copy its folder" in err
+    assert {p.name: p.read_bytes() for p in (shipped / "my-model").iterdir()} == before
+    assert main(["budget", str(shipped / "my-model"), "--rule", "top_k", "--k", "3"]) == 0
+    assert json.loads((shipped / "my-model" / "config.json").read_text())["budget"]["k"] == 3

@@ -273,7 +273,7 @@ def test_a_bare_name_loads_from_the_models_folders(saved, encoder, tmp_path, mon
     assert resolve_model("my-model") == str(shipped / "my-model")
     from cqg_ray.evaluate.cli import evaluation_folder
 
-    assert evaluation_folder("my-model") == str(shipped / "my-model" / "evaluation")
+    assert evaluation_folder("my-model") == "evaluation/my-model"  # here: the shipped model's published report stays
     assert evaluation_folder("runs/x/model/") == "runs/x/model/evaluation"
     shutil.copy(shipped / "my-model" / "config.json", work / "my-model" / "config.json")
     assert resolve_model("my-model") == "my-model"
