@@ -1,5 +1,5 @@
-"""`cqg-ray questions RUN_DIR`: print or search the selected questions; `--quality` measures them (``cqg_ray.cqg.quality``)
-for a run directory or a model folder / shipped model name."""
+"""`cqg-ray questions RUN_DIR_OR_MODEL`: print or search the selected questions of a run directory, or a model folder's /
+shipped model's questions; `--quality` measures them (``cqg_ray.cqg.quality``)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,17 @@ def quality_report(target: str, corpus: list[str] | None = None) -> dict:
     return question_quality(questions, texts, emb, cfg.cqg.theta_value)
 
 
+def model_questions(target: str) -> list[dict]:
+    """A model's questions (folder or shipped name) as the run's rows: question_id, cluster, quality, text, and the
+    model's own fields (precision, held-out labels, ...), in the model's dimension order."""
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+    model = InterpretableEmbedder.load(target, load_encoder=False, device="cpu")
+    return [{"question_id": q.get("id", str(i)), "cluster": q.get("cluster"), "quality": q.get("quality"), "text": q["text"],
+             **{k: v for k, v in q.items() if k not in ("id", "cluster", "quality", "text")}}
+            for i, q in enumerate(model.question_records)]
+
+
 def cmd_questions(args) -> int:
     from cqg_ray.artifacts import load_questions
     from cqg_ray.config import ConfigError
@@ -47,12 +58,17 @@ def cmd_questions(args) -> int:
         return 0
     if args.limit < 1:
         raise ConfigError(f"questions: --limit/-n must be at least 1, got {args.limit}")
-    run = RunDir(args.run_dir)
-    t = load_questions(run)
-    if args.all:
-        t = run.read_table("questions/candidates.parquet").rename_columns(
-            ["question_id" if n == "candidate_id" else n for n in run.read_table("questions/candidates.parquet").column_names])
-    rows = t.to_pylist()
+    if _is_model(args.run_dir):
+        if args.all:
+            raise ConfigError(f"questions: {args.run_dir} is a model, which keeps its selected questions only; --all reads a run directory")
+        rows = model_questions(args.run_dir)
+    else:
+        run = RunDir(args.run_dir)
+        t = load_questions(run)
+        if args.all:
+            t = run.read_table("questions/candidates.parquet").rename_columns(
+                ["question_id" if n == "candidate_id" else n for n in run.read_table("questions/candidates.parquet").column_names])
+        rows = t.to_pylist()
     if args.search:
         needle = args.search.lower()
         rows = [r for r in rows if needle in r["text"].lower()]
@@ -65,22 +81,22 @@ def cmd_questions(args) -> int:
         return 0
     print(f"{len(rows)} question(s)" + (f" (showing {args.limit})" if len(rows) > args.limit else ""))
     for r in rows[: args.limit]:
-        qv = r.get("quality")
-        print(f"{r['question_id']:>6}  c{r['cluster']:<5} q={qv:+.2f}  {r['text']}" if qv == qv and qv is not None
-              else f"{r['question_id']:>6}  c{r['cluster']:<5} q=  n/a  {r['text']}")
+        qv, cluster = r.get("quality"), "" if r.get("cluster") is None else r["cluster"]
+        print(f"{r['question_id']:>6}  c{cluster:<5} q={qv:+.2f}  {r['text']}" if qv == qv and qv is not None
+              else f"{r['question_id']:>6}  c{cluster:<5} q=  n/a  {r['text']}")
     return 0
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("questions", help="print, search or measure the selected questions of a run (or a model's, --quality)",
+    p = sub.add_parser("questions", help="print, search or measure the selected questions of a run or a model",
                        description="Print the questions selected by the cqg stage (best quality first), or search them; --quality "
                        "measures them (copy rate, words per question, cut-off share, top opening, near-duplicates).")
-    p.add_argument("run_dir", metavar="RUN_DIR_OR_MODEL", help="a run directory; with --quality also a model folder or a shipped model's name")
+    p.add_argument("run_dir", metavar="RUN_DIR_OR_MODEL", help="a run directory, a model folder or a shipped model's name")
     p.add_argument("--quality", action="store_true", help="the question-quality report (docs/evaluation.md)")
     p.add_argument("--corpus", nargs="+", help="with --quality: corpus files for the copy rate (default: what the run or model read)")
     p.add_argument("--search", "-q", help="only questions containing this text (case-insensitive)")
     p.add_argument("--cluster", type=int, help="only questions generated for this cluster")
-    p.add_argument("--all", action="store_true", help="every parsed candidate, not only the selected ones")
+    p.add_argument("--all", action="store_true", help="a run directory: every parsed candidate, not only the selected ones")
     p.add_argument("--limit", "-n", type=int, default=50, help="questions to show (default 50)")
     p.add_argument("--json", action="store_true", help="JSON output")
     p.set_defaults(func=cmd_questions)

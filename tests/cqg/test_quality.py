@@ -115,3 +115,25 @@ def test_questions_limit_below_one_is_refused(tmp_path, capsys):
 
     assert main(["questions", str(tmp_path), "-n", "-1"]) == 2
     assert capsys.readouterr().err == "error: questions: --limit/-n must be at least 1, got -1\n"
+
+
+def test_a_models_questions_are_listed_and_searched_as_a_runs_are(capsys):
+    """`cqg-ray questions cqg-minilm-ref -q music`: the shipped model's own questions (it has no cqg stage to run)."""
+    import json
+
+    from cqg_ray.cli import main
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+    records = InterpretableEmbedder.load("cqg-minilm-ref", load_encoder=False, device="cpu").question_records
+    music = [(str(q["id"]), q["text"]) for q in records if "music" in q["text"].lower()]
+    assert main(["questions", "cqg-minilm-ref", "-q", "MUSIC", "-n", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{len(music)} question(s) (showing 2)" and len(lines) == 3
+    for line, (qid, text) in zip(lines[1:], music):
+        assert line.split()[0] == qid and line.endswith(text)
+    assert main(["questions", "cqg-minilm-ref", "--json", "-n", "500"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["text"] for r in rows] == [q["text"] for q in records]
+    assert rows[0]["precision"] == records[0]["precision"] and rows[0]["question_id"] == str(records[0]["id"])
+    assert main(["questions", "cqg-minilm-ref", "--all"]) == 2
+    assert "is a model, which keeps its selected questions only" in capsys.readouterr().err
