@@ -217,8 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
         _common(p_stage)
         p_stage.set_defaults(func=cmd_stage, stage=s.name)
 
-    st = sub.add_parser("status", help="show each stage of a run: done / stale / missing, with counts and timings")
-    st.add_argument("run_dir")
+    st = sub.add_parser("status", help="show each stage of a run: done / stale / missing, with counts and timings",
+                        description="Show each stage of a run directory: done, stale (its config changed since) or missing, "
+                                    "with its counts and timings, and what is running now.")
+    st.add_argument("run_dir", help="the run directory (run.dir of the config), a local path or URI")
     st.set_defaults(func=cmd_status)
 
     for module in COMMAND_MODULES:

@@ -316,16 +316,17 @@ def _relative_names(uris: list[str]) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `cqg-ray embed`."""
-    p.add_argument("model", help="model folder (local path or URI) written by `cqg-ray train`")
+    p.add_argument("model", help="model folder (local path or URI) or a shipped model's name")
     p.add_argument("corpus", nargs="+", help="corpus files, folders or globs (jsonl, parquet, csv, tsv, txt, optionally .gz)")
     p.add_argument("out", help="output folder (local path or URI, reachable from every node)")
     p.add_argument("--output", choices=["sparse", "bits", "probs"], default="bits",
-                   help="sparse: the active questions' indices (uint16) and values (float16), about 4 bytes each; bits: the "
+                   help="default bits. sparse: the active questions' indices (uint16) and values (float16), about 4 bytes each; bits: the "
                         "active questions packed (m/8 bytes a text); probs: float16 probabilities (2m bytes a text)")
     p.add_argument("--k", type=int, default=None, help="at most k active questions per text (default: the model's budget)")
     p.add_argument("--tau", type=float, default=None, help="the paper's rule instead: active when p > tau")
-    p.add_argument("--format", default="auto", choices=["auto", "jsonl", "parquet", "csv", "tsv", "txt", "medi2"])
-    p.add_argument("--text-column", default="text")
+    p.add_argument("--format", default="auto", choices=["auto", "jsonl", "parquet", "csv", "tsv", "txt", "medi2"],
+                   help="corpus format (default auto: from each file's extension)")
+    p.add_argument("--text-column", default="text", help="column or JSON field holding the text (default text)")
     p.add_argument("--id-column", default=None, help="column with document ids (default: a hash of file, line and text)")
     p.add_argument("--batch-size", type=int, default=None, help="texts per encoder call (default 32 on CPU, 128 on GPU)")
     p.add_argument("--backend", default="auto", choices=get_args(EncoderBackend), help=BACKEND_HELP)
@@ -369,9 +370,10 @@ def run_from_args(args) -> dict:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("embed", help="embed a corpus with a trained model (Ray Data; Parquet of packed bits or probabilities)",
+    p = sub.add_parser("embed", help="embed a corpus with a trained model (Ray Data; Parquet of sparse active questions, packed bits or probabilities)",
                        description="Embed every row of a corpus with a trained model into Parquet files under OUT "
-                                   "(doc_id, embedding). Resumable: run the same command again after a kill. On a cluster: "
+                                   "(doc_id, and indices and values for --output sparse, else embedding). Resumable: run the same command "
+                                   "again after a kill. On a cluster: "
                                    "ray job submit --working-dir . -- python -m cqg_ray.cli embed MODEL CORPUS OUT "
                                    "(MODEL, CORPUS and OUT reachable from every node: shared disk or s3://, gs://).")
     add_arguments(p)

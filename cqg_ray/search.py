@@ -328,7 +328,7 @@ def add_commands(sub) -> None:
                        description="Exact top-k search over the output of `cqg-ray embed`: sparse outputs by the cosine of the "
                                    "budgeted value vectors over an inverted index, bits by binary cosine (popcounts); each hit "
                                    "lists the questions active for both it and the query.")
-    p.add_argument("model", help="model folder")
+    p.add_argument("model", help="model folder or shipped model name (the one that embedded the corpus)")
     p.add_argument("embeddings", help="output folder of `cqg-ray embed`")
     p.add_argument("query", help="query text")
     p.add_argument("-k", type=int, default=10, help="hits to show (default 10)")

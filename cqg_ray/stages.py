@@ -51,7 +51,7 @@ STAGES: tuple[Stage, ...] = (
           "contrastive question generation, probing, selection, dedup (cqg.*: n_p n_h n_e p_p p_h p_e t theta)"),
     Stage("labels", "label", ("questions", "cluster", "prepare"), ("label", "llm.identity", "llm.answer_mode"),
           "cqg_ray.mbqa.label:run_labels", "",
-          "LLM answers for MBQA training, 20 questions per prompt (label.*)"),
+          "LLM answers for MBQA training: one (text, question) a prompt, P(yes) read without decoding, or the paper's 20 a prompt (llm.answer_mode; label.*)"),
     Stage("model", "train", ("labels", "encode", "questions"), ("train",), "cqg_ray.mbqa.stage:run_train", "",
           "train the MBQA heads with Ray Train and save the model folder (train.*: alpha tau)",
           unhashed=("train.trainer",)),  # one Ray task or Ray Train's one worker: the same heads to the bit (tested)

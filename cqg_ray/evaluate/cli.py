@@ -23,7 +23,7 @@ from cqg_ray.config import ConfigError, EvaluateConfig, format_errors, load_conf
 def add_commands(sub) -> None:
     p = sub.add_parser("evaluate", help="evaluate a model: STS, retrieval, clustering, cognitive load, tau/m sweeps",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", help="model folder (local path or URI)")
+    p.add_argument("model", help="model folder (local path or URI) or a shipped model's name")
     p.add_argument("--tasks", nargs="+", choices=["sts", "retrieval", "clustering", "faithfulness"],
                    help="default: sts retrieval clustering; faithfulness (a judge LLM answers the questions the model marks "
                         "active and inactive for sampled texts) runs when named")
@@ -49,8 +49,9 @@ def add_commands(sub) -> None:
                    help="retrieval sets (report name or folder) that keep a retrieved document whose id is the query's "
                         "(default: dropped before scoring, as BEIR's ignore_identical_ids)")
     p.add_argument("--baselines", nargs="*", choices=["dense", "bag_of_tokens", "bm25"], help="default: all three")
-    p.add_argument("--tau-sweep", nargs="+", type=float, metavar="TAU")
-    p.add_argument("--m-sweep", nargs="+", type=int, metavar="M")
+    p.add_argument("--tau-sweep", nargs="+", type=float, metavar="TAU", help="thresholds of the tau sweep (default 0.1 ... 0.9)")
+    p.add_argument("--m-sweep", nargs="+", type=int, metavar="M",
+                   help="question counts of the m sweep: the first M questions (default: chosen from the model's m)")
     p.add_argument("--active-k", nargs="*", type=int, metavar="K",
                    help="budgets of the load sweep (default 8 16 32 64 96 128; none: no sweep): per text the K most confident "
                         "questions, valued 0/1, by probability and centred, on every task; report.md plots quality against load")
@@ -60,7 +61,7 @@ def add_commands(sub) -> None:
     p.add_argument("--name", help="row name of MODEL (default: the model's own name)")
     p.add_argument("--compare", nargs="+", default=[], metavar="NAME=PATH", help="more models side by side, e.g. QAEmb-MBQA=runs/qaemb/model")
     p.add_argument("--out", help="report folder (default: MODEL/evaluation; a shipped model's name: evaluation/NAME here)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of every sample drawn (default 0)")
     p.add_argument("--config", "-c", help="YAML config whose evaluate section is the starting point")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. evaluate.max_pairs=500")
     p.set_defaults(func=cmd_evaluate)

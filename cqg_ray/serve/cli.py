@@ -46,17 +46,17 @@ def use_throughput_env(environ=os.environ) -> dict[str, str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `cqg-ray serve`."""
-    p.add_argument("model", help="model folder (local path or URI reachable from the replicas)")
+    p.add_argument("model", help="model folder (local path or URI reachable from the replicas) or a shipped model's name")
     p.add_argument("--config", "-c", help="pipeline YAML whose `serve` section to use")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a serve value, e.g. max_batch_size=64")
     p.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, help="port (default 8000)")
-    p.add_argument("--replicas", help="number of replicas, or 'auto' for autoscaling between min_replicas and max_replicas")
+    p.add_argument("--replicas", help="number of replicas, or 'auto' for autoscaling between min_replicas and max_replicas (default 1)")
     p.add_argument("--route-prefix", help="URL prefix of the app (default /)")
     p.add_argument("--api-key-env", help="environment variable holding a bearer token that clients must send")
     p.add_argument("--gpus-per-replica", type=float, help="GPUs per replica (default 0)")
     p.add_argument("--address", help="Ray address (default: the job's RAY_ADDRESS under `ray job submit`, else a new local Ray)")
-    p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray")
+    p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray (default: all of this machine's)")
     p.add_argument("--name", default="cqg-mbqa", help="Serve application name (default cqg-mbqa)")
     p.add_argument("--wait", action="store_true", help="on a cluster: keep running until stopped, then delete the application "
                                                        "(default: deploy and return; the application stays up)")
