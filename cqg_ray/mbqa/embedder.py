@@ -282,6 +282,8 @@ class InterpretableEmbedder:
         if threshold is not None and k is not None:
             raise ValueError("give threshold (the tau rule) or k (top-k), not both")
         if threshold is not None:
+            if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating)) or not 0 < threshold < 1:
+                raise ValueError(f"threshold must be a number in (0, 1), got {threshold!r}")
             return Budget(rule="tau", tau=float(threshold), value=self.budget.value)
         if k is not None:
             if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= self.m:

@@ -41,6 +41,8 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+ModelTau = Field(description="the model's own threshold (the paper's tau, config.json), what a request's tau rule replaces; the "
+                            "active questions follow `budget`, which may be another rule (top12>0.6: the 12 surest above 0.6)")
 Tau = Field(None, gt=0, lt=1, description="the paper's rule for this request: yes when p > tau, tau in (0, 1) (default: the model's budget)")
 K = Field(None, ge=1, description="the budget for this request: at most k active questions per text, 1 <= k <= m (default: the model's budget)")
 
@@ -72,7 +74,7 @@ class EmbedRequest(Strict):
 class EmbedResponse(BaseModel):
     model: str
     m: int
-    tau: float = Field(description="the model's tau")
+    tau: float = ModelTau
     budget: str = Field(description="the rule that chose the active questions, e.g. top64>0.5 centred")
     output: Literal["bits", "probs", "sparse"]
     packed: bool
@@ -134,7 +136,7 @@ class QuestionInfo(BaseModel):
 class QuestionsResponse(BaseModel):
     model: str
     m: int
-    tau: float
+    tau: float = ModelTau
     yes_rate_source: Literal["model", "served"] = Field(
         description="model: the yes_rate field of the model's questions.json; served: the texts this replica has embedded")
     texts_seen: int
@@ -145,7 +147,7 @@ class Health(BaseModel):
     status: Literal["ok"] = "ok"
     model: str
     m: int
-    tau: float
+    tau: float = ModelTau
     budget: str = Field(description="the model's budget: which questions are active per text")
     texts_seen: int = Field(description="texts this replica has embedded")
     batches: int = Field(description="encoder calls this replica has made (texts_seen / batches = mean batch size)")

@@ -311,6 +311,9 @@ def test_a_budgeted_model_saves_as_version_2_and_every_output_follows_the_budget
             loaded.encode(TEXTS, k=bad)
     with pytest.raises(ValueError, match="not both"):
         loaded.encode(TEXTS, k=2, threshold=0.5)
+    for bad in (0, 1, 2, -0.1, True, "0.5", float("nan")):
+        with pytest.raises(ValueError, match=r"^threshold must be a number in \(0, 1\), got "):
+            loaded.encode(TEXTS, threshold=bad)
     ex = loaded.explain(TEXTS[0], TEXTS[3])
     assert ex.budget == "top2>0.5 centred" and ex.cognitive_load <= 2
 
