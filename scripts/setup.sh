@@ -5,7 +5,7 @@
 #   bash scripts/setup.sh               # what the demo and the benches need
 #   bash scripts/setup.sh --llama-cpp   # and llama-cpp-python (the tests: scripts/test.sh asks for it; CQG_RAY_LLAMA_CPP=1 too)
 # On x86 CPUs with AVX2 the embedded LLM runs on torch without llama.cpp (its engines' `auto` chooses among those
-# installed: docs/llm.md), so llama-cpp-python, a compile of ~5 minutes on 2 cores, is built only when asked for; on
+# installed: docs/llm.md), so llama-cpp-python, a compile of 2-6 minutes on 2 cores, is built only when asked for; on
 # other CPUs (no AVX2, ARM) it is always built: llama.cpp is the fast engine there. The torch engines read the bundled
 # GGUF models dequantised to safetensors folders in the cache: set-up makes the demo's two (CQG_RAY_DEQUANTIZE, bundled
 # names, space-separated; empty for none) beside its pip installs, so that the demo's first use does not.
@@ -47,7 +47,7 @@ if [ -f "$STAMP" ] && { [ "$(cat "$STAMP")" = "$want llama=1" ] || [ "$(cat "$ST
   [ -z "$models" ] || dequantize_missing
   exit 0
 fi
-echo "[setup] creating/refreshing $VENV (first time: ~3 min on 2 cores; ~8 with llama-cpp-python, compiled once per CPU kind beside the rest)"
+echo "[setup] creating/refreshing $VENV (first time: ~3 min on 2 cores; ~6 with llama-cpp-python, compiled once per CPU kind beside the rest)"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
 $PIP install --upgrade pip wheel setuptools >/dev/null
