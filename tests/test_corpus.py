@@ -93,6 +93,34 @@ def test_a_corrupt_parquet_file_is_a_clear_error():
             parse_file(data, "parquet", "f", cfg())
 
 
+def test_a_damaged_gzip_is_a_clear_error_and_a_byte_order_mark_is_dropped(tmp_path):
+    """A gzip whose deflate stream is damaged (zlib.error, not a truncation's EOFError) is named; a UTF-8 BOM does not
+    make the first JSON line invalid nor rename the first CSV column."""
+    from cqg_ray.corpus import read_bytes
+
+    data = bytearray(gzip.compress(b"".join(b'{"text": "row %d of the corpus"}\n' % i for i in range(200))))
+    data[40:60] = bytes(20)
+    (tmp_path / "damaged.jsonl.gz").write_bytes(bytes(data))
+    with pytest.raises(CorpusError, match=r"damaged.jsonl.gz: corrupt gzip file \(Error -3 while decompressing data"):
+        read_bytes(str(tmp_path / "damaged.jsonl.gz"))
+    (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "first row"}\n{"text": "second row"}\n')
+    assert parse_file(read_bytes(str(tmp_path / "bom.jsonl")), "jsonl", "f", cfg()).texts == ["first row", "second row"]
+    (tmp_path / "bom.csv").write_bytes(gzip.compress(b"\xef\xbb\xbftext,id\nhello there,1\n"))
+    assert parse_file(read_bytes(str(tmp_path / "bom.csv")), "csv", "f", cfg(id_column="text")).texts == ["hello there"]
+
+
+def test_csv_rows_that_do_not_fit_the_header_and_texts_that_are_not_strings_are_rejected_by_line():
+    res = parse_file(b"id,text\n1,ok row\n2,too,many,fields\n3\n4,another ok\n", "csv", "f.csv", cfg())
+    assert res.texts == ["ok row", "another ok"] and res.lines == [2, 5]
+    assert res.dropped == {"ragged": 2}
+    assert res.errors == ["f.csv:3: 4 field(s) where the header has 2; row rejected", "f.csv:4: 1 field(s) where the header has 2; row rejected"]
+    big = "word " * 400_000  # 2 MB in one field: over the csv module's default limit of 131,072 characters
+    assert parse_file(f'text\n"{big}"\n'.encode(), "csv", "f", cfg()).texts == [big.strip()]
+    res = parse_file(b'{"text": 42}\n{"text": null}\n{"text": ["a"]}\n{"text": "fine"}\n', "jsonl", "g", cfg())
+    assert res.texts == ["fine"] and res.dropped == {"not_text": 2, "empty": 1}
+    assert res.errors == ["g:1: 'text' is not a string (a JSON or Arrow int); row rejected", "g:3: 'text' is not a string (a JSON or Arrow list); row rejected"]
+
+
 def test_csv_tsv_txt_parquet():
     assert parse_file(b'text,id\n"a, quoted",7\nb,8\n', "csv", "f", cfg(id_column="id")).ids == ["7", "8"]
     assert parse_file(b'text,id\n"a, quoted",7\n', "csv", "f", cfg()).texts == ["a, quoted"]
@@ -152,6 +180,8 @@ def test_list_files_errors(tmp_path):
     (tmp_path / "b.txt").write_text("")
     assert [f for _, f in list_files([str(tmp_path / "*.jsonl")], "auto")] == ["jsonl"]
     assert [f for _, f in list_files([str(tmp_path)], "auto")] == ["jsonl", "txt"]
+    with pytest.raises(CorpusError, match=r"^corpus glob .*/aa\*.jsonl matches no file$"):
+        list_files([str(tmp_path / "a.jsonl"), str(tmp_path / "aa*.jsonl")], "auto")
 
 
 # ------------------------------------------------------------------------------------------- Ray stage
@@ -180,6 +210,23 @@ def test_prepare_bad_input(ray_local, tmp_path):
     t = load_corpus(run)
     assert sorted(t.column("text").to_pylist()) == ["alpha", "beta", "caf\ufffd", "gamma"]
     assert t.column("doc_id").to_pylist() == sorted(t.column("doc_id").to_pylist())
+
+
+def test_a_failed_prepares_parts_do_not_enter_the_next_corpus(ray_local, tmp_path):
+    """A prepare that stops on a bad file leaves the parts of the files it had read; the next prepare of the run, with
+    other paths, holds its own files' rows only."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"f{i}.jsonl").write_text("".join(json.dumps({"text": f"text {j} of file {i}"}) + "\n" for j in range(20)))
+    (src / "z.parquet").write_bytes(b"PAR1 not parquet")
+    run = RunDir(str(tmp_path / "run"))
+    with pytest.raises(CorpusError, match="z.parquet: not a readable Parquet file"):
+        _prepare(run, CorpusConfig(paths=[str(src)]))
+    assert run.ls("prepare/_parts", suffix=".parquet")  # what the failed run had written
+    m = _prepare(run, CorpusConfig(paths=[str(src / "f1.jsonl")]), force=True)
+    assert (m["counts"]["documents"], m["counts"]["duplicates"]) == (20, 0)
+    assert sorted(load_corpus(run).column("text").to_pylist()) == sorted(f"text {j} of file 1" for j in range(20))
 
 
 def test_prepare_missing_column_error(ray_local, tmp_path):

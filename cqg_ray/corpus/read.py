@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,8 @@ from cqg_ray.corpus.clean import clean_text, text_hash
 from cqg_ray.rundir import resolve
 
 MAX_REPORTED_ERRORS = 20
+# CSV fields as long as a text may be (the csv module's default limit is 131,072 characters)
+csv.field_size_limit(2**31 - 1)
 
 
 class CorpusError(ValueError):
@@ -100,6 +103,9 @@ def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseRe
     res = ParseResult()
 
     def add(text: Any, doc_id: Any, line: int) -> None:
+        if text is not None and not isinstance(text, str):
+            res.error("not_text", f"{source}:{line}: {cfg.text_column!r} is not a string (a JSON or Arrow {type(text).__name__}); row rejected")
+            return
         t = clean_text(text, cfg.min_chars, cfg.max_chars)
         if t is None:
             res.dropped["empty"] += 1
@@ -170,8 +176,16 @@ def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseRe
             raise CorpusError(f"{source}: no column {cfg.text_column!r} (columns: {', '.join(reader.fieldnames or [])})")
         if cfg.id_column and cfg.id_column not in reader.fieldnames:
             raise CorpusError(f"{source}: no id column {cfg.id_column!r} (columns: {', '.join(reader.fieldnames)})")
-        for row in reader:
-            add(row.get(cfg.text_column), row.get(cfg.id_column) if cfg.id_column else None, reader.line_num)
+        width = len(reader.fieldnames)
+        try:
+            for row in reader:
+                if None in row or None in row.values():  # more fields than the header (restkey None), or fewer (restval None)
+                    n = width + len(row.get(None) or []) - sum(v is None for k, v in row.items() if k is not None)
+                    res.error("ragged", f"{source}:{reader.line_num}: {n} field(s) where the header has {width}; row rejected")
+                    continue
+                add(row.get(cfg.text_column), row.get(cfg.id_column) if cfg.id_column else None, reader.line_num)
+        except csv.Error as e:
+            raise CorpusError(f"{source}:{reader.line_num}: not readable as {fmt.upper()} ({e})") from None
         return res
 
     raise CorpusError(f"unknown corpus format {fmt!r}")
@@ -207,6 +221,8 @@ def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
             base = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0] or "/"
             infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
             matched = sorted(i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path))
+            if not matched and len(paths) > 1:  # a typo in one of several paths is not left out silently
+                raise CorpusError(f"corpus glob {p} matches no file")
         else:
             info = fs.get_file_info(path)
             if info.type == pafs.FileType.NotFound:
@@ -239,6 +255,6 @@ def read_bytes(uri: str) -> bytes:
     if uri.endswith(".gz") or data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise CorpusError(f"{uri}: corrupt gzip file ({e})") from None
-    return data
+    return data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark is not part of the first line

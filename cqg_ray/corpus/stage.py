@@ -177,6 +177,7 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
     log.info("prepare: %d file(s)", len(files))
     run = ctx.run
     parts_rel = f"{ctx.stage}/_parts"
+    run.rm(parts_rel)  # a failed or killed prepare's parts (of files maybe no longer configured) are not this corpus
     run.makedirs(parts_rel)
     items = [{"uri": u, "format": f, "index": i} for i, (u, f) in enumerate(files)]
     cfg_json = cfg.model_dump_json()
