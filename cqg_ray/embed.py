@@ -171,6 +171,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     import ray
 
     from cqg_ray.corpus import CorpusError, list_files, unwrap_error
+    from cqg_ray.corpus.read import MAX_REPORTED_ERRORS
     from cqg_ray.mbqa.embedder import InterpretableEmbedder, resolve_model
 
     model_path = resolve_model(model_path)  # a shipped model's name -> its folder
@@ -228,10 +229,14 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     parts = [(run.path(EMBED_CORPUS, it["part"]), pq.ParquetFile(run.path(EMBED_CORPUS, it["part"]), filesystem=run.fs)) for it in items]
     shards = [(p, f.metadata.num_rows) for p, f in parts]
     dropped: dict[str, int] = {}
+    problems: list[str] = []  # the first few rows rejected, by file:line
     for _, f in parts:
         tally = json.loads((f.schema_arrow.metadata or {}).get(b"cqg_ray.parse", b"{}"))
         for k, v in tally.get("dropped", {}).items():
             dropped[k] = dropped.get(k, 0) + int(v)
+        problems += tally.get("errors", [])
+    for problem in problems[:MAX_REPORTED_ERRORS]:
+        log.warning("embed: %s", problem)
     lost = {k: v for k, v in dropped.items() if k != "utf8_replaced" and v}
     if not sum(n for _, n in shards):
         raise CorpusError(f"nothing to embed in {', '.join(corpus_paths)}: no row has a text"

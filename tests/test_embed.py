@@ -181,7 +181,7 @@ def test_embed_probs_with_id_column(ray_local, toy_model, model, tmp_path):
     assert np.allclose(probs.astype(np.float32), want, atol=1e-3)
 
 
-def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, capsys):
+def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, capsys, caplog):
     from cqg_ray.cli import main
 
     out = str(tmp_path / "cli")
@@ -209,6 +209,13 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     blank.write_text('{"text": ""}\n{"text": "   "}\n')
     assert main(["embed", toy_model, str(blank), str(tmp_path / "blank-out")]) == 2
     assert f"nothing to embed in {blank}: no row has a text (dropped: empty 2)" in capsys.readouterr().err
+    mixed = tmp_path / "mixed.jsonl"  # rows that cannot be read are named by file:line, as prepare names them
+    mixed.write_text('{"text": "a good row"}\n{oops\n{"text": 7}\n')
+    with caplog.at_level("WARNING", logger="cqg_ray"):
+        assert main(["embed", toy_model, str(mixed), str(tmp_path / "mixed-out")]) == 0
+    assert f"embed: {mixed}:2: invalid JSON (" in caplog.text and f"embed: {mixed}:3: 'text' is not a string" in caplog.text
+    assert "embed: rows not embedded: bad_json 1, not_text 1" in caplog.text
+    capsys.readouterr()
 
     # the corpus edited in place, same size: the output is not taken for done, and not resumed over a changed input
     edited = tmp_path / "edited.jsonl"
