@@ -198,8 +198,11 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
         before = run.read_json(EMBED_SETTINGS)
         if before.get("files") and "mtime_ns" not in before["files"][0]:  # written before the times were recorded
             settings["files"] = [{k: v for k, v in f.items() if k != "mtime_ns"} for f in settings["files"]]
-        if before != settings:
-            changed = sorted(k for k in settings if before.get(k) != settings[k])
+        changed = sorted(k for k in settings if before.get(k) != settings[k]) if before != settings else []
+        if changed and not any(n.startswith("emb-") for n in run.ls(suffix=".parquet")):  # nothing embedded yet: nothing to lose
+            log.info("embed: %s holds no embeddings yet, only a snapshot made with other settings (%s): starting again", out, ", ".join(changed))
+            _clear(run)
+        elif changed:
             why = " (an input file was added, removed or changed since)" if "files" in changed else ""
             raise ArtifactError(f"{out} holds embeddings made with other settings ({', '.join(changed)} differ{why}): "
                                 "use another OUT folder or --force to start again")

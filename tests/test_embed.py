@@ -196,6 +196,10 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     assert main(["embed", toy_model, str(tmp_path / "torn.parquet"), str(tmp_path / "torn-out")]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'torn.parquet'}: not a readable Parquet file (" in err and "Traceback" not in err, err
+    # the file mended: OUT held a snapshot only, nothing embedded, so the same command starts again (no --force)
+    pq.write_table(pa.table({"text": ["now a readable file", "with two rows"]}), tmp_path / "torn.parquet")
+    assert main(["embed", toy_model, str(tmp_path / "torn.parquet"), str(tmp_path / "torn-out")]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["rows"] == 2
     assert main(["embed", str(tmp_path / "nope"), str(corpus_file), str(tmp_path / "x")]) == 2
     assert "not a cqg-ray model" in capsys.readouterr().err
     for flag, value in [("--k", "0"), ("--tau", "2"), ("--unit-rows", "0"), ("--batch-size", "0")]:
