@@ -213,6 +213,10 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     blank.write_text('{"text": ""}\n{"text": "   "}\n')
     assert main(["embed", toy_model, str(blank), str(tmp_path / "blank-out")]) == 2
     assert f"nothing to embed in {blank}: no row has a text (dropped: empty 2)" in capsys.readouterr().err
+    dup = tmp_path / "dupid.jsonl"  # --id-column ids must be unique: search would show one id's text for the other
+    dup.write_text('{"id": "x", "text": "first text"}\n{"id": "y", "text": "second"}\n{"id": "x", "text": "third text"}\n')
+    assert main(["embed", toy_model, str(dup), str(tmp_path / "dup-out"), "--id-column", "id"]) == 2
+    assert "document id 'x' appears more than once (dupid.jsonl:1 and dupid.jsonl:3)" in capsys.readouterr().err
     mixed = tmp_path / "mixed.jsonl"  # rows that cannot be read are named by file:line, as prepare names them
     mixed.write_text('{"text": "a good row"}\n{oops\n{"text": 7}\n')
     with caplog.at_level("WARNING", logger="cqg_ray"):
