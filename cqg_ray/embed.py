@@ -151,20 +151,6 @@ class EmbedUnits(UnitActor):
         self.run.write_table(name, embed_output_table(doc_ids, emb, self.output, self.model.m, self.budget.to_dict(), self.model.tau))
 
 
-def repeated_id_rows(run: RunDir, paths: list[str]) -> list[dict]:
-    """The snapshot's rows (doc_id, source, line) of one id it holds more than once, two of them; [] when every id is
-    unique. A Ray Data groupby over the parts: the driver holds no ids."""
-    import ray
-    from ray.data.expressions import col
-
-    snapshot = ray.data.read_parquet(paths, filesystem=run.fs)
-    twice = snapshot.select_columns(["doc_id"]).groupby("doc_id").count().filter(expr=col("count()") > 1).take(1)
-    if not twice:
-        return []
-    rows = snapshot.select_columns(["doc_id", "source", "line"]).filter(expr=col("doc_id") == twice[0]["doc_id"])
-    return sorted(rows.take(2), key=lambda r: (r["source"], r["line"]))
-
-
 def _clear(run: RunDir) -> None:
     for name in run.ls(suffix=".parquet"):
         if name.startswith("emb-"):
@@ -184,7 +170,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     """
     import ray
 
-    from cqg_ray.corpus import CorpusError, list_files, unwrap_error
+    from cqg_ray.corpus import CorpusError, list_files, repeated_id_rows, unwrap_error
     from cqg_ray.corpus.read import MAX_REPORTED_ERRORS
     from cqg_ray.mbqa.embedder import InterpretableEmbedder, resolve_model
 
@@ -260,7 +246,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
                           + (f" (dropped: {', '.join(f'{k} {v}' for k, v in lost.items())})" if lost else ""))
     if lost:  # counted in the manifest too; said here, so that a run that drops rows does not pass in silence
         log.warning("embed: rows not embedded: %s", ", ".join(f"{k} {v}" for k, v in lost.items()))
-    if corpus.id_column and (rows := repeated_id_rows(run, [p for p, _ in shards])):  # search and joins need one row an id
+    if corpus.id_column and (rows := repeated_id_rows(run.fs, [p for p, _ in shards])):  # search and joins need one row an id
         where = " and ".join(f"{r['source']}:{r['line']}" for r in rows)
         raise CorpusError(f"document id {rows[0]['doc_id']!r} appears more than once ({where}): ids from --id-column "
                           f"{corpus.id_column!r} must be unique")

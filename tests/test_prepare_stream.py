@@ -131,6 +131,8 @@ def test_prepare_repeated_id_is_an_error(ray_local, tmp_path):
     (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     run = RunDir(str(tmp_path / "run"))
     c = CorpusConfig(paths=[str(tmp_path / "a.jsonl")], id_column="id", rows_per_shard=10)
-    with pytest.raises(CorpusError, match="document id 'x5' appears more than once"):
+    with pytest.raises(CorpusError) as e:
         run_stage(run, "prepare", c.config_hash(), lambda ctx: prepare(c, ctx))
+    a = tmp_path / "a.jsonl"
+    assert str(e.value) == f"document id 'x5' appears more than once ({a}:6 and {a}:41; check corpus.id_column)"
     assert run.state("prepare").state == "missing"

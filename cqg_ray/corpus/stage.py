@@ -136,6 +136,26 @@ def _all_ids_repeated(stage_uri: str, names: list[str]) -> str:
     return str(rep[0]) if len(rep) else ""
 
 
+def rows_of_id(fs, paths: list[str], doc_id: str, n: int = 2) -> list[dict]:
+    """Up to n rows (doc_id, source, line) of the corpus files ``paths`` that hold ``doc_id``, in file order (Ray Data)."""
+    import ray
+    from ray.data.expressions import col
+
+    rows = ray.data.read_parquet(paths, filesystem=fs).select_columns(["doc_id", "source", "line"]).filter(expr=col("doc_id") == doc_id)
+    return sorted(rows.take(n), key=lambda r: (r["source"], r["line"]))
+
+
+def repeated_id_rows(fs, paths: list[str]) -> list[dict]:
+    """Two rows (doc_id, source, line) of an id that the corpus files ``paths`` hold more than once; [] when every id
+    is unique. A Ray Data groupby: the driver holds no ids."""
+    import ray
+    from ray.data.expressions import col
+
+    ids = ray.data.read_parquet(paths, filesystem=fs).select_columns(["doc_id"])
+    twice = ids.groupby("doc_id").count().filter(expr=col("count()") > 1).take(1)
+    return rows_of_id(fs, paths, twice[0]["doc_id"]) if twice else []
+
+
 def repeated_id(summaries: list[dict]) -> str | None:
     """A doc id that two shards or one shard hold twice, from the shards' summaries ("" if none), when each shard is
     sorted and the shards hold ascending ranges that touch at most at one id (what a sort writes); None when they do
@@ -240,7 +260,8 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
     if rep is None:
         rep = ray.get(ray.remote(_all_ids_repeated).remote(ctx.uri, shards))
     if rep:  # ids must be unique (an id column with repeats is a data error worth stopping for)
-        raise CorpusError(f"document id {rep!r} appears more than once (check corpus.id_column)")
+        where = " and ".join(f"{r['source']}:{r['line']}" for r in rows_of_id(run.fs, [run.path(ctx.stage, n) for n in shards], rep))
+        raise CorpusError(f"document id {rep!r} appears more than once ({where}; check corpus.id_column)")
     n_out = sum(s["rows"] for s in summaries)
     ctx.extra["documents_digest"] = add_digests(s["digest"] for s in summaries)
     run.rm(parts_rel)
