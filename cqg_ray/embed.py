@@ -246,6 +246,9 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
                           + (f" (dropped: {', '.join(f'{k} {v}' for k, v in lost.items())})" if lost else ""))
     if lost:  # counted in the manifest too; said here, so that a run that drops rows does not pass in silence
         log.warning("embed: rows not embedded: %s", ", ".join(f"{k} {v}" for k, v in lost.items()))
+    if dropped.get("utf8_replaced"):  # embedded, but maybe not what the file meant (another encoding, binary)
+        log.warning("embed: %d row(s) held bytes that are not UTF-8, replaced by U+FFFD (the corpus readers' invalid_utf8: "
+                    "reject drops such rows)", dropped["utf8_replaced"])
     if corpus.id_column and (rows := repeated_id_rows(run.fs, [p for p, _ in shards])):  # search and joins need one row an id
         where = " and ".join(f"{r['source']}:{r['line']}" for r in rows)
         raise CorpusError(f"document id {rows[0]['doc_id']!r} appears more than once ({where}): ids from --id-column "

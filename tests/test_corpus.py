@@ -109,6 +109,21 @@ def test_a_damaged_gzip_is_a_clear_error_and_a_byte_order_mark_is_dropped(tmp_pa
     assert parse_file(read_bytes(str(tmp_path / "bom.csv")), "csv", "f", cfg(id_column="text")).texts == ["hello there"]
 
 
+def test_a_json_array_and_utf16_text_are_read(tmp_path):
+    from cqg_ray.corpus import read_bytes
+
+    arr = b'[\n {"text": "one"},\n {"text": "two"},\n 7,\n {"text": "three"}\n]\n'
+    res = parse_file(arr, "jsonl", "a.json", cfg())
+    assert res.texts == ["one", "two", "three"] and res.lines == [1, 2, 4]
+    assert res.errors == ["a.json:3: expected a JSON object, got int"]
+    assert parse_file(b'["not", "an array file"]\n{"text": "x"}\n', "jsonl", "b", cfg()).texts == ["x"]  # JSON Lines, first line an array
+    (tmp_path / "u16.txt").write_bytes("héllo wörld\nsecond line ünïcode\n".encode("utf-16"))
+    assert parse_file(read_bytes(str(tmp_path / "u16.txt")), "txt", "u16", cfg()).texts == ["héllo wörld", "second line ünïcode"]
+    (tmp_path / "bad16.txt").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(CorpusError, match=r"bad16.txt: starts as UTF-16 but is not \("):
+        read_bytes(str(tmp_path / "bad16.txt"))
+
+
 def test_csv_rows_that_do_not_fit_the_header_and_texts_that_are_not_strings_are_rejected_by_line():
     res = parse_file(b"id,text\n1,ok row\n2,too,many,fields\n3\n4,another ok\n", "csv", "f.csv", cfg())
     assert res.texts == ["ok row", "another ok"] and res.lines == [2, 5]
@@ -191,7 +206,7 @@ def _prepare(run, c, force=False):
     return run_stage(run, "prepare", c.config_hash(), lambda ctx: prepare(c, ctx), force=force)
 
 
-def test_prepare_bad_input(ray_local, tmp_path):
+def test_prepare_bad_input(ray_local, tmp_path, caplog):
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.jsonl").write_bytes(b'{"text": "alpha"}\n\n{"text": "alpha"}\n{oops\n{"text": "caf\xe9"}\n')
@@ -199,7 +214,9 @@ def test_prepare_bad_input(ray_local, tmp_path):
         f.write("beta\n  \ngamma\n")
     run = RunDir(str(tmp_path / "run"))
     c = CorpusConfig(paths=[str(src)])
-    m = _prepare(run, c)
+    with caplog.at_level("WARNING", logger="cqg_ray"):
+        m = _prepare(run, c)
+    assert "prepare: 1 row(s) held bytes that are not UTF-8, replaced by U+FFFD" in caplog.text
     assert m["counts"]["documents"] == 4
     assert m["counts"]["duplicates"] == 1
     assert m["counts"]["dropped_bad_json"] == 1

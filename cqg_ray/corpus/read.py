@@ -134,7 +134,15 @@ def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseRe
 
     if fmt in ("jsonl", "medi2"):
         missing_col = 0
-        for i, line in _decode_lines(data, source, cfg.invalid_utf8, res):
+        lines = _decode_lines(data, source, cfg.invalid_utf8, res)
+        if data.lstrip()[:1] == b"[":  # a .json file holding one array of objects: its items are the rows (numbered from 1)
+            try:
+                items = json.loads(data)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                items = None  # JSON Lines whose first line is an array: read by line below
+            if isinstance(items, list):
+                lines = ((i, json.dumps(item)) for i, item in enumerate(items, start=1))
+        for i, line in lines:
             if not line.strip():
                 res.dropped["empty"] += 1
                 continue
@@ -257,4 +265,9 @@ def read_bytes(uri: str) -> bytes:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as e:
             raise CorpusError(f"{uri}: corrupt gzip file ({e})") from None
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16 with its byte order mark (Windows' "Unicode" text files)
+        try:
+            return data.decode("utf-16").encode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CorpusError(f"{uri}: starts as UTF-16 but is not ({e.reason} at byte {e.start})") from None
     return data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark is not part of the first line

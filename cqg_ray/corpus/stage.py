@@ -214,6 +214,9 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
         errors.extend(json.loads(t["errors"]))
     for e in errors[:MAX_REPORTED_ERRORS]:
         log.warning("prepare: %s", e)
+    if dropped.get("utf8_replaced"):  # kept, but maybe not what the file meant (another encoding, binary)
+        log.warning("prepare: %d row(s) held bytes that are not UTF-8, replaced by U+FFFD (corpus.invalid_utf8: reject drops "
+                    "such rows)", dropped["utf8_replaced"])
     read_rows = sum(t["rows"] for t in tallies)
 
     # one task a part, reading it in blocks of at most rows_per_shard rows (read_parquet packs several files into one
