@@ -135,7 +135,7 @@ def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseRe
     if fmt in ("jsonl", "medi2"):
         missing_col = 0
         lines = _decode_lines(data, source, cfg.invalid_utf8, res)
-        if data.lstrip()[:1] == b"[":  # a .json file holding one array of objects: its items are the rows (numbered from 1)
+        if data[:4096].lstrip()[:1] == b"[":  # a .json file holding one array of objects: its items are the rows (numbered from 1)
             try:
                 items = json.loads(data)
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
