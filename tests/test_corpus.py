@@ -195,6 +195,8 @@ def test_list_files_errors(tmp_path):
     (tmp_path / "b.txt").write_text("")
     assert [f for _, f in list_files([str(tmp_path / "*.jsonl")], "auto")] == ["jsonl"]
     assert [f for _, f in list_files([str(tmp_path)], "auto")] == ["jsonl", "txt"]
+    assert list_files([str(tmp_path / "a.jsonl"), str(tmp_path), str(tmp_path / "*.jsonl")], "auto") == [
+        (str(tmp_path / "a.jsonl"), "jsonl"), (str(tmp_path / "b.txt"), "txt")]  # a file named twice is read once
     with pytest.raises(CorpusError, match=r"^corpus glob .*/aa\*.jsonl matches no file$"):
         list_files([str(tmp_path / "a.jsonl"), str(tmp_path / "aa*.jsonl")], "auto")
 

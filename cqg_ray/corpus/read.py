@@ -218,7 +218,7 @@ def rows_table(res: ParseResult, source: str, dedup: bool) -> pa.Table:
 
 
 def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
-    """Expand files, folders and globs to a sorted list of (uri, format)."""
+    """Expand files, folders and globs to a list of (uri, format): each path's files sorted, a file once."""
     if not paths:
         raise CorpusError("corpus.paths is empty: give at least one file or folder")
     out: list[tuple[str, str]] = []
@@ -250,7 +250,7 @@ def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
                 out.append((prefix + m if prefix and not m.startswith(prefix) else m, detect_format(m) if fmt == "auto" else fmt))
     if not out:
         raise CorpusError(f"no corpus files found under {paths}")
-    return out
+    return list(dict.fromkeys(out))  # a file that two paths name (a folder and a glob in it, say) is read once
 
 
 def read_bytes(uri: str) -> bytes:
