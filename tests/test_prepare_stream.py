@@ -48,15 +48,22 @@ def test_repeated_id_from_shard_summaries():
     assert repeated_id([_s("", "", rows=0), _s("a", "b")]) == ""
 
 
-def test_all_ids_repeated_reads_every_shard(tmp_path):
-    from cqg_ray.corpus.stage import _all_ids_repeated
+@pytest.mark.ray
+def test_repeated_id_rows_reads_every_file(ray_local, tmp_path):
+    """Where the shards' summaries cannot tell (unsorted files): a Ray Data groupby over every id, then two of its rows."""
+    from cqg_ray.corpus.stage import repeated_id_rows
 
     run = RunDir(str(tmp_path))
-    run.write_table("a.parquet", pa.table({"doc_id": ["c", "a", "e"]}))
-    run.write_table("b.parquet", pa.table({"doc_id": ["b", "d"]}))
-    assert _all_ids_repeated(run.root_uri, ["a.parquet", "b.parquet"]) == ""
-    run.write_table("c.parquet", pa.table({"doc_id": ["f", "d"]}))
-    assert _all_ids_repeated(run.root_uri, ["a.parquet", "b.parquet", "c.parquet"]) == "d"
+
+    def table(ids, source):
+        return pa.table({"doc_id": ids, "source": [source] * len(ids), "line": list(range(1, len(ids) + 1))})
+
+    run.write_table("a.parquet", table(["c", "a", "e"], "a.jsonl"))
+    run.write_table("b.parquet", table(["b", "d"], "b.jsonl"))
+    assert repeated_id_rows(run.fs, [run.path("a.parquet"), run.path("b.parquet")]) == []
+    run.write_table("c.parquet", table(["f", "d"], "c.jsonl"))
+    assert repeated_id_rows(run.fs, [run.path(n) for n in ("a.parquet", "b.parquet", "c.parquet")]) == [
+        {"doc_id": "d", "source": "b.jsonl", "line": 2}, {"doc_id": "d", "source": "c.jsonl", "line": 2}]
 
 
 def test_read_parts_gives_each_file_in_blocks_with_the_dedup_bucket(tmp_path):

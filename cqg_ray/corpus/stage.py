@@ -126,16 +126,6 @@ def _shard_summary(stage_uri: str, name: str) -> dict:
             "digest": documents_digest(ids)}
 
 
-def _all_ids_repeated(stage_uri: str, names: list[str]) -> str:
-    """Ray task, for shards that are not in doc id order (Ray Data wrote them otherwise than sorted): a repeated id
-    among all of them ("" if none)."""
-    run = RunDir(stage_uri)
-    ids = np.sort(np.concatenate([pq.read_table(run.path(n), columns=["doc_id"], filesystem=run.fs).column("doc_id")
-                                  .to_numpy(zero_copy_only=False) for n in names]))
-    rep = ids[1:][ids[1:] == ids[:-1]]
-    return str(rep[0]) if len(rep) else ""
-
-
 def rows_of_id(fs, paths: list[str], doc_id: str, n: int = 2) -> list[dict]:
     """Up to n rows (doc_id, source, line) of the corpus files ``paths`` that hold ``doc_id``, in file order (Ray Data)."""
     import ray
@@ -259,12 +249,14 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
     shards = run.ls(ctx.stage, suffix=".parquet")
     summarize = ray.remote(_shard_summary).options(num_cpus=1)
     summaries = ray.get([summarize.remote(ctx.uri, n) for n in shards])  # one small dict a shard
-    rep = repeated_id(summaries)
-    if rep is None:
-        rep = ray.get(ray.remote(_all_ids_repeated).remote(ctx.uri, shards))
-    if rep:  # ids must be unique (an id column with repeats is a data error worth stopping for)
-        where = " and ".join(f"{r['source']}:{r['line']}" for r in rows_of_id(run.fs, [run.path(ctx.stage, n) for n in shards], rep))
-        raise CorpusError(f"document id {rep!r} appears more than once ({where}; check corpus.id_column)")
+    rep, paths = repeated_id(summaries), [run.path(ctx.stage, n) for n in shards]
+    if rep is None:  # the summaries cannot tell: every id is read (a Ray Data groupby)
+        rows = repeated_id_rows(run.fs, paths)
+    else:
+        rows = rows_of_id(run.fs, paths, rep) if rep else []
+    if rows:  # ids must be unique (an id column with repeats is a data error worth stopping for)
+        where = " and ".join(f"{r['source']}:{r['line']}" for r in rows)
+        raise CorpusError(f"document id {rows[0]['doc_id']!r} appears more than once ({where}; check corpus.id_column)")
     n_out = sum(s["rows"] for s in summaries)
     ctx.extra["documents_digest"] = add_digests(s["digest"] for s in summaries)
     run.rm(parts_rel)
