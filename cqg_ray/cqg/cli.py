@@ -7,9 +7,9 @@ import os
 
 
 def _is_model(target: str) -> bool:
-    from cqg_ray.mbqa.embedder import shipped_models
+    from cqg_ray.mbqa.embedder import is_shipped_name
 
-    return target in shipped_models() or os.path.exists(os.path.join(target, "questions.json"))
+    return is_shipped_name(target) or os.path.exists(os.path.join(target, "questions.json"))
 
 
 def quality_report(target: str, corpus: list[str] | None = None) -> dict:

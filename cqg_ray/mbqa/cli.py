@@ -26,7 +26,7 @@ def mean_probabilities(model, texts: list[str]) -> np.ndarray:
 
 def cmd_budget(args) -> int:
     from cqg_ray.evaluate.data import DataError, load_texts, sample_indices
-    from cqg_ray.mbqa.embedder import InterpretableEmbedder, resolve_model
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder, is_shipped_name, resolve_model
 
     if args.n < 1:
         raise ConfigError(f"budget: --n must be at least 1 (texts sampled from --stats), got {args.n}")
@@ -64,7 +64,7 @@ def cmd_budget(args) -> int:
         model.versioned_budget = changed = True
     if model.budget.needs_mean and model.mean is None:
         raise ConfigError("centred values or ranking need the statistics: give --stats TRAINING_TEXTS")
-    if changed and path != args.model:
+    if changed and is_shipped_name(args.model):
         raise ConfigError(f"budget: {args.model} is a shipped model ({path}): copy its folder (cp -r {path} my-model) and set the "
                           "budget of the copy (cqg-ray budget my-model ...), or name the folder by its path to change it in place")
     if changed:

@@ -81,6 +81,11 @@ def resolve_model(path_or_name: str) -> str:
     return s
 
 
+def is_shipped_name(path_or_name: str) -> bool:
+    """Whether a model is named by its shipped name (``resolve_model`` finds it in ``model_dirs()``), not by a path."""
+    return resolve_model(path_or_name) != str(path_or_name)
+
+
 class ModelError(ArtifactError):
     """A missing, corrupt or inconsistent model folder."""
 

@@ -254,11 +254,12 @@ def test_a_bare_name_loads_from_the_models_folders(saved, encoder, tmp_path, mon
     shipped = tmp_path / "shipped"
     shutil.copytree(saved, shipped / "my-model")
     monkeypatch.setenv("CQG_RAY_MODELS", str(shipped))
-    from cqg_ray.mbqa.embedder import resolve_model, shipped_models
+    from cqg_ray.mbqa.embedder import is_shipped_name, resolve_model, shipped_models
 
     assert resolve_model("my-model") == str(shipped / "my-model")
-    assert "my-model" in shipped_models()
+    assert "my-model" in shipped_models() and is_shipped_name("my-model")
     assert resolve_model("some/path") == "some/path" and resolve_model("s3://b/m") == "s3://b/m"
+    assert not is_shipped_name(str(shipped / "my-model")) and not is_shipped_name("no-such-model")
     model = InterpretableEmbedder.load("my-model", encoder=encoder)
     assert model.m == M
     np.testing.assert_array_equal(model.encode(TEXTS, progress=False), make_model(encoder).encode(TEXTS, progress=False))
@@ -276,7 +277,7 @@ def test_a_bare_name_loads_from_the_models_folders(saved, encoder, tmp_path, mon
     assert evaluation_folder("my-model") == "evaluation/my-model"  # here: the shipped model's published report stays
     assert evaluation_folder("runs/x/model/") == "runs/x/model/evaluation"
     shutil.copy(shipped / "my-model" / "config.json", work / "my-model" / "config.json")
-    assert resolve_model("my-model") == "my-model"
+    assert resolve_model("my-model") == "my-model" and not is_shipped_name("my-model")
 
 
 def test_a_budgeted_model_saves_as_version_2_and_every_output_follows_the_budget(encoder, tmp_path):
