@@ -6,7 +6,7 @@ paper, and `paper.yaml` sets them back: for speed, `llm.answer_mode` (single-pas
 docs/answer-modes.md) and `label.random_from` (random texts from the labelled pool, not the whole corpus); for
 question quality, `cqg.prompt` (property, not A.1), `cqg.filters` and `cqg.p_p/p_h/p_e` (10/6/4, not 5/3/2; see
 docs/questions.md); for short explanations, `train.budget` (top-k per text, not Eq. 4's global tau; see
-docs/mbqa.md#the-load-budget).
+docs/mbqa.md#the-load-budget-mbqabudgetpy).
 
     cfg = load_config("demo")          # a config shipped in cqg_ray/configs, or a path; bad keys and values raise ConfigError
     cfg.cqg.n_p, cfg.cqg.theta, cfg.train.tau
@@ -299,7 +299,7 @@ class TrainConfig(Section):
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty on the heads' weights, added to Adam's gradients (the paper: none, "
                                 "with ~1,000 labels a question); with tens of labels a question an unpenalised head fits its few "
                                 "texts and ranks held-out ones worse (docs/mbqa.md#weight-decay)")
-    epochs: int = Field(100, ge=1, description="passes over the labelled pairs; at lr 1e-4 held-out macro F1 levels off at ~100 (README, Training)")
+    epochs: int = Field(100, ge=1, description="passes over the labelled pairs; at lr 1e-4 held-out macro F1 levels off at ~100 (docs/mbqa.md, Training)")
     pairs_per_head: int = Field(8, ge=1, description="labelled texts per head per training step "
                                 "(question-major steps: every step updates every head on its own texts)")
     soft_labels: bool = Field(False, description="fit the heads to the LLM's P(yes) (single-pass answers) instead of its 0/1 answers; "
@@ -328,7 +328,7 @@ class TrainConfig(Section):
     max_failures: int = Field(2, ge=0)
     seed: Seed = 0
     tau: float = Field(0.5, gt=0, lt=1, description="tau: binary classification threshold stored with the model")
-    budget: BudgetConfig = Field(default_factory=BudgetConfig, description="the model's default output (docs/mbqa.md#the-load-budget)")
+    budget: BudgetConfig = Field(default_factory=BudgetConfig, description="the model's default output (docs/mbqa.md#the-load-budget-mbqabudgetpy)")
 
     @model_validator(mode="after")
     def _one_worker_task(self) -> "TrainConfig":
@@ -380,7 +380,7 @@ class ServeConfig(Section):
     torch_threads: int = Field(1, ge=1, description="torch threads per CPU replica")
     encoder_backend: EncoderBackend = Field("auto", description=BACKEND_HELP)
     encoder_batch_size: int | None = Field(None, ge=1, description="texts per encoder forward inside a served batch (None = 64 on GPU; on CPU 32 "
-                                           "for openvino/onnx, 8 for torch; texts are sorted by length first)")
+                                           "for openvino/onnx with AVX-512, else 8; texts are sorted by length first)")
 
     @model_validator(mode="after")
     def _replica_range(self) -> "ServeConfig":

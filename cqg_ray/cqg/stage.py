@@ -5,7 +5,7 @@ Reads prepare/ (texts), cluster/ (assignments, neighbours); writes under questio
     samples.parquet        cluster, role (positive|hard|easy|article), doc_id          the generation prompts' texts
     keywords.parquet       cluster, keywords (c-TF-IDF words the property prompt shows; only with cqg.keywords > 0)
     generations.parquet    cluster, ok, raw text, parsed questions, dropped counts, tokens
-    probes.parquet         cluster, doc_id, role, candidate ids, answers               one A.3 prompt per probe text
+    probes.parquet         cluster, doc_id, role, candidate ids, answers               one row per probe text
     generate/, probe/      the plans the workers read (probe/candidates.parquet: the candidates' texts)
     candidates.parquet     every parsed question with its probe counts, quality (Eq. 1), top_t / kept flags
     questions.parquet      the selected questions (question_id 0..m-1, best quality first)
@@ -18,9 +18,9 @@ finished call). The driver holds the samples' row indices, the candidates and th
 copy filter read texts in tasks.
 
 Probing: for each cluster, p_p positive, p_h hard-negative and p_e easy-negative probe texts are drawn once
-and shared by the cluster's questions; one A.3 prompt asks all of the cluster's questions about one probe
-text. Each question is still judged on p_p / p_h / p_e random probes (Equation 1) while the number of
-prompts drops from (p_p + p_h + p_e) per question to (p_p + p_h + p_e) per cluster.
+and shared by the cluster's questions, so each question is judged on p_p / p_h / p_e random probes (Equation 1).
+They are answered as ``llm.answer_mode`` says: single-pass by default (one question a prompt, the probe text's prefix
+shared), or packed, where one A.3 prompt asks all of the cluster's questions about one probe text.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
     cqg-ray budget runs/demo/model --rule top_k --k 112 --floor 0.5 --value centred --rank centred
 
 The statistics must come from the texts the model was trained on (or a sample of them), never from evaluation data.
-Setting a budget or statistics makes the folder format version 2 (docs/mbqa.md#the-load-budget). It rewrites the
+Setting a budget or statistics makes the folder format version 2 (docs/mbqa.md#the-load-budget-mbqabudgetpy). It rewrites the
 folder's config.json in place, so a shipped model named by its name is left alone: copy its folder and change the copy.
 """
 
