@@ -171,7 +171,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     import ray
 
     from cqg_ray.corpus import CorpusError, list_files, repeated_id_rows, unwrap_error
-    from cqg_ray.corpus.read import MAX_REPORTED_ERRORS
+    from cqg_ray.corpus.read import MAX_REPORTED_ERRORS, replaced_utf8_warning
     from cqg_ray.mbqa.embedder import InterpretableEmbedder, resolve_model
 
     model_path = resolve_model(model_path)  # a shipped model's name -> its folder
@@ -247,8 +247,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     if lost:  # counted in the manifest too; said here, so that a run that drops rows does not pass in silence
         log.warning("embed: rows not embedded: %s", ", ".join(f"{k} {v}" for k, v in lost.items()))
     if dropped.get("utf8_replaced"):  # embedded, but maybe not what the file meant (another encoding, binary)
-        log.warning("embed: %d row(s) held bytes that are not UTF-8, replaced by U+FFFD (the corpus readers' invalid_utf8: "
-                    "reject drops such rows)", dropped["utf8_replaced"])
+        log.warning(replaced_utf8_warning("embed", dropped["utf8_replaced"]))
     if corpus.id_column and (rows := repeated_id_rows(run.fs, [p for p, _ in shards])):  # search and joins need one row an id
         where = " and ".join(f"{r['source']}:{r['line']}" for r in rows)
         raise CorpusError(f"document id {rows[0]['doc_id']!r} appears more than once ({where}): ids from --id-column "

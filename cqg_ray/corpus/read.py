@@ -31,6 +31,12 @@ MAX_REPORTED_ERRORS = 20
 csv.field_size_limit(2**31 - 1)
 
 
+def replaced_utf8_warning(stage: str, n: int) -> str:
+    """The warning a stage logs for rows whose bytes were not UTF-8 and were kept with U+FFFD in their place."""
+    return (f"{stage}: {n} row(s) held bytes that are not UTF-8, replaced by U+FFFD (maybe another encoding, or binary; "
+            "corpus.invalid_utf8: reject drops such rows)")
+
+
 class CorpusError(ValueError):
     """A corpus that cannot be read as configured (missing column, unknown format, no files)."""
 
@@ -58,6 +64,18 @@ class ParseResult:
         self.dropped[kind] += 1
         if len(self.errors) < MAX_REPORTED_ERRORS:
             self.errors.append(msg)
+
+
+def _json_lines(lines, source: str, res: ParseResult):
+    """Yield (line_number, parsed value) for each JSON line; empty lines and invalid JSON counted in ``res``."""
+    for i, line in lines:
+        if not line.strip():
+            res.dropped["empty"] += 1
+            continue
+        try:
+            yield i, json.loads(line)
+        except json.JSONDecodeError as e:
+            res.error("bad_json", f"{source}:{i}: invalid JSON ({e.msg} at column {e.colno})")
 
 
 def _decode_lines(data: bytes, source: str, invalid_utf8: str, res: ParseResult):
@@ -134,23 +152,17 @@ def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseRe
 
     if fmt in ("jsonl", "medi2"):
         missing_col = 0
-        lines = _decode_lines(data, source, cfg.invalid_utf8, res)
+        items = None
         if data[:4096].lstrip()[:1] == b"[":  # a .json file holding one array of objects: its items are the rows (numbered from 1)
             try:
                 items = json.loads(data)
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 items = None  # JSON Lines whose first line is an array: read by line below
-            if isinstance(items, list):
-                lines = ((i, json.dumps(item)) for i, item in enumerate(items, start=1))
-        for i, line in lines:
-            if not line.strip():
-                res.dropped["empty"] += 1
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                res.error("bad_json", f"{source}:{i}: invalid JSON ({e.msg} at column {e.colno})")
-                continue
+        if isinstance(items, list):
+            records = enumerate(items, start=1)
+        else:
+            records = _json_lines(_decode_lines(data, source, cfg.invalid_utf8, res), source, res)
+        for i, obj in records:
             if not isinstance(obj, dict):
                 res.error("bad_json", f"{source}:{i}: expected a JSON object, got {type(obj).__name__}")
                 continue

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from cqg_ray.artifacts import add_digests
 from cqg_ray.config import CorpusConfig
 from cqg_ray.corpus.clean import SAMPLE_BINS, cut_bin, dedup_table, key_bins, sample_cut, sample_keys
-from cqg_ray.corpus.read import MAX_REPORTED_ERRORS, CorpusError, list_files, parse_file, read_bytes, rows_table
+from cqg_ray.corpus.read import MAX_REPORTED_ERRORS, CorpusError, list_files, parse_file, read_bytes, replaced_utf8_warning, rows_table
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
 
 log = logging.getLogger("cqg_ray")
@@ -205,8 +205,7 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
     for e in errors[:MAX_REPORTED_ERRORS]:
         log.warning("prepare: %s", e)
     if dropped.get("utf8_replaced"):  # kept, but maybe not what the file meant (another encoding, binary)
-        log.warning("prepare: %d row(s) held bytes that are not UTF-8, replaced by U+FFFD (corpus.invalid_utf8: reject drops "
-                    "such rows)", dropped["utf8_replaced"])
+        log.warning(replaced_utf8_warning("prepare", dropped["utf8_replaced"]))
     read_rows = sum(t["rows"] for t in tallies)
 
     # one task a part, reading it in blocks of at most rows_per_shard rows (read_parquet packs several files into one
