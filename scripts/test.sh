@@ -42,9 +42,10 @@ else
   .venv/bin/ruff check .
 fi
 # --no-loadscope-reorder: xdist would otherwise hand out the files with the most tests first, not tests/conftest.py's
-# order (the files that took longest first), and a one-test file of minutes (vLLM, the jobs file) would run last, alone
+# order (the files that took longest first), and a one-test file of minutes (vLLM, the jobs file) would run last, alone.
+# --durations=25: the slowest tests end every report (CI's log too); --durations=0 among the arguments lists them all
 rc=0
-.venv/bin/python -m pytest -n "${CQG_RAY_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@" || rc=$?
+.venv/bin/python -m pytest -n "${CQG_RAY_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=25 "$@" || rc=$?
 if [ -n "$vllm_setup" ]; then  # a run that did not need it still leaves the venv whole, not half-installed
   wait "$vllm_setup" || true
   if [ "$(cat "$CQG_RAY_VLLM_SETUP_STATUS" 2>/dev/null)" = 0 ]; then
