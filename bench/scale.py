@@ -1,6 +1,6 @@
 """A rehearsal of `cqg-ray run` end to end on a local Ray at 100k, 300k and 1M synthetic texts (issue 31).
 
-    python bench/scale.py [--sizes 100000 300000 1000000] [--out scale.json] [--keep DIR]
+    python bench/scale.py [--sizes 100000 300000 1000000] [--out scale.json] [--work DIR] [--keep]
 
 What runs is the real pipeline: for each size, `python -m cqg_ray.cli run -c <config>` in a subprocess of its own
 (so the driver's VmHWM is that process's), which starts its own local Ray (RAY_ADDRESS=local) and runs every stage,

@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="show each stage of a run: done / stale / missing, with counts and timings",
                         description="Show each stage of a run directory: done, stale (its config changed since) or missing, "
                                     "with its counts and timings, and what is running now.")
-    st.add_argument("run_dir", help="the run directory (run.dir of the config), a local path or URI")
+    st.add_argument("run_dir", help="the run directory (run_dir of the config), a local path or URI")
     st.set_defaults(func=cmd_status)
 
     for module in COMMAND_MODULES:

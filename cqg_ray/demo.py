@@ -172,7 +172,7 @@ def add_commands(sub) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--config", "-c", default=None, help="a packaged config by name or a YAML path (default: demo, i.e. cqg_ray/configs/demo.yaml)")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value (repeatable), e.g. cqg.max_clusters=8 or run.dir=runs/demo2; wins over the sizing")
+                   help="override a config value (repeatable), e.g. cqg.max_clusters=8 or run_dir=runs/demo2; wins over the sizing")
     p.add_argument("--break-lease", action="store_true", help="take the run directory even if another live run holds its lease")
     p.add_argument("--minutes", type=float, default=BUDGET_MIN,
                    help=f"time budget after set-up (default {BUDGET_MIN:g}): a new run directory measures this machine's LLM rates "

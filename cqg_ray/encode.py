@@ -2,14 +2,15 @@
 
 Work is cut into *units* (``cqg_ray.units``: a slice of rows of one corpus shard, ``unit_rows`` at most). A Ray Data
 actor pool (one encoder per actor, a GPU per actor when the cluster has GPUs) takes units; each actor reads its
-slice (only the shard's row groups that hold it: ``units.read_unit``), encodes it in one `Encoder.encode` call on the
-configured backend (texts sorted by length inside, so little padding; L2-normalised), and writes
+slice (only the shard's row groups that hold it: ``units.read_unit``), encodes it ``PROGRESS_TEXTS`` texts at a time
+(`Encoder.encode`, or `Encoder.encode_tokens` on tokens from the CPU tokenizing stage) on the configured backend
+(texts sorted by length inside, so little padding; L2-normalised), and writes
 ``<run>/encode/emb-<shard>-<start>.parquet`` atomically (columns doc_id, embedding: fixed-size list of float32 or
 float16). A rerun skips units whose file exists, so a killed encode resumes where it stopped and every row is
 written exactly once. Later stages read the files with ``cqg_ray.artifacts.load_embeddings``. The manifest counts the bytes the units read
 (``unit_bytes_read``) beside the prepared shards' size (``corpus_bytes``): about one read of each row when the shards'
-row groups are no longer than a unit (prepare's Ray Data writer decides them; today one row group a shard, so a
-shard of u units is read u times).
+row groups are no longer than a unit (prepare writes row groups of 1,000 rows, ``corpus.stage.ROW_GROUP_ROWS``, so a pass reads each row
+once).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ STAGES: tuple[Stage, ...] = (
           "cqg_ray.mbqa.label:run_labels", "",
           "LLM answers for MBQA training: one (text, question) a prompt, P(yes) read without decoding, or the paper's 20 a prompt (llm.answer_mode; label.*)"),
     Stage("model", "train", ("labels", "encode", "questions"), ("train",), "cqg_ray.mbqa.stage:run_train", "",
-          "train the MBQA heads with Ray Train and save the model folder (train.*: alpha tau)",
+          "train the MBQA heads (one Ray task, or Ray Train for several workers: train.trainer) and save the model folder (train.*: alpha tau)",
           unhashed=("train.trainer",)),  # one Ray task or Ray Train's one worker: the same heads to the bit (tested)
     Stage("evaluation", "evaluate-run", ("model",), ("evaluate",), "cqg_ray.evaluate.stage:run_evaluation", "",
           "evaluate the run's model (evaluate.*)"),

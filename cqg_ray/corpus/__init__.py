@@ -9,8 +9,8 @@ corpus in shards sorted by document id, so that the result does not depend on ho
 back through ``cqg_ray.artifacts``).
 
 Output (``<run>/prepare/``): ``part-*.parquet`` with columns doc_id, text, source, line; ``stats.json``.
-Document ids: the id column when one is named, else the first 16 hex digits of sha1(text) (stable
-across runs and machines).
+Document ids: the id column when one is named, else the first 16 hex digits of sha1(text) (with ``corpus.dedup`` off:
+of the file, the line and the text's hash), stable across runs and machines.
 """
 
 from cqg_ray.corpus.clean import clean_text, dedup_table, sample_key, text_hash

@@ -2,7 +2,7 @@
 
     cqg_messages(positives, negatives)          A.1  Contrastive Question Generation (n_p positives, n_h + n_e negatives)
     qaemb_messages(articles, examples)          A.2  QAEmb question generation (the baseline)
-    answer_messages(text_chunk, questions)      A.3  yes/no answering, up to 20 questions per prompt (packed mode)
+    answer_messages(text_chunk, questions)      A.3  yes/no answering, 20 questions per prompt in the paper (packed mode; at most 100)
     single_answer_messages(text_chunk, question)     A.3 with one question (single-pass mode: P(yes) from one position)
     property_messages(positives, negatives)     not the paper's: CQG asking for properties (system rules + worked examples)
     judge_messages(text, question)              not the paper's: the faithfulness judge's plain yes/no question
@@ -156,7 +156,7 @@ def single_answer_prompt(text_chunk: str, question: str) -> str:
     prefix shared by all questions about the text (computed once) and each question costs only its own line; the
     answer-format lines ("1. yes/no") are replaced by the reply's own start "1.", after which the model's next token
     is its answer. (Measured on the bundled models, this reads the answer better than a bare "Question: ..." with
-    the reply's first token: see the README, "Answer modes".)
+    the reply's first token: see docs/answer-modes.md.)
     """
     if not isinstance(text_chunk, str):
         raise TypeError(f"text_chunk is {type(text_chunk).__name__}, expected str")

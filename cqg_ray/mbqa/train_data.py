@@ -6,7 +6,7 @@ P(yes) with soft labels) and ``part`` (0: trained on; held out: 1 select, 2 repo
 directory: Data workers read encode/ and look up each batch's labels in labels/labels.parquet, so every text is
 one row and neither the labels nor the embeddings pass through the driver. `arrays_dataset` builds the same rows
 from arrays (the array API of `train_heads`, tests, benches). Each Ray Train worker turns its shard, batch by batch,
-into the arrays `loop.run_epochs` trains on (`shard_arrays`); `TextStats` is the pass after training (per-question
+into the arrays `loop.run_epochs` trains on (`shard_arrays`); `dataset_stats` is the pass after training (per-question
 label counts, the heads' mean probabilities, the held-out pairs with the heads' logits).
 """
 

@@ -13,15 +13,17 @@ How each count is derived (N texts, k clusters; paper symbols of Table 8 and App
   share of the questions asked that parse as yes/no questions); ``filter_survival`` of them pass ``cqg.filters``
   (measured by ``--calibrate RUN_DIR`` from a finished questions stage, or given).
 - Probing (Equation 1), as ``cqg_ray.cqg.stage`` does it: per cluster, p_p + p_h + p_e probe texts shared by the
-  cluster's questions, one A.3 prompt per probe text with the cluster's candidates (in chunks of
-  ``label.questions_per_prompt``): k x (p_p + p_h + p_e) x ceil(10 / 20) prompts.
+  cluster's questions. Packed (``llm.answer_mode: packed``, as paper.yaml): one A.3 prompt per probe text with the
+  cluster's candidates (in chunks of ``label.questions_per_prompt``): k x (p_p + p_h + p_e) x ceil(10 / 20) prompts.
+  Single-pass (the default): one request per (probe text, candidate), the text's prefix shared.
 - Selection: top t per cluster (at most the cluster's filtered candidates) -> k x t, then dedup at theta keeps a fraction ``dedup_survival`` of them
   (default: the paper's 9,614 / 20,000 for CQG, 10,654 / 20,000 for QAEmb, Appendix D): m questions.
 - Labelling (Appendix B): m x min(n_cluster + n_neighbor + n_random, N) (text, question) pairs. The paper packs
   20 questions per prompt: pairs / 20 prompts at full packing (10M pairs -> 500k prompts). Our packing
   (``cqg_ray.mbqa.label_plan``) groups a text's questions, so the prompts are "one per (text, 20 of its questions)"; its
   count is estimated by ``label_packing_estimate`` (derivation there) and can be checked exactly on a synthetic
-  balanced clustering with ``simulate_label_packing`` (``--simulate``).
+  balanced clustering with ``simulate_label_packing`` (``--simulate``). Single-pass (the default): one request per
+  pair (``plan.capacity``).
 - Encoder passes: the corpus (N texts), the k x 10 candidate questions (dedup), and the final embedding pass over
   ``embed_docs`` texts (default N; the MBQA heads cost nothing beside the encoder).
 - Tokens: every prompt is built with the real prompt functions (``cqg_ray.llm.prompts``) on empty slots, its

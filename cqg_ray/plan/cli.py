@@ -44,7 +44,8 @@ def _count_arg(s: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", help="YAML config (default: the built-in paper defaults; --config paper for the paper's run)")
+    p.add_argument("--config", "-c", help="YAML config (default: the built-in defaults, which depart from the paper in places; "
+                   "--config paper for the paper's run)")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. label.n_cluster=250")
     p.add_argument("--docs", type=_count_arg, help="corpus size N after dedup, e.g. 6.8M (default: corpus.limit)")
     p.add_argument("--clusters", "-k", type=_count_arg, help="k (default: cluster.k)")

@@ -10,7 +10,7 @@ except ``PROCESS_BASE``. Byte sizes (the model in docs/cluster.md):
   for the bundled Q4_K_M GGUFs, plus ``PARAMS`` x 4 or 2 bytes where the torch engine, as resolved on this CPU, scores
   or generates; the GGUF not at all where torch does both, as llama.cpp is then never loaded); an engine's KV cache
   and activations are not counted (vLLM's are on the GPU);
-- driver plans: the labelling plan's arrays 17 bytes a pair (text int32, question int64, source int8, prompt slot
+- driver plans: the labelling plan's arrays 17 bytes a pair (text int64, question int32, source int8, prompt slot
   int32) and 16 a prompt, its Arrow table and Parquet bytes 4 a pair and 16 a prompt each, held together at the write;
   the clusters 32 bytes a text (doc id ~24, label 8) and each text's place in the corpus shards 12 (shard int32, row
   int64); the cluster driver its centroids, the k-means task every doc id and its sample at d x 4 bytes a point;
