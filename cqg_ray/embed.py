@@ -170,7 +170,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     """
     import ray
 
-    from cqg_ray.corpus import CorpusError, list_files, repeated_id_rows, unwrap_error
+    from cqg_ray.corpus import CorpusError, list_files, repeated_id_rows, row_places, unwrap_error
     from cqg_ray.corpus.read import MAX_REPORTED_ERRORS, replaced_utf8_warning
     from cqg_ray.mbqa.embedder import InterpretableEmbedder, resolve_model
 
@@ -249,8 +249,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     if dropped.get("utf8_replaced"):  # embedded, but maybe not what the file meant (another encoding, binary)
         log.warning(replaced_utf8_warning("embed", dropped["utf8_replaced"]))
     if corpus.id_column and (rows := repeated_id_rows(run.fs, [p for p, _ in shards])):  # search and joins need one row an id
-        where = " and ".join(f"{r['source']}:{r['line']}" for r in rows)
-        raise CorpusError(f"document id {rows[0]['doc_id']!r} appears more than once ({where}): ids from --id-column "
+        raise CorpusError(f"document id {rows[0]['doc_id']!r} appears more than once ({row_places(rows)}): ids from --id-column "
                           f"{corpus.id_column!r} must be unique")
 
     # 2. embedding units

@@ -15,7 +15,7 @@ of the file, the line and the text's hash), stable across runs and machines.
 
 from cqg_ray.corpus.clean import clean_text, dedup_table, sample_key, text_hash
 from cqg_ray.corpus.read import CorpusError, detect_format, list_files, parse_file, read_bytes, rows_table
-from cqg_ray.corpus.stage import prepare, repeated_id_rows, unwrap_error
+from cqg_ray.corpus.stage import prepare, repeated_id_rows, row_places, unwrap_error
 
 __all__ = ["CorpusError", "clean_text", "dedup_table", "detect_format", "list_files",
-           "parse_file", "prepare", "read_bytes", "repeated_id_rows", "rows_table", "sample_key", "text_hash", "unwrap_error"]
+           "parse_file", "prepare", "read_bytes", "repeated_id_rows", "row_places", "rows_table", "sample_key", "text_hash", "unwrap_error"]

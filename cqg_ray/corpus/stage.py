@@ -135,6 +135,11 @@ def rows_of_id(fs, paths: list[str], doc_id: str, n: int = 2) -> list[dict]:
     return sorted(rows.take(n), key=lambda r: (r["source"], r["line"]))
 
 
+def row_places(rows: list[dict]) -> str:
+    """Rows named by file:line, for an error ("a.jsonl:1 and a.jsonl:3")."""
+    return " and ".join(f"{r['source']}:{r['line']}" for r in rows)
+
+
 def repeated_id_rows(fs, paths: list[str]) -> list[dict]:
     """Two rows (doc_id, source, line) of an id that the corpus files ``paths`` hold more than once; [] when every id
     is unique. A Ray Data groupby: the driver holds no ids."""
@@ -254,8 +259,7 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
     else:
         rows = rows_of_id(run.fs, paths, rep) if rep else []
     if rows:  # ids must be unique (an id column with repeats is a data error worth stopping for)
-        where = " and ".join(f"{r['source']}:{r['line']}" for r in rows)
-        raise CorpusError(f"document id {rows[0]['doc_id']!r} appears more than once ({where}; check corpus.id_column)")
+        raise CorpusError(f"document id {rows[0]['doc_id']!r} appears more than once ({row_places(rows)}; check corpus.id_column)")
     n_out = sum(s["rows"] for s in summaries)
     ctx.extra["documents_digest"] = add_digests(s["digest"] for s in summaries)
     run.rm(parts_rel)
