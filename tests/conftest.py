@@ -27,6 +27,13 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 # against 4.1%), and no metrics are exported (the idle dashboard agent 0.7% against 1.2%). No test reads either.
 os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 os.environ.setdefault("RAY_enable_metrics_collection", "0")
+# Two test workers (and the servers, jobs and engines they start) share the cores, so a thread pool that waits for
+# work must sleep, not spin: OpenMP's (torch, faiss, vLLM) spins ~300,000 rounds after each parallel region, OpenBLAS's
+# (numpy) 2^28 cycles (~0.1 s) after each call, each on a core the other worker needs. Two torch encoders of 2 threads
+# side by side took 67-105 s spinning against 44-46 s passive (alone 22.4 s against 23.0); docs/development.md. Set
+# here, before this process loads either library; every process the tests start inherits it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # 2^4 cycles, OpenBLAS's least
 
 
 def own_cores() -> None:
