@@ -30,7 +30,7 @@ os.environ.setdefault("RAY_enable_metrics_collection", "0")
 # Two test workers (and the servers, jobs and engines they start) share the cores, so a thread pool that waits for
 # work must sleep, not spin: OpenMP's (torch, faiss, vLLM) spins ~300,000 rounds after each parallel region, OpenBLAS's
 # (numpy) 2^28 cycles (~0.1 s) after each call, each on a core the other worker needs. Two torch encoders of 2 threads
-# side by side took 67-105 s spinning against 44-46 s passive (alone 22.4 s against 23.0); docs/development.md. Set
+# side by side took 113 s spinning against 85 s passive (alone 43.1 s against 44.7; bench/idle_pools.py). Set
 # here, before this process loads either library; every process the tests start inherits it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # 2^4 cycles, OpenBLAS's least
