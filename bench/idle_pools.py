@@ -2,12 +2,13 @@
 pytest workers do): the bundled MiniLM on torch float32 with one thread per core encodes the same texts in two
 processes side by side, first with OpenMP's and OpenBLAS's defaults (their idle threads spin), then with
 ``OMP_WAIT_POLICY=PASSIVE OPENBLAS_THREAD_TIMEOUT=4`` (what tests/conftest.py sets), then one process alone under each.
-Prints each side's seconds, the pair's peak RSS, and last the spinning pair's seconds over the passive pair's.
+Prints each side's seconds, the largest encoder process's peak RSS, and last the spinning pair's seconds over the passive pair's.
 
     python bench/idle_pools.py [--texts 3000]
 """
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -20,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from _common import corpus_sample, cpu_line
 
 PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
+NAMES = {False: "spinning", True: "passive"}
 ENCODE = """
 import json, sys, time
 import torch
@@ -41,13 +43,14 @@ def pool_env(passive: bool) -> dict[str, str]:
 def encode_side_by_side(texts: list[str], processes: int, passive: bool) -> list[float]:
     """Seconds each of ``processes`` encoder processes took to encode ``texts``, started together."""
     env = pool_env(passive)
-    with tempfile.TemporaryDirectory() as tmp:
-        logs = [open(os.path.join(tmp, f"{i}.log"), "w+") for i in range(processes)]  # the model loads' progress bars
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as files:
+        logs = [files.enter_context(open(os.path.join(tmp, f"{i}.log"), "w+")) for i in range(processes)]  # the model loads' progress bars
         procs = [subprocess.Popen([sys.executable, "-c", ENCODE], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=log, text=True) for log in logs]
         for p in procs:
-            p.stdin.write(json.dumps(texts))
-            p.stdin.close()
+            files.enter_context(p.stdout)
+            with p.stdin:
+                p.stdin.write(json.dumps(texts))
         out = [p.stdout.read() for p in procs]
         for p, log in zip(procs, logs):
             if p.wait():
@@ -63,14 +66,13 @@ def main() -> None:
     print(cpu_line(), flush=True)
     texts = corpus_sample(args.texts)
     pairs = {}
-    for passive in (False, True):
-        name = "passive" if passive else "spinning"
+    for passive, name in NAMES.items():
         t0 = time.perf_counter()
         each = encode_side_by_side(texts, 2, passive)
         pairs[name] = max(each)
         print(f"{name}, two side by side: {' and '.join(f'{s:.1f}' for s in each)} s ({time.perf_counter() - t0:.1f} s with start-up)", flush=True)
-    for passive in (False, True):
-        print(f"{'passive' if passive else 'spinning'}, alone: {encode_side_by_side(texts, 1, passive)[0]:.1f} s", flush=True)
+    for passive, name in NAMES.items():
+        print(f"{name}, alone: {encode_side_by_side(texts, 1, passive)[0]:.1f} s", flush=True)
     print(f"peak RSS: largest encoder process {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MB")
     print(f"idle_pools_spinning_vs_passive: {pairs['spinning'] / pairs['passive']:.2f}")
 
