@@ -29,8 +29,8 @@ os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 os.environ.setdefault("RAY_enable_metrics_collection", "0")
 # Ray keeps up to 4 idle workers for the next job instead of as many as CPUs are free at that moment: a test session runs
 # hundreds of small Ray Data jobs one after another in one Ray, and each worker started again costs its process, its
-# imports (Ray, pyarrow, pandas; ~2 CPU-seconds on a 2.0 GHz Zen 1) and, for the shuffle's workers (their own runtime
-# environment), a second Python start. Twelve small jobs: 98 CPU-seconds against 53 (docs/development.md).
+# imports (Ray, pyarrow, pandas; ~3 CPU-seconds on a 2.0 GHz Zen 1) and, for the shuffle's workers (their own runtime
+# environment), a second Python start. Twelve small jobs: 106 busy CPU-seconds against 59 (bench/worker_reuse.py).
 os.environ.setdefault("RAY_num_workers_soft_limit", "4")
 # Two test workers (and the servers, jobs and engines they start) share the cores, so a thread pool that waits for
 # work must sleep, not spin: OpenMP's (torch, faiss, vLLM) spins ~300,000 rounds after each parallel region, OpenBLAS's
