@@ -347,9 +347,11 @@ def load_encoder(name: str, backend: str = "auto", device: str | None = None, th
         if (enc := _from_cache(name, path, backend, threads)) is not None:
             return enc
     from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
 
     if os.path.isdir(path):  # a local folder needs no hub: do not let the library try to reach it
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    hf_logging.disable_progress_bar()  # its "Loading weights" bar on every load: the stage's own progress is what a user reads
     st = SentenceTransformer(path, device=device)
     st.eval()
     if backend == "torch-bfloat16":

@@ -48,6 +48,16 @@ def test_load_and_encode_normalised():
     assert enc.encode([]).shape == (0, 384)
 
 
+def test_a_torch_load_prints_no_weight_loading_bar(capfd):
+    """transformers' "Loading weights" bar (stderr, every load) is off: a stage's own progress is what a user reads."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()  # as in a fresh process (an earlier load in this one turned it off)
+    capfd.readouterr()
+    load_encoder(NAME, backend="torch-float32", device="cpu")
+    assert "Loading weights" not in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_each_backend_matches_float32(backend, reference, tmp_path_factory, monkeypatch):
     if backend not in installed_backends():
