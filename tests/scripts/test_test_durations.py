@@ -26,6 +26,15 @@ def test_files_go_longest_first_and_unlisted_files_by_their_tiers():
     assert [i.nodeid for i in order] == ["a.py::t1", "a.py::t2", "c.py::t1", "b.py::t1", "b.py::t2", "d.py::t1"]
 
 
+def test_a_file_that_waits_for_a_set_up_beside_the_tests_comes_after_other_work():
+    items = [Item("v.py::t1", "vllm"), Item("a.py::t1"), Item("b.py::t1"), Item("c.py::t1"), Item("d.py::t1")]
+    seconds = {"v.py": 600.0, "a.py": 500.0, "b.py": 300.0, "c.py": 200.0, "d.py": 100.0}
+    # the vLLM file is the longest, but goes after the first files worth AFTER_SETUP's 900 s: a, b, c (1,000 s)
+    assert [i.nodeid.split(".")[0] for i in heaviest_files_first(items, seconds)] == ["a", "b", "c", "v", "d"]
+    # fewer seconds of other files than that: it goes last
+    assert [i.nodeid.split(".")[0] for i in heaviest_files_first(items[:3], seconds)] == ["a", "b", "v"]
+
+
 def test_durations_json_is_made_from_a_durations_report(tmp_path):
     log = tmp_path / "run.log"
     log.write_text("\n".join(["============ slowest durations ============",
