@@ -22,6 +22,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("CQG_RAY_PROGRESS", "0")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+# no preemption watcher for the tests' Ray Train runs either (what init_ray gives a local Ray: pipeline.LOCAL_TRAIN_ENV,
+# not imported here: cqg_ray.pipeline loads numpy, which must start after the thread settings below)
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 # Ray's own upkeep, which a 2-core run pays for every second a Ray is alive (two session-long ones, and more): the log
 # monitor looks for new log files every 0.5 s instead of on every 0.1 s pass (with 162 log files: 2.3% of a core
 # against 4.1%), and no metrics are exported (the idle dashboard agent 0.7% against 1.2%). No test reads either.

@@ -91,15 +91,15 @@ def test_release_memory_gives_the_freed_heap_back():
     assert len(pin) == 64 * 1024
 
 
-def test_worker_malloc_env_caps_glibc_heaps_unless_set():
-    from cqg_ray.pipeline import worker_malloc_env
+def test_local_ray_env_caps_glibc_heaps_and_quiets_ray_train_unless_set():
+    from cqg_ray.pipeline import local_ray_env
 
     env = {}
-    worker_malloc_env(env)
-    assert env == {"MALLOC_ARENA_MAX": "2"}
-    mine = {"MALLOC_ARENA_MAX": "8"}
-    worker_malloc_env(mine)
-    assert mine == {"MALLOC_ARENA_MAX": "8"}  # the user's choice stays
+    local_ray_env(env)
+    assert env == {"MALLOC_ARENA_MAX": "2", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25"}
+    mine = {"MALLOC_ARENA_MAX": "8", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "5"}
+    local_ray_env(mine)
+    assert mine == {"MALLOC_ARENA_MAX": "8", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "5"}  # the user's stay
 
 
 def test_no_address_starts_a_new_local_ray_even_where_a_ray_start_cluster_runs(monkeypatch):
@@ -109,13 +109,14 @@ def test_no_address_starts_a_new_local_ray_even_where_a_ray_start_cluster_runs(m
     import ray
 
     from cqg_ray.config import RayConfig
-    from cqg_ray.pipeline import init_ray
+    from cqg_ray.pipeline import LOCAL_TRAIN_ENV, init_ray
 
     calls = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: calls.append((kw.get("address"), kw.get("num_cpus"))))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # what init_ray would set for a local Ray: restored after the test
+    for key, value in {"MALLOC_ARENA_MAX": "2", **LOCAL_TRAIN_ENV}.items():  # what init_ray sets for a local Ray: restored after
+        monkeypatch.setenv(key, value)
     init_ray(RayConfig(num_cpus=3))
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     init_ray(RayConfig(num_cpus=3))
@@ -126,16 +127,21 @@ def test_no_address_starts_a_new_local_ray_even_where_a_ray_start_cluster_runs(m
 @pytest.mark.ray
 @pytest.mark.parametrize("address", [None, "local"])  # RAY_ADDRESS=local (what bench/scale.py sets) also starts one
 def test_a_local_ray_started_by_init_ray_gives_its_workers_two_heaps(tmp_path, address):
+    """...and its workers (and the driver, whose environment Ray Train's runs read) the local Ray Train settings."""
     import os
     import subprocess
     import sys
 
+    from cqg_ray.pipeline import LOCAL_TRAIN_ENV
+
+    keys = ["MALLOC_ARENA_MAX", *LOCAL_TRAIN_ENV]
     script = ("import os, ray\nfrom cqg_ray.config import RayConfig\nfrom cqg_ray.pipeline import init_ray\n"
-              f"init_ray(RayConfig(num_cpus=1, address={address!r}))\nprint(ray.get(ray.remote(lambda: os.environ.get('MALLOC_ARENA_MAX')).remote()))\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "RAY_ADDRESS")}
+              f"init_ray(RayConfig(num_cpus=1, address={address!r}))\n"
+              f"print(ray.get(ray.remote(lambda: [os.environ.get(k) for k in {keys!r}]).remote()), [os.environ.get(k) for k in {keys!r}])\n")
+    env = {k: v for k, v in os.environ.items() if k not in (*keys, "RAY_ADDRESS")}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "2"
+    assert out.stdout.strip().splitlines()[-1] == f"{['2', '0', '0.25']} {['2', '0', '0.25']}"
 
 
 def test_a_local_ray_start_that_times_out_is_started_again_and_other_errors_are_raised():
