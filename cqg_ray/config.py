@@ -315,6 +315,9 @@ class TrainConfig(Section):
                                  "needs before min_auc judges it)")
     min_auc: float | None = Field(0.6, ge=0, le=1, description="drop a question whose head's select-part AUC is below this "
                                   "(null: drop none for it); questions with one answer in training are dropped too")
+    min_kept: int = Field(0, ge=0, description="never keep fewer questions than this (or all): where the drop would, the dropped "
+                          "ones with the highest select-part AUC stay (low AUC before one answer in training); their "
+                          "figures are shown as for any question (the demo: 20)")
     num_workers: int = Field(1, ge=1, description="data-parallel workers (Ray Train, DDP)")
     trainer: Literal["auto", "ray", "task"] = Field("auto", description="ray: Ray Train's TorchTrainer; task: one Ray task runs the "
                                                     "same loop (one worker; no Train controller or worker group to start, ~30 s "

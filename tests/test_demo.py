@@ -58,6 +58,18 @@ def demo_config(tmp_path, **cqg):
     return load_config("demo", [f"run_dir={tmp_path / 'run'}", *(f"cqg.{k}={v}" for k, v in cqg.items())])
 
 
+def test_the_demo_keeps_its_floor_of_questions_through_the_reliability_drop():
+    """The sizing's floor (MIN_QUESTIONS, at the measured yield a cluster) is also the model stage's min_kept: on a Zen 5
+    the rule dropped 11 of 28 questions (select AUC on ~6 labels each), which would have left 17 in the model."""
+    from cqg_ray.config import load_config
+    from cqg_ray.demo import MIN_QUESTIONS
+    from cqg_ray.mbqa.stage import reliability_rules
+
+    cfg = load_config("demo")
+    assert cfg.train.min_kept == MIN_QUESTIONS == 20 and reliability_rules(cfg).min_kept == 20
+    assert load_config("paper").train.min_kept == 0  # elsewhere the rule alone decides
+
+
 def test_a_fast_machine_keeps_the_whole_demo():
     from cqg_ray.config import load_config
     from cqg_ray.demo import size_demo

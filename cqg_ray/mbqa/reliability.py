@@ -104,6 +104,7 @@ class Rules:
     min_heldout: int = 5  # a figure needs this many held-out labels of the question ...
     min_heldout_yes: int = 2  # ... and this many of them yes (precision and recall; otherwise null)
     min_auc: float | None = 0.6  # drop a question whose select-part AUC is below this (where it has min_heldout_yes of each class)
+    min_kept: int = 0  # never fewer questions kept than this (or all m): the dropped ones with the highest select AUC stay
 
 
 @dataclass
@@ -137,6 +138,12 @@ def reliability(question: np.ndarray, answer: np.ndarray, logit: np.ndarray, par
     if drop.all():
         drop[:] = False
         kept_all = True
+    kept_back = np.zeros(m, bool)  # dropped by the rule, kept for min_kept
+    short = min(rules.min_kept, m) - int((~drop).sum())
+    if short > 0:  # low AUC before one answer in training, then the highest select AUC first (unjudged: as 0.5)
+        ranked = sorted(np.flatnonzero(drop), key=lambda i: (bool(one_class[i]), -(0.5 if np.isnan(s_auc[i]) else s_auc[i]), i))
+        kept_back[ranked[:short]] = True
+        drop &= ~kept_back
 
     # the figures, on the report part only
     r = counts(question[rep], answer[rep], prob[rep] > rules.threshold, m)
@@ -156,16 +163,18 @@ def reliability(question: np.ndarray, answer: np.ndarray, logit: np.ndarray, par
     rep_kept = rep & keep[question]
     report = {
         "rules": {"threshold": rules.threshold, "calibrate": rules.calibrate, "min_heldout": rules.min_heldout,
-                  "min_heldout_yes": rules.min_heldout_yes, "min_auc": rules.min_auc,
+                  "min_heldout_yes": rules.min_heldout_yes, "min_auc": rules.min_auc, "min_kept": rules.min_kept,
                   "figure": "precision and recall on the report part at P(yes) > threshold, shown where the question has "
                             "min_heldout report labels with min_heldout_yes of them yes (precision also needs a yes from the head)",
                   "drop": "a question leaves the model when its training labels hold one answer only, or its select-part AUC "
-                          "is below min_auc where the select part has min_heldout_yes yes and as many no"},
+                          "is below min_auc where the select part has min_heldout_yes yes and as many no, unless that "
+                          "would keep fewer than min_kept: then the ones with the highest select AUC stay"},
         "calibration": {"method": rules.calibrate, "a": a, "b": b,
                         "ece_before": ece(prob_raw[rep_kept], answer[rep_kept]), "ece_after": ece(prob[rep_kept], answer[rep_kept]),
                         "select_pairs": int(sel.sum()), "report_pairs": int(rep_kept.sum())},
         "questions": {"total": m, "kept": int(keep.sum()), "dropped_one_class": int((one_class & drop).sum()),
                       "dropped_low_auc": int((low_auc & ~one_class & drop).sum()), "drop_overruled": kept_all,
+                      "kept_for_min_kept": int(kept_back.sum()),
                       "with_precision": int(sum(f["precision"] is not None for f in fields)),
                       "with_precision_kept": int(sum(f["precision"] is not None for f, k in zip(fields, keep) if k))},
         "heldout_per_question": {"select_median": float(np.median(s_counts["n"])), "report_median": float(np.median(r["n"])),
@@ -191,7 +200,8 @@ def format_reliability(report: dict) -> str:
         f"reliability: calibration {c['method']} (a={c['a']:.3f}, b={c['b']:.3f}); expected calibration error on the report part "
         f"{fmt(c['ece_before'])} -> {fmt(c['ece_after'])} ({c['report_pairs']} pairs)",
         f"reliability: {q['kept']} of {q['total']} questions kept ({q['dropped_one_class']} with one answer in training, "
-        f"{q['dropped_low_auc']} below min_auc on the select part); {q['with_precision_kept']} kept ones have a measured precision",
+        f"{q['dropped_low_auc']} below min_auc on the select part"
+        f"{f', {n} more kept for min_kept' if (n := q.get('kept_for_min_kept')) else ''}); {q['with_precision_kept']} kept ones have a measured precision",
         f"reliability: macro-F1 per question on the report part {fmt(f['macro_f1_per_question_before_drop'])} before the drop "
         f"({f['questions_measured_before']} questions), {fmt(f['macro_f1_per_question_after_drop'])} after "
         f"({f['questions_measured_after']}); yes base rate {fmt(f['yes_base_rate_before'])} -> {fmt(f['yes_base_rate_after'])}",

@@ -159,7 +159,7 @@ def reliability_rules(cfg: PipelineConfig):
 
     t = cfg.train
     return Rules(threshold=operating_threshold(cfg), calibrate=t.calibrate, min_heldout=t.min_heldout,
-                 min_heldout_yes=t.min_heldout_yes, min_auc=t.min_auc)
+                 min_heldout_yes=t.min_heldout_yes, min_auc=t.min_auc, min_kept=t.min_kept)
 
 
 def heldout_report(stats: dict, rel, tau: float) -> dict:

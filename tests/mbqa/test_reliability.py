@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from cqg_ray.mbqa.heads import StackedHeads
-from cqg_ray.mbqa.reliability import REPORT, SELECT, Rules, auc, counts, ece, macro_f1, platt, reliability, sigmoid, split_heldout
+from cqg_ray.mbqa.reliability import (REPORT, SELECT, Rules, auc, counts, ece, format_reliability, macro_f1, platt, reliability, sigmoid,
+                                      split_heldout)
 
 
 def test_split_heldout_is_seeded_and_keeps_both_parts():
@@ -132,3 +133,31 @@ def test_a_rule_that_would_drop_every_question_drops_none():
     rel = reliability(q, y, np.array([1.0, 1.0]), np.array([SELECT, REPORT]), 2, np.array([3, 3]), np.array([3, 0]), Rules())
     assert rel.keep.tolist() == [True, True] and rel.report["questions"]["drop_overruled"] is True
     assert [f["dropped"] for f in rel.fields] == [None, None]
+
+
+def test_min_kept_keeps_the_dropped_questions_with_the_highest_select_auc():
+    """Six questions: q1, q2 and q4 have heads that say nothing (select AUC below 0.6), q5 one answer in training.
+    min_kept brings back the low-AUC ones, highest select AUC first, before the one-class one; never more than m."""
+    rng = np.random.default_rng(3)
+    q, y, z, part = held_out(rng, m=6, per_q=80)
+    z[q == 2] = rng.normal(0, 2, 80)
+    z[q == 4] = np.where(y[q == 4] == 1, -1.0, 1.0) + rng.normal(0, 1, 80)  # q4: reversed
+    train_labels, train_yes = np.full(6, 40), np.array([10, 12, 9, 11, 14, 40])
+    base = Rules(threshold=0.5, calibrate="platt", min_heldout=5, min_heldout_yes=2, min_auc=0.6)
+    sel = part == SELECT
+    s_auc = auc(q[sel], y[sel], z[sel], 6)
+    low = sorted([1, 2, 4], key=lambda i: -s_auc[i])
+    assert all(s_auc[i] < 0.6 for i in low) and s_auc[0] >= 0.6 and s_auc[3] >= 0.6
+    kept = lambda n: reliability(q, y, z, part, 6, train_labels, train_yes, Rules(**{**base.__dict__, "min_kept": n}))  # noqa: E731
+    assert kept(0).keep.tolist() == [True, False, False, True, False, False]
+    assert kept(2).keep.tolist() == kept(0).keep.tolist()  # two kept already: nothing comes back
+    three = kept(3)
+    assert np.flatnonzero(three.keep).tolist() == sorted([0, 3, low[0]])
+    assert three.report["questions"]["kept_for_min_kept"] == 1 and three.report["questions"]["kept"] == 3
+    assert three.report["questions"]["dropped_low_auc"] == 2 and three.report["questions"]["dropped_one_class"] == 1
+    assert [f["dropped"] is None for f in three.fields] == three.keep.tolist()
+    assert three.report["rules"]["min_kept"] == 3
+    assert np.flatnonzero(kept(5).keep).tolist() == [0, 1, 2, 3, 4]  # every low-AUC one before the one-class q5
+    assert kept(9).keep.all() and kept(9).report["questions"]["kept_for_min_kept"] == 4
+    assert "1 more kept for min_kept" in format_reliability(three.report)
+    assert "more kept" not in format_reliability(kept(0).report)
