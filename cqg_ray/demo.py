@@ -99,6 +99,16 @@ def example_pairs(sts_file: str) -> list[tuple[str, str, float]]:
     return [rows[0], rows[-1]]
 
 
+def written_clusters(run, fixed: frozenset[str]) -> dict:
+    """The cqg.max_clusters a run directory's questions were written with (its config.yaml), where it set one and the
+    user did not: the demo config once capped it at 16, and such a run keeps its questions as they are."""
+    from cqg_ray.pipeline import saved_config
+
+    saved = saved_config(run)
+    n = saved.cqg.max_clusters if saved is not None else None
+    return {} if n is None or "cqg.max_clusters" in fixed else {"cqg.max_clusters": n}
+
+
 def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> dict:
     """The run directory's sizing, decided once (SIZED): on a first run, the engines' rates (measured, or reused) and
     `size_demo` for `minutes`; a run directory whose questions are written keeps its config as it is."""
@@ -112,7 +122,7 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
     if minutes <= 0 or cfg.llm.backend != "llamacpp" or written or fixed >= set(SIZED_KEYS):
         why = ("--minutes 0" if minutes <= 0 else f"the {cfg.llm.backend} backend" if cfg.llm.backend != "llamacpp"
                else "its questions were written before" if written else "every sized key set")
-        record = {"overrides": {}, "reason": f"not sized ({why}): the config as it is"}
+        record = {"overrides": written_clusters(run, fixed) if written else {}, "reason": f"not sized ({why}): the config as it is"}
     else:
         t0 = time.perf_counter()
         from cqg_ray.cqg.stage import writer_llm

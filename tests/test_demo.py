@@ -76,9 +76,10 @@ def test_a_fast_machine_keeps_the_whole_demo():
     from cqg_ray.llm.rates import Rates
 
     cfg = load_config("demo")
+    assert cfg.cqg.max_clusters is None  # the sizing decides how many of the 30 clusters questions are written for
     sized, reason = size_demo(cfg, Rates(read=5000, write=500, pairs=500), 600)
-    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4, "cqg.n_h": 18, "cqg.n_e": 18, **L40}
-    assert reason.startswith("16 of 30 clusters, probes 10/6/4 a question, 18 + 18 negatives a prompt, 40 texts labelled a question: "
+    assert sized == {"cqg.max_clusters": 30, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4, "cqg.n_h": 18, "cqg.n_e": 18, **L40}
+    assert reason.startswith("30 of 30 clusters, probes 10/6/4 a question, 18 + 18 negatives a prompt, 40 texts labelled a question: "
                              "about ") and "fits (10 min;" in reason
 
 
@@ -89,7 +90,7 @@ def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_
 
     floor = math.ceil(MIN_QUESTIONS / QUESTIONS_PER_CLUSTER)
     assert floor == 16
-    wide = load_config("demo", ["cqg.max_clusters=30"])
+    wide = load_config("demo")  # all 30 clusters open to the sizing
     # per cluster: generation (1675 - 691)/200 + 115/40 = 7.80 s (the prompts' common 691 tokens are read once per call:
     # 3.5 s beside OTHER_S); probes 10 x 20 and labels 4 x 40 pairs at 60 pairs/s = 6 s: 25 of the 30 clusters fit the
     # 356.5 s the LLM has, above the floor
@@ -109,21 +110,22 @@ def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_
     sized, reason = size_demo(wide, Rates(read=10, write=2, pairs=1), 600)
     assert sized == {"cqg.max_clusters": floor, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
     assert "6 + 6 negatives a prompt, 30 texts labelled a question" in reason and "does not fit; this is the floor" in reason
-    # the demo's own 16 clusters are the floor already: a slow machine keeps them, lowers the probes, the negatives,
-    # then the labels
-    sized, _ = size_demo(load_config("demo"), Rates(read=60, write=12, pairs=9), 600)
+    # a slow machine keeps the floor's 16 clusters, lowers the probes, the negatives, then the labels
+    sized, _ = size_demo(wide, Rates(read=60, write=12, pairs=9), 600)
     assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
     # fewer labels where they buy the fit: at 16 clusters, probes 3/2/1, 6 + 6 negatives and 40 pairs/s, 40 texts a
     # question take 263 + 16 x ((1675 - 691 - 24 x 35)/30 + 115/20 + (60 + 4 x 40)/40) = 520 s, 30 take 504 s
-    sized, reason = size_demo(load_config("demo"), Rates(read=30, write=20, pairs=40), 510)
+    sized, reason = size_demo(wide, Rates(read=30, write=20, pairs=40), 510)
     assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
     assert "30 texts labelled a question: about 8.4 min expected, fits" in reason
     # fewer negatives where they buy the fit: at 16 clusters, probes 3/2/1 and 40 pairs/s, 18 + 18 negatives take
     # 16 x ((1675 - 691)/30 + 115/20 + 220/40) = 704 s, 9 + 9 take 16 x ((1675 - 691 - 18 x 35)/30 + ...) = 368 s; with
-    # OTHER_S and the common prefix read once (23 s) the budget of 900 s holds the second: 9 + 9 (the paper's probes
-    # with 18 + 18 would take 984 s)
-    sized, reason = size_demo(load_config("demo"), Rates(read=30, write=20, pairs=40), 900)
-    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 9, "cqg.n_e": 9, **L40} and "fits" in reason
+    # OTHER_S and the common prefix read once (263 s) the budget of 900 s holds the second: 9 + 9 (the paper's probes
+    # with 18 + 18 would take 984 s), at which (900 - 263) // 23.0 = 27 clusters fit
+    sized, reason = size_demo(wide, Rates(read=30, write=20, pairs=40), 900)
+    assert sized == {"cqg.max_clusters": 27, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 9, "cqg.n_e": 9, **L40} and "fits" in reason
+    capped, _ = size_demo(load_config("demo", ["cqg.max_clusters=16"]), Rates(read=30, write=20, pairs=40), 900)
+    assert capped == {**sized, "cqg.max_clusters": 16}  # a config's own max_clusters caps it
     # keys the user set stay: only the others are sized, and set probes are not lowered
     rates = Rates(read=200, write=40, pairs=20)
     sized, _ = size_demo(wide, rates, 600, frozenset({"cqg.max_clusters"}))
@@ -191,6 +193,18 @@ def test_a_run_whose_questions_are_written_or_another_backend_is_not_sized(tmp_p
     cfg = demo_config(tmp_path)
     run_stage(RunDir(cfg.run_dir), "questions", "h", lambda ctx: None, deps=[])
     assert demo.demo_sizing(cfg, [], 10) == {"overrides": {}, "reason": "not sized (its questions were written before): the config as it is"}
+    # one written under the demo config's old cap of 16 clusters (its config.yaml) keeps them, unless --set says otherwise
+    from cqg_ray.config import dump_config
+
+    old = demo_config(tmp_path / "old", max_clusters=16)
+    run = RunDir(old.run_dir)
+    run_stage(run, "questions", "h", lambda ctx: None, deps=[])
+    run.write_bytes("config.yaml", dump_config(old).encode())
+    cfg = demo_config(tmp_path / "old")
+    assert cfg.cqg.max_clusters is None
+    assert demo.demo_sizing(cfg, [], 10)["overrides"] == {"cqg.max_clusters": 16}
+    run.rm(demo.SIZED)
+    assert demo.demo_sizing(cfg, ["cqg.max_clusters=20"], 10)["overrides"] == {}
     from cqg_ray.config import load_config
 
     fake = load_config("demo", [f"run_dir={tmp_path / 'f'}", "llm.backend=fake"])

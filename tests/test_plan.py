@@ -260,7 +260,7 @@ def test_cli_impossible_figures_are_refused(capsys):
 def test_demo_config_plan():
     # the embedded demo's scale knobs are honoured: its corpus sample, questions for only cqg.max_clusters clusters,
     # n_cluster + n_neighbor + n_random texts per question; and the plan uses the throughput it was given
-    cfg = load_config("demo")
+    cfg = load_config("demo", ["cqg.max_clusters=16"])  # as the demo's sizing sets it
     p = capacity_plan(cfg, throughput=THROUGHPUTS["cpu"])
     c = p["counts"]
     assert cfg.corpus.limit < 6_800_000 and cfg.cqg.max_clusters < cfg.cluster.k  # else this test checks nothing of the demo
