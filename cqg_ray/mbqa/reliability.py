@@ -113,6 +113,7 @@ class Reliability:
     calibration: dict  # {"method", "a", "b"}: P(yes) = sigma(a * logit + b)
     fields: list[dict]  # per question (all m): precision, recall, base_rate, n_heldout, heldout_yes, select_auc, dropped
     report: dict = field(default_factory=dict)
+    kept_back: dict[int, str] = field(default_factory=dict)  # question -> the rule's reason, for those kept for min_kept
 
 
 def reliability(question: np.ndarray, answer: np.ndarray, logit: np.ndarray, part: np.ndarray, m: int,
@@ -184,7 +185,8 @@ def reliability(question: np.ndarray, answer: np.ndarray, logit: np.ndarray, par
                      "questions_measured_before": int(enough.sum()), "questions_measured_after": int((enough & keep).sum()),
                      "yes_base_rate_before": _rate(r, np.ones(m, bool)), "yes_base_rate_after": _rate(r, keep)},
     }
-    return Reliability(keep, {"method": rules.calibrate, "a": a, "b": b}, fields, report)
+    why = {int(i): "one answer in training" if one_class[i] else "select AUC below min_auc" for i in np.flatnonzero(kept_back)}
+    return Reliability(keep, {"method": rules.calibrate, "a": a, "b": b}, fields, report, why)
 
 
 def _rate(c: dict, rows: np.ndarray) -> float | None:

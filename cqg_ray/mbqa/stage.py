@@ -132,6 +132,8 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
                for i, r in enumerate(qt.to_pylist())]
     report["reliability"]["dropped"] = [{"id": q["id"], "text": q["text"], "reason": f["dropped"], "select_auc": f["select_auc"]}
                                         for q, f in zip(records, rel.fields) if f["dropped"]]
+    report["reliability"]["kept_back"] = [{"id": records[i]["id"], "text": records[i]["text"], "reason": why,
+                                           "select_auc": rel.fields[i]["select_auc"]} for i, why in rel.kept_back.items()]
     questions = [q for q, k in zip(records, rel.keep) if k]
     model = InterpretableEmbedder(cfg.encode.model, questions, heads, tau=cfg.train.tau, eval_report=report, device="cpu",
                                   budget=model_budget(cfg), mean=(stats["prob_sum"] / stats["texts"]).astype(np.float32))

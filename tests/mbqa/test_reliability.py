@@ -157,6 +157,9 @@ def test_min_kept_keeps_the_dropped_questions_with_the_highest_select_auc():
     assert three.report["questions"]["dropped_low_auc"] == 2 and three.report["questions"]["dropped_one_class"] == 1
     assert [f["dropped"] is None for f in three.fields] == three.keep.tolist()
     assert three.report["rules"]["min_kept"] == 3
+    assert three.kept_back == {low[0]: "select AUC below min_auc"} and kept(0).kept_back == {}
+    assert kept(6).kept_back == {1: "select AUC below min_auc", 2: "select AUC below min_auc", 4: "select AUC below min_auc",
+                                 5: "one answer in training"}
     assert np.flatnonzero(kept(5).keep).tolist() == [0, 1, 2, 3, 4]  # every low-AUC one before the one-class q5
     assert kept(9).keep.all() and kept(9).report["questions"]["kept_for_min_kept"] == 4
     assert "1 more kept for min_kept" in format_reliability(three.report)

@@ -60,6 +60,7 @@ def test_the_model_folder_matches_the_labels_and_embeddings(trained_run):
     keep = np.ones(m, bool)
     keep[[int(d["id"]) for d in rel["dropped"]]] = False
     assert rel["questions"]["kept"] == model.m == int(keep.sum()) and manifest["counts"]["questions_dropped"] == m - model.m
+    assert rel["kept_back"] == [] and rel["questions"]["kept_for_min_kept"] == 0  # train.min_kept 0: the rule alone
     # the report part of the kept questions, renumbered as the model's dimensions, answered by the shipped heads
     rep = pairs.select(np.isin(pairs.doc, report_docs) & keep[pairs.question])
     rep = LabelPairs(rep.doc, (np.cumsum(keep) - 1)[rep.question], rep.answer, model.m)
