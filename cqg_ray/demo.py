@@ -187,7 +187,8 @@ def add_commands(sub) -> None:
     p.add_argument("--minutes", type=float, default=BUDGET_MIN,
                    help=f"time budget after set-up (default {BUDGET_MIN:g}): a new run directory measures this machine's LLM rates "
                         "(or reuses earlier ones) and sizes the clusters written for and the probes to fit, at least "
-                        f"{MIN_QUESTIONS} questions; decided once per run directory ({SIZED}), --set keys win; 0: no sizing")
+                        f"{MIN_QUESTIONS} questions; decided once per run directory ({SIZED}), --set keys win; 0: no sizing "
+                        "(the config as it is: questions for all its clusters)")
     p.set_defaults(func=lambda a: run_demo(a.config, a.set, a.break_lease, a.minutes))
 
 
