@@ -139,6 +139,9 @@ def reliability(question: np.ndarray, answer: np.ndarray, logit: np.ndarray, par
     if drop.all():
         drop[:] = False
         kept_all = True
+    def rule_reason(i: int) -> str:  # why the rule drops question i
+        return "one answer in training" if one_class[i] else "select AUC below min_auc"
+
     kept_back = np.zeros(m, bool)  # dropped by the rule, kept for min_kept
     short = min(rules.min_kept, m) - int((~drop).sum())
     if short > 0:  # low AUC before one answer in training, then the highest select AUC first (unjudged: as 0.5)
@@ -158,7 +161,7 @@ def reliability(question: np.ndarray, answer: np.ndarray, logit: np.ndarray, par
             "base_rate": round(float(r["yes"][i] / r["n"][i]), 4) if r["n"][i] else None,
             "n_heldout": int(r["n"][i]), "heldout_yes": int(r["yes"][i]), "heldout_said_yes": int(said_yes),
             "select_auc": None if np.isnan(s_auc[i]) else round(float(s_auc[i]), 4),
-            "dropped": "one answer in training" if one_class[i] and drop[i] else "select AUC below min_auc" if drop[i] else None,
+            "dropped": rule_reason(i) if drop[i] else None,
         })
     keep = ~drop
     rep_kept = rep & keep[question]
@@ -185,8 +188,8 @@ def reliability(question: np.ndarray, answer: np.ndarray, logit: np.ndarray, par
                      "questions_measured_before": int(enough.sum()), "questions_measured_after": int((enough & keep).sum()),
                      "yes_base_rate_before": _rate(r, np.ones(m, bool)), "yes_base_rate_after": _rate(r, keep)},
     }
-    why = {int(i): "one answer in training" if one_class[i] else "select AUC below min_auc" for i in np.flatnonzero(kept_back)}
-    return Reliability(keep, {"method": rules.calibrate, "a": a, "b": b}, fields, report, why)
+    return Reliability(keep, {"method": rules.calibrate, "a": a, "b": b}, fields, report,
+                       {int(i): rule_reason(i) for i in np.flatnonzero(kept_back)})
 
 
 def _rate(c: dict, rows: np.ndarray) -> float | None:

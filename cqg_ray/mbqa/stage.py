@@ -130,10 +130,11 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
                 "yes_rate": round(float(n_yes[i] / n_labels[i]), 4) if n_labels[i] else None,
                 **{k: v for k, v in rel.fields[i].items() if k != "dropped"}}
                for i, r in enumerate(qt.to_pylist())]
-    report["reliability"]["dropped"] = [{"id": q["id"], "text": q["text"], "reason": f["dropped"], "select_auc": f["select_auc"]}
-                                        for q, f in zip(records, rel.fields) if f["dropped"]]
-    report["reliability"]["kept_back"] = [{"id": records[i]["id"], "text": records[i]["text"], "reason": why,
-                                           "select_auc": rel.fields[i]["select_auc"]} for i, why in rel.kept_back.items()]
+    def listed(i: int, reason: str) -> dict:  # a question the rule dropped, as eval_report lists it
+        return {"id": records[i]["id"], "text": records[i]["text"], "reason": reason, "select_auc": rel.fields[i]["select_auc"]}
+
+    report["reliability"]["dropped"] = [listed(i, f["dropped"]) for i, f in enumerate(rel.fields) if f["dropped"]]
+    report["reliability"]["kept_back"] = [listed(i, why) for i, why in rel.kept_back.items()]
     questions = [q for q, k in zip(records, rel.keep) if k]
     model = InterpretableEmbedder(cfg.encode.model, questions, heads, tau=cfg.train.tau, eval_report=report, device="cpu",
                                   budget=model_budget(cfg), mean=(stats["prob_sum"] / stats["texts"]).astype(np.float32))
