@@ -2,7 +2,6 @@
 pipeline is stood in for by the evaluation stage alone, on a toy run whose earlier stages are done)."""
 
 import json
-import math
 
 import pytest
 
@@ -34,7 +33,9 @@ def test_the_demo_prints_the_summary_once_with_a_copy_rate(tmp_path, monkeypatch
     (tmp_path / "demo.yaml").write_text(dump_config(cfg))
     ran = []
 
-    def pipeline(cfg, **kwargs):  # the stages before the evaluation are done; Ray is not started
+    def pipeline(cfg, until=None, **kwargs):  # the stages before the evaluation are done; Ray is not started
+        if until == "questions":  # the demo's first call, before it counts the questions
+            return {}
         ran.append(cfg.run_dir)
         return {"evaluation": cqg_ray.pipeline.run_one(cfg, "evaluation")}
 
@@ -85,11 +86,16 @@ def test_a_fast_machine_keeps_the_whole_demo():
 
 def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_floor():
     from cqg_ray.config import load_config
-    from cqg_ray.demo import MIN_QUESTIONS, OTHER_S, PROMPT_TOKENS, QUESTIONS_PER_CLUSTER, REPLY_TOKENS, SHARED_PROMPT_TOKENS, size_demo
+    from cqg_ray.demo import OTHER_S, PROMPT_TOKENS, REPLY_TOKENS, SHARED_PROMPT_TOKENS, floor_clusters, size_demo
     from cqg_ray.llm.rates import Rates
 
-    floor = math.ceil(MIN_QUESTIONS / QUESTIONS_PER_CLUSTER)
-    assert floor == 16
+    # the floor of 20 questions: 16 clusters at the demo's and the paper's probes (1.3 questions a cluster), 10 at the
+    # fewest (2.0: more questions pass the own_cluster filter on 3 positive probes); probes between levels take the
+    # yield of the level below them, fewer than the fewest that level's; never below 20 / t. The sizing keeps 16
+    # clusters (the floor at the demo's probes) until the probes, negatives and labels are at their fewest
+    assert [floor_clusters(p, 4) for p in ((10, 6, 4), (5, 3, 2), (3, 2, 1), (10, 6, 1), (30, 0, 0), (1, 1, 1))] == [16, 16, 10, 16, 16, 10]
+    assert floor_clusters((3, 2, 1), 1) == 20
+    floor = 10
     wide = load_config("demo")  # all 30 clusters open to the sizing
     # per cluster: generation (1675 - 691)/200 + 115/40 = 7.80 s (the prompts' common 691 tokens are read once per call:
     # 3.5 s beside OTHER_S); probes 10 x 20 and labels 4 x 40 pairs at 60 pairs/s = 6 s: 25 of the 30 clusters fit the
@@ -110,9 +116,6 @@ def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_
     sized, reason = size_demo(wide, Rates(read=10, write=2, pairs=1), 600)
     assert sized == {"cqg.max_clusters": floor, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
     assert "6 + 6 negatives a prompt, 30 texts labelled a question" in reason and "does not fit; this is the floor" in reason
-    # a slow machine keeps the floor's 16 clusters, lowers the probes, the negatives, then the labels
-    sized, _ = size_demo(wide, Rates(read=60, write=12, pairs=9), 600)
-    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
     # fewer labels where they buy the fit: at 16 clusters, probes 3/2/1, 6 + 6 negatives and 40 pairs/s, 40 texts a
     # question take 263 + 16 x ((1675 - 691 - 24 x 35)/30 + 115/20 + (60 + 4 x 40)/40) = 520 s, 30 take 504 s
     sized, reason = size_demo(wide, Rates(read=30, write=20, pairs=40), 510)
@@ -126,6 +129,17 @@ def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_
     assert sized == {"cqg.max_clusters": 27, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 9, "cqg.n_e": 9, **L40} and "fits" in reason
     capped, _ = size_demo(load_config("demo", ["cqg.max_clusters=16"]), Rates(read=30, write=20, pairs=40), 900)
     assert capped == {**sized, "cqg.max_clusters": 16}  # a config's own max_clusters caps it
+    # last, at the fewest probes, negatives and labels, clusters below 16 down to that level's floor of 10: at 56
+    # prompt tokens/s read, 18.7 written and 10.2 pairs/s (an AVX2 EPYC's rates) a cluster takes (1675 - 691 - 24 x 35)/56
+    # + 115/18.7 + (60 + 4 x 30)/10.2 = 26.37 s, and (600 - 240 - 691/56) // 26.37 = 13 clusters fit
+    sized, reason = size_demo(wide, Rates(read=56, write=18.7, pairs=10.2), 600)
+    assert sized == {"cqg.max_clusters": 13, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
+    assert reason.startswith("13 of 30 clusters") and "about 9.9 min expected, fits" in reason
+    # a slower one: at 60 / 12 / 9, 16 clusters at the fewest of each take 251.5 + 16 x ((1675 - 691 - 24 x 35)/60 +
+    # 115/12 + (60 + 4 x 30)/9) = 763 s, over 600; (600 - 251.5) // 31.98 = 10 clusters fit, on the floor
+    sized, reason = size_demo(wide, Rates(read=60, write=12, pairs=9), 600)
+    assert sized == {"cqg.max_clusters": 10, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
+    assert "about 9.5 min expected, fits" in reason
     # keys the user set stay: only the others are sized, and set probes are not lowered
     rates = Rates(read=200, write=40, pairs=20)
     sized, _ = size_demo(wide, rates, 600, frozenset({"cqg.max_clusters"}))
@@ -182,6 +196,61 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
     kept = json.loads(path.read_text())
     path.write_text(json.dumps({k: {f: v for f, v in r.items() if f != "write_batch"} for k, r in kept.items()}))
     assert demo.demo_sizing(demo_config(tmp_path / "d"), [], 10)["rates_from"] == "measured now" and measured == [1, 2, 2]
+
+
+def test_top_up_writes_for_the_clusters_that_give_the_floor_at_the_runs_own_yield():
+    from cqg_ray.demo import MIN_QUESTIONS, top_up
+
+    sized = {"overrides": {"cqg.max_clusters": 10, "cqg.p_p": 3}, "reason": "10 of 30 clusters", "rates": {"read": 50}}
+    made = lambda n, q: {"counts": {"clusters": n, "questions": q}}  # noqa: E731  a questions manifest
+    assert MIN_QUESTIONS == 20
+    more = top_up(sized, made(10, 15), 30)  # 1.5 a cluster: 20 questions take ceil(10 x 20 / 15) = 14 clusters
+    assert more == {"overrides": {"cqg.max_clusters": 14, "cqg.p_p": 3}, "rates": {"read": 50}, "topped_up": [{"clusters": 10, "questions": 15}],
+                    "reason": "10 of 30 clusters; topped up to 14 clusters (15 questions from 10, under 20)"}
+    assert sized["overrides"]["cqg.max_clusters"] == 10  # the record given is left as it was
+    again = top_up(more, made(14, 19), 30)  # at least one more; the earlier top-ups stay listed
+    assert again["overrides"]["cqg.max_clusters"] == 15 and again["topped_up"] == [{"clusters": 10, "questions": 15}, {"clusters": 14, "questions": 19}]
+    assert top_up(sized, made(10, 0), 30)["overrides"]["cqg.max_clusters"] == 30  # none at all: every cluster (at most k)
+    assert top_up(sized, made(10, 0), 12)["overrides"]["cqg.max_clusters"] == 12
+    # nothing is added: enough questions, all k clusters written for, no questions stage, clusters set by --set (not in
+    # the overrides), a run not sized (no rates)
+    assert top_up(sized, made(10, 20), 30) is None and top_up(sized, made(30, 5), 30) is None and top_up(sized, None, 30) is None
+    assert top_up({**sized, "overrides": {"cqg.p_p": 3}}, made(10, 5), 30) is None
+    assert top_up({"overrides": {"cqg.max_clusters": 16}, "reason": "not sized (its questions were written before)"}, made(16, 5), 30) is None
+
+
+def test_the_demo_tops_up_its_clusters_until_the_floor_and_a_resume_keeps_them(tmp_path, monkeypatch, capsys):
+    """A demo whose questions stage ends under MIN_QUESTIONS writes for more clusters (here a stand-in for the stage
+    gives 1.5 questions a cluster: 10 clusters 15 questions, then 14 give 21), records it in demo_sizing.json and
+    runs the rest on the topped-up config; a resumed demo finds the questions done and adds nothing."""
+    import cqg_ray.demo as demo
+    import cqg_ray.llm.rates as rates
+    from cqg_ray.rundir import RunDir, run_stage
+
+    monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a: rates.Rates(read=10, write=2, pairs=1, answer_read=20, write_batch=4))
+    calls = []
+
+    def pipeline(cfg, until=None, **kwargs):  # the questions stage alone, standing in; the rest is not run
+        n = cfg.cqg.max_clusters
+        calls.append((until, n))
+        run_stage(RunDir(cfg.run_dir), "questions", f"clusters-{n}", lambda ctx: ctx.counts.update(clusters=n, questions=n * 3 // 2), deps=[])
+        if until is None:
+            raise SystemExit(0)
+
+    monkeypatch.setattr(cqg_ray.pipeline, "run_pipeline", pipeline)
+    for _ in range(2):
+        with pytest.raises(SystemExit):
+            demo.run_demo("demo", [f"run_dir={tmp_path / 'run'}"])
+    assert calls == [("questions", 10), ("questions", 14), (None, 14), ("questions", 14), (None, 14)]
+    record = RunDir(str(tmp_path / "run")).read_json(demo.SIZED)
+    assert record["overrides"]["cqg.max_clusters"] == 14 and record["topped_up"] == [{"clusters": 10, "questions": 15}]
+    assert record["reason"].endswith("does not fit; this is the floor (10 min; writer 10 prompt tokens/s read, 2.0 written by 4 sequences "
+                                     "together; answerer 1.0 pairs/s); topped up to 14 clusters (15 questions from 10, under 20)")
+    out = capsys.readouterr().out
+    assert out.count("demo sizing: 15 questions from 10 clusters, under the floor of 20: writing for 14 (the first 10 clusters' LLM "
+                     "answers are kept in the ledger)") == 1
+    assert out.count("demo sizing: 10 of 30 clusters") == 2 and out.count("cqg.max_clusters=14") == 1  # the resume prints the record
 
 
 def test_a_run_whose_questions_are_written_or_another_backend_is_not_sized(tmp_path, monkeypatch):
