@@ -112,6 +112,33 @@ def test_cache_dir_from_environment(monkeypatch, tmp_path):
     assert bundled.cache_root(str(tmp_path / "explicit")) == tmp_path / "explicit"
 
 
+def test_gguf_read_once_parses_a_file_once_into_the_same_fields_and_tensors():
+    """What dequantize_to_hf reads through: one reader a file, whose fields and tensors are the stock reader's (the
+    bundled SmolLM2-135M's GGUF: 49k tokenizer strings, 272 tensors)."""
+    import gguf
+    import numpy as np
+
+    try:
+        path = resolve_model("bundled:smollm2-135m")
+    except BundledModelError as e:
+        pytest.skip(str(e))
+    stock_class = gguf.GGUFReader
+    stock = stock_class(path)
+    with bundled.gguf_read_once():
+        once = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is once and gguf.GGUFReader(path, "c") is not once  # one a file and mode
+        assert type(once.data) is np.ndarray and isinstance(once, stock_class)
+    assert gguf.GGUFReader is stock_class  # put back
+    assert list(once.fields) == list(stock.fields) and len(stock.fields["tokenizer.ggml.tokens"].data) == 49152
+    for name, f in stock.fields.items():
+        g = once.fields[name]
+        assert (g.offset, g.types, g.data, [p.tobytes() for p in g.parts]) == (f.offset, f.types, f.data, [p.tobytes() for p in f.parts]), name
+    assert len(once.tensors) == len(stock.tensors) == 272
+    for t, u in zip(stock.tensors, once.tensors):
+        assert (u.name, u.tensor_type, list(u.shape), u.data_offset) == (t.name, t.tensor_type, list(t.shape), t.data_offset)
+        assert np.array_equal(u.data, t.data)
+
+
 @pytest.mark.slow
 def test_real_bundled_qwen_assembles_and_matches_sha256(tmp_path):
     try:
