@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from cqg_ray.llm.base import BackendError
-from cqg_ray.llm.engines.bundled import hf_folder_path, resolve_model
+from cqg_ray.llm.engines.bundled import gguf_read_once, hf_folder_path, resolve_model
 
 INSTALL_HINT = 'pip install "cqg-ray[llamacpp]"   (in a checkout: bash scripts/setup.sh --llama-cpp, a build for this CPU, cached)'
 YES_NO_WORDS = ("yes", " yes", "Yes", " Yes", "YES", " YES", "no", " no", "No", " No", "NO", " NO")
@@ -99,7 +99,8 @@ class HFChatTokens:
         if (folder / "tokenizer_config.json").is_file():
             return cls(AutoTokenizer.from_pretrained(str(folder)))
         gguf = resolve_model(cfg.model, cfg.cache_dir)
-        return cls(AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name))
+        with gguf_read_once():
+            return cls(AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name))
 
     def __call__(self, messages: list[dict[str, str]], answer_prefix: str = "") -> list[int]:
         if not self.tok.chat_template:
