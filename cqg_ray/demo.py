@@ -102,12 +102,13 @@ def floor_clusters(probes: tuple[int, ...], t: int) -> int:
 def top_up(record: dict, questions: dict | None, k: int) -> dict | None:
     """`record` (a sizing) with questions written for more clusters, where the questions stage (its manifest,
     `questions`: the clusters written for, the questions kept) fell short of MIN_QUESTIONS: the clusters that give them
-    at this run's own yield, at least one more, at most k. None where nothing is added: enough questions, all k
-    clusters written for, no questions stage, or clusters the sizing did not choose (--set, or a run not sized)."""
+    at this run's own yield, at least one more, at most k. None where nothing is added: enough questions, every
+    cluster written for (all k, or fewer than asked: the clustering left no more), no questions stage, or clusters the
+    sizing did not choose (--set, or a run not sized)."""
     if "rates" not in record or "cqg.max_clusters" not in record["overrides"] or questions is None:
         return None
     n, q = questions["counts"]["clusters"], questions["counts"]["questions"]
-    if q >= MIN_QUESTIONS or n >= k:
+    if q >= MIN_QUESTIONS or n >= k or n < record["overrides"]["cqg.max_clusters"]:
         return None
     more = min(k, max(n + 1, math.ceil(n * MIN_QUESTIONS / max(q, 1))))
     return {**record, "overrides": {**record["overrides"], "cqg.max_clusters": more},

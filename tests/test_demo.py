@@ -215,6 +215,8 @@ def test_top_up_writes_for_the_clusters_that_give_the_floor_at_the_runs_own_yiel
     # nothing is added: enough questions, all k clusters written for, no questions stage, clusters set by --set (not in
     # the overrides), a run not sized (no rates)
     assert top_up(sized, made(10, 20), 30) is None and top_up(sized, made(30, 5), 30) is None and top_up(sized, None, 30) is None
+    # asked for 30 where the clustering left 28 (empty clusters removed): the stage wrote for all there are
+    assert top_up({**sized, "overrides": {"cqg.max_clusters": 30}}, made(28, 5), 30) is None
     assert top_up({**sized, "overrides": {"cqg.p_p": 3}}, made(10, 5), 30) is None
     assert top_up({"overrides": {"cqg.max_clusters": 16}, "reason": "not sized (its questions were written before)"}, made(16, 5), 30) is None
 
