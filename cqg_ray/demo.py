@@ -185,14 +185,15 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, brea
 
         cfg = sized(sizing)
         before = run.manifest("evaluation")
-        run_pipeline(cfg, until="questions")
-        while (more := top_up(sizing, run.manifest("questions"), cfg.cluster.k)) is not None:
+        while True:  # the questions first: a run short of MIN_QUESTIONS writes for more clusters (top_up)
+            run_pipeline(cfg, until="questions")
+            if (more := top_up(sizing, run.manifest("questions"), cfg.cluster.k)) is None:
+                break
             n, q = more["topped_up"][-1]["clusters"], more["topped_up"][-1]["questions"]
             print(f"demo sizing: {q} questions from {n} clusters, under the floor of {MIN_QUESTIONS}: writing for "
                   f"{more['overrides']['cqg.max_clusters']} (the first {n} clusters' LLM answers are kept in the ledger)", flush=True)
             run.write_json(SIZED, more)
             sizing, cfg = more, sized(more)
-            run_pipeline(cfg, until="questions")
         manifests = run_pipeline(cfg)
     # the evaluation stage prints its tables as it finishes; a stage skipped as done printed nothing (a run of it
     # writes a new manifest, so an unchanged one means it was skipped)
