@@ -262,11 +262,11 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
              sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, budget.name, *pool, gpus)
     tokenize, pool = tokenize_stage(cfg, head.encoder_name, gpus, pool, run.root_uri) if todo_units else (None, pool)
     t0 = time.time()
-    rows_now, nodes, bytes_read = run_units(todo_units, EmbedUnits,
-                                            {"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output,
-                                             "budget": budget.to_dict(), "batch_size": cfg.batch_size,
-                                             "threads": cfg.torch_threads, "backend": cfg.backend},
-                                            pool, gpus, cfg.torch_threads, "embed", progress, tokenize=tokenize)
+    rows_now, nodes, bytes_read, unit_s = run_units(todo_units, EmbedUnits,
+                                                    {"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output,
+                                                     "budget": budget.to_dict(), "batch_size": cfg.batch_size,
+                                                     "threads": cfg.torch_threads, "backend": cfg.backend},
+                                                    pool, gpus, cfg.torch_threads, "embed", progress, tokenize=tokenize)
     wall = time.time() - t0
 
     # every input row exactly once: the unit files cover the snapshot's rows one for one
@@ -278,6 +278,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     counts = {"files": len(files), "rows": rows, "units": len(units), "units_resumed": len(units) - len(todo_units),
               "embedded_now": rows_now, "nodes_used": len(nodes), "actors": pool[1] if todo_units else 0, "tokenize_stage": bool(tokenize),
               "snapshot_bytes": sum(run.fs.get_file_info(p).size for p, _ in shards), "unit_bytes_read": bytes_read,
+              "wall_s": round(wall, 2), "unit_seconds": round(unit_s, 2),
               **{f"dropped_{k}": v for k, v in dropped.items() if k != "utf8_replaced"},
               **({"replaced_invalid_utf8": dropped["utf8_replaced"]} if "utf8_replaced" in dropped else {})}
     return run.write_manifest(ROOT, config_hash, [], counts, time.time() - t_start, extra={

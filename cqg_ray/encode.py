@@ -104,8 +104,8 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
              sum(n for _, n in shards), cfg.model, *pool, gpus)
     t0 = time.time()
     tokenize, pool = tokenize_stage(cfg, cfg.model, gpus, pool, run.root_uri, cfg.max_seq_length) if todo else (None, pool)
-    rows_done, nodes, bytes_read = run_units(todo, EncodeUnits, {"cfg_json": cfg.model_dump_json(), "run_uri": run.root_uri, "stage": ctx.stage},
-                                             pool, gpus, cfg.torch_threads, "encode", progress, run=run, tokenize=tokenize)
+    rows_done, nodes, bytes_read, unit_s = run_units(todo, EncodeUnits, {"cfg_json": cfg.model_dump_json(), "run_uri": run.root_uri, "stage": ctx.stage},
+                                                     pool, gpus, cfg.torch_threads, "encode", progress, run=run, tokenize=tokenize)
     wall = time.time() - t0
     files = run.ls(ctx.stage, suffix=".parquet")
     total = sum(pq.ParquetFile(run.path(ctx.stage, f), filesystem=run.fs).metadata.num_rows for f in files)
@@ -116,6 +116,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     ctx.extra["documents_digest"] = digest
     ctx.counts.update({"documents": total, "dim": dim, "units": len(units), "units_resumed": len(units) - len(todo),
                        "encoded_now": rows_done, "nodes_used": len(nodes), "texts_per_s": round(rows_done / wall, 1) if rows_done else None,
+                       "wall_s": round(wall, 2), "unit_seconds": round(unit_s, 2),
                        "corpus_bytes": sum(run.fs.get_file_info(p).size for p, _ in shards), "unit_bytes_read": bytes_read,
                        "tokenize_stage": bool(tokenize)})
     ctx.extra["model"] = cfg.model

@@ -10,7 +10,7 @@ the bytes it read; ``run_units`` returns their sum.
 
     units = pending_units(run, folder, split_units(shards, unit_rows))
     now = ray.cluster_resources()
-    rows, nodes, bytes_read = run_units(units, MyUnits, kwargs, *actor_pool_size(cfg, now, declared(now, max_cpus, max_gpus)), threads, "encode")
+    rows, nodes, bytes_read, unit_s = run_units(units, MyUnits, kwargs, *actor_pool_size(cfg, now, declared(now, max_cpus, max_gpus)), threads, "encode")
 """
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ def relaying(actor_cls):
 
 
 def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, pool: tuple[int, int], gpus: float, threads: int,
-              desc: str, show_progress: bool = True, run: RunDir | None = None, tokenize: dict | None = None) -> tuple[int, set[str], int]:
+              desc: str, show_progress: bool = True, run: RunDir | None = None, tokenize: dict | None = None) -> tuple[int, set[str], int, float]:
     """Send work units to a Ray Data pool of ``actor_cls`` (``pool``: (min, max) actors, `actor_pool_size`; one unit per
     call; each call returns rows, bytes read and node per unit). Progress: texts as the actors encode them (a bar, or
     a log line every 25 s; ``run``'s ``_progress.json``).
@@ -313,13 +313,14 @@ def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, pool: tupl
     (``write_tokens``) instead of texts.
 
     Shared by the encode stage and batch embedding. Returns (rows done, ids of the nodes that did them, bytes the
-    units read from their shards).
+    units read from their shards, seconds the actors spent inside units: the pass's wall time less this, over the
+    actors, is their start-up and their idle time).
     """
     import ray
 
-    rows_done, nodes, bytes_read = 0, set(), 0
+    rows_done, nodes, bytes_read, unit_s = 0, set(), 0, 0.0
     if not units:
-        return rows_done, nodes, bytes_read
+        return rows_done, nodes, bytes_read, unit_s
     with progress.View(desc, "text", sum(u["stop"] - u["start"] for u in units), kind="texts", run=run, stage=desc, remote=True,
                        show=show_progress) as view:
         ds = ray.data.from_items(units, override_num_blocks=len(units))
@@ -340,8 +341,9 @@ def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, pool: tupl
             rows_done += int(row["rows"])
             view.floor = rows_done  # whole units: what the view shows even where the actors' counters do not arrive
             bytes_read += int(row["bytes"])
+            unit_s += float(row["seconds"])
             nodes.add(str(row["node"]))
-    return rows_done, nodes, bytes_read
+    return rows_done, nodes, bytes_read, unit_s
 
 
 def room_for_tokenizing(pool: tuple[int, int], tokenize: dict | None, gpus: float, threads: int) -> tuple[int, int]:

@@ -91,6 +91,8 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
     assert m["counts"]["rows"] == 405 and m["counts"]["dropped_empty"] == 1 and m["counts"]["files"] == 3
     assert m["counts"]["units"] == 7 + 1 + 1 and m["counts"]["units_resumed"] == 0 and m["counts"]["embedded_now"] == 405
     assert (m["m"], m["output"], m["budget"], m["bytes_per_text"]) == (32, "bits", {"rule": "tau", "tau": 0.5, "value": "one"}, 4)
+    c = m["counts"]  # the actors' time inside units, beside the pass's wall time: the rest is their start-up and idle time
+    assert 0 < c["unit_seconds"] <= c["actors"] * c["wall_s"] + 0.01  # (both rounded to 0.01 s)
     assert json.loads(RunDir(out).read_bytes("_manifest.json")) == m
 
     ids, packed, meta = read_embed_output(out)

@@ -98,6 +98,9 @@ def test_the_tokenizing_stage_writes_the_same_files_and_resumes(ray_local, tmp_p
         manifests[mode] = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, unit_rows=50, progress=False))
     assert [manifests[m]["counts"]["tokenize_stage"] for m in ("off", "on")] == [False, True]
     assert manifests["on"]["counts"]["documents"] == 240 and manifests["on"]["counts"]["unit_bytes_read"] > 0
+    for mode in ("off", "on"):  # the actors' time inside units is part of the pass's wall time, for each of at most 2 actors (2 CPUs)
+        c = manifests[mode]["counts"]
+        assert 0 < c["unit_seconds"] <= c["wall_s"] * 2
     files = runs["off"].ls("encode", suffix=".parquet")
     assert runs["on"].ls("encode", suffix=".parquet") == files and len(files) == 6
 
