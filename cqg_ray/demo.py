@@ -157,7 +157,7 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
         from cqg_ray.cqg.stage import writer_llm
         from cqg_ray.llm.rates import machine_rates
 
-        rates, source = machine_rates(writer_llm(cfg), cfg.llm)
+        rates, source = machine_rates(writer_llm(cfg), cfg.llm, say=lambda line: print(f"demo sizing: {line}", flush=True))
         sized, reason = size_demo(cfg, rates, minutes * 60, fixed)
         record = {"overrides": sized, "reason": reason, "rates": asdict(rates), "rates_from": source, "minutes": minutes,
                   "sizing_s": round(time.perf_counter() - t0, 1)}

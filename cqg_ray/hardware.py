@@ -80,6 +80,30 @@ def cpu_model(cpuinfo: str | None = None) -> str:
     return _cpuinfo_field("model name", cpuinfo) or platform.processor() or platform.machine() or "?"
 
 
+def cpu_signature(cpuinfo: str | None = None) -> str:
+    """What tells CPU kinds apart where their model names agree (a VM's 'AMD EPYC' is a Zen 1 to a Zen 5): the model
+    name, family, model and stepping, and a digest of the flags this process may use (`cpu_flags`: capped under
+    ``CQG_RAY_MAX_CPU_ISA``), e.g. 'AMD EPYC|26|2|0|3f9a1c2e'. Speeds measured on one signature hold for it only."""
+    import hashlib
+
+    fields = {}
+    text = cpuinfo
+    if text is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                text = f.read()
+        except OSError:
+            text = ""
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = " ".join(sorted(cpu_flags(cpuinfo)))
+    return "|".join([cpu_model(cpuinfo), *(fields.get(k, "?") for k in ("cpu family", "model", "stepping")),
+                     hashlib.sha256(flags.encode()).hexdigest()[:8]])
+
+
 def pick_dtype(flags: set[str] | None = None) -> str:
     """bfloat16 where the CPU multiplies it natively (AMX or AVX-512-BF16), float32 elsewhere."""
     flags = cpu_flags() if flags is None else flags

@@ -179,7 +179,11 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
     # p_e was set: the probes stay, and the negatives and labels are lowered instead
     assert record["overrides"] == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
     assert [(c.cqg.max_clusters, c.cqg.p_p, c.cqg.p_h, c.cqg.p_e, c.label.n_cluster) for c in ran] == [(16, 10, 6, 1, 15)] * 2
-    assert capsys.readouterr().out.count("demo sizing: 16 of 30 clusters, probes 10/6/1 a question") == 2
+    out = capsys.readouterr().out
+    assert out.count("demo sizing: 16 of 30 clusters, probes 10/6/1 a question") == 2
+    # the first demo says it measures before the models load, and how long it took; the second measures nothing
+    assert out.count("demo sizing: measuring this machine's LLM rates, once") == 1 and out.count("demo sizing: rates measured in") == 1
+    assert out.index("measuring this machine's LLM rates") < out.index("rates measured in") < out.index("16 of 30 clusters")
     # another run directory on this machine reuses the measured rates
     monkeypatch.setattr(rates, "measure_rates", lambda w, a: (_ for _ in ()).throw(AssertionError("measured again")))
     other = demo_config(tmp_path / "b")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cqg_ray.hardware import cpu_flags, cpu_model
+from cqg_ray.hardware import cpu_flags, cpu_model, cpu_signature
 
 ZEN4 = "processor : 0\nflags\t\t: fpu sse4_2 avx f16c fma avx2 bmi2 avx512f avx512vbmi avx512_vnni avx512_bf16\n"
 
@@ -15,6 +15,31 @@ def test_cpu_flags_parse():
 
 def test_cpu_model_parse():
     assert cpu_model("processor : 0\nmodel name\t: AMD EPYC 9R14 96-Core Processor\nflags : avx2\n") == "AMD EPYC 9R14 96-Core Processor"
+
+
+def test_cpu_signature_tells_cpu_kinds_apart_behind_one_model_name(monkeypatch):
+    """A VM names a Zen 4 and a Zen 5 'AMD EPYC' alike: the family, model and stepping (of the first processor) and
+    the flags this process may use tell them apart, and the AVX2 cap is a CPU of its own."""
+    import hashlib
+
+    from cqg_ray import hardware
+
+    def info(family, model, flags):
+        return (f"processor\t: 0\ncpu family\t: {family}\nmodel\t\t: {model}\nmodel name\t: AMD EPYC\nstepping\t: 0\n"
+                f"flags\t\t: {flags}\n\nprocessor\t: 1\ncpu family\t: 99\n")
+
+    digest = hashlib.sha256(b"avx2 avx512_bf16 avx512f").hexdigest()[:8]
+    assert cpu_signature(info(25, 17, "avx512f avx2 avx512_bf16")) == f"AMD EPYC|25|17|0|{digest}"
+    assert cpu_signature(info(26, 2, "avx512f avx2 avx512_bf16")) == f"AMD EPYC|26|2|0|{digest}"
+    assert cpu_signature("flags : avx2\n").split("|")[1:4] == ["?", "?", "?"]  # fields a cpuinfo lacks
+    real = hardware._cpuinfo_field
+    monkeypatch.setattr(hardware, "_cpuinfo_field", lambda name, cpuinfo: real(name, SAPPHIRE_RAPIDS if cpuinfo is None else cpuinfo))
+    monkeypatch.delenv("CQG_RAY_MAX_CPU_ISA", raising=False)
+    native = cpu_signature()
+    monkeypatch.setenv("CQG_RAY_MAX_CPU_ISA", "avx2")
+    capped = cpu_signature()
+    assert capped != native and capped.split("|")[:4] == native.split("|")[:4]
+    assert capped.split("|")[4] == hashlib.sha256(b"avx avx2 bmi2 f16c fma sse4_2").hexdigest()[:8]
 
 
 SAPPHIRE_RAPIDS = "flags : sse4_2 avx f16c fma avx2 bmi2 avx_vnni avx512f avx512_bf16 avx512_vnni amx_tile amx_bf16 amx_int8\n"

@@ -135,9 +135,17 @@ def test_measure_takes_the_rates_of_this_machines_engines(monkeypatch, capsys):
 
     asked = []
     measured = rates.Rates(read=40.0, write=4.0, pairs=2.0, answer_read=30.0)
-    monkeypatch.setattr(rates, "machine_rates", lambda w, a: asked.append((w.llamacpp.model, a.llamacpp.model)) or (measured, "measured now"))
+
+    def machine_rates(w, a, say):
+        say("measuring, here a stand-in")  # what it says goes to stderr: stdout stays the JSON
+        asked.append((w.llamacpp.model, a.llamacpp.model))
+        return measured, "measured now"
+
+    monkeypatch.setattr(rates, "machine_rates", machine_rates)
     assert main(["plan", "--config", "reference", "--preset", "cpu", "--measure", "--json"]) == 0
-    p = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr()
+    assert out.err.splitlines().count("plan: measuring, here a stand-in") == 1
+    p = json.loads(out.out)
     assert asked == [("bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-1.5b")]
     tp = p["throughput"]
     assert (tp["writer_prompt_tokens_per_s"], tp["writer_completion_tokens_per_s"], tp["llm_prompt_tokens_per_s"]) == (40.0, 4.0, 30.0)

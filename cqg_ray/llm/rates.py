@@ -4,8 +4,8 @@
 
 The writer's prompt reading and generation, and the answerer's single-pass work (pairs a second, and its prompt
 tokens read a second on one long prompt). `cqg-ray demo` sizes itself from them and `cqg-ray plan --measure` turns
-them into hours. Kept in the model cache's ``demo-rates.json``, keyed by the CPU, its cores, the models, the engines as
-resolved (``auto`` changes with the CPU) and the threads.
+them into hours. Kept in the model cache's ``demo-rates.json``, keyed by the CPU (`cpu_signature`), its cores, the models, the engines
+as resolved (``auto`` changes with the CPU) and the threads.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 from cqg_ray.config import LLMConfig
 
@@ -104,17 +105,18 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig) -> dict[str, tuple[floa
     return out
 
 
-def machine_rates(writer: LLMConfig, answerer: LLMConfig) -> tuple[Rates, str]:
+def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], None] | None = None) -> tuple[Rates, str]:
     """`measure_rates`, or the rates an earlier run measured on this machine with the same models and engines (kept in
-    the model cache's demo-rates.json); and where they come from. Rates kept before ``answer_read`` or
-    ``write_batch`` existed are measured again."""
-    from cqg_ray.hardware import available_cpus, cpu_model
+    the model cache's demo-rates.json, keyed by the CPU's `cpu_signature`: another CPU kind behind the same model name,
+    or the AVX2 cap, measures anew); and where they come from. Rates kept without ``answer_read`` or ``write_batch`` are
+    measured again. ``say``: told what is measured before the models load, and how long it took (the demo prints it)."""
+    from cqg_ray.hardware import available_cpus, cpu_signature
     from cqg_ray.llm.base import resolve_engine
     from cqg_ray.cache import cache_root
 
     ll = answerer.llamacpp
     engines = resolve_engine(ll.generate_engine, work="generate"), resolve_engine(ll.score_engine, work="score")  # as resolved: auto changes
-    key = "|".join(map(str, (cpu_model(), available_cpus(), writer.llamacpp.model, ll.model, *engines, ll.n_threads)))
+    key = "|".join(map(str, (cpu_signature(), available_cpus(), writer.llamacpp.model, ll.model, *engines, ll.n_threads)))
     path = cache_root(ll.cache_dir) / "demo-rates.json"
     try:
         known = json.loads(path.read_text())
@@ -127,7 +129,13 @@ def machine_rates(writer: LLMConfig, answerer: LLMConfig) -> tuple[Rates, str]:
             rates = None
         if rates is not None and rates.answer_read is not None and rates.write_batch is not None:
             return rates, f"measured earlier on this machine ({path})"
+    if say:
+        say(f"measuring this machine's LLM rates, once (kept in {path}): the writer {writer.llamacpp.model} on {engines[0]} and "
+            f"the answerer {ll.model} on {engines[1]} load, then read, write and answer a few short prompts")
+    t0 = time.perf_counter()
     rates = measure_rates(writer, answerer)
+    if say:
+        say(f"rates measured in {time.perf_counter() - t0:.0f} s")
     known[key] = asdict(rates)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")

@@ -105,7 +105,7 @@ def cmd_plan(args) -> int:
         from cqg_ray.llm.rates import machine_rates
         from cqg_ray.plan.throughput import measured
 
-        rates, source = machine_rates(writer_llm(cfg), cfg.llm)
+        rates, source = machine_rates(writer_llm(cfg), cfg.llm, say=lambda line: print(f"plan: {line}", file=sys.stderr, flush=True))
         tp = measured(rates, tp, source)
     changes = {}
     if args.llm_tokens_per_s:
