@@ -41,8 +41,9 @@ def _cpuinfo_field(name: str, cpuinfo: str | None) -> str | None:
         except OSError:
             return None
     for line in cpuinfo.splitlines():
-        if line.startswith(name):
-            return line.split(":", 1)[1].strip()
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == name:  # the whole key: "model" is not "model name"
+            return value.strip()
     return None
 
 
@@ -86,21 +87,8 @@ def cpu_signature(cpuinfo: str | None = None) -> str:
     ``CQG_RAY_MAX_CPU_ISA``), e.g. 'AMD EPYC|26|2|0|3f9a1c2e'. Speeds measured on one signature hold for it only."""
     import hashlib
 
-    fields = {}
-    text = cpuinfo
-    if text is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                text = f.read()
-        except OSError:
-            text = ""
-    for line in text.splitlines():
-        if not line.strip():
-            break  # the first processor's block
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
     flags = " ".join(sorted(cpu_flags(cpuinfo)))
-    return "|".join([cpu_model(cpuinfo), *(fields.get(k, "?") for k in ("cpu family", "model", "stepping")),
+    return "|".join([cpu_model(cpuinfo), *(_cpuinfo_field(k, cpuinfo) or "?" for k in ("cpu family", "model", "stepping")),
                      hashlib.sha256(flags.encode()).hexdigest()[:8]])
 
 
