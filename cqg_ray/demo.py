@@ -31,7 +31,13 @@ PROMPT_TOKENS, REPLY_TOKENS = 1_675, 115
 # of which the prompts' common prefix (chat template, rules, worked examples), read once per generation call
 # (BatchEngine.generate and TorchEngine.generate copy it into each sequence)
 SHARED_PROMPT_TOKENS = 691  # with the cluster keywords (598 without)
-OTHER_S = 240.0  # that demo's stages without an LLM: prepare 118, encode 49, model 47, evaluation 14 s
+# the demo's work besides its LLM and the stages before the questions (whose time the sizing reads off their
+# manifests): the questions stage's own encoding and selection, the model, the evaluation, the explanations and Ray's
+# starts. On the AVX2 EPYC Zen 3 (2026-12-02) ~36 s: 7 s in questions, model 8.3, evaluation 13.5, 6 s after
+REST_S = 40.0
+# engine loads the stages pay (the writer's in the questions stage; the answerer's in it and in the labels stage),
+# each at the load time measured with the rates (Rates.writer_load, answerer_load)
+WRITER_LOADS, ANSWERER_LOADS = 1, 2
 MIN_QUESTIONS = 20
 PROBE_LEVELS = ((10, 6, 4), (5, 3, 2), (3, 2, 1))  # (p_p, p_h, p_e): the demo's, the paper's, the fewest
 # questions a cluster written for ends with, after the filters and dedup, at each probe level (the lowest seen): at
@@ -40,8 +46,9 @@ PROBE_LEVELS = ((10, 6, 4), (5, 3, 2), (3, 2, 1))  # (p_p, p_h, p_e): the demo's
 # them). The paper's 5/3/2 was not measured alone: its neighbour above's. A demo that ends with fewer tops up (top_up)
 QUESTIONS_PER_CLUSTER = (1.3, 1.3, 2.0)
 # (n_h, n_e): hard and easy negatives a generation prompt, after the probes: the paper's 18 + 18, then fewer. A text at
-# 200 characters is ~35 tokens of the prompt (the 36 negatives are about three quarters of PROMPT_TOKENS)
-NEGATIVE_LEVELS, TEXT_TOKENS = ((18, 18), (9, 9), (6, 6)), 35
+# 200 characters is ~23 tokens of the prompt: at 6 + 6 the demo's prompts read 1,111 tokens each (11,109 for 10 on
+# 2026-12-02), 564 fewer than PROMPT_TOKENS at 18 + 18, over 24 fewer texts
+NEGATIVE_LEVELS, TEXT_TOKENS = ((18, 18), (9, 9), (6, 6)), 23
 # (n_cluster, n_neighbor, n_random): texts labelled a question, last: the demo's 40, then 30 (held out 0.55 of them,
 # the report part keeps ~10, over reliability's min_heldout of 5)
 LABEL_LEVELS = ((20, 12, 8), (15, 9, 6))
@@ -51,7 +58,7 @@ LABEL_KEYS = ("label.n_cluster", "label.n_neighbor", "label.n_random")
 SIZED_KEYS = ("cqg.max_clusters", *PROBE_KEYS, *NEGATIVE_KEYS, *LABEL_KEYS)
 
 
-def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozenset[str] = frozenset()) -> tuple[dict, str]:
+def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozenset[str] = frozenset(), spent_s: float = 0.0) -> tuple[dict, str]:
     """The demo's scale knobs for `budget_s` seconds at `rates`: the clusters questions are written for, the probes
     per question, the negatives a generation prompt shows and the texts labelled a question, the most that fit within
     the floor (MIN_QUESTIONS questions: the clusters that give them at a probe level's measured yield,
@@ -59,7 +66,9 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     demo's probes, then fewer probes (probes rank the questions: docs/questions.md), then fewer negatives (the writer
     reads them: most of generation's time on a slow CPU), then fewer labels a question (the heads learn from them),
     and last, at the fewest of each, clusters down to that level's own floor. Keys in `fixed` (set by the user)
-    stay. Returns ({key: value}, the reason in one line)."""
+    stay. `spent_s`: the budget's seconds already spent (the rates' measurement, the stages before the questions); the
+    rest holds the engines' loads, REST_S and, per cluster, its prompts, probes and labels (at the level's yield of
+    questions a cluster). Returns ({key: value}, the reason in one line)."""
     c, lab = cfg.cqg, cfg.label
     most = c.max_clusters or cfg.cluster.k
 
@@ -72,31 +81,38 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     steps = ([(p, negative_levels[0], label_levels[0]) for p in probe_levels]
              + [(probe_levels[-1], lv, label_levels[0]) for lv in negative_levels[1:]]
              + [(probe_levels[-1], negative_levels[-1], lv) for lv in label_levels[1:]])
-    fixed_s = OTHER_S + SHARED_PROMPT_TOKENS / rates.read  # the prompts' common prefix: read once per call
+    loads = WRITER_LOADS * (rates.writer_load or 0.0) + ANSWERER_LOADS * (rates.answerer_load or 0.0)
+    fixed_s = spent_s + REST_S + loads + SHARED_PROMPT_TOKENS / rates.read  # the prompts' common prefix: read once per call
     for probes, negatives, labels in steps:
         last = (probes, negatives, labels) == steps[-1]
         least = min(most, floor_clusters(probes if last else probe_levels[0], c.t))  # below the first level's floor: last
         own_tokens = PROMPT_TOKENS - SHARED_PROMPT_TOKENS + TEXT_TOKENS * (sum(negatives) - sum(NEGATIVE_LEVELS[0]))
         gen_s = c.prompts_per_cluster * (own_tokens / rates.read + REPLY_TOKENS / rates.write)
-        per = gen_s + (c.questions_per_prompt * c.prompts_per_cluster * sum(probes) + c.t * sum(labels)) / rates.pairs
+        kept = min(c.t, cluster_yield(probes))  # the questions a cluster ends with: those are labelled
+        per = gen_s + (c.questions_per_prompt * c.prompts_per_cluster * sum(probes) + kept * sum(labels)) / rates.pairs
         n = most if "cqg.max_clusters" in fixed else max(least, min(most, int((budget_s - fixed_s) // per)))
         expected = fixed_s + n * per
         if expected <= budget_s or last:
             break
     sized = dict(zip(SIZED_KEYS, (n, *probes, *negatives, *labels)))
     fit = "fits" if expected <= budget_s else "does not fit; this is the floor"
+    spent = f" ({spent_s:.0f} s of them spent before the questions)" if spent_s else ""
     reason = (f"{n} of {cfg.cluster.k} clusters, probes {probes[0]}/{probes[1]}/{probes[2]} a question, {negatives[0]} + "
               f"{negatives[1]} negatives a prompt, {sum(labels)} texts labelled a question: about {expected / 60:.1f} min "
-              f"expected, {fit} ({budget_s / 60:.0f} min; writer {rates.read:.0f} prompt tokens/s read, {rates.write:.1f} "
+              f"expected{spent}, {fit} ({budget_s / 60:.0f} min; writer {rates.read:.0f} prompt tokens/s read, {rates.write:.1f} "
               f"written{f' by {rates.write_batch} sequences together' if (rates.write_batch or 1) > 1 else ''}; answerer {rates.pairs:.1f} pairs/s)")
     return {k: v for k, v in sized.items() if k not in fixed}, reason
 
 
+def cluster_yield(probes: tuple[int, ...]) -> float:
+    """Questions a cluster written for ends with at `probes`: the QUESTIONS_PER_CLUSTER of the first PROBE_LEVELS level
+    with no more probes (the last level's below them all)."""
+    return next((y for lv, y in zip(PROBE_LEVELS, QUESTIONS_PER_CLUSTER) if sum(lv) <= sum(probes)), QUESTIONS_PER_CLUSTER[-1])
+
+
 def floor_clusters(probes: tuple[int, ...], t: int) -> int:
-    """The fewest clusters that give MIN_QUESTIONS questions at `probes`: at the QUESTIONS_PER_CLUSTER of the first
-    PROBE_LEVELS level with no more probes (the last level's below them all), at most t a cluster."""
-    y = next((y for lv, y in zip(PROBE_LEVELS, QUESTIONS_PER_CLUSTER) if sum(lv) <= sum(probes)), QUESTIONS_PER_CLUSTER[-1])
-    return math.ceil(MIN_QUESTIONS / min(y, t))
+    """The fewest clusters that give MIN_QUESTIONS questions at `probes` (`cluster_yield`, at most t a cluster)."""
+    return math.ceil(MIN_QUESTIONS / min(cluster_yield(probes), t))
 
 
 def top_up(record: dict, questions: dict | None, k: int) -> dict | None:
@@ -138,9 +154,24 @@ def written_clusters(run, fixed: frozenset[str]) -> dict:
     return {} if n is None or "cqg.max_clusters" in fixed else {"cqg.max_clusters": n}
 
 
+def stages_before_questions() -> list[str]:
+    """The pipeline's stages before the questions (prepare, encode, cluster): the demo's sizing changes none of them."""
+    from cqg_ray import stages
+
+    names = [s.name for s in stages.STAGES]
+    return names[: names.index("questions")]
+
+
+def spent_before_questions(run) -> float:
+    """Seconds the stages before the questions took, as their manifests record (a stage not done: none)."""
+    return sum(float((run.manifest(n) or {}).get("seconds", 0.0)) for n in stages_before_questions())
+
+
 def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> dict:
-    """The run directory's sizing, decided once (SIZED): on a first run, the engines' rates (measured, or reused) and
-    `size_demo` for `minutes`; a run directory whose questions are written keeps its config as it is."""
+    """The run directory's sizing, decided once (SIZED), after the stages before the questions (the sized keys change
+    none of them): on a first run, the engines' rates (measured, or reused) and `size_demo` for what is left of
+    `minutes` (less those stages' time and the measuring); a run directory whose questions are written keeps its
+    config as it is."""
     from cqg_ray.rundir import RunDir
 
     run = RunDir(cfg.run_dir)
@@ -158,9 +189,10 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
         from cqg_ray.llm.rates import machine_rates
 
         rates, source = machine_rates(writer_llm(cfg), cfg.llm, say=lambda line: print(f"demo sizing: {line}", flush=True))
-        sized, reason = size_demo(cfg, rates, minutes * 60, fixed)
+        spent = spent_before_questions(run) + time.perf_counter() - t0
+        sized, reason = size_demo(cfg, rates, minutes * 60, fixed, spent_s=spent)
         record = {"overrides": sized, "reason": reason, "rates": asdict(rates), "rates_from": source, "minutes": minutes,
-                  "sizing_s": round(time.perf_counter() - t0, 1)}
+                  "sizing_s": round(time.perf_counter() - t0, 1), "spent_s": round(spent, 1)}
     run.write_json(SIZED, record)
     return record
 
@@ -177,6 +209,8 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, brea
     run = RunDir(cfg.run_dir)
     with take_lease(cfg.run_dir, "cqg-ray demo", break_lease):  # LeaseHeld: the CLI says who holds it (exit 3)
         print(f"cqg-ray demo: run directory {cfg.run_dir} (interrupt any time; the same command resumes)", flush=True)
+        if not run.exists(SIZED):  # the stages before the questions first: the sizing counts their time
+            run_pipeline(cfg, until=stages_before_questions()[-1])
         sizing = demo_sizing(cfg, overrides, minutes)
         print(f"demo sizing: {sizing['reason']}" + (f" [{', '.join(f'{k}={v}' for k, v in sizing['overrides'].items())}]"
                                                      if sizing["overrides"] else ""), flush=True)

@@ -35,8 +35,11 @@ class Rates:
     pairs: float  # the answerer's single-pass (text, question) pairs per second (short texts, their prefixes shared)
     answer_read: float | None = None  # the answerer's prompt tokens read per second (one long single-pass prompt)
     write_batch: int | None = None  # sequences decoded together when `write` was timed (None: one, kept before batches)
+    writer_load: float | None = None  # seconds for the writer to load and answer its first prompt (a stage pays it once)
+    answerer_load: float | None = None  # the same for the answerer (the questions and labels stages each pay it)
 
 
+WRITE_TOKENS = 17  # tokens a timed sequence writes: the write rate is 16 of them (17 less 1) a sequence
 WRITE_BATCH = 4  # sequences decoded together for the write rate (the demo decodes up to llamacpp.batch_generate: more
 # sequences write more tokens a second, so the rate at 4 is a floor for the demo's 8-16 prompts, and ~4x the work of one)
 
@@ -56,16 +59,19 @@ def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
     """`Rates` from `time_engines`' (seconds, count) per measure (``write_batch``: (sequences, sequences))."""
     (read_s, read), (write_s, wrote), (pairs_s, pairs), (answer_s, answer) = (timed[k] for k in ("read", "write", "pairs", "answer_read"))
     return Rates(read=read / read_s, write=max(wrote, 1) / max(write_s, 1e-3), pairs=pairs / pairs_s, answer_read=answer / answer_s,
-                 write_batch=int(timed["write_batch"][1]))
+                 write_batch=int(timed["write_batch"][1]), writer_load=round(timed["writer_load"][0], 1),
+                 answerer_load=round(timed["answerer_load"][0], 1))
 
 
 def time_engines(writer: LLMConfig, answerer: LLMConfig) -> dict[str, tuple[float, int]]:
     """(seconds, count) for each rate, after the models load: ``read``, a ~250-token prompt's tokens read; ``write``,
-    `WRITE_BATCH` copies of a short prompt (at most ``batch_generate``) decoded together to 1 and to 33 tokens each, the
-    difference being 32 tokens a sequence written (nothing estimated is subtracted: the engine keeps no cache between
+    `WRITE_BATCH` copies of a short prompt (at most ``batch_generate``) decoded together to 1 and to `WRITE_TOKENS` tokens
+    each, the difference being 16 tokens a sequence written (nothing estimated is subtracted: the engine keeps no cache between
     calls); each timed twice, interleaved, the faster kept (a neighbour's burst on the cores lands in one repeat);
     ``write_batch``, those sequences; ``pairs``, 20 single-pass pairs answered; ``answer_read``, one ~250-token
-    single-pass prompt's tokens read (what a cache held is not counted)."""
+    single-pass prompt's tokens read (what a cache held is not counted); ``writer_load`` and ``answerer_load``, (seconds
+    to build each engine and answer its first request, 1): what a stage's engine pays before its work (the same model
+    for both: one load, counted for each)."""
     from cqg_ray.llm.answers import answer_requests
     from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
 
@@ -75,24 +81,28 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig) -> dict[str, tuple[floa
         return time.perf_counter() - t0, done
 
     batch = max(1, min(WRITE_BATCH, writer.llamacpp.batch_generate))
+    t0 = time.perf_counter()
     model = LlamaCppBackend(writer)
     try:
         list(model.generate_batched([_prompt(RATE_TEXTS[:1], 1)]))  # warm-up: engines load lazily
+        loads = {"writer_load": (time.perf_counter() - t0, 1)}
         a = [_prompt(RATE_TEXTS * 2, 1)]
-        # the same prompt in every sequence: each writes its 33 tokens (other texts let some stop early, leaving fewer
-        # sequences in the last steps); the shared prompt is read once for all, in the 1-token run as in the 33-token one
-        b1, b33 = ([_prompt(RATE_TEXTS[-1:], n)] * batch for n in (1, 33))
-        runs = [(timed(a), timed(b1), timed(b33)) for _ in range(2)]
-        (_, ca), (_, c1), (_, c33) = runs[0]
+        # the same prompt in every sequence: each writes its WRITE_TOKENS tokens (other texts let some stop early, leaving fewer
+        # sequences in the last steps); the shared prompt is read once for all, in the 1-token run as in the longer one
+        b1, bn = ([_prompt(RATE_TEXTS[-1:], n)] * batch for n in (1, WRITE_TOKENS))
+        runs = [(timed(a), timed(b1), timed(bn)) for _ in range(2)]
+        (_, ca), (_, c1), (_, cn) = runs[0]
         out = {"read": (min(r[0][0] for r in runs), ca[0].prompt_tokens),
                "write": (min(r[2][0] for r in runs) - min(r[1][0] for r in runs),
-                         sum(c.completion_tokens for c in c33) - sum(c.completion_tokens for c in c1)),
-               "write_batch": (batch, batch)}
+                         sum(c.completion_tokens for c in cn) - sum(c.completion_tokens for c in c1)),
+               "write_batch": (batch, batch), **loads}
+        reqs = [r for t in RATE_TEXTS for r in answer_requests(t, range(len(RATE_QUESTIONS)), RATE_QUESTIONS, "single", 20, 1)]
+        t0 = time.perf_counter()
         if answerer != writer:  # the same section (the reference build's 1.5B): its model stays loaded
             model.close()
             model = LlamaCppBackend(answerer)
-        reqs = [r for t in RATE_TEXTS for r in answer_requests(t, range(len(RATE_QUESTIONS)), RATE_QUESTIONS, "single", 20, 1)]
         model.score(reqs[:2])  # warm-up
+        out["answerer_load"] = (time.perf_counter() - t0, 1) if answerer != writer else loads["writer_load"]
         t0 = time.perf_counter()
         model.score(reqs)
         out["pairs"] = time.perf_counter() - t0, len(reqs)
@@ -108,8 +118,8 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig) -> dict[str, tuple[floa
 def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], None] | None = None) -> tuple[Rates, str]:
     """`measure_rates`, or the rates an earlier run measured on this machine with the same models and engines (kept in
     the model cache's demo-rates.json, keyed by the CPU's `cpu_signature`: another CPU kind behind the same model name,
-    or the AVX2 cap, measures anew); and where they come from. Rates kept without ``answer_read`` or ``write_batch`` are
-    measured again. ``say``: told what is measured before the models load, and how long it took (the demo prints it)."""
+    or the AVX2 cap, measures anew); and where they come from. Rates kept without ``answer_read``, ``write_batch`` or
+    the loads are measured again. ``say``: told what is measured before the models load, and how long it took (the demo prints it)."""
     from cqg_ray.hardware import available_cpus, cpu_signature
     from cqg_ray.llm.base import resolve_engine
     from cqg_ray.cache import cache_root
@@ -127,7 +137,7 @@ def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], N
             rates = Rates(**known[key])
         except TypeError:
             rates = None
-        if rates is not None and rates.answer_read is not None and rates.write_batch is not None:
+        if rates is not None and None not in (rates.answer_read, rates.write_batch, rates.writer_load, rates.answerer_load):
             return rates, f"measured earlier on this machine ({path})"
     if say:
         say(f"measuring this machine's LLM rates, once (kept in {path}): the writer {writer.llamacpp.model} on {engines[0]} and "
