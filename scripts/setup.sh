@@ -8,14 +8,15 @@
 # installed: docs/llm.md), so llama-cpp-python, a compile of 2-6 minutes on 2 cores, is built only when asked for; on
 # other CPUs (no AVX2, ARM) it is always built: llama.cpp is the fast engine there. The torch engines read the bundled
 # GGUF models dequantised to safetensors folders in the cache: set-up makes the demo's two (CQG_RAY_DEQUANTIZE, bundled
-# names, space-separated; empty for none) beside its pip installs, so that the demo's first use does not.
+# names, space-separated; empty for none) beside its pip installs, and exports the bundled encoder for its `auto`
+# backend, so that the demo's first use does neither.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 llama=${CQG_RAY_LLAMA_CPP:-0}
 for arg in "$@"; do
   case "$arg" in
     --llama-cpp) llama=1 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scripts/setup.sh: unknown argument $arg (--llama-cpp, --help)" >&2; exit 2 ;;
   esac
 done
@@ -84,6 +85,14 @@ if [ "$llama" = 1 ]; then
   $LLAMA --no-models
 fi
 $PIP install --no-deps -e .
+# the bundled encoder exported for this CPU's `auto` backend (openvino where installed), which its first use would
+# otherwise do inside the demo's encode stage (~10 s on 2 cores); never fails set-up: the first use exports what is missing
+if "$VENV/bin/python" -c "from cqg_ray.encoder import load_encoder; load_encoder('bundled:all-MiniLM-L6-v2')" > "$VENV/.export.log" 2>&1; then
+  echo "[setup] encoder exported for its auto backend"
+else
+  tail -5 "$VENV/.export.log" >&2 || true
+  echo "[setup] WARNING: exporting the encoder failed (log above): the first use does it" >&2
+fi
 if [ -n "${dequantizing:-}" ]; then
   if wait "$dequantizing"; then tail -1 "$VENV/.dequantize.log"; else dequantize_failed; fi
 fi
