@@ -35,9 +35,6 @@ SHARED_PROMPT_TOKENS = 691  # with the cluster keywords (598 without)
 # manifests): the questions stage's own encoding and selection, the model, the evaluation, the explanations and Ray's
 # starts. On the AVX2 EPYC Zen 3 (2026-12-02) ~36 s: 7 s in questions, model 8.3, evaluation 13.5, 6 s after
 REST_S = 40.0
-# engine loads the stages pay (the writer's in the questions stage; the answerer's in it and in the labels stage),
-# each at the load time measured with the rates (Rates.writer_load, answerer_load)
-WRITER_LOADS, ANSWERER_LOADS = 1, 2
 MIN_QUESTIONS = 20
 PROBE_LEVELS = ((10, 6, 4), (5, 3, 2), (3, 2, 1))  # (p_p, p_h, p_e): the demo's, the paper's, the fewest
 # questions a cluster written for ends with, after the filters and dedup, at each probe level (the lowest seen): at
@@ -58,7 +55,8 @@ LABEL_KEYS = ("label.n_cluster", "label.n_neighbor", "label.n_random")
 SIZED_KEYS = ("cqg.max_clusters", *PROBE_KEYS, *NEGATIVE_KEYS, *LABEL_KEYS)
 
 
-def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozenset[str] = frozenset(), spent_s: float = 0.0) -> tuple[dict, str]:
+def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozenset[str] = frozenset(), spent_s: float = 0.0,
+              loads_s: float = 0.0) -> tuple[dict, str]:
     """The demo's scale knobs for `budget_s` seconds at `rates`: the clusters questions are written for, the probes
     per question, the negatives a generation prompt shows and the texts labelled a question, the most that fit within
     the floor (MIN_QUESTIONS questions: the clusters that give them at a probe level's measured yield,
@@ -67,8 +65,8 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     reads them: most of generation's time on a slow CPU), then fewer labels a question (the heads learn from them),
     and last, at the fewest of each, clusters down to that level's own floor. Keys in `fixed` (set by the user)
     stay. `spent_s`: the budget's seconds already spent (the rates' measurement, the stages before the questions); the
-    rest holds the engines' loads, REST_S and, per cluster, its prompts, probes and labels (at the level's yield of
-    questions a cluster). Returns ({key: value}, the reason in one line)."""
+    rest holds `loads_s` (the engines' loads still to come), REST_S and, per cluster, its prompts, probes and labels
+    (at the level's yield of questions a cluster). Returns ({key: value}, the reason in one line)."""
     c, lab = cfg.cqg, cfg.label
     most = c.max_clusters or cfg.cluster.k
 
@@ -81,8 +79,7 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     steps = ([(p, negative_levels[0], label_levels[0]) for p in probe_levels]
              + [(probe_levels[-1], lv, label_levels[0]) for lv in negative_levels[1:]]
              + [(probe_levels[-1], negative_levels[-1], lv) for lv in label_levels[1:]])
-    loads = WRITER_LOADS * (rates.writer_load or 0.0) + ANSWERER_LOADS * (rates.answerer_load or 0.0)
-    fixed_s = spent_s + REST_S + loads + SHARED_PROMPT_TOKENS / rates.read  # the prompts' common prefix: read once per call
+    fixed_s = spent_s + REST_S + loads_s + SHARED_PROMPT_TOKENS / rates.read  # the prompts' common prefix: read once per call
     for probes, negatives, labels in steps:
         last = (probes, negatives, labels) == steps[-1]
         least = min(most, floor_clusters(probes if last else probe_levels[0], c.t))  # below the first level's floor: last
@@ -186,19 +183,43 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
     else:
         t0 = time.perf_counter()
         from cqg_ray.cqg.stage import writer_llm
+        from cqg_ray.llm.backends import keep_backend
         from cqg_ray.llm.rates import machine_rates
 
-        rates, source = machine_rates(writer_llm(cfg), cfg.llm, say=lambda line: print(f"demo sizing: {line}", flush=True))
+        rates, source = machine_rates(writer_llm(cfg), cfg.llm, say=lambda line: print(f"demo sizing: {line}", flush=True), keep=keep_backend)
         spent = spent_before_questions(run) + time.perf_counter() - t0
-        sized, reason = size_demo(cfg, rates, minutes * 60, fixed, spent_s=spent)
+        # the stages answer with the demo's engines, loaded once (demo_engines): the measurement's, else loaded by the stages
+        loads = 0.0 if source == "measured now" else (rates.writer_load or 0.0) + (rates.answerer_load or 0.0)
+        sized, reason = size_demo(cfg, rates, minutes * 60, fixed, spent_s=spent, loads_s=loads)
         record = {"overrides": sized, "reason": reason, "rates": asdict(rates), "rates_from": source, "minutes": minutes,
                   "sizing_s": round(time.perf_counter() - t0, 1), "spent_s": round(spent, 1)}
     run.write_json(SIZED, record)
     return record
 
 
+def demo_engines(cfg: PipelineConfig) -> dict | None:
+    """Keep the demo's embedded engines in this process (`backends.keep_backend`), so that each loads once and serves
+    every stage that asks for it (on one machine, in place of an actor pool a stage): those the rate measurement
+    loaded, else new ones that load on first use. Returns the writer's identity where it is not the answerer's (it
+    can go once the questions are written); None for another backend (nothing kept)."""
+    from cqg_ray.cqg.stage import writer_llm
+    from cqg_ray.llm.backends import keep_backend, kept_backend
+    from cqg_ray.llm.base import backend_identity
+    from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
+
+    if cfg.llm.backend != "llamacpp":
+        return None
+    writer = writer_llm(cfg)
+    for llm in (writer, cfg.llm):
+        if kept_backend(backend_identity(llm)) is None:
+            keep_backend(LlamaCppBackend(llm))  # the torch engines load on first use
+    w, a = backend_identity(writer), backend_identity(cfg.llm)
+    return w if w != a else None
+
+
 def run_demo(config: str | None = None, overrides: list[str] | None = None, break_lease: bool = False, minutes: float = BUDGET_MIN) -> int:
     from cqg_ray.explain import format_explanation
+    from cqg_ray.llm.backends import release_backends
     from cqg_ray.lease import take_lease
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
     from cqg_ray.pipeline import run_pipeline, run_status
@@ -219,16 +240,22 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, brea
 
         cfg = sized(sizing)
         before = run.manifest("evaluation")
-        while True:  # the questions first: a run short of MIN_QUESTIONS writes for more clusters (top_up)
-            run_pipeline(cfg, until="questions")
-            if (more := top_up(sizing, run.manifest("questions"), cfg.cluster.k)) is None:
-                break
-            n, q = more["topped_up"][-1]["clusters"], more["topped_up"][-1]["questions"]
-            print(f"demo sizing: {q} questions from {n} clusters, under the floor of {MIN_QUESTIONS}: writing for "
-                  f"{more['overrides']['cqg.max_clusters']} (the first {n} clusters' LLM answers are kept in the ledger)", flush=True)
-            run.write_json(SIZED, more)
-            sizing, cfg = more, sized(more)
-        manifests = run_pipeline(cfg)
+        writer = demo_engines(cfg)
+        try:
+            while True:  # the questions first: a run short of MIN_QUESTIONS writes for more clusters (top_up)
+                run_pipeline(cfg, until="questions")
+                if (more := top_up(sizing, run.manifest("questions"), cfg.cluster.k)) is None:
+                    break
+                n, q = more["topped_up"][-1]["clusters"], more["topped_up"][-1]["questions"]
+                print(f"demo sizing: {q} questions from {n} clusters, under the floor of {MIN_QUESTIONS}: writing for "
+                      f"{more['overrides']['cqg.max_clusters']} (the first {n} clusters' LLM answers are kept in the ledger)", flush=True)
+                run.write_json(SIZED, more)
+                sizing, cfg = more, sized(more)
+            if writer is not None:
+                release_backends(writer)  # its questions are written: the labels need the answerer alone
+            manifests = run_pipeline(cfg)
+        finally:
+            release_backends()
     # the evaluation stage prints its tables as it finishes; a stage skipped as done printed nothing (a run of it
     # writes a new manifest, so an unchanged one means it was skipped)
     evaluated_now = manifests.get("evaluation") is not None and manifests["evaluation"] != before

@@ -137,13 +137,13 @@ def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_
     assert reason.startswith("18 of 30 clusters") and "about 9.9 min expected, fits" in reason
     # the budget's time already spent and the engines' loads count: the AVX2 EPYC Zen 3 of 2026-12-02 (47 read, 6.2
     # written, 6.8 pairs/s) fits 12 clusters on the whole budget, but after 178 s of measuring and stages before the
-    # questions, and loads of 20 s (the writer, once) and 8 s (the answerer, twice), its floor: 268.7 + 10 x
+    # questions, and 36 s of engine loads still to come, its floor: 268.7 + 10 x
     # ((1675 - 691 - 24 x 23)/47 + 115/6.2 + (60 + 2 x 30)/6.8) = 722.6 s
     zen3 = dict(read=47, write=6.2, pairs=6.8)
     sized, reason = size_demo(wide, Rates(**zen3), 600)
     assert sized == {"cqg.max_clusters": 12, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
     assert "about 10.0 min expected, fits" in reason
-    sized, reason = size_demo(wide, Rates(**zen3, writer_load=20, answerer_load=8), 600, spent_s=178)
+    sized, reason = size_demo(wide, Rates(**zen3), 600, spent_s=178, loads_s=36)
     assert sized == {"cqg.max_clusters": floor, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
     assert "about 12.0 min expected (178 s of them spent before the questions), does not fit; this is the floor" in reason
     # keys the user set stay: only the others are sized, and set probes are not lowered
@@ -166,7 +166,7 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
 
     monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path / "cache"))
     measured, ran = [], []
-    monkeypatch.setattr(rates, "measure_rates", lambda w, a: measured.append(1) or rates.Rates(read=50, write=10, pairs=6, answer_read=90,
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None: measured.append(1) or rates.Rates(read=50, write=10, pairs=6, answer_read=90,
                                                                                               write_batch=4, writer_load=10, answerer_load=5))
 
     def pipeline(cfg, until=None, **kwargs):  # the stages themselves are not run
@@ -195,7 +195,7 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
     assert out.count("demo sizing: measuring this machine's LLM rates, once") == 1 and out.count("demo sizing: rates measured in") == 1
     assert out.index("measuring this machine's LLM rates") < out.index("rates measured in") < out.index("16 of 30 clusters")
     # another run directory on this machine reuses the measured rates
-    monkeypatch.setattr(rates, "measure_rates", lambda w, a: (_ for _ in ()).throw(AssertionError("measured again")))
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None: (_ for _ in ()).throw(AssertionError("measured again")))
     other = demo_config(tmp_path / "b")
     record = demo.demo_sizing(other, [], 10)
     assert record["rates_from"].startswith("measured earlier on this machine")
@@ -203,7 +203,7 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
     import cqg_ray.llm.base as base
 
     monkeypatch.setattr(base, "resolve_engine", lambda name, flags=None, work="score": "llamacpp")
-    monkeypatch.setattr(rates, "measure_rates", lambda w, a: measured.append(2) or rates.Rates(read=40, write=8, pairs=4, answer_read=70,
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None: measured.append(2) or rates.Rates(read=40, write=8, pairs=4, answer_read=70,
                                                                                               write_batch=4, writer_load=10, answerer_load=5))
     assert demo.demo_sizing(demo_config(tmp_path / "c"), [], 10)["rates_from"] == "measured now" and measured == [1, 2]
     # rates kept before the write rate was timed over a batch (no write_batch) are measured again
@@ -249,13 +249,20 @@ def test_the_demo_tops_up_its_clusters_until_the_floor_and_a_resume_keeps_them(t
     from cqg_ray.rundir import RunDir, run_stage
 
     monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(rates, "measure_rates", lambda w, a: rates.Rates(read=10, write=2, pairs=1, answer_read=20, write_batch=4,
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None: rates.Rates(read=10, write=2, pairs=1, answer_read=20, write_batch=4,
                                                                           writer_load=10, answerer_load=5))
-    calls = []
+    calls, engines = [], []
+    from cqg_ray.cqg.stage import writer_llm
+    from cqg_ray.llm.backends import kept_backend
+    from cqg_ray.llm.base import backend_identity
+
+    def kept(cfg):  # (the writer's engine kept in this process, the answerer's)
+        return tuple(kept_backend(backend_identity(llm)) is not None for llm in (writer_llm(cfg), cfg.llm))
 
     def pipeline(cfg, until=None, **kwargs):  # the questions stage alone, standing in; the rest is not run
         n = cfg.cqg.max_clusters
         calls.append((until, n))
+        engines.append(kept(cfg))
         if until == "cluster":  # the stages before the questions (before the sizing)
             return {}
         run_stage(RunDir(cfg.run_dir), "questions", f"clusters-{n}", lambda ctx: ctx.counts.update(clusters=n, questions=n * 3 // 2), deps=[])
@@ -267,6 +274,10 @@ def test_the_demo_tops_up_its_clusters_until_the_floor_and_a_resume_keeps_them(t
         with pytest.raises(SystemExit):
             demo.run_demo("demo", [f"run_dir={tmp_path / 'run'}"])
     assert calls == [("cluster", None), ("questions", 10), ("questions", 14), (None, 14), ("questions", 14), (None, 14)]
+    # the stages answer with the demo's engines, kept in this process: both while questions are written, the answerer
+    # alone after them; none once the demo ends (here by the stand-in's exit)
+    assert engines == [(False, False), (True, True), (True, True), (False, True), (True, True), (False, True)]
+    assert kept(demo_config(tmp_path / "run")) == (False, False)
     record = RunDir(str(tmp_path / "run")).read_json(demo.SIZED)
     assert record["overrides"]["cqg.max_clusters"] == 14 and record["topped_up"] == [{"clusters": 10, "questions": 15}]
     assert record["reason"].endswith("does not fit; this is the floor (10 min; writer 10 prompt tokens/s read, 2.0 written by 4 sequences "
@@ -282,7 +293,7 @@ def test_a_run_whose_questions_are_written_or_another_backend_is_not_sized(tmp_p
     import cqg_ray.llm.rates as rates
     from cqg_ray.rundir import RunDir, run_stage
 
-    monkeypatch.setattr(rates, "measure_rates", lambda w, a: (_ for _ in ()).throw(AssertionError("no measuring")))
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None: (_ for _ in ()).throw(AssertionError("no measuring")))
     cfg = demo_config(tmp_path)
     run_stage(RunDir(cfg.run_dir), "questions", "h", lambda ctx: None, deps=[])
     assert demo.demo_sizing(cfg, [], 10) == {"overrides": {}, "reason": "not sized (its questions were written before): the config as it is"}
@@ -317,7 +328,18 @@ def test_the_rates_measured_on_the_real_embedded_model(tmp_path):
     from cqg_ray.llm.rates import Rates, rates_from, time_engines
 
     cfg = demo_config(tmp_path, writer_model="null")
-    timed = time_engines(cfg.llm, cfg.llm)
+    kept = []
+    timed = time_engines(cfg.llm, cfg.llm, keep=kept.append)
+    (model,) = kept  # one model for both, handed over with its engine loaded
+    try:
+        from cqg_ray.llm.answers import answer_requests
+        from cqg_ray.llm.rates import RATE_QUESTIONS, RATE_TEXTS
+
+        assert model._torch or model._model is not None
+        scored = model.score(answer_requests(RATE_TEXTS[0], [0, 1], RATE_QUESTIONS[:2], "single", 20, 1))
+        assert len(scored) == 2 and all(c.error is None for c in scored)
+    finally:
+        model.close()
     assert sorted(timed) == ["answer_read", "answerer_load", "pairs", "read", "write", "write_batch", "writer_load"]
     assert cfg.llm.llamacpp.batch_generate >= 4 and timed["write_batch"] == (4, 4)
     assert timed["writer_load"][1] == 1 and timed["answerer_load"] == timed["writer_load"]  # one model: one load, counted for both

@@ -2,11 +2,13 @@
 
     backend = make_backend(cfg.llm)          # llamacpp | openai | vllm | fake
     budget = stage_budget(cfg.llm, backend)  # the backend's own, else the named engine's (None: context unknown)
+    keep_backend(backend)                    # this process answers the stages asking for its identity (the demo)
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 from cqg_ray.config import LLMConfig, RayConfig
@@ -38,6 +40,34 @@ def make_backend(llm: LLMConfig, *, in_process: bool | None = None, cluster: Ray
             in_process = not ray.is_initialized()
         return LlamaCppBackend(llm) if in_process else LlamaCppActorPool(llm)
     raise ValueError(f"unknown LLM backend {llm.backend!r}")
+
+
+# backends loaded in this process that the streaming stages answer with instead of Ray workers' own engines, by identity
+_KEPT: dict[str, Any] = {}
+
+
+def _identity_key(identity: dict) -> str:
+    return json.dumps(identity, sort_keys=True, default=str)
+
+
+def keep_backend(backend: Any) -> None:
+    """Have the stages of this process answer with ``backend`` (loaded here) wherever they ask for its identity, in
+    this process instead of a Ray actor pool of their own: on one machine, an engine loaded once serves every stage
+    that uses it (the demo hands over the engines its rate measurement loaded). `release_backends` ends it."""
+    _KEPT[_identity_key(backend.identity)] = backend
+
+
+def kept_backend(identity: dict) -> Any:
+    """The backend `keep_backend` kept for ``identity``; None where none is."""
+    return _KEPT.get(_identity_key(identity))
+
+
+def release_backends(identity: dict | None = None) -> None:
+    """Close and forget the kept backend of ``identity`` (None: all of them)."""
+    keys = list(_KEPT) if identity is None else [_identity_key(identity)]
+    for k in keys:
+        if (b := _KEPT.pop(k, None)) is not None:
+            b.close()
 
 
 BUDGETS = {"fake": fake_budget, "llamacpp": llamacpp_budget, "vllm": vllm_budget, "openai": openai_budget}

@@ -14,7 +14,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from cqg_ray.config import LLMConfig
 
@@ -50,9 +50,9 @@ def _prompt(texts: list[str], tokens: int):
     return Request([{"role": "user", "content": "Write ten yes/no questions about these texts:\n" + "\n".join(texts)}], max_tokens=tokens)
 
 
-def measure_rates(writer: LLMConfig, answerer: LLMConfig) -> Rates:
-    """This machine's `Rates` on the engines the run uses, from `time_engines`."""
-    return rates_from(time_engines(writer, answerer))
+def measure_rates(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], None] | None = None) -> Rates:
+    """This machine's `Rates` on the engines the run uses, from `time_engines` (``keep``: as there)."""
+    return rates_from(time_engines(writer, answerer, keep))
 
 
 def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
@@ -63,7 +63,7 @@ def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
                  answerer_load=round(timed["answerer_load"][0], 1))
 
 
-def time_engines(writer: LLMConfig, answerer: LLMConfig) -> dict[str, tuple[float, int]]:
+def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], None] | None = None) -> dict[str, tuple[float, int]]:
     """(seconds, count) for each rate, after the models load: ``read``, a ~250-token prompt's tokens read; ``write``,
     `WRITE_BATCH` copies of a short prompt (at most ``batch_generate``) decoded together to 1 and to `WRITE_TOKENS` tokens
     each, the difference being 16 tokens a sequence written (nothing estimated is subtracted: the engine keeps no cache between
@@ -71,7 +71,8 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig) -> dict[str, tuple[floa
     ``write_batch``, those sequences; ``pairs``, 20 single-pass pairs answered; ``answer_read``, one ~250-token
     single-pass prompt's tokens read (what a cache held is not counted); ``writer_load`` and ``answerer_load``, (seconds
     to build each engine and answer its first request, 1): what a stage's engine pays before its work (the same model
-    for both: one load, counted for each)."""
+    for both: one load, counted for each). ``keep``: handed the loaded backends once all is timed (writer first),
+    instead of closing them."""
     from cqg_ray.llm.answers import answer_requests
     from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
 
@@ -82,6 +83,7 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig) -> dict[str, tuple[floa
 
     batch = max(1, min(WRITE_BATCH, writer.llamacpp.batch_generate))
     t0 = time.perf_counter()
+    kept: list = []  # loaded backends for ``keep``
     model = LlamaCppBackend(writer)
     try:
         list(model.generate_batched([_prompt(RATE_TEXTS[:1], 1)]))  # warm-up: engines load lazily
@@ -99,7 +101,7 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig) -> dict[str, tuple[floa
         reqs = [r for t in RATE_TEXTS for r in answer_requests(t, range(len(RATE_QUESTIONS)), RATE_QUESTIONS, "single", 20, 1)]
         t0 = time.perf_counter()
         if answerer != writer:  # the same section (the reference build's 1.5B): its model stays loaded
-            model.close()
+            kept.append(model) if keep else model.close()
             model = LlamaCppBackend(answerer)
         model.score(reqs[:2])  # warm-up
         out["answerer_load"] = (time.perf_counter() - t0, 1) if answerer != writer else loads["writer_load"]
@@ -110,16 +112,28 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig) -> dict[str, tuple[floa
         t0 = time.perf_counter()
         (scored,) = model.score(long)
         out["answer_read"] = time.perf_counter() - t0, scored.prompt_tokens - scored.cached_tokens
+        if keep:
+            kept.append(model)
+            model = None
+    except BaseException:
+        for m in kept:
+            m.close()
+        raise
     finally:
-        model.close()
+        if model is not None:
+            model.close()
+    for m in kept:
+        keep(m)
     return out
 
 
-def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], None] | None = None) -> tuple[Rates, str]:
+def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], None] | None = None,
+                  keep: Callable[[Any], None] | None = None) -> tuple[Rates, str]:
     """`measure_rates`, or the rates an earlier run measured on this machine with the same models and engines (kept in
     the model cache's demo-rates.json, keyed by the CPU's `cpu_signature`: another CPU kind behind the same model name,
     or the AVX2 cap, measures anew); and where they come from. Rates kept without ``answer_read``, ``write_batch`` or
-    the loads are measured again. ``say``: told what is measured before the models load, and how long it took (the demo prints it)."""
+    the loads are measured again. ``say``: told what is measured before the models load, and how long it took (the demo
+    prints it). ``keep``: handed the backends a measurement loaded (`time_engines`; rates reused load none)."""
     from cqg_ray.hardware import available_cpus, cpu_signature
     from cqg_ray.llm.base import resolve_engine
     from cqg_ray.cache import cache_root
@@ -143,7 +157,7 @@ def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], N
         say(f"measuring this machine's LLM rates, once (kept in {path}): the writer {writer.llamacpp.model} on {engines[0]} and "
             f"the answerer {ll.model} on {engines[1]} load, then read, write and answer a few short prompts")
     t0 = time.perf_counter()
-    rates = measure_rates(writer, answerer)
+    rates = measure_rates(writer, answerer, keep)
     if say:
         say(f"rates measured in {time.perf_counter() - t0:.0f} s")
     known[key] = asdict(rates)

@@ -261,7 +261,8 @@ def stream_plan(job: PlanJob, groups: list[int], identity: dict, backend=None, e
                 on_assembled: Callable[[dict], None] | None = None, one_job: bool | None = None) -> dict[str, Any]:
     """Run ``job`` over the plan's row groups ``groups``: count, answer what the ledger lacks, assemble.
 
-    ``backend`` (an instance) runs the passes in this process, as does the absence of a running Ray; ``engine`` (a
+    ``backend`` (an instance) runs the passes in this process, as do one kept for ``identity`` (`backends.keep_backend`)
+    and the absence of a running Ray; ``engine`` (a
     function making a backend) is what each Ray worker answers with (default ``make_backend(job.llm, in_process=True)``);
     ``one_job`` (default: for vLLM) answers in one Ray Data job per attempt through ``engine().job`` instead.
     ``on_assembled`` sees each group's assemble counters (for counters the stage folds itself). Returns the summed
@@ -271,6 +272,10 @@ def stream_plan(job: PlanJob, groups: list[int], identity: dict, backend=None, e
     from cqg_ray.llm.runner import MAX_RUNS_KEPT, new_run_stats
 
     t0 = time.time()
+    if backend is None and engine is None:
+        from cqg_ray.llm.backends import kept_backend
+
+        backend = kept_backend(identity)  # an engine loaded in this process answers here (backends.keep_backend)
     passes = LocalPasses(job, identity, backend) if backend is not None or not ray.is_initialized() else RayPasses(job, identity, engine, one_job)
     index, before = passes.index()
     if before["recovered"]:

@@ -149,3 +149,26 @@ def test_a_streamed_stage_expects_its_unsent_requests_tokens_before_any_reply(tm
     assert done["run"]["sent"] == 6 and done["assemble"]["replies"] == 6 and seen == [5 * 20 / 6]
     assert Request([{"role": "user", "content": "x"}], max_tokens=40, yes_no=True).expected_tokens == 0.0
     assert stream_plan(job, groups, backend_identity(llm), backend=FakeBackend(llm))["run"]["sent"] == 0 and len(seen) == 1  # nothing to send: no view
+
+
+@pytest.mark.ray
+def test_a_backend_kept_in_this_process_answers_a_stage_instead_of_ray_workers(tmp_path, ray_local):
+    """With Ray running, a stage given no backend answers with the one `keep_backend` kept for its identity, in this
+    process (the demo's engines, loaded once): every request reaches that instance; released, it is closed and gone."""
+    from cqg_ray.llm.backends import keep_backend, kept_backend, release_backends
+
+    run = RunDir(str(tmp_path / "run"))
+    groups = write_plan(run, "gen/plan/prompts.parquet", pa.table({"text": [f"write about {i}" for i in range(6)]}), 4)
+    llm = LLMConfig(backend="fake")
+    job = PromptsJob(run.root_uri, "gen", "gen", PipelineConfig(llm=llm))
+    kept = FakeBackend(llm)
+    closed = []
+    kept.close = lambda: closed.append(1)
+    keep_backend(kept)
+    try:
+        assert kept_backend(backend_identity(llm)) is kept and kept_backend({"model": "another"}) is None
+        done = stream_plan(job, groups, backend_identity(llm))
+        assert done["run"]["sent"] == 6 and sorted(r.messages[0]["content"] for r in kept.calls) == [f"write about {i}" for i in range(6)]
+    finally:
+        release_backends()
+    assert closed == [1] and kept_backend(backend_identity(llm)) is None
