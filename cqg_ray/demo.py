@@ -153,10 +153,9 @@ def written_clusters(run, fixed: frozenset[str]) -> dict:
 
 def stages_before_questions() -> list[str]:
     """The pipeline's stages before the questions (prepare, encode, cluster): the demo's sizing changes none of them."""
-    from cqg_ray import stages
+    from cqg_ray.stages import NAMES
 
-    names = [s.name for s in stages.STAGES]
-    return names[: names.index("questions")]
+    return list(NAMES[: NAMES.index("questions")])
 
 
 def spent_before_questions(run) -> float:
@@ -209,11 +208,11 @@ def demo_engines(cfg: PipelineConfig) -> dict | None:
 
     if cfg.llm.backend != "llamacpp":
         return None
-    writer = writer_llm(cfg)
-    for llm in (writer, cfg.llm):
-        if kept_backend(backend_identity(llm)) is None:
+    engines = [(llm, backend_identity(llm)) for llm in (writer_llm(cfg), cfg.llm)]
+    for llm, identity in engines:
+        if kept_backend(identity) is None:
             keep_backend(LlamaCppBackend(llm))  # the torch engines load on first use
-    w, a = backend_identity(writer), backend_identity(cfg.llm)
+    (_, w), (_, a) = engines
     return w if w != a else None
 
 

@@ -8,7 +8,7 @@
 # installed: docs/llm.md), so llama-cpp-python, a compile of 2-6 minutes on 2 cores, is built only when asked for; on
 # other CPUs (no AVX2, ARM) it is always built: llama.cpp is the fast engine there. The torch engines read the bundled
 # GGUF models dequantised to safetensors folders in the cache: set-up makes the demo's two (CQG_RAY_DEQUANTIZE, bundled
-# names, space-separated; empty for none) beside its pip installs, and exports the bundled encoder for its `auto`
+# names, space-separated; empty for none) beside its pip installs, and exports the demo's encoder for its `auto`
 # backend, so that the demo's first use does neither.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,9 +85,9 @@ if [ "$llama" = 1 ]; then
   $LLAMA --no-models
 fi
 $PIP install --no-deps -e .
-# the bundled encoder exported for this CPU's `auto` backend (openvino where installed), which its first use would
+# the demo config's encoder exported for this CPU's `auto` backend (openvino where installed), which its first use would
 # otherwise do inside the demo's encode stage (~10 s on 2 cores); never fails set-up: the first use exports what is missing
-if "$VENV/bin/python" -c "from cqg_ray.encoder import load_encoder; load_encoder('bundled:all-MiniLM-L6-v2')" > "$VENV/.export.log" 2>&1; then
+if "$VENV/bin/python" -c "from cqg_ray.config import load_config; from cqg_ray.encoder import load_encoder; load_encoder(load_config('demo').encode.model)" > "$VENV/.export.log" 2>&1; then
   echo "[setup] encoder exported for its auto backend"
 else
   tail -5 "$VENV/.export.log" >&2 || true

@@ -35,8 +35,8 @@ class Rates:
     pairs: float  # the answerer's single-pass (text, question) pairs per second (short texts, their prefixes shared)
     answer_read: float | None = None  # the answerer's prompt tokens read per second (one long single-pass prompt)
     write_batch: int | None = None  # sequences decoded together when `write` was timed (None: one, kept before batches)
-    writer_load: float | None = None  # seconds for the writer to load and answer its first prompt (a stage pays it once)
-    answerer_load: float | None = None  # the same for the answerer (the questions and labels stages each pay it)
+    writer_load: float | None = None  # seconds for the writer to load and answer its first prompt (paid where it is loaded again)
+    answerer_load: float | None = None  # the same for the answerer
 
 
 WRITE_TOKENS = 17  # tokens a timed sequence writes: the write rate is 16 of them (17 less 1) a sequence
@@ -101,7 +101,10 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], N
         reqs = [r for t in RATE_TEXTS for r in answer_requests(t, range(len(RATE_QUESTIONS)), RATE_QUESTIONS, "single", 20, 1)]
         t0 = time.perf_counter()
         if answerer != writer:  # the same section (the reference build's 1.5B): its model stays loaded
-            kept.append(model) if keep else model.close()
+            if keep:
+                kept.append(model)
+            else:
+                model.close()
             model = LlamaCppBackend(answerer)
         model.score(reqs[:2])  # warm-up
         out["answerer_load"] = (time.perf_counter() - t0, 1) if answerer != writer else loads["writer_load"]
