@@ -95,26 +95,34 @@ def test_cqg_with_scripted_llm(clustered_run, corpus_file):
 def test_written_for_more_clusters_the_stage_asks_only_for_the_clusters_added(clustered_run, corpus_file, tmp_path):
     """What the demo's top-up relies on (cqg_ray.demo.top_up): a cluster's samples, prompt and probes depend on that
     cluster alone, so the stage run again for more clusters finds every earlier answer in the ledger and asks the LLM
-    only the added clusters' generation prompts and their candidates' probes."""
+    only the added clusters' generation prompts and their candidates' probes: exactly the distinct probes a fresh run for
+    4 clusters asks, less those the run for 2 asked (two clusters' candidates can share a question's text and a probe
+    text, one request for both)."""
     from cqg_ray.artifacts import load_questions
     from cqg_ray.cqg.stage import run_cqg
     from cqg_ray.llm.engines.fake import FakeBackend
 
-    d = copy_clustered(clustered_run, tmp_path / "run")
-    run = RunDir(str(d))
-
-    def questions(n):
+    def questions(d, n):
+        run = RunDir(str(d))
         cfg = small_config(d, corpus_file, max_clusters=n)
         fake = FakeBackend(cfg.llm, reply=scripted)
         counts = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))["counts"]
         return fake.calls, counts, run.read_table("questions/candidates.parquet").to_pylist()
 
-    first, c2, cand2 = questions(2)
-    added, c4, cand4 = questions(4)
-    assert (c2["clusters"], c4["clusters"]) == (2, 4) and load_questions(run).num_rows == c4["questions"]
+    def probes(calls):
+        return [json.dumps(r.messages) for r in calls if r.yes_no]
+
+    d = copy_clustered(clustered_run, tmp_path / "run")
+    first, c2, cand2 = questions(d, 2)
+    added, c4, cand4 = questions(d, 4)
+    fresh, c4_fresh, _ = questions(copy_clustered(clustered_run, tmp_path / "fresh"), 4)
+    assert (c2["clusters"], c4["clusters"]) == (2, 4) and load_questions(RunDir(str(d))).num_rows == c4["questions"]
+    assert c4 == c4_fresh
     gen = [r for r in added if not r.yes_no]
     assert len(gen) == 2 and {r.messages[-1]["content"] for r in gen}.isdisjoint(r.messages[-1]["content"] for r in first if not r.yes_no)
-    assert len([r for r in added if r.yes_no]) == c4["probe_prompts"] - c2["probe_prompts"] > 0
+    assert len(probes(added)) == len(set(probes(added))) > 0 and len(probes(fresh)) == len(set(probes(fresh)))
+    assert set(probes(added)) == set(probes(fresh)) - set(probes(first))
+    assert len(probes(added)) <= c4["probe_prompts"] - c2["probe_prompts"]
     # the first two clusters' candidates and their probe counts are as before
     same = ("cluster", "text", "positive_yes", "positive_n", "hard_yes", "hard_n", "easy_yes", "easy_n")
     assert [{k: r[k] for k in same} for r in cand4[: len(cand2)]] == [{k: r[k] for k in same} for r in cand2]
