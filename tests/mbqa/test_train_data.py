@@ -123,7 +123,9 @@ def test_text_stats_and_the_report_from_counts_match_the_arrays(problem):
     assert s["held_logit"] == pytest.approx(z.numpy(), abs=1e-6)
     means = text_stats(table, heads.subset(np.array([True, False, True])), 0.5, means_only=True)  # heads no longer matching the ids
     assert set(means) == {"prob_sum", "texts"} and means["texts"] == len(docs)
-    assert means["prob_sum"] == pytest.approx(s["prob_sum"][[0, 2]], abs=1e-9)
+    # two heads' product against three heads': float32 rows may round differently (one unit in the last place on oneDNN's
+    # AVX2 kernels on an Intel Xeon), so float32's rounding of one probability a text bounds the float64 sums' difference
+    assert means["prob_sum"] == pytest.approx(s["prob_sum"][[0, 2]], abs=len(docs) * 2 * float(np.finfo(np.float32).eps))
 
 
 def test_a_file_task_gives_the_rows_of_its_labelled_texts(tmp_path):
