@@ -95,9 +95,12 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], N
         # the same prompt in every sequence: each writes its WRITE_TOKENS tokens (other texts let some stop early, leaving fewer
         # sequences in the last steps); the shared prompt is read once for all, in the 1-token run as in the longer one
         b1, bn = ([_prompt(RATE_TEXTS[-1:], n)] * batch for n in (1, WRITE_TOKENS))
-        runs = [(timed(a), timed(b1), timed(bn))]
+        def timed_round():
+            return timed(a), timed(b1), timed(bn)
+
+        runs = [timed_round()]
         if sum(s for s, _ in runs[0]) < REPEAT_UNDER_S:
-            runs.append((timed(a), timed(b1), timed(bn)))
+            runs.append(timed_round())
         (_, ca), (_, c1), (_, cn) = runs[0]
         out = {"read": (min(r[0][0] for r in runs), ca[0].prompt_tokens),
                "write": (min(r[2][0] for r in runs) - min(r[1][0] for r in runs),
