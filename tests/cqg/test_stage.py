@@ -36,7 +36,8 @@ def scripted(req):
 
 
 def test_cqg_probes_single_pass(clustered_run, corpus_file, tmp_path):
-    """Single-pass probing: every candidate is asked on each of its cluster's probe texts, one prompt per pair."""
+    """Single-pass probing: every candidate is asked on each of its cluster's probe texts, one prompt per pair (two
+    candidates with the same text asked on the same probe text share one request)."""
     from cqg_ray.cqg.stage import run_cqg
     from cqg_ray.llm.engines.fake import FakeBackend
 
@@ -47,11 +48,13 @@ def test_cqg_probes_single_pass(clustered_run, corpus_file, tmp_path):
     fake = FakeBackend(cfg.llm, reply=scripted)
     c = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))["counts"]
     probes = [r for r in fake.calls if r.yes_no]
-    assert c["probe_prompts"] == len(probes) == c["parsed"] * (2 + 1 + 1)
     assert all(len(r.meta["question_ids"]) == 1 and r.answer_prefix == "1." for r in probes)
     rows = run.read_table("questions/probes.parquet").to_pylist()
     assert all(len(r["answers"]) == 1 for r in rows)
     cand = run.read_table("questions/candidates.parquet").to_pylist()
+    assert c["probe_prompts"] == len(rows) == c["parsed"] * (2 + 1 + 1)
+    sent = [json.dumps(r.messages) for r in probes]
+    assert len(sent) == len(set(sent)) == len({(cand[q]["text"], r["doc_id"]) for r in rows for q in r["question_ids"]})
     assert all(r["positive_n"] == 2 and r["hard_n"] == 1 and r["easy_n"] == 1 for r in cand)
 
 
