@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from cqg_ray import progress
 from cqg_ray.config import LLMConfig
 
 RATE_TEXTS = ["The committee approved the new budget after a long debate about school funding and road repairs.",
@@ -39,7 +40,7 @@ class Rates:
     answerer_load: float | None = None  # the same for the answerer
 
 
-WRITE_TOKENS = 17  # tokens a timed sequence writes: the write rate is 16 of them (17 less 1) a sequence
+WRITE_TOKENS = 9  # tokens a timed sequence writes: the write rate is the 8 decoding steps after the first (which the reading gives)
 REPEAT_UNDER_S = 8.0  # the writer's timings are taken a second time where their first round took less: a neighbour's burst
 # on the cores is a large share of a short timing, a small one of a long timing, where a second round would cost seconds
 WRITE_BATCH = 4  # sequences decoded together for the write rate (the demo decodes up to llamacpp.batch_generate: more
@@ -67,10 +68,11 @@ def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
 
 def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], None] | None = None) -> dict[str, tuple[float, int]]:
     """(seconds, count) for each rate, after the models load: ``read``, a ~250-token prompt's tokens read; ``write``,
-    `WRITE_BATCH` copies of a short prompt (at most ``batch_generate``) decoded together to 1 and to `WRITE_TOKENS` tokens
-    each, the difference being 16 tokens a sequence written (nothing estimated is subtracted: the engine keeps no cache between
-    calls); each timed a second time, interleaved, the faster kept, where the first round took under `REPEAT_UNDER_S` (a
-    neighbour's burst on the cores lands in one repeat);
+    the decoding steps of `WRITE_BATCH` copies of a short prompt (at most ``batch_generate``) decoded together to
+    `WRITE_TOKENS` tokens each, as the engine times them apart from the prompt's reading (``progress``' ``generated`` and
+    ``generate_s``: the first token of each comes with the reading, so 8 tokens a sequence); both timed a second time,
+    interleaved, the faster kept, where the first round took under `REPEAT_UNDER_S` (a neighbour's burst on the cores
+    lands in one repeat);
     ``write_batch``, those sequences; ``pairs``, 20 single-pass pairs answered; ``answer_read``, one ~250-token
     single-pass prompt's tokens read (what a cache held is not counted); ``writer_load`` and ``answerer_load``, (seconds
     to build each engine and answer its first request, 1): what a stage's engine pays before its work (the same model
@@ -84,6 +86,13 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], N
         done = [c for _, c in model.generate_batched(reqs)]
         return time.perf_counter() - t0, done
 
+    def timed_round():  # (read seconds, tokens read, the round's seconds, decoding seconds, tokens decoded)
+        read_s, (read,) = timed(a)
+        before = progress.snapshot()
+        write_s, _ = timed(bn)
+        after = progress.snapshot()
+        return read_s, read.prompt_tokens, read_s + write_s, after["generate_s"] - before["generate_s"], after["generated"] - before["generated"]
+
     batch = max(1, min(WRITE_BATCH, writer.llamacpp.batch_generate))
     t0 = time.perf_counter()
     kept: list = []  # loaded backends for ``keep``
@@ -92,20 +101,15 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], N
         list(model.generate_batched([_prompt(RATE_TEXTS[:1], 1)]))  # warm-up: engines load lazily
         loads = {"writer_load": (time.perf_counter() - t0, 1)}
         a = [_prompt(RATE_TEXTS * 2, 1)]
-        # the same prompt in every sequence: each writes its WRITE_TOKENS tokens (other texts let some stop early, leaving fewer
-        # sequences in the last steps); the shared prompt is read once for all, in the 1-token run as in the longer one
-        b1, bn = ([_prompt(RATE_TEXTS[-1:], n)] * batch for n in (1, WRITE_TOKENS))
-        def timed_round():
-            return timed(a), timed(b1), timed(bn)
-
+        # the same prompt in every sequence: each writes its WRITE_TOKENS tokens (other texts let some stop early, leaving
+        # fewer sequences in the last steps); the engine times its decoding steps apart from the prompt's reading
+        bn = [_prompt(RATE_TEXTS[-1:], WRITE_TOKENS)] * batch
         runs = [timed_round()]
-        if sum(s for s, _ in runs[0]) < REPEAT_UNDER_S:
+        if runs[0][2] < REPEAT_UNDER_S:
             runs.append(timed_round())
-        (_, ca), (_, c1), (_, cn) = runs[0]
-        out = {"read": (min(r[0][0] for r in runs), ca[0].prompt_tokens),
-               "write": (min(r[2][0] for r in runs) - min(r[1][0] for r in runs),
-                         sum(c.completion_tokens for c in cn) - sum(c.completion_tokens for c in c1)),
-               "write_batch": (batch, batch), **loads}
+        read_s, read, _, _, _ = min(runs, key=lambda r: r[0])
+        _, _, _, write_s, wrote = min(runs, key=lambda r: r[3] / max(r[4], 1))
+        out = {"read": (read_s, read), "write": (write_s, int(wrote)), "write_batch": (batch, batch), **loads}
         reqs = [r for t in RATE_TEXTS for r in answer_requests(t, range(len(RATE_QUESTIONS)), RATE_QUESTIONS, "single", 20, 1)]
         t0 = time.perf_counter()
         if answerer != writer:  # the same section (the reference build's 1.5B): its model stays loaded

@@ -4,6 +4,7 @@ import types
 
 import pytest
 
+from cqg_ray import progress
 from cqg_ray.config import LLMConfig
 from cqg_ray.llm import rates
 from cqg_ray.llm.base import Completion
@@ -18,7 +19,9 @@ class Clock:
 
 
 def stand_in(clock: Clock, seconds_a_token: float, calls: list):
-    """A LlamaCppBackend stand-in: every prompt reads 100 tokens and writes max_tokens, each taking seconds_a_token."""
+    """A LlamaCppBackend stand-in: a call reads its prompts' 100 shared tokens once, then decodes them together for
+    max_tokens - 1 steps (the first token comes with the reading), each token read and each step taking
+    seconds_a_token, and reports both to the progress counters as the real engines do."""
 
     class Backend:
         def __init__(self, cfg):
@@ -27,7 +30,9 @@ def stand_in(clock: Clock, seconds_a_token: float, calls: list):
 
         def generate_batched(self, reqs):
             calls.append(("generate", len(reqs), reqs[0].max_tokens))
-            clock.now += seconds_a_token * (100 + reqs[0].max_tokens)
+            steps = reqs[0].max_tokens - 1
+            clock.now += seconds_a_token * (100 + steps)
+            progress.add(read=100, read_s=seconds_a_token * 100, generated=len(reqs) * steps, generate_s=seconds_a_token * steps)
             return [(i, Completion("q?", prompt_tokens=100, completion_tokens=r.max_tokens)) for i, r in enumerate(reqs)]
 
         def score(self, reqs):
@@ -43,8 +48,9 @@ def stand_in(clock: Clock, seconds_a_token: float, calls: list):
 
 @pytest.mark.parametrize("seconds_a_token, rounds", [(0.001, 2), (0.05, 1)])
 def test_the_writer_is_timed_a_second_round_only_where_its_first_round_was_short(monkeypatch, seconds_a_token, rounds):
-    """Fast engine: the first round (a read, a 1-token and a 17-token batch of 4) takes 0.3 s and is timed again; slow:
-    15.95 s, over REPEAT_UNDER_S, and it is not. The counts do not change with the rounds."""
+    """Fast engine: the first round (a read, then a batch of 4 decoded to 9 tokens) takes 0.208 s and is timed again;
+    slow: 10.4 s, over REPEAT_UNDER_S, and it is not. The write rate is the engine's own decoding time (8 steps), not
+    the call's; the counts do not change with the rounds."""
     clock, calls = Clock(), []
     monkeypatch.setattr(rates, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
     monkeypatch.setattr("cqg_ray.llm.engines.llamacpp.LlamaCppBackend", stand_in(clock, seconds_a_token, calls))
@@ -52,12 +58,12 @@ def test_the_writer_is_timed_a_second_round_only_where_its_first_round_was_short
     writer.llamacpp.model = "bundled:qwen2.5-coder-1.5b"
     timed = rates.time_engines(writer, LLMConfig())
     generates = [c for c in calls if c[0] == "generate"]
-    assert generates == [("generate", 1, 1)] + [("generate", 1, 1), ("generate", 4, 1), ("generate", 4, 17)] * rounds
+    assert generates == [("generate", 1, 1)] + [("generate", 1, 1), ("generate", 4, 9)] * rounds
     assert calls.count("load") == 2 and calls.count("close") == 2
-    assert timed["write"][1] == 4 * 16 and timed["read"][1] == 100 and timed["write_batch"] == (4, 4)
-    assert timed["read"][0] == pytest.approx(seconds_a_token * 101)
-    assert timed["write"][0] == pytest.approx(seconds_a_token * 16)
-    assert timed["writer_load"] == (pytest.approx(5 + seconds_a_token * 101), 1)
+    assert timed["write"][1] == 4 * 8 and timed["read"][1] == 100 and timed["write_batch"] == (4, 4)
+    assert timed["read"][0] == pytest.approx(seconds_a_token * 100)
+    assert timed["write"][0] == pytest.approx(seconds_a_token * 8)
+    assert timed["writer_load"] == (pytest.approx(5 + seconds_a_token * 100), 1)
     assert timed["answerer_load"] == (pytest.approx(5.02), 1)
 
 
