@@ -185,6 +185,39 @@ def test_generation_reads_the_prompts_common_prefix_once(small_backend):
     assert progress.snapshot()["read"] - before == 40 and MIN_SHARED_PREFIX == 16
 
 
+def test_the_generation_context_is_made_to_what_a_call_needs_and_grows(small_backend):
+    """The generation context is made on first use to the call's sequences (and the shared prefix's own) at a multiple
+    of GEN_CTX_STEP tokens each, made again larger only for a call that needs more, reused by one that needs less; the
+    greedy replies are token for token those of the context of gen_seqs + 1 sequences of n_ctx made up front."""
+    from cqg_ray.llm.engines.batch import GEN_CTX_STEP
+    from cqg_ray.llm.prompts import property_messages
+
+    engine = small_backend.generator
+    lc = engine.lc
+    tokens = [small_backend.prompt_tokens(Request(property_messages([t], [u], n_questions=3), max_tokens=16))
+              for t, u in zip(TEXTS, TEXTS[1:] + TEXTS[:1])]
+    assert len(tokens) >= 3 and max(len(t) for t in tokens) + 16 <= GEN_CTX_STEP * 2 < engine.gen_ctx_per_seq
+    if engine._gen_ctx is not None:
+        lc.llama_free(engine._gen_ctx)
+        engine._gen_ctx = None
+
+    def shape():
+        seqs = lc.llama_n_seq_max(engine._gen_ctx)
+        return seqs, lc.llama_n_ctx(engine._gen_ctx) // seqs
+
+    short = dict(engine.generate([tokens[0][:40]], [4]))
+    assert shape() == (2, GEN_CTX_STEP)  # one slot and the prefix's sequence, one step each
+    sized = dict(engine.generate(tokens, [16] * len(tokens)))
+    per = -(-(max(len(t) for t in tokens) + 16) // GEN_CTX_STEP) * GEN_CTX_STEP
+    assert shape() == (min(engine.gen_seqs, len(tokens)) + 1, per)
+    again = dict(engine.generate([tokens[0][:40]], [4]))  # needs less: the same context
+    assert shape() == (min(engine.gen_seqs, len(tokens)) + 1, per) and again == short
+    lc.llama_free(engine._gen_ctx)
+    engine._gen_ctx = engine._context(engine.gen_ctx_per_seq * (engine.gen_seqs + 1), engine.gen_seqs + 1, unified=False)
+    assert shape() == (engine.gen_seqs + 1, engine.gen_ctx_per_seq)
+    assert dict(engine.generate(tokens, [16] * len(tokens))) == sized and dict(engine.generate([tokens[0][:40]], [4])) == short
+
+
 def test_sigkill_during_single_pass_labelling_repeats_no_finished_pair(tmp_path):
     try:
         resolve_model("bundled:qwen2.5-coder-0.5b")

@@ -41,6 +41,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+GEN_CTX_STEP = 512  # a generation sequence's context is a multiple of this many tokens (llama.cpp pads to 256)
 MIN_SHARED_PREFIX = 16  # a generation batch's common prefix shorter than this is read with each prompt
 
 
@@ -241,26 +242,41 @@ class BatchEngine:
 
     # ------------------------------------------------------------------ generation
 
+    def _generation_context(self, slots: int, per_seq: int):
+        """The generation context: at least ``slots`` sequences and the shared prefix's own, each of at least ``per_seq``
+        tokens (a multiple of GEN_CTX_STEP, at most ``gen_ctx_per_seq``), made to the first call's need and made again
+        larger only for a call that needs more (llama.cpp clears the whole KV cache as it makes a context: docs/llm.md)."""
+        lc = self.lc
+        if self._gen_ctx is not None:
+            have_seqs = lc.llama_n_seq_max(self._gen_ctx)
+            have_per = lc.llama_n_ctx(self._gen_ctx) // have_seqs
+            if have_seqs > slots and have_per >= per_seq:
+                return self._gen_ctx
+            slots, per_seq = max(slots, have_seqs - 1), max(per_seq, have_per)
+            lc.llama_free(self._gen_ctx)
+            self._gen_ctx = None
+        per_seq = min(self.gen_ctx_per_seq, -(-per_seq // GEN_CTX_STEP) * GEN_CTX_STEP)
+        self._gen_ctx = self._context(per_seq * (slots + 1), slots + 1, unified=False)
+        return self._gen_ctx
+
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], share_prefix: bool = True) -> Iterator[tuple[int, list[int]]]:
         """(index, generated tokens without the end token) per prompt, as each finishes (greedy). The prompts' common
         prefix (chat template, instructions, worked examples: ~600 of the property prompt's ~860 tokens), when at least
         ``MIN_SHARED_PREFIX`` tokens, is read once into a sequence of its own and copied into each slot as a prompt
         takes it (``llama_memory_seq_cp`` of a whole KV stream), so each prompt reads only its own rest."""
         lc = self.lc
-        holder = self.gen_seqs  # the shared prefix's own sequence, after the slots
-        if self._gen_ctx is not None and lc.llama_n_seq_max(self._gen_ctx) != self.gen_seqs + 1:  # gen_seqs changed since
-            lc.llama_free(self._gen_ctx)
-            self._gen_ctx = None
-        if self._gen_ctx is None:
-            self._gen_ctx = self._context(self.gen_ctx_per_seq * (self.gen_seqs + 1), self.gen_seqs + 1, unified=False)
-        ctx = self._gen_ctx
-        self._clear(ctx)
-        mem = lc.llama_get_memory(ctx)
         for i, p in enumerate(prompts):
             if not p:
                 raise ValueError("an empty prompt cannot be generated from")
             if len(p) + max_tokens[i] > self.gen_ctx_per_seq:
                 raise ValueError(f"prompt {i}: {len(p)} tokens + {max_tokens[i]} new ones do not fit a sequence's context ({self.gen_ctx_per_seq})")
+        if not prompts:
+            return
+        ctx = self._generation_context(min(self.gen_seqs, len(prompts)), max(len(p) + int(n) for p, n in zip(prompts, max_tokens)))
+        n_slots = min(self.gen_seqs, lc.llama_n_seq_max(ctx) - 1)
+        holder = lc.llama_n_seq_max(ctx) - 1  # the shared prefix's own sequence, after the slots
+        self._clear(ctx)
+        mem = lc.llama_get_memory(ctx)
         shared = shared_prefix(prompts) if share_prefix else 0
         progress.add(handed=len(prompts), planned=shared + sum(len(p) - shared for p in prompts))
         budget = self.n_ubatch  # prompt tokens per decode call (llama.cpp's micro-batch: a call per chunk costs nothing more)
@@ -271,7 +287,7 @@ class BatchEngine:
         queue = list(range(len(prompts)))[::-1]
         slots: dict[int, _Slot] = {}
         while queue or slots:
-            for s in range(self.gen_seqs):
+            for s in range(n_slots):
                 if s not in slots and queue:
                     i = queue.pop()
                     slots[s] = _Slot(i, list(prompts[i]), int(max_tokens[i]), fed=shared)
