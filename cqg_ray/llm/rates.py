@@ -67,13 +67,13 @@ def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
 
 
 def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], None] | None = None) -> dict[str, tuple[float, int]]:
-    """(seconds, count) for each rate, after the models load: ``read``, a ~250-token prompt's tokens read; ``write``,
+    """(seconds, count) for each rate, after the models load: ``read``, a ~170-token prompt's tokens read; ``write``,
     the decoding steps of `WRITE_BATCH` copies of a short prompt (at most ``batch_generate``) decoded together to
     `WRITE_TOKENS` tokens each, as the engine times them apart from the prompt's reading (``progress``' ``generated`` and
     ``generate_s``: the first token of each comes with the reading, so 8 tokens a sequence); both timed a second time,
     interleaved, the faster kept, where the first round took under `REPEAT_UNDER_S` (a neighbour's burst on the cores
     lands in one repeat);
-    ``write_batch``, those sequences; ``pairs``, 20 single-pass pairs answered; ``answer_read``, one ~250-token
+    ``write_batch``, those sequences; ``pairs``, 20 single-pass pairs answered; ``answer_read``, one ~200-token
     single-pass prompt's tokens read (what a cache held is not counted); ``writer_load`` and ``answerer_load``, (seconds
     to build each engine and answer its first request, 1): what a stage's engine pays before its work (the same model
     for both: one load, counted for each). ``keep``: handed the loaded backends once all is timed (writer first),
