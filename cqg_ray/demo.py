@@ -26,11 +26,14 @@ DEFAULT_CONFIG = "demo"  # cqg_ray/configs/demo.yaml
 # ---------------------------------------------------------------------------------------------- sizing
 BUDGET_MIN = 10.0  # the demo's time after set-up, minutes (--minutes)
 # the demo's own work per generation prompt: the property prompt with 6 + 36 texts at 200 characters, written by the
-# bundled 1.5B (the AVX2 EPYC demo of 2026-11-26 read 26,800 prompt tokens and wrote 1,839 for its 16 prompts)
-PROMPT_TOKENS, REPLY_TOKENS = 1_675, 115
+# bundled 1.5B (the AVX2 EPYC demo of 2026-11-26 read 26,800 prompt tokens for its 16 prompts)
+PROMPT_TOKENS = 1_675
 # of which the prompts' common prefix (chat template, rules, worked examples), read once per generation call
 # (BatchEngine.generate and TorchEngine.generate copy it into each sequence)
 SHARED_PROMPT_TOKENS = 691  # with the cluster keywords (598 without)
+# the decoding steps of a generation call: its sequences decode together until the longest reply ends (replies of 90-140
+# tokens in a call of 16 and 104-162 in one of 8 on an Intel AMX host, 2026-12-06; 95-140 in one of 16 on a capped Zen 4)
+LONGEST_REPLY_TOKENS = 150
 # the demo's work besides its LLM and the stages before the questions (whose time the sizing reads off their
 # manifests): the questions stage's own encoding and selection, the model, the evaluation, the explanations and Ray's
 # starts. On the AVX2 EPYC Zen 3 (2026-12-02) ~36 s: 7 s in questions, model 8.3, evaluation 13.5, 6 s after
@@ -65,8 +68,9 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     reads them: most of generation's time on a slow CPU), then fewer labels a question (the heads learn from them),
     and last, at the fewest of each, clusters down to that level's own floor. Keys in `fixed` (set by the user)
     stay. `spent_s`: the budget's seconds already spent (the rates' measurement, the stages before the questions); the
-    rest holds `loads_s` (the engines' loads still to come), REST_S and, per cluster, its prompts, probes and labels
-    (at the level's yield of questions a cluster). Returns ({key: value}, the reason in one line)."""
+    rest holds `loads_s` (the engines' loads still to come), REST_S, the clusters' prompts as the writer works through
+    them (`generation_s`) and, per cluster, its probes and labels (at the level's yield of questions a cluster).
+    Returns ({key: value}, the reason in one line)."""
     c, lab = cfg.cqg, cfg.label
     most = c.max_clusters or cfg.cluster.k
 
@@ -79,16 +83,19 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     steps = ([(p, negative_levels[0], label_levels[0]) for p in probe_levels]
              + [(probe_levels[-1], lv, label_levels[0]) for lv in negative_levels[1:]]
              + [(probe_levels[-1], negative_levels[-1], lv) for lv in label_levels[1:]])
-    fixed_s = spent_s + REST_S + loads_s + SHARED_PROMPT_TOKENS / rates.read  # the prompts' common prefix: read once per call
+    fixed_s = spent_s + REST_S + loads_s
     for probes, negatives, labels in steps:
         last = (probes, negatives, labels) == steps[-1]
         least = min(most, floor_clusters(probes if last else probe_levels[0], c.t))  # below the first level's floor: last
         own_tokens = PROMPT_TOKENS - SHARED_PROMPT_TOKENS + TEXT_TOKENS * (sum(negatives) - sum(NEGATIVE_LEVELS[0]))
-        gen_s = c.prompts_per_cluster * (own_tokens / rates.read + REPLY_TOKENS / rates.write)
         kept = min(c.t, cluster_yield(probes))  # the questions a cluster ends with: those are labelled
-        per = gen_s + (c.questions_per_prompt * c.prompts_per_cluster * sum(probes) + kept * sum(labels)) / rates.pairs
-        n = most if "cqg.max_clusters" in fixed else max(least, min(most, int((budget_s - fixed_s) // per)))
-        expected = fixed_s + n * per
+        pairs_s = (c.questions_per_prompt * c.prompts_per_cluster * sum(probes) + kept * sum(labels)) / rates.pairs
+
+        def expected_s(n: int) -> float:
+            return fixed_s + generation_s(n * c.prompts_per_cluster, own_tokens, rates, cfg.llm.llamacpp.batch_generate) + n * pairs_s
+
+        n = most if "cqg.max_clusters" in fixed else next((k for k in range(most, least, -1) if expected_s(k) <= budget_s), least)
+        expected = expected_s(n)
         if expected <= budget_s or last:
             break
     sized = dict(zip(SIZED_KEYS, (n, *probes, *negatives, *labels)))
@@ -99,6 +106,26 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
               f"expected{spent}, {fit} ({budget_s / 60:.0f} min; writer {rates.read:.0f} prompt tokens/s read, {rates.write:.1f} "
               f"written{f' by {rates.write_batch} sequences together' if (rates.write_batch or 1) > 1 else ''}; answerer {rates.pairs:.1f} pairs/s)")
     return {k: v for k, v in sized.items() if k not in fixed}, reason
+
+
+def generation_s(prompts: int, own_tokens: float, rates: Rates, gen_seqs: int) -> float:
+    """The writer's seconds for `prompts` property prompts of `own_tokens` tokens each beside the common prefix, as the
+    questions stage sends them (calls of cqg.stage.GENERATE_ROWS prompts, decoded `gen_seqs` at a time): every prompt's
+    own tokens read, the common prefix read once a wave, and each wave's LONGEST_REPLY_TOKENS decoding steps. A step of b
+    sequences takes the timed step (`rates.write_batch` sequences: write_batch / write seconds) and one token's reading
+    for each sequence beyond those (the same matrix products a token: on a CPU a step of a few sequences reads the
+    weights once, and its cost grows with the tokens it computes)."""
+    from cqg_ray.cqg.stage import GENERATE_ROWS
+
+    timed = rates.write_batch or 1
+    step_s = timed / rates.write
+    total = prompts * own_tokens / rates.read
+    for call in range(0, prompts, GENERATE_ROWS):
+        size = min(GENERATE_ROWS, prompts - call)
+        for wave in range(0, size, max(1, gen_seqs)):
+            b = min(max(1, gen_seqs), size - wave)
+            total += SHARED_PROMPT_TOKENS / rates.read + LONGEST_REPLY_TOKENS * (step_s + max(0, b - timed) / rates.read)
+    return total
 
 
 def cluster_yield(probes: tuple[int, ...]) -> float:
