@@ -34,6 +34,16 @@ SHARED_PROMPT_TOKENS = 691  # with the cluster keywords (598 without)
 # the decoding steps of a generation call: its sequences decode together until the longest reply ends (replies of 90-140
 # tokens in a call of 16 and 104-162 in one of 8 on an Intel AMX host, 2026-12-06; 95-140 in one of 16 on a capped Zen 4)
 LONGEST_REPLY_TOKENS = 150
+# a decoding step's cost for each sequence beyond the timed batch, in prompt tokens read: the same matrix products, but
+# one row a sequence where a prompt's chunk has hundreds, and attention over the sequence's ~1,300 tokens of context.
+# Steps of 16 sequences against 4 on short prompts (2026-12-06, Intel AMX host): torch-bfloat16 no dearer; under the
+# AVX2 cap torch-float32 0.9-1.1 tokens a sequence (1.4 in a call of the demo's prompts) and llama.cpp 1.3-1.6
+DECODE_TOKEN_COST = 1.5
+# the answerer's pairs a second on the demo's probes and on its labels, as a share of the timed pairs' (4 short texts,
+# 5 questions each): a probe text is asked its cluster's ~9 candidates, a label text ~4 questions and is up to 300
+# characters long. Probes ran at 1.21 and 1.07 of the timed rate, labels at 0.79 and 0.65 (two demos on an Intel AMX
+# host, 2026-12-06); 1.15 and 0.75 on a Zen 5 under the AVX2 cap; ~1.3 and 0.9-1.2 on the AVX2 Zen 3
+PROBE_PAIRS_SPEED, LABEL_PAIRS_SPEED = 1.1, 0.75
 # the demo's work besides its LLM and the stages before the questions (whose time the sizing reads off their
 # manifests): the questions stage's own encoding and selection, the model, the evaluation, the explanations and Ray's
 # starts. On the AVX2 EPYC Zen 3 (2026-12-02) ~36 s: 7 s in questions, model 8.3, evaluation 13.5, 6 s after
@@ -69,7 +79,8 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     and last, at the fewest of each, clusters down to that level's own floor. Keys in `fixed` (set by the user)
     stay. `spent_s`: the budget's seconds already spent (the rates' measurement, the stages before the questions); the
     rest holds `loads_s` (the engines' loads still to come), REST_S, the clusters' prompts as the writer works through
-    them (`generation_s`) and, per cluster, its probes and labels (at the level's yield of questions a cluster).
+    them (`generation_s`) and, per cluster, its probes and labels (at the level's yield of questions a cluster; at
+    PROBE_PAIRS_SPEED and LABEL_PAIRS_SPEED of the timed pairs rate).
     Returns ({key: value}, the reason in one line)."""
     c, lab = cfg.cqg, cfg.label
     most = c.max_clusters or cfg.cluster.k
@@ -89,7 +100,8 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
         least = min(most, floor_clusters(probes if last else probe_levels[0], c.t))  # below the first level's floor: last
         own_tokens = PROMPT_TOKENS - SHARED_PROMPT_TOKENS + TEXT_TOKENS * (sum(negatives) - sum(NEGATIVE_LEVELS[0]))
         kept = min(c.t, cluster_yield(probes))  # the questions a cluster ends with: those are labelled
-        pairs_s = (c.questions_per_prompt * c.prompts_per_cluster * sum(probes) + kept * sum(labels)) / rates.pairs
+        pairs_s = (c.questions_per_prompt * c.prompts_per_cluster * sum(probes) / PROBE_PAIRS_SPEED
+                   + kept * sum(labels) / LABEL_PAIRS_SPEED) / rates.pairs
 
         def expected_s(n: int) -> float:
             return fixed_s + generation_s(n * c.prompts_per_cluster, own_tokens, rates, cfg.llm.llamacpp.batch_generate) + n * pairs_s
@@ -112,9 +124,9 @@ def generation_s(prompts: int, own_tokens: float, rates: Rates, gen_seqs: int) -
     """The writer's seconds for `prompts` property prompts of `own_tokens` tokens each beside the common prefix, as the
     questions stage sends them (calls of cqg.stage.GENERATE_ROWS prompts, decoded `gen_seqs` at a time): every prompt's
     own tokens read, the common prefix read once a wave, and each wave's LONGEST_REPLY_TOKENS decoding steps. A step of b
-    sequences takes the timed step (`rates.write_batch` sequences: write_batch / write seconds) and one token's reading
-    for each sequence beyond those (the same matrix products a token: on a CPU a step of a few sequences reads the
-    weights once, and its cost grows with the tokens it computes)."""
+    sequences takes the timed step (`rates.write_batch` sequences: write_batch / write seconds) and DECODE_TOKEN_COST
+    tokens' reading for each sequence beyond those (on a CPU a step of a few sequences reads the weights once, and its
+    cost grows with the tokens it computes)."""
     from cqg_ray.cqg.stage import GENERATE_ROWS
 
     timed = rates.write_batch or 1
@@ -124,7 +136,7 @@ def generation_s(prompts: int, own_tokens: float, rates: Rates, gen_seqs: int) -
         size = min(GENERATE_ROWS, prompts - call)
         for wave in range(0, size, max(1, gen_seqs)):
             b = min(max(1, gen_seqs), size - wave)
-            total += SHARED_PROMPT_TOKENS / rates.read + LONGEST_REPLY_TOKENS * (step_s + max(0, b - timed) / rates.read)
+            total += SHARED_PROMPT_TOKENS / rates.read + LONGEST_REPLY_TOKENS * (step_s + DECODE_TOKEN_COST * max(0, b - timed) / rates.read)
     return total
 
 
