@@ -134,8 +134,8 @@ def generation_s(prompts: int, own_tokens: float, rates: Rates, gen_seqs: int) -
     total = prompts * own_tokens / rates.read
     for call in range(0, prompts, GENERATE_ROWS):
         size = min(GENERATE_ROWS, prompts - call)
-        for wave in range(0, size, max(1, gen_seqs)):
-            b = min(max(1, gen_seqs), size - wave)
+        for wave in range(0, size, gen_seqs):
+            b = min(gen_seqs, size - wave)
             total += SHARED_PROMPT_TOKENS / rates.read + LONGEST_REPLY_TOKENS * (step_s + DECODE_TOKEN_COST * max(0, b - timed) / rates.read)
     return total
 
