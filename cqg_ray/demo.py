@@ -31,8 +31,8 @@ PROMPT_TOKENS = 1_675
 # of which the prompts' common prefix (chat template, rules, worked examples), read once per generation call
 # (BatchEngine.generate and TorchEngine.generate copy it into each sequence)
 SHARED_PROMPT_TOKENS = 691  # with the cluster keywords (598 without)
-# the decoding steps of a generation call: its sequences decode together until the longest reply ends (replies of 90-140
-# tokens in a call of 16 and 104-162 in one of 8 on an Intel AMX host, 2026-12-06; 95-140 in one of 16 on a capped Zen 4)
+# the decoding steps of a generation call: its sequences decode together until the longest reply ends (replies of 91-140
+# tokens in a call of 16 and 90-162 in one of 8 on an Intel AMX host, 2026-12-06; 95-140 in one of 16 on a capped Zen 4)
 LONGEST_REPLY_TOKENS = 150
 # a decoding step's cost for each sequence beyond the timed batch, in prompt tokens read: the same matrix products, but
 # one row a sequence where a prompt's chunk has hundreds, and attention over the sequence's ~1,300 tokens of context.

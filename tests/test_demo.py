@@ -139,7 +139,7 @@ def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_
     sized, reason = size_demo(wide, Rates(read=200, write=40, pairs=20), 600)
     assert sized == {"cqg.max_clusters": 29, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.p_e": 4, "cqg.n_h": 18, "cqg.n_e": 18, **L40}
     assert reason.startswith("29 of 30 clusters, probes 10/6/4") and "about 9.9 min expected, fits (10 min;" in reason
-    # at 8 pairs/s the demo's probes would leave 15 (607.7 s; 14 take 570.2), under the floor: the paper's probes
+    # at 8 pairs/s the demo's probes would leave 14 (570.2 s; 15 take 607.7), under the floor: the paper's probes
     # (10 x 10 pairs a cluster) keep 21 (599.7 s; 22 take 625.8)
     sized, _ = size_demo(wide, Rates(read=200, write=40, pairs=8), 600)
     assert sized == {"cqg.max_clusters": 21, "cqg.p_p": 5, "cqg.p_h": 3, "cqg.p_e": 2, "cqg.n_h": 18, "cqg.n_e": 18, **L40}
