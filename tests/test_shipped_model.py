@@ -121,11 +121,7 @@ CENTRAL_BANK_SHARED = [48, 52, 59, 63, 71, 80, 96, 151, 157, 159, 174, 177, 212,
                        567, 587, 613, 615, 617, 620, 621]
 
 
-def test_explain_search_and_serve_share_the_same_questions_as_before_the_move(monkeypatch, v1_folder):
-    from types import SimpleNamespace
-
-    import ray.serve.batching
-
+def test_explain_search_and_serve_share_the_same_questions_as_before_the_move(v1_folder):
     from cqg_ray import InterpretableEmbedder
     from cqg_ray.config import ServeConfig
     from cqg_ray.search import BinaryIndex, search
@@ -139,9 +135,6 @@ def test_explain_search_and_serve_share_the_same_questions_as_before_the_move(mo
     shared = [q.index for q in ex.shared_yes]
     assert sorted(i for i in shared if i in clear) == [i for i in CENTRAL_BANK_SHARED if i in clear]
     assert len(shared) == ex.cognitive_load and len(clear) > 600
-    # outside a Serve replica `@serve.batch` finds no replica context; give it one with no cap (as tests/serve do)
-    ctx = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=10**6))
-    monkeypatch.setattr(ray.serve.batching.serve, "get_replica_context", lambda: ctx)
     served = EmbeddingService(model, ServeConfig()).explanation(p[0], p[1])
     assert [q.index for q in served.shared_yes] == shared and served.cosine == ex.cosine
     index = BinaryIndex(np.array(["b"]), model.encode([b], output="packed", progress=False), model.m, budget=model.budget)

@@ -197,7 +197,8 @@ def json_type(obj) -> str:
 # --------------------------------------------------------------------------------------------- routes
 
 
-def get_service(request: Request) -> EmbeddingService:
+async def get_service(request: Request) -> EmbeddingService:
+    """The app's service (async: FastAPI runs a plain def dependency on a worker thread, a thread hop per request)."""
     return request.app.state.service
 
 

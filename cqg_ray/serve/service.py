@@ -1,23 +1,23 @@
 """The serving logic, free of HTTP: the limits on texts, dynamic batching, and the answers of every route.
 
 `EmbeddingService` holds one `InterpretableEmbedder`. Each text of each request becomes one item of a
-`@serve.batch` queue, so `max_batch_size` counts texts: concurrent requests share encoder calls, and a request with
-many texts is cut into batches. The encoder runs in a worker thread, so the replica keeps accepting (and
-rejecting) requests while a batch computes. Only probabilities p = sigma(C(Enc(t))) come out of a batch; each
-request applies its budget (the model's, or its own k or tau, through `InterpretableEmbedder.apply`) and output
-format afterwards.
+`BatchQueue`, so `max_batch_size` counts texts: concurrent requests share encoder calls, and a request with many
+texts is cut into batches. The encoder runs in a worker thread, so the replica keeps accepting (and rejecting)
+requests while a batch computes. Only probabilities p = sigma(C(Enc(t))) come out of a batch; each request applies
+its budget (the model's, or its own k or tau, through `InterpretableEmbedder.apply`) and output format afterwards.
 
-`cqg_ray.serve.app` puts it behind the FastAPI routes, one instance per Serve replica: `@serve.batch` keeps one
-queue per decorated method, bound to the event loop of its first call, so one instance per process.
+`cqg_ray.serve.app` puts it behind the FastAPI routes, one instance per Serve replica.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import time
+from collections import deque
+from typing import Any, Callable
 
 import numpy as np
-from ray import serve
 
 from cqg_ray.config import ServeConfig
 from cqg_ray.mbqa.embedder import InterpretableEmbedder
@@ -61,8 +61,7 @@ class EmbeddingService:
 
     def __init__(self, model: InterpretableEmbedder, cfg: ServeConfig):
         self.model, self.cfg = model, cfg
-        self.encode_batch.set_max_batch_size(cfg.max_batch_size)
-        self.encode_batch.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)
+        self.queue = BatchQueue(self.probabilities, cfg.max_batch_size, cfg.batch_wait_timeout_s)
         recs = model.question_records
         self.model_yes_rates = [float(q["yes_rate"]) for q in recs] if all(isinstance(q.get("yes_rate"), (int, float)) for q in recs) else None
         self.encoder_batch_size = cfg.encoder_batch_size or default_encoder_batch_size(model)
@@ -79,13 +78,8 @@ class EmbeddingService:
         self.batches += 1
         return p
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.03)
-    async def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        p = await asyncio.to_thread(self.probabilities, texts)
-        return list(p)
-
     async def probs(self, texts: list[str]) -> np.ndarray:
-        rows = await asyncio.gather(*(self.encode_batch(t) for t in texts))
+        rows = await asyncio.gather(*(self.queue.submit(t) for t in texts))
         return np.stack(rows)
 
     # ------------------------------------------------------------------ checks
@@ -180,3 +174,59 @@ class EmbeddingService:
             data = [EmbeddingObject(index=i, embedding=v.tolist()) for i, v in enumerate(vectors)]
         tokens = self.count_tokens(texts)
         return EmbeddingsResponse(data=data, model=self.cfg.model_name, usage=Usage(prompt_tokens=tokens, total_tokens=tokens))
+
+
+class BatchQueue:
+    """Items from concurrent callers, run through ``fn`` (a list of items -> a sequence of as many results) on a worker
+    thread, a batch at a time. A batch starts when the one before it has ended and takes every item waiting, up to
+    `max_batch_size`; it waits for more only until its oldest item has waited `wait_s`. So under load each batch
+    takes all that arrived while the one before it ran. (Ray Serve's `@serve.batch` closes a batch `wait_s` after it
+    opens, whether or not the one before still runs: on 2 cores with 64 clients its batches queued one behind another,
+    5.5-5.7 texts each, bench/serve.py.) A caller that went away before its batch starts is left out of it; an error
+    in ``fn`` goes to every caller of that batch. The worker is a task of the submitting event loop that ends when
+    nothing waits (a new loop starts afresh)."""
+
+    def __init__(self, fn: Callable[[list], Any], max_batch_size: int, wait_s: float):
+        self.fn, self.max_batch_size, self.wait_s = fn, max_batch_size, wait_s
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.worker: asyncio.Task | None = None
+
+    async def submit(self, item):
+        """The result of ``fn`` for ``item``, once its batch has run."""
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:
+            self.loop, self.waiting, self.arrived, self.worker = loop, deque(), asyncio.Event(), None
+        future = loop.create_future()
+        self.waiting.append((item, time.monotonic(), future))
+        self.arrived.set()
+        if self.worker is None or self.worker.done():
+            self.worker = loop.create_task(self.run())
+        return await future
+
+    async def next_batch(self) -> list:
+        """The items of the next batch (at least one waits when this is called)."""
+        batch, deadline = [], self.waiting[0][1] + self.wait_s
+        while True:
+            while self.waiting and len(batch) < self.max_batch_size:
+                batch.append(self.waiting.popleft())
+            left = deadline - time.monotonic()
+            if len(batch) >= self.max_batch_size or left <= 0:
+                return batch
+            self.arrived.clear()
+            try:
+                await asyncio.wait_for(self.arrived.wait(), left)
+            except TimeoutError:
+                pass
+
+    async def run(self) -> None:
+        while self.waiting:
+            batch = [b for b in await self.next_batch() if not b[2].done()]  # done: the caller went away
+            if not batch:
+                continue
+            try:
+                results, error = await asyncio.to_thread(self.fn, [item for item, _, _ in batch]), None
+            except Exception as e:
+                results, error = None, e
+            for i, (_, _, future) in enumerate(batch):
+                if not future.done():
+                    future.set_exception(error) if error is not None else future.set_result(results[i])

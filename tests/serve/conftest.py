@@ -24,21 +24,6 @@ def model(toy_model):
     return InterpretableEmbedder.load(toy_model, device="cpu")
 
 
-@pytest.fixture(scope="package", autouse=True)
-def no_replica_context():
-    """`@serve.batch` (Ray 2.60) keeps one queue per decorated method for the whole process and reads the replica context
-    to warn when max_ongoing_requests is below max_batch_size: when the queue is made (a service's first batch) and when
-    a service sets its batch size once the queue exists. Outside a replica (a service built in a test, in any order)
-    there is no context: give it one with no cap, for the package (module fixtures build services too). The real Serve
-    path, in replica processes, is tested in test_routes.py."""
-    import ray.serve.batching
-
-    ctx = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=10**6))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ray.serve.batching.serve, "get_replica_context", lambda: ctx)
-        yield
-
-
 # small limits, so that the limit checks are cheap to hit
 TEST_CFG = dict(max_texts_per_request=8, max_chars_per_text=2000, max_request_bytes=20_000, max_batch_size=16,
                 batch_wait_timeout_s=0.005, num_cpus_per_replica=1)

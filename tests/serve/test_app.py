@@ -18,23 +18,15 @@ J = {"content-type": "application/json"}
 ERROR_KEYS = {"message", "type", "code", "param"}
 
 
-class UnbatchedService(EmbeddingService):
-    """The service with one encoder call a request: `@serve.batch` binds its queue to the event loop of its first
-    call in the process, and TestClient runs the app on a loop of its own."""
-
-    async def probs(self, texts):
-        return self.probabilities(texts)
-
-
 @pytest.fixture(scope="module")
 def api(model):
-    with TestClient(build_api(UnbatchedService(model, ServeConfig(**TEST_CFG)))) as c:
+    with TestClient(build_api(EmbeddingService(model, ServeConfig(**TEST_CFG)))) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def secure_api(model):
-    with TestClient(build_api(UnbatchedService(model, ServeConfig(**TEST_CFG)), api_key=TOKEN)) as c:
+    with TestClient(build_api(EmbeddingService(model, ServeConfig(**TEST_CFG)), api_key=TOKEN)) as c:
         yield c
 
 
@@ -139,7 +131,7 @@ def test_a_body_that_stops_arriving_gets_408_and_the_connection_closes(model):
     import json
     import time
 
-    app = build_api(UnbatchedService(model, ServeConfig(**TEST_CFG, body_timeout_s=0.5)))
+    app = build_api(EmbeddingService(model, ServeConfig(**TEST_CFG, body_timeout_s=0.5)))
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http", "path": "/embed",
              "raw_path": b"/embed", "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
              "headers": [(b"content-type", b"application/json")]}
@@ -193,6 +185,26 @@ def test_openapi_names_the_typed_bodies(api):
     for path, schema in [("/embed", "EmbedRequest"), ("/explain", "ExplainRequest"), ("/v1/embeddings", "EmbeddingsRequest")]:
         assert spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{schema}"}
     assert spec["paths"]["/embed"]["post"]["responses"]["422"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+
+
+def test_no_route_to_the_model_hops_to_a_worker_thread_on_its_way():
+    """FastAPI runs a plain-def dependency or route on a worker thread: a thread hop per request, on the cores the
+    encoder needs. The routes that reach the model, and every dependency of every route, are coroutines."""
+    import inspect
+
+    from fastapi.routing import APIRoute
+
+    def calls(dependant):
+        for d in dependant.dependencies:
+            yield d.call
+            yield from calls(d)
+
+    from cqg_ray.serve.app import router
+
+    routes = {r.path: r for r in router.routes if isinstance(r, APIRoute)}
+    assert [p for p in ("/embed", "/explain", "/v1/embeddings") if not inspect.iscoroutinefunction(routes[p].endpoint)] == []
+    assert sorted({c.__name__ for r in routes.values() for c in calls(r.dependant) if not inspect.iscoroutinefunction(c)}) == []
+    assert sorted({c.__name__ for r in routes.values() for c in calls(r.dependant)}) == ["get_service", "require_key"]
 
 
 def test_check_bearer_and_read_api_key(monkeypatch):

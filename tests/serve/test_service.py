@@ -8,7 +8,7 @@ import pytest
 from cqg_ray.config import ServeConfig
 from cqg_ray.mbqa.embedder import InterpretableEmbedder
 from cqg_ray.serve.protocol import ApiError, EmbeddingsRequest, EmbedRequest
-from cqg_ray.serve.service import EmbeddingService
+from cqg_ray.serve.service import BatchQueue, EmbeddingService
 
 
 def error_of(fn, *args):
@@ -27,8 +27,6 @@ def test_openai_request_schema():
 # ------------------------------------------------------------------ the service itself, in a plain asyncio loop
 
 
-# `@serve.batch` keeps one queue per decorated method (one replica = one instance = one loop), bound to the
-# event loop of its first call: every test here runs on this one loop.
 LOOP = asyncio.new_event_loop()
 
 
@@ -56,6 +54,110 @@ def test_concurrent_requests_share_batches(model):
 
     svc, out = run(go())
     assert len(out) == 8 and svc.batches == 1 and svc.texts_seen == 8
+
+
+# ------------------------------------------------------------------ the batch queue, with a function that records its batches
+
+
+class Recorder:
+    """``fn`` for a BatchQueue: records each batch, sleeps ``seconds`` in the worker thread, answers item * 10."""
+
+    def __init__(self, seconds=0.0, fail_on=None):
+        self.batches, self.seconds, self.fail_on = [], seconds, fail_on
+
+    def __call__(self, items):
+        import time
+
+        self.batches.append(list(items))
+        time.sleep(self.seconds)
+        if self.fail_on in items:
+            raise ValueError(f"bad item {self.fail_on}")
+        return [i * 10 for i in items]
+
+
+def test_items_that_arrive_while_a_batch_runs_go_together_into_the_next():
+    async def go():
+        fn = Recorder(seconds=0.2)
+        q = BatchQueue(fn, max_batch_size=32, wait_s=0.01)
+        first = asyncio.ensure_future(q.submit(0))
+        await asyncio.sleep(0.05)  # the first batch is running
+        later = []
+        for i in range(1, 11):  # 10 items 10 ms apart: each alone would close a batch of its own after wait_s
+            later.append(asyncio.ensure_future(q.submit(i)))
+            await asyncio.sleep(0.01)
+        return fn.batches, await first, await asyncio.gather(*later)
+
+    batches, first, later = run(go())
+    assert batches == [[0], list(range(1, 11))]
+    assert (first, later) == (0, [i * 10 for i in range(1, 11)])
+
+
+def test_a_batch_takes_at_most_max_batch_size_items_in_arrival_order():
+    async def go():
+        fn = Recorder()
+        q = BatchQueue(fn, max_batch_size=4, wait_s=0.05)
+        out = await asyncio.gather(*(q.submit(i) for i in range(10)))
+        return fn.batches, out
+
+    batches, out = run(go())
+    assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] and out == [i * 10 for i in range(10)]
+
+
+def test_a_batch_waits_for_company_until_its_oldest_item_has_waited_wait_s():
+    import time
+
+    async def go():
+        fn = Recorder()
+        q = BatchQueue(fn, max_batch_size=8, wait_s=0.15)
+        t0 = time.monotonic()
+        a = asyncio.ensure_future(q.submit(1))
+        await asyncio.sleep(0.05)
+        b = asyncio.ensure_future(q.submit(2))  # joins the open batch
+        await asyncio.gather(a, b)
+        alone = time.monotonic() - t0
+        return fn.batches, alone
+
+    batches, alone = run(go())
+    assert batches == [[1, 2]] and 0.15 <= alone < 0.5
+
+
+def test_an_error_reaches_every_caller_of_its_batch_and_the_queue_goes_on():
+    async def go():
+        fn = Recorder(fail_on=3)
+        q = BatchQueue(fn, max_batch_size=4, wait_s=0.05)
+        bad = await asyncio.gather(*(q.submit(i) for i in range(4)), return_exceptions=True)
+        good = await asyncio.gather(*(q.submit(i) for i in range(4, 6)))
+        return fn.batches, bad, good
+
+    batches, bad, good = run(go())
+    assert batches == [[0, 1, 2, 3], [4, 5]]
+    assert [str(e) for e in bad] == ["bad item 3"] * 4 and all(isinstance(e, ValueError) for e in bad)
+    assert good == [40, 50]
+
+
+def test_a_caller_that_went_away_is_left_out_of_its_batch():
+    async def go():
+        fn = Recorder(seconds=0.1)
+        q = BatchQueue(fn, max_batch_size=8, wait_s=0.0)
+        first = asyncio.ensure_future(q.submit(0))
+        await asyncio.sleep(0.03)  # the first batch runs; the next two wait
+        gone, kept = asyncio.ensure_future(q.submit(1)), asyncio.ensure_future(q.submit(2))
+        await asyncio.sleep(0)
+        gone.cancel()
+        return fn.batches, await first, await kept, gone.cancelled()
+
+    assert run(go()) == ([[0], [2]], 0, 20, True)
+
+
+def test_a_new_event_loop_gets_a_worker_of_its_own():
+    fn = Recorder()
+    q = BatchQueue(fn, max_batch_size=4, wait_s=0.0)
+    answers = []
+    for i in range(2):  # as a TestClient does: a loop that ends, then another
+        loop = asyncio.new_event_loop()
+        answers.append(loop.run_until_complete(q.submit(i)))
+        loop.close()
+    assert answers == [0, 10] and fn.batches == [[0], [1]]
 
 
 def test_explanation_matches_model_explain(model):
