@@ -39,6 +39,11 @@ LONGEST_REPLY_TOKENS = 150
 # Steps of 16 sequences against 4 on short prompts (2026-12-06, Intel AMX host): torch-bfloat16 no dearer; under the
 # AVX2 cap torch-float32 0.9-1.1 tokens a sequence (1.4 in a call of the demo's prompts) and llama.cpp 1.3-1.6
 DECODE_TOKEN_COST = 1.5
+# the writer's read rate on the demo's prompts (~1,100-1,700 tokens) as a share of the rate timed on a ~170-token one, by
+# generate engine: llama.cpp read them at 78 tokens/s against 101 timed (16 prompts, `bench/generate.py --demo`, the Intel
+# AMX host under the AVX2 cap, 2026-12-06) and at 95 against 123 (a Zen 5 under the cap, 2026-12-02): 0.77 both times,
+# its attention's share growing with the context; torch-float32 read both at 37 tokens/s, torch-bfloat16 as timed
+LONG_PROMPT_READ = {"llamacpp": 0.77}
 # the answerer's pairs a second on the demo's probes and on its labels, as a share of the timed pairs' (4 short texts,
 # 5 questions each): a probe text is asked its cluster's ~9 candidates, a label text ~4 questions and is up to 300
 # characters long. Probes ran at 1.21 and 1.07 of the timed rate, labels at 0.79 and 0.65 (two demos on an Intel AMX
@@ -69,7 +74,7 @@ SIZED_KEYS = ("cqg.max_clusters", *PROBE_KEYS, *NEGATIVE_KEYS, *LABEL_KEYS)
 
 
 def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozenset[str] = frozenset(), spent_s: float = 0.0,
-              loads_s: float = 0.0) -> tuple[dict, str]:
+              loads_s: float = 0.0, read_speed: float = 1.0) -> tuple[dict, str]:
     """The demo's scale knobs for `budget_s` seconds at `rates`: the clusters questions are written for, the probes
     per question, the negatives a generation prompt shows and the texts labelled a question, the most that fit within
     the floor (MIN_QUESTIONS questions: the clusters that give them at a probe level's measured yield,
@@ -80,7 +85,8 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     stay. `spent_s`: the budget's seconds already spent (the rates' measurement, the stages before the questions); the
     rest holds `loads_s` (the engines' loads still to come), REST_S, the clusters' prompts as the writer works through
     them (`generation_s`) and, per cluster, its probes and labels (at the level's yield of questions a cluster; at
-    PROBE_PAIRS_SPEED and LABEL_PAIRS_SPEED of the timed pairs rate).
+    PROBE_PAIRS_SPEED and LABEL_PAIRS_SPEED of the timed pairs rate). `read_speed`: the writer's read rate on the demo's
+    long prompts as a share of the timed one (LONG_PROMPT_READ of its engine).
     Returns ({key: value}, the reason in one line)."""
     c, lab = cfg.cqg, cfg.label
     most = c.max_clusters or cfg.cluster.k
@@ -104,7 +110,7 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
                    + kept * sum(labels) / LABEL_PAIRS_SPEED) / rates.pairs
 
         def expected_s(n: int) -> float:
-            return fixed_s + generation_s(n * c.prompts_per_cluster, own_tokens, rates, cfg.llm.llamacpp.batch_generate) + n * pairs_s
+            return fixed_s + generation_s(n * c.prompts_per_cluster, own_tokens, rates, cfg.llm.llamacpp.batch_generate, read_speed) + n * pairs_s
 
         n = most if "cqg.max_clusters" in fixed else next((k for k in range(most, least, -1) if expected_s(k) <= budget_s), least)
         expected = expected_s(n)
@@ -113,30 +119,31 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     sized = dict(zip(SIZED_KEYS, (n, *probes, *negatives, *labels)))
     fit = "fits" if expected <= budget_s else "does not fit; this is the floor"
     spent = f" ({spent_s:.0f} s of them spent before the questions)" if spent_s else ""
+    long_read = f" ({read_speed:g} of it on long prompts)" if read_speed != 1 else ""
     reason = (f"{n} of {cfg.cluster.k} clusters, probes {probes[0]}/{probes[1]}/{probes[2]} a question, {negatives[0]} + "
               f"{negatives[1]} negatives a prompt, {sum(labels)} texts labelled a question: about {expected / 60:.1f} min "
-              f"expected{spent}, {fit} ({budget_s / 60:.0f} min; writer {rates.read:.0f} prompt tokens/s read, {rates.write:.1f} "
+              f"expected{spent}, {fit} ({budget_s / 60:.0f} min; writer {rates.read:.0f} prompt tokens/s read{long_read}, {rates.write:.1f} "
               f"written{f' by {rates.write_batch} sequences together' if (rates.write_batch or 1) > 1 else ''}; answerer {rates.pairs:.1f} pairs/s)")
     return {k: v for k, v in sized.items() if k not in fixed}, reason
 
 
-def generation_s(prompts: int, own_tokens: float, rates: Rates, gen_seqs: int) -> float:
+def generation_s(prompts: int, own_tokens: float, rates: Rates, gen_seqs: int, read_speed: float = 1.0) -> float:
     """The writer's seconds for `prompts` property prompts of `own_tokens` tokens each beside the common prefix, as the
     questions stage sends them (calls of cqg.stage.GENERATE_ROWS prompts, decoded `gen_seqs` at a time): every prompt's
     own tokens read, the common prefix read once a wave, and each wave's LONGEST_REPLY_TOKENS decoding steps. A step of b
     sequences takes the timed step (`rates.write_batch` sequences: write_batch / write seconds) and DECODE_TOKEN_COST
     tokens' reading for each sequence beyond those (on a CPU a step of a few sequences reads the weights once, and its
-    cost grows with the tokens it computes)."""
+    cost grows with the tokens it computes). Prompt tokens are read at `read_speed` times `rates.read`."""
     from cqg_ray.cqg.stage import GENERATE_ROWS
 
     timed = rates.write_batch or 1
-    step_s = timed / rates.write
-    total = prompts * own_tokens / rates.read
+    step_s, read = timed / rates.write, rates.read * read_speed
+    total = prompts * own_tokens / read
     for call in range(0, prompts, GENERATE_ROWS):
         size = min(GENERATE_ROWS, prompts - call)
         for wave in range(0, size, gen_seqs):
             b = min(gen_seqs, size - wave)
-            total += SHARED_PROMPT_TOKENS / rates.read + LONGEST_REPLY_TOKENS * (step_s + DECODE_TOKEN_COST * max(0, b - timed) / rates.read)
+            total += SHARED_PROMPT_TOKENS / read + LONGEST_REPLY_TOKENS * (step_s + DECODE_TOKEN_COST * max(0, b - timed) / read)
     return total
 
 
@@ -222,13 +229,15 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
         t0 = time.perf_counter()
         from cqg_ray.cqg.stage import writer_llm
         from cqg_ray.llm.backends import keep_backend
+        from cqg_ray.llm.base import resolve_engine
         from cqg_ray.llm.rates import machine_rates
 
         rates, source = machine_rates(writer_llm(cfg), cfg.llm, say=lambda line: print(f"demo sizing: {line}", flush=True), keep=keep_backend)
         spent = spent_before_questions(run) + time.perf_counter() - t0
         # the stages answer with the demo's engines, loaded once (demo_engines): the measurement's, else loaded by the stages
         loads = 0.0 if source == "measured now" else (rates.writer_load or 0.0) + (rates.answerer_load or 0.0)
-        sized, reason = size_demo(cfg, rates, minutes * 60, fixed, spent_s=spent, loads_s=loads)
+        engine = resolve_engine(writer_llm(cfg).llamacpp.generate_engine, work="generate")
+        sized, reason = size_demo(cfg, rates, minutes * 60, fixed, spent_s=spent, loads_s=loads, read_speed=LONG_PROMPT_READ.get(engine, 1.0))
         record = {"overrides": sized, "reason": reason, "rates": asdict(rates), "rates_from": source, "minutes": minutes,
                   "sizing_s": round(time.perf_counter() - t0, 1), "spent_s": round(spent, 1)}
     run.write_json(SIZED, record)

@@ -89,7 +89,7 @@ def test_generation_is_sized_as_the_writer_works_through_its_calls():
     steps a wave, a step of b sequences taking the timed step (write_batch / write) and DECODE_TOKEN_COST tokens'
     reading for each sequence beyond the timed batch; calls of GENERATE_ROWS prompts."""
     from cqg_ray.cqg.stage import GENERATE_ROWS
-    from cqg_ray.demo import DECODE_TOKEN_COST, LONGEST_REPLY_TOKENS, SHARED_PROMPT_TOKENS, generation_s
+    from cqg_ray.demo import DECODE_TOKEN_COST, LONG_PROMPT_READ, LONGEST_REPLY_TOKENS, SHARED_PROMPT_TOKENS, generation_s
     from cqg_ray.llm.rates import Rates
 
     assert (GENERATE_ROWS, LONGEST_REPLY_TOKENS, SHARED_PROMPT_TOKENS, DECODE_TOKEN_COST) == (16, 150, 691, 1.5)
@@ -104,6 +104,16 @@ def test_generation_is_sized_as_the_writer_works_through_its_calls():
     # rates kept before the write rate was timed over a batch: one sequence's step, 1 / write
     assert generation_s(16, 984, Rates(read=200, write=40, pairs=1), 32) == pytest.approx(78.72 + 3.455 + 150 * (0.025 + 15 * 0.0075))
     assert generation_s(0, 984, r, 32) == 0.0
+    # prompt tokens read at read_speed of the timed rate: at half of it every read and each further sequence's share of a
+    # step take twice as long
+    assert generation_s(16, 984, r, 32, read_speed=0.5) == pytest.approx(2 * 78.72 + 2 * 3.455 + 150 * (0.1 + 12 * 0.015))
+    # llama.cpp under the AVX2 cap on an Intel AMX host (2026-12-06; its rates 100.85 read, 17.10 written by 4):
+    # `bench/generate.py --demo --prompts 16` read 19,569 prompt tokens (the 691 of the prefix once) and took 334.9 s;
+    # the rule at its LONG_PROMPT_READ gives 321.9 s, at the rate timed on a short prompt 255.9 s
+    ll, own = Rates(read=100.85, write=17.10, pairs=6.4, write_batch=4), (19_569 - 691) / 16
+    assert LONG_PROMPT_READ == {"llamacpp": 0.77}
+    assert generation_s(16, own, ll, 32, LONG_PROMPT_READ["llamacpp"]) == pytest.approx(334.9, rel=0.05)
+    assert generation_s(16, own, ll, 32) == pytest.approx(255.9, abs=0.1)
     # the demos measured stage by stage, within a tenth: on an Intel AMX host (2026-12-06, torch-bfloat16: its rates
     # 206.3 read, 14.1 written by 4) 24 property prompts at 18 + 18 negatives took 210.0 s (the rule: 223.7); on the
     # AVX2 EPYC Zen 3 (2026-12-02: 47 read, 6.2 written by 4) 10 prompts at 6 + 6 negatives (24 texts fewer at 23
@@ -166,6 +176,10 @@ def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_
     sized, reason = size_demo(wide, Rates(read=56, write=18.7, pairs=10.2), 600)
     assert sized == {"cqg.max_clusters": 17, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 9, "cqg.n_e": 9, **L40}
     assert reason.startswith("17 of 30 clusters") and "about 9.7 min expected, fits" in reason
+    # the same rates with a writer that reads the long prompts at 0.77 of the timed rate (llama.cpp): 6 + 6 negatives
+    sized, reason = size_demo(wide, Rates(read=56, write=18.7, pairs=10.2), 600, read_speed=0.77)
+    assert sized == {"cqg.max_clusters": 16, "cqg.p_p": 3, "cqg.p_h": 2, "cqg.p_e": 1, "cqg.n_h": 6, "cqg.n_e": 6, **L40}
+    assert "about 9.3 min expected, fits (10 min; writer 56 prompt tokens/s read (0.77 of it on long prompts), 18.7 written" in reason
     # the budget's time already spent and the engines' loads count: the AVX2 EPYC Zen 3 of 2026-12-02 (47 read, 6.2
     # written, 6.8 pairs/s) fits 15 clusters on the whole budget (580.6 s; 16 take 614.3), but after 178 s of measuring
     # and stages before the questions, and 36 s of engine loads still to come, its floor: 214 + 411.8 = 625.8 s
@@ -235,7 +249,9 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
     monkeypatch.setattr(base, "resolve_engine", lambda name, flags=None, work="score": "llamacpp")
     monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None: measured.append(2) or rates.Rates(read=40, write=8, pairs=4, answer_read=70,
                                                                                               write_batch=4, writer_load=10, answerer_load=5))
-    assert demo.demo_sizing(demo_config(tmp_path / "c"), [], 10)["rates_from"] == "measured now" and measured == [1, 2]
+    record = demo.demo_sizing(demo_config(tmp_path / "c"), [], 10)
+    assert record["rates_from"] == "measured now" and measured == [1, 2]
+    assert "writer 40 prompt tokens/s read (0.77 of it on long prompts)" in record["reason"]  # llama.cpp's LONG_PROMPT_READ
     # rates kept before the write rate was timed over a batch (no write_batch) are measured again
     path = tmp_path / "cache" / "demo-rates.json"
     kept = json.loads(path.read_text())
