@@ -232,11 +232,12 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
         from cqg_ray.llm.base import resolve_engine
         from cqg_ray.llm.rates import machine_rates
 
-        rates, source = machine_rates(writer_llm(cfg), cfg.llm, say=lambda line: print(f"demo sizing: {line}", flush=True), keep=keep_backend)
+        writer = writer_llm(cfg)
+        rates, source = machine_rates(writer, cfg.llm, say=lambda line: print(f"demo sizing: {line}", flush=True), keep=keep_backend)
         spent = spent_before_questions(run) + time.perf_counter() - t0
         # the stages answer with the demo's engines, loaded once (demo_engines): the measurement's, else loaded by the stages
         loads = 0.0 if source == "measured now" else (rates.writer_load or 0.0) + (rates.answerer_load or 0.0)
-        engine = resolve_engine(writer_llm(cfg).llamacpp.generate_engine, work="generate")
+        engine = resolve_engine(writer.llamacpp.generate_engine, work="generate")
         sized, reason = size_demo(cfg, rates, minutes * 60, fixed, spent_s=spent, loads_s=loads, read_speed=LONG_PROMPT_READ.get(engine, 1.0))
         record = {"overrides": sized, "reason": reason, "rates": asdict(rates), "rates_from": source, "minutes": minutes,
                   "sizing_s": round(time.perf_counter() - t0, 1), "spent_s": round(spent, 1)}

@@ -228,5 +228,9 @@ class BatchQueue:
             except Exception as e:
                 results, error = None, e
             for i, (_, _, future) in enumerate(batch):
-                if not future.done():
-                    future.set_exception(error) if error is not None else future.set_result(results[i])
+                if future.done():
+                    continue
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(results[i])
