@@ -25,9 +25,9 @@ import pyarrow.parquet as pq
 from cqg_ray import progress
 from cqg_ray.artifacts import corpus_shards, embeddings_table
 from cqg_ray.config import EncodeConfig, PipelineConfig, RayConfig
-from cqg_ray.pools import declared
+from cqg_ray.pools import declared, node_cpus
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
-from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, run_units, split_units, tokenize_stage
+from cqg_ray.units import UnitActor, actor_pool_size, actor_threads, limit_cpu_threads, pending_units, run_units, split_units, tokenize_stage
 
 log = logging.getLogger("cqg_ray")
 
@@ -100,12 +100,14 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     cluster = cluster or RayConfig()
     now = ray.cluster_resources()
     pool, gpus = actor_pool_size(cfg, now, declared(now, cluster.max_cpus, cluster.max_gpus), units=len(todo))
-    log.info("encode: %d units (%d done before), %d rows, model %s, %d-%d actor(s) x %s GPU", len(units), len(units) - len(todo),
-             sum(n for _, n in shards), cfg.model, *pool, gpus)
     t0 = time.time()
     tokenize, pool = tokenize_stage(cfg, cfg.model, gpus, pool, run.root_uri, cfg.max_seq_length) if todo else (None, pool)
-    rows_done, nodes, bytes_read, unit_s = run_units(todo, EncodeUnits, {"cfg_json": cfg.model_dump_json(), "run_uri": run.root_uri, "stage": ctx.stage},
-                                                     pool, gpus, cfg.torch_threads, "encode", progress, run=run, tokenize=tokenize)
+    threads = cfg.torch_threads if gpus or tokenize or not todo else actor_threads(cfg.torch_threads, node_cpus(), pool[1])
+    log.info("encode: %d units (%d done before), %d rows, model %s, %d-%d actor(s) x %s", len(units), len(units) - len(todo),
+             sum(n for _, n in shards), cfg.model, *pool, f"{gpus} GPU" if gpus else f"{threads} CPU thread(s)")
+    actor_cfg = cfg.model_copy(update={"torch_threads": threads})
+    rows_done, nodes, bytes_read, unit_s = run_units(todo, EncodeUnits, {"cfg_json": actor_cfg.model_dump_json(), "run_uri": run.root_uri, "stage": ctx.stage},
+                                                     pool, gpus, threads, "encode", progress, run=run, tokenize=tokenize)
     wall = time.time() - t0
     files = run.ls(ctx.stage, suffix=".parquet")
     total = sum(pq.ParquetFile(run.path(ctx.stage, f), filesystem=run.fs).metadata.num_rows for f in files)
@@ -115,7 +117,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     run.check_documents(ctx.stage, digest, "prepare")  # every prepared document embedded once, no other
     ctx.extra["documents_digest"] = digest
     ctx.counts.update({"documents": total, "dim": dim, "units": len(units), "units_resumed": len(units) - len(todo),
-                       "encoded_now": rows_done, "nodes_used": len(nodes), "texts_per_s": round(rows_done / wall, 1) if rows_done else None,
+                       "encoded_now": rows_done, "nodes_used": len(nodes), "threads_per_actor": 0 if gpus else threads, "texts_per_s": round(rows_done / wall, 1) if rows_done else None,
                        "wall_s": round(wall, 2), "unit_seconds": round(unit_s, 2),
                        "corpus_bytes": sum(run.fs.get_file_info(p).size for p, _ in shards), "unit_bytes_read": bytes_read,
                        "tokenize_stage": bool(tokenize)})

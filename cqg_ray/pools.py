@@ -19,6 +19,13 @@ def fits(per_actor: dict[str, float], resources: dict[str, float]) -> int:
     return min(counts) if counts else 0
 
 
+def node_cpus() -> list[float]:
+    """The CPUs of each live node of the connected Ray cluster."""
+    import ray
+
+    return [float(n["Resources"].get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
+
+
 def declared(now: dict[str, float], max_cpus: float | None = None, max_gpus: float | None = None) -> dict[str, float]:
     """The resources the cluster may grow to: ``now``, raised to the declared CPU and GPU totals."""
     out = dict(now)

@@ -293,6 +293,18 @@ def actor_pool_size(cfg: EncodeConfig | EmbedConfig, now: dict, most: dict | Non
     return (min(lo, hi), hi), (per if per > 0 else 0.0)
 
 
+def actor_threads(threads: int, node_cpus: list[float], actors: int) -> int:
+    """CPU threads (and Ray CPUs) for each of ``actors`` CPU actors: the most that still fit them all on the nodes'
+    CPUs (``node_cpus``, one entry a node), and at least ``threads`` (the config's). A pool cut to fewer actors than
+    CPUs by its units leaves cores idle at one thread an actor (the demo's 3,000 texts are one unit: one core of two)."""
+    best = threads
+    for t in range(threads + 1, int(max(node_cpus, default=0)) + 1):
+        if sum(int(c // t) for c in node_cpus) < actors:
+            break
+        best = t
+    return best
+
+
 def relaying(actor_cls):
     """``actor_cls`` taking one more constructor argument, ``progress_queue``: where its texts counter goes."""
     def __init__(self, *args, progress_queue=None, **kwargs):

@@ -8,7 +8,7 @@ from cqg_ray.config import ClusterConfig, CorpusConfig, EncodeConfig
 from cqg_ray.corpus import prepare
 from cqg_ray.encode import encode
 from cqg_ray.pools import declared
-from cqg_ray.units import actor_pool_size, split_units
+from cqg_ray.units import actor_pool_size, actor_threads, split_units
 from cqg_ray.rundir import RunDir, run_stage
 
 
@@ -26,6 +26,16 @@ def test_actor_pool_size():
     assert actor_pool_size(EncodeConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == ((3, 3), 0.5)
     assert actor_pool_size(EncodeConfig(), {"CPU": 16}, units=3) == ((3, 3), 0.0)  # never more actors than units
     assert actor_pool_size(EncodeConfig(), {"CPU": 16}, units=0) == ((1, 1), 0.0)
+
+
+def test_actor_threads_share_the_cpus_a_pool_cut_by_its_units_leaves():
+    assert actor_threads(1, [2.0], 1) == 2  # the demo: one unit on two cores
+    assert actor_threads(1, [2.0], 2) == 1
+    assert actor_threads(1, [16.0], 3) == 5
+    assert actor_threads(1, [8.0, 8.0], 3) == 4  # three actors of 5 would not fit two nodes of 8
+    assert actor_threads(1, [8.0, 8.0], 2) == 8
+    assert actor_threads(2, [4.0], 4) == 2  # at least the config's threads, even where the pool does not fit now
+    assert actor_threads(1, [], 1) == 1
 
 
 def test_actor_pool_grows_to_the_declared_resources():
@@ -64,6 +74,8 @@ def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file, monkeypatch
     run.invalidate("encode")
     m2 = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, unit_rows=50, progress=False))
     assert m2["counts"]["encoded_now"] == lost
+    # six units on two CPUs: a thread an actor; the one unit left: one actor with both CPUs (actor_threads)
+    assert (m["counts"]["threads_per_actor"], m2["counts"]["threads_per_actor"]) == (1, 2)
     assert m2["counts"]["units_resumed"] == len(files) - 1
     ids2, x2 = load_embeddings(run)
     assert ids2.tolist() == ids.tolist()
