@@ -95,7 +95,7 @@ class EncodeConfig(Section):
     num_actors: int | None = Field(None, ge=1, description="encoder actors (None = one per GPU, or CPUs/1 on CPU)")
     num_gpus_per_actor: float | None = Field(None, ge=0, description="None = 1 if the cluster has GPUs, else 0")
     max_seq_length: int | None = Field(None, ge=8)
-    torch_threads: int = Field(1, ge=1, description="torch threads per CPU actor, at least: a pool cut by its units to fewer actors than CPUs gives each more (units.actor_threads)")
+    torch_threads: int = Field(1, ge=1, description="torch threads per CPU actor, at least (more where units leave CPUs idle: units.actor_threads)")
     unit_rows: int = Field(10_000, ge=1, description="rows per work unit (the resume granularity)")
     tokenize_stage: Literal["auto", "on", "off"] = Field("auto", description=TOKENIZE_STAGE_HELP)
     tokenize_actors: int | None = Field(None, ge=1, description="CPU actors of the tokenizing stage at most (None = two per encoder actor)")
@@ -352,7 +352,7 @@ class EmbedConfig(Section):
     num_actors: int | None = Field(None, ge=1)
     num_gpus_per_actor: float | None = Field(None, ge=0)
     unit_rows: int = Field(10_000, ge=1, description="rows per work unit (the resume granularity)")
-    torch_threads: int = Field(1, ge=1, description="torch threads per CPU actor, at least: a pool cut by its units to fewer actors than CPUs gives each more (units.actor_threads)")
+    torch_threads: int = Field(1, ge=1, description="torch threads per CPU actor, at least (more where units leave CPUs idle: units.actor_threads)")
     tokenize_stage: Literal["auto", "on", "off"] = Field("auto", description=TOKENIZE_STAGE_HELP)
     tokenize_actors: int | None = Field(None, ge=1, description="CPU actors of the tokenizing stage at most (None = two per embedding actor)")
 

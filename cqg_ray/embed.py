@@ -277,7 +277,8 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
         raise ArtifactError(f"{out}: unit files with the wrong number of rows: {bad[:5]}; rerun with --force")
     rows = sum(written.values())
     counts = {"files": len(files), "rows": rows, "units": len(units), "units_resumed": len(units) - len(todo_units),
-              "embedded_now": rows_now, "nodes_used": len(nodes), "actors": pool[1] if todo_units else 0, "threads_per_actor": 0 if gpus or not todo_units else threads, "tokenize_stage": bool(tokenize),
+              "embedded_now": rows_now, "nodes_used": len(nodes), "actors": pool[1] if todo_units else 0, "tokenize_stage": bool(tokenize),
+              "threads_per_actor": 0 if gpus or not todo_units else threads,
               "snapshot_bytes": sum(run.fs.get_file_info(p).size for p, _ in shards), "unit_bytes_read": bytes_read,
               "wall_s": round(wall, 2), "unit_seconds": round(unit_s, 2),
               **{f"dropped_{k}": v for k, v in dropped.items() if k != "utf8_replaced"},

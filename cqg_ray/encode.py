@@ -117,10 +117,10 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     run.check_documents(ctx.stage, digest, "prepare")  # every prepared document embedded once, no other
     ctx.extra["documents_digest"] = digest
     ctx.counts.update({"documents": total, "dim": dim, "units": len(units), "units_resumed": len(units) - len(todo),
-                       "encoded_now": rows_done, "nodes_used": len(nodes), "threads_per_actor": 0 if gpus else threads, "texts_per_s": round(rows_done / wall, 1) if rows_done else None,
+                       "encoded_now": rows_done, "nodes_used": len(nodes), "texts_per_s": round(rows_done / wall, 1) if rows_done else None,
                        "wall_s": round(wall, 2), "unit_seconds": round(unit_s, 2),
                        "corpus_bytes": sum(run.fs.get_file_info(p).size for p, _ in shards), "unit_bytes_read": bytes_read,
-                       "tokenize_stage": bool(tokenize)})
+                       "tokenize_stage": bool(tokenize), "threads_per_actor": 0 if gpus else threads})
     ctx.extra["model"] = cfg.model
     from cqg_ray.encoder import resolve_backend
 
