@@ -233,7 +233,8 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
         from cqg_ray.llm.rates import machine_rates
 
         writer = writer_llm(cfg)
-        rates, source = machine_rates(writer, cfg.llm, say=lambda line: print(f"demo sizing: {line}", flush=True), keep=keep_backend)
+        rates, source = machine_rates(writer, cfg.llm, say=lambda line: print(f"demo sizing: {line}", flush=True), keep=keep_backend,
+                                      answer_read=False)  # the sizing does not use it
         spent = spent_before_questions(run) + time.perf_counter() - t0
         # the stages answer with the demo's engines, loaded once (demo_engines): the measurement's, else loaded by the stages
         loads = 0.0 if source == "measured now" else (rates.writer_load or 0.0) + (rates.answerer_load or 0.0)

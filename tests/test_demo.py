@@ -210,8 +210,11 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
 
     monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path / "cache"))
     measured, ran = [], []
-    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None: measured.append(1) or rates.Rates(read=50, write=10, pairs=6, answer_read=90,
-                                                                                              write_batch=4, writer_load=10, answerer_load=5))
+    def measure(w, a, keep=None, answer_read=True):
+        measured.append(1)
+        return rates.Rates(read=50, write=10, pairs=6, answer_read=90 if answer_read else None, write_batch=4, writer_load=10, answerer_load=5)
+
+    monkeypatch.setattr(rates, "measure_rates", measure)
 
     def pipeline(cfg, until=None, **kwargs):  # the stages themselves are not run
         if until == "cluster":  # the stages before the questions, before the sizing (the unsized config)
@@ -229,7 +232,8 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
             pass
     record = RunDir(str(tmp_path / "run")).read_json(demo.SIZED)
     assert measured == [1] and record["rates_from"] == "measured now"
-    assert record["rates"] == {"read": 50, "write": 10, "pairs": 6, "answer_read": 90, "write_batch": 4, "writer_load": 10, "answerer_load": 5}
+    # the sizing does not use the answerer's long-prompt read (`cqg-ray plan` does): the demo does not time it
+    assert record["rates"] == {"read": 50, "write": 10, "pairs": 6, "answer_read": None, "write_batch": 4, "writer_load": 10, "answerer_load": 5}
     # p_e was set: the probes stay, and the negatives and labels are lowered instead
     assert record["overrides"] == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
     assert [(c.cqg.max_clusters, c.cqg.p_p, c.cqg.p_h, c.cqg.p_e, c.label.n_cluster) for c in ran] == [(16, 10, 6, 1, 15)] * 2
@@ -239,28 +243,33 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
     assert out.count("demo sizing: measuring this machine's LLM rates, once") == 1 and out.count("demo sizing: rates measured in") == 1
     assert out.index("measuring this machine's LLM rates") < out.index("rates measured in") < out.index("16 of 30 clusters")
     # another run directory on this machine reuses the measured rates
-    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None: (_ for _ in ()).throw(AssertionError("measured again")))
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None, answer_read=True: (_ for _ in ()).throw(AssertionError("measured again")))
     other = demo_config(tmp_path / "b")
     record = demo.demo_sizing(other, [], 10)
     assert record["rates_from"].startswith("measured earlier on this machine")
+    # where the long-prompt read is asked for (`cqg-ray plan --measure`), rates kept without it are measured again
+    monkeypatch.setattr(rates, "measure_rates", measure)
+    from cqg_ray.cqg.stage import writer_llm
+
+    assert rates.machine_rates(writer_llm(other), other.llm) == (rates.Rates(50, 10, 6, 90, 4, 10, 5), "measured now") and measured == [1, 1]
     # kept per engine as resolved: where `auto` picks another engine (another CPU kind, a changed rule) they are measured anew
     import cqg_ray.llm.base as base
 
     monkeypatch.setattr(base, "resolve_engine", lambda name, flags=None, work="score": "llamacpp")
-    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None: measured.append(2) or rates.Rates(read=40, write=8, pairs=4, answer_read=70,
-                                                                                              write_batch=4, writer_load=10, answerer_load=5))
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None, answer_read=True: measured.append(2) or rates.Rates(
+        read=40, write=8, pairs=4, answer_read=70, write_batch=4, writer_load=10, answerer_load=5))
     record = demo.demo_sizing(demo_config(tmp_path / "c"), [], 10)
-    assert record["rates_from"] == "measured now" and measured == [1, 2]
+    assert record["rates_from"] == "measured now" and measured == [1, 1, 2]
     assert "writer 40 prompt tokens/s read (0.77 of it on long prompts)" in record["reason"]  # llama.cpp's LONG_PROMPT_READ
     # rates kept before the write rate was timed over a batch (no write_batch) are measured again
     path = tmp_path / "cache" / "demo-rates.json"
     kept = json.loads(path.read_text())
     path.write_text(json.dumps({k: {f: v for f, v in r.items() if f != "write_batch"} for k, r in kept.items()}))
-    assert demo.demo_sizing(demo_config(tmp_path / "d"), [], 10)["rates_from"] == "measured now" and measured == [1, 2, 2]
+    assert demo.demo_sizing(demo_config(tmp_path / "d"), [], 10)["rates_from"] == "measured now" and measured == [1, 1, 2, 2]
     # and so are rates kept before the engines' loads were timed
     kept = json.loads(path.read_text())
     path.write_text(json.dumps({k: {f: v for f, v in r.items() if f != "answerer_load"} for k, r in kept.items()}))
-    assert demo.demo_sizing(demo_config(tmp_path / "e"), [], 10)["rates_from"] == "measured now" and measured == [1, 2, 2, 2]
+    assert demo.demo_sizing(demo_config(tmp_path / "e"), [], 10)["rates_from"] == "measured now" and measured == [1, 1, 2, 2, 2]
 
 
 def test_top_up_writes_for_the_clusters_that_give_the_floor_at_the_runs_own_yield():
@@ -295,7 +304,7 @@ def test_the_demo_tops_up_its_clusters_until_the_floor_and_a_resume_keeps_them(t
     from cqg_ray.rundir import RunDir, run_stage
 
     monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None: rates.Rates(read=10, write=2, pairs=1, answer_read=20, write_batch=4,
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None, answer_read=True: rates.Rates(read=10, write=2, pairs=1, answer_read=20, write_batch=4,
                                                                           writer_load=10, answerer_load=5))
     monkeypatch.setattr(demo, "LONG_PROMPT_READ", {})  # the reason below, whichever writer engine `auto` picks on this CPU
     calls, engines = [], []
@@ -340,7 +349,7 @@ def test_a_run_whose_questions_are_written_or_another_backend_is_not_sized(tmp_p
     import cqg_ray.llm.rates as rates
     from cqg_ray.rundir import RunDir, run_stage
 
-    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None: (_ for _ in ()).throw(AssertionError("no measuring")))
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None, answer_read=True: (_ for _ in ()).throw(AssertionError("no measuring")))
     cfg = demo_config(tmp_path)
     run_stage(RunDir(cfg.run_dir), "questions", "h", lambda ctx: None, deps=[])
     assert demo.demo_sizing(cfg, [], 10) == {"overrides": {}, "reason": "not sized (its questions were written before): the config as it is"}

@@ -53,20 +53,24 @@ def _prompt(texts: list[str], tokens: int):
     return Request([{"role": "user", "content": "Write ten yes/no questions about these texts:\n" + "\n".join(texts)}], max_tokens=tokens)
 
 
-def measure_rates(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], None] | None = None) -> Rates:
-    """This machine's `Rates` on the engines the run uses, from `time_engines` (``keep``: as there)."""
-    return rates_from(time_engines(writer, answerer, keep))
+def measure_rates(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], None] | None = None, answer_read: bool = True) -> Rates:
+    """This machine's `Rates` on the engines the run uses, from `time_engines` (``keep``, ``answer_read``: as there)."""
+    return rates_from(time_engines(writer, answerer, keep, answer_read))
 
 
 def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
-    """`Rates` from `time_engines`' (seconds, count) per measure (``write_batch``: (sequences, sequences))."""
-    (read_s, read), (write_s, wrote), (pairs_s, pairs), (answer_s, answer) = (timed[k] for k in ("read", "write", "pairs", "answer_read"))
-    return Rates(read=read / read_s, write=max(wrote, 1) / max(write_s, 1e-3), pairs=pairs / pairs_s, answer_read=answer / answer_s,
+    """`Rates` from `time_engines`' (seconds, count) per measure (``write_batch``: (sequences, sequences); no
+    ``answer_read``: None)."""
+    (read_s, read), (write_s, wrote), (pairs_s, pairs) = (timed[k] for k in ("read", "write", "pairs"))
+    answer_s, answer = timed.get("answer_read", (None, None))
+    return Rates(read=read / read_s, write=max(wrote, 1) / max(write_s, 1e-3), pairs=pairs / pairs_s,
+                 answer_read=answer / answer_s if answer_s else None,
                  write_batch=int(timed["write_batch"][1]), writer_load=round(timed["writer_load"][0], 1),
                  answerer_load=round(timed["answerer_load"][0], 1))
 
 
-def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], None] | None = None) -> dict[str, tuple[float, int]]:
+def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], None] | None = None,
+                 answer_read: bool = True) -> dict[str, tuple[float, int]]:
     """(seconds, count) for each rate, after the models load: ``read``, a ~170-token prompt's tokens read; ``write``,
     the decoding steps of `WRITE_BATCH` copies of a short prompt (at most ``batch_generate``) decoded together to
     `WRITE_TOKENS` tokens each, as the engine times them apart from the prompt's reading (``progress``' ``generated`` and
@@ -74,7 +78,8 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], N
     interleaved, the faster kept, where the first round took under `REPEAT_UNDER_S` (a neighbour's burst on the cores
     lands in one repeat);
     ``write_batch``, those sequences; ``pairs``, 20 single-pass pairs answered; ``answer_read``, one ~200-token
-    single-pass prompt's tokens read (what a cache held is not counted); ``writer_load`` and ``answerer_load``, (seconds
+    single-pass prompt's tokens read (what a cache held is not counted; only with ``answer_read``: `cqg-ray plan`
+    uses it, the demo's sizing does not); ``writer_load`` and ``answerer_load``, (seconds
     to build each engine and answer its first request, 1): what a stage's engine pays before its work (the same model
     for both: one load, counted for each). ``keep``: handed the loaded backends once all is timed (writer first),
     instead of closing them."""
@@ -123,10 +128,11 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], N
         t0 = time.perf_counter()
         model.score(reqs)
         out["pairs"] = time.perf_counter() - t0, len(reqs)
-        long = answer_requests(" ".join(RATE_TEXTS[::-1] * 2), [0], RATE_QUESTIONS[:1], "single", 20, 1)  # nothing shared
-        t0 = time.perf_counter()
-        (scored,) = model.score(long)
-        out["answer_read"] = time.perf_counter() - t0, scored.prompt_tokens - scored.cached_tokens
+        if answer_read:
+            long = answer_requests(" ".join(RATE_TEXTS[::-1] * 2), [0], RATE_QUESTIONS[:1], "single", 20, 1)  # nothing shared
+            t0 = time.perf_counter()
+            (scored,) = model.score(long)
+            out["answer_read"] = time.perf_counter() - t0, scored.prompt_tokens - scored.cached_tokens
         if keep:
             kept.append(model)
             model = None
@@ -143,12 +149,13 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], N
 
 
 def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], None] | None = None,
-                  keep: Callable[[Any], None] | None = None) -> tuple[Rates, str]:
+                  keep: Callable[[Any], None] | None = None, answer_read: bool = True) -> tuple[Rates, str]:
     """`measure_rates`, or the rates an earlier run measured on this machine with the same models and engines (kept in
     the model cache's demo-rates.json, keyed by the CPU's `cpu_signature`: another CPU kind behind the same model name,
-    or the AVX2 cap, measures anew); and where they come from. Rates kept without ``answer_read``, ``write_batch`` or
-    the loads are measured again. ``say``: told what is measured before the models load, and how long it took (the demo
-    prints it). ``keep``: handed the backends a measurement loaded (`time_engines`; rates reused load none)."""
+    or the AVX2 cap, measures anew); and where they come from. Rates kept without ``write_batch`` or the loads, or
+    without ``answer_read`` where it is asked for (``answer_read``: `time_engines`), are measured again. ``say``: told
+    what is measured before the models load, and how long it took (the demo prints it). ``keep``: handed the backends
+    a measurement loaded (`time_engines`; rates reused load none)."""
     from cqg_ray.hardware import available_cpus, cpu_signature
     from cqg_ray.llm.base import resolve_engine
     from cqg_ray.cache import cache_root
@@ -166,13 +173,14 @@ def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], N
             rates = Rates(**known[key])
         except TypeError:
             rates = None
-        if rates is not None and None not in (rates.answer_read, rates.write_batch, rates.writer_load, rates.answerer_load):
+        needed = (rates.write_batch, rates.writer_load, rates.answerer_load, *((rates.answer_read,) if answer_read else ())) if rates else (None,)
+        if None not in needed:
             return rates, f"measured earlier on this machine ({path})"
     if say:
         say(f"measuring this machine's LLM rates, once (kept in {path}): the writer {writer.llamacpp.model} on {engines[0]} and "
             f"the answerer {ll.model} on {engines[1]} load, then read, write and answer a few short prompts")
     t0 = time.perf_counter()
-    rates = measure_rates(writer, answerer, keep)
+    rates = measure_rates(writer, answerer, keep, answer_read)
     if say:
         loads = rates.writer_load + (rates.answerer_load if answerer != writer else 0.0)
         say(f"rates measured in {time.perf_counter() - t0:.0f} s ({loads:.0f} s of them the models loading"

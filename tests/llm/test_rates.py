@@ -67,8 +67,24 @@ def test_the_writer_is_timed_a_second_round_only_where_its_first_round_was_short
     assert timed["answerer_load"] == (pytest.approx(5.02), 1)
 
 
+def test_the_long_answer_read_is_timed_only_where_it_is_asked_for(monkeypatch):
+    """The demo's sizing does not use the answerer's long-prompt read (`cqg-ray plan` does): without it, one score call
+    fewer (the warm-up's 2 pairs and the 20 pairs), and rates_from leaves it None."""
+    clock = Clock()
+    monkeypatch.setattr(rates, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    scores = {}
+    for asked in (True, False):
+        calls = []
+        monkeypatch.setattr("cqg_ray.llm.engines.llamacpp.LlamaCppBackend", stand_in(clock, 0.05, calls))
+        timed = rates.time_engines(LLMConfig(), LLMConfig(), answer_read=asked)
+        scores[asked] = [c for c in calls if c[0] == "score"]
+        assert ("answer_read" in timed) is asked
+        assert rates.rates_from(timed).answer_read == (pytest.approx(300 / 0.01) if asked else None)
+    assert scores == {True: [("score", 2), ("score", 20), ("score", 1)], False: [("score", 2), ("score", 20)]}
+
+
 def test_machine_rates_says_how_much_of_its_time_the_loads_took(monkeypatch, tmp_path):
-    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None: rates.Rates(
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None, answer_read=True: rates.Rates(
         read=400.0, write=24.0, pairs=50.0, answer_read=1000.0, write_batch=4, writer_load=6.3, answerer_load=3.0))
     answerer = LLMConfig()
     answerer.llamacpp.cache_dir = str(tmp_path)
