@@ -10,7 +10,7 @@ import pytest
 from cqg_ray.artifacts import load_corpus
 from cqg_ray.config import CorpusConfig
 from cqg_ray.corpus import CorpusError, dedup_table, parse_file, prepare, read_bytes, rows_table, sample_key
-from cqg_ray.corpus.clean import SAMPLE_BINS, cut_bin, key_bins, sample_cut, sample_keys
+from cqg_ray.corpus.clean import SAMPLE_BINS, cut_bin, key_bins, prepared_shards, sample_cut, sample_keys, shard_bounds
 from cqg_ray.corpus.read import list_files
 from cqg_ray.corpus.stage import repeated_id
 from cqg_ray.rundir import RunDir, documents_digest, run_stage
@@ -29,6 +29,23 @@ def test_sample_cut_is_the_partition_of_all_keys(n, bins):
         assert sample_cut(keys[key_bins(keys, bins) == b], limit, below) == np.partition(keys, limit - 1)[limit - 1]
     with pytest.raises(ValueError):
         cut_bin(hist, n + 1)
+
+
+def test_shard_bounds_are_ray_datas_equal_ordered_splits():
+    # what Ray Data 2.60's repartition(k, shuffle=False) gave for these n and k after a sort
+    sizes = {(n, k): [b - a for a, b in zip(shard_bounds(n, k), shard_bounds(n, k)[1:])] for n, k in [(250, 3), (101, 2), (7, 3), (10, 4), (3000, 1)]}
+    assert sizes == {(250, 3): [83, 83, 84], (101, 2): [50, 51], (7, 3): [2, 2, 3], (10, 4): [2, 3, 2, 3], (3000, 1): [3000]}
+
+
+def test_prepared_shards_dedup_sample_sort_and_cut(tmp_path, corpus_file):
+    c = CorpusConfig(paths=[str(_corpus(tmp_path, corpus_file))], limit=137, rows_per_shard=60, sample_seed=3)
+    parsed = pa.concat_tables([rows_table(parse_file(read_bytes(u), f, u, c), u, c.dedup) for u, f in list_files(c.paths, c.format)])
+    shards, n_docs = prepared_shards(parsed, c.dedup, c.limit, c.sample_seed, c.rows_per_shard)
+    assert (parsed.num_rows, n_docs, [t.num_rows for t in shards]) == (435, 400, [45, 46, 46])
+    assert pa.concat_tables(shards).equals(reference(c))
+    shards, n_docs = prepared_shards(parsed, False, None, 0, 1000)
+    assert (n_docs, [t.num_rows for t in shards]) == (435, [435])
+    assert prepared_shards(parsed.slice(0, 0), True, 5, 0, 10) == ([], 0)
 
 
 def test_sample_keys_are_sample_key():
@@ -112,8 +129,15 @@ def _corpus(tmp_path, corpus_file):
 
 
 @pytest.mark.ray
+@pytest.mark.parametrize("path", ["one task", "ray data"])
 @pytest.mark.parametrize("limit", [None, 137])
-def test_prepare_equals_the_in_memory_reference(ray_local, tmp_path, corpus_file, limit):
+def test_prepare_equals_the_in_memory_reference(ray_local, tmp_path, corpus_file, limit, path, monkeypatch):
+    """Both ways the stage writes its shards (one task for small parts, Ray Data passes past ONE_TASK_BYTES) write the
+    reference's rows in the same shards."""
+    import cqg_ray.corpus.stage as stage
+
+    if path == "ray data":
+        monkeypatch.setattr(stage, "ONE_TASK_BYTES", -1)
     c = CorpusConfig(paths=[str(_corpus(tmp_path, corpus_file))], limit=limit, rows_per_shard=60, sample_seed=3)
     run = RunDir(str(tmp_path / "run"))
     import ray.data
@@ -129,6 +153,8 @@ def test_prepare_equals_the_in_memory_reference(ray_local, tmp_path, corpus_file
     assert m["counts"]["sampled_out"] == 400 - want.num_rows
     assert m["documents_digest"] == documents_digest(want.column("doc_id").to_pylist())
     assert sum(run.parquet_rows("prepare").values()) == want.num_rows
+    shards = run.ls("prepare", suffix=".parquet")  # equal, ordered splits of at most 60 rows, in name order
+    assert [run.read_table(f"prepare/{n}").num_rows for n in shards] == ([57] * 6 + [58] if limit is None else [45, 46, 46])
     assert not run.exists("prepare/_parts")
 
 

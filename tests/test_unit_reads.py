@@ -258,10 +258,12 @@ def test_embed_reads_its_snapshot_once(ray_local, toy_model, corpus_file, tmp_pa
             assert got == snap[start : start + 50]
 
 
-def test_prepare_writes_row_groups_that_encode_units_read_once(ray_local, corpus_file, tmp_path, monkeypatch):
-    """prepare writes equal, ordered shards in row groups of ROW_GROUP_ROWS; encode's units of that size then read each
-    row group once: the manifest's unit_bytes_read is at most 1.1 x the prepared shards' bytes. (Row groups of 100
-    here instead of 1,000, which the driver reads when it writes: a tenth of the texts to encode, the same layout.)"""
+@pytest.mark.parametrize("path", ["one task", "ray data"])
+def test_prepare_writes_row_groups_that_encode_units_read_once(ray_local, corpus_file, tmp_path, monkeypatch, path):
+    """prepare writes equal, ordered shards in row groups of ROW_GROUP_ROWS (in one task for small parts, in Ray Data
+    passes past ONE_TASK_BYTES); encode's units of that size then read each row group once: the manifest's
+    unit_bytes_read is at most 1.1 x the prepared shards' bytes. (Row groups of 100 here instead of 1,000, which the
+    driver reads when it writes: a tenth of the texts to encode, the same layout.)"""
     from cqg_ray.config import CorpusConfig, EncodeConfig
     from cqg_ray.corpus import stage as corpus_stage
     from cqg_ray.encode import encode
@@ -269,6 +271,8 @@ def test_prepare_writes_row_groups_that_encode_units_read_once(ray_local, corpus
 
     rows = 100
     monkeypatch.setattr(corpus_stage, "ROW_GROUP_ROWS", rows)
+    if path == "ray data":
+        monkeypatch.setattr(corpus_stage, "ONE_TASK_BYTES", -1)
     sentences = [json.loads(line)["text"] for line in corpus_file.read_text().splitlines()]
     rng = random.Random(1)
     src = tmp_path / "docs.jsonl"

@@ -74,3 +74,27 @@ def dedup_table(table: pa.Table) -> tuple[pa.Table, int]:
     keep = np.ones(len(h), dtype=bool)
     keep[1:] = h[1:] != h[:-1]
     return order.filter(pa.array(keep)), int((~keep).sum())
+
+
+def shard_bounds(n: int, shards: int) -> list[int]:
+    """Where ``shards`` ordered, equal splits of ``n`` rows begin and end (``i * n // shards``: as Ray Data's
+    ``repartition(shards, shuffle=False)`` cuts them)."""
+    return [i * n // shards for i in range(shards + 1)]
+
+
+def prepared_shards(table: pa.Table, dedup: bool, limit: int | None, seed: int, rows_per_shard: int) -> tuple[list[pa.Table], int]:
+    """The parsed rows (with ``text_hash``) as the prepare stage writes them, in memory: deduplicated (``dedup_table``),
+    the ``limit`` documents with the smallest ``sample_key`` kept, sorted by doc id and cut into the fewest equal,
+    ordered shards of at most ``rows_per_shard`` rows; and the documents before sampling."""
+    if dedup:
+        table, _ = dedup_table(table)
+    table = table.drop_columns(["text_hash"])
+    n_docs = table.num_rows
+    if limit is not None and n_docs > limit:
+        keys = sample_keys(table.column("doc_id").to_pylist(), seed)
+        table = table.filter(pa.array(keys <= np.partition(keys, limit - 1)[limit - 1]))
+    if not n_docs:
+        return [], 0
+    table = table.sort_by("doc_id")
+    bounds = shard_bounds(table.num_rows, -(-table.num_rows // rows_per_shard))
+    return [table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])], n_docs

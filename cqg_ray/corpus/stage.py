@@ -1,6 +1,8 @@
 """The prepare stage (`cqg-ray prepare`) on Ray Data, and the readers of what it writes (``<run>/prepare/``).
 
-Every pass over the corpus runs in Ray workers and the driver holds counters only: one tally per input file, the
+Parts of up to ``ONE_TASK_BYTES`` (a sampled demo corpus, a test's) are deduplicated, sampled, sorted and written by
+one Ray task (``clean.prepared_shards``: the same shards, row for row, as the passes below, which cost seconds each at
+any size). Past that, every pass over the corpus runs in Ray workers and the driver holds counters only: one tally per input file, the
 histogram of the sample keys (``corpus.limit``: the ``limit`` documents with the smallest seeded hash of their doc id
 are kept; the cut comes from the histogram and the ~N / 4096 keys of one bin, ``clean.sample_cut``) and one summary
 per written shard (rows, first and last doc id, documents digest). Dedup is exact and runs in the workers: the rows
@@ -14,8 +16,10 @@ sampling).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import uuid
 from collections import Counter
 from typing import Iterator
 
@@ -26,7 +30,7 @@ import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import add_digests
 from cqg_ray.config import CorpusConfig
-from cqg_ray.corpus.clean import SAMPLE_BINS, cut_bin, dedup_table, key_bins, sample_cut, sample_keys
+from cqg_ray.corpus.clean import SAMPLE_BINS, cut_bin, dedup_table, key_bins, prepared_shards, sample_cut, sample_keys
 from cqg_ray.corpus.read import MAX_REPORTED_ERRORS, CorpusError, list_files, parse_file, read_bytes, replaced_utf8_warning, rows_table
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
 
@@ -169,6 +173,8 @@ def repeated_id(summaries: list[dict]) -> str | None:
     return ""
 
 
+ONE_TASK_BYTES = 256 << 20  # parsed parts up to this size are deduplicated, sampled and written by one task: Ray Data's
+# shuffles (dedup, sort) cost seconds each on 2 cores at any size (a 340k-row corpus sampled to 3,000: 23 s of prepare)
 SHUFFLE_BATCH_BYTES = 64 << 20  # input a dedup shuffle task partitions at once (Ray Data's default, 1 GiB, is a whole 1M corpus)
 
 
@@ -212,43 +218,17 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
     if dropped.get("utf8_replaced"):  # kept, but maybe not what the file meant (another encoding, binary)
         log.warning(replaced_utf8_warning("prepare", dropped["utf8_replaced"]))
     read_rows = sum(t["rows"] for t in tallies)
-
-    # one task a part, reading it in blocks of at most rows_per_shard rows (read_parquet packs several files into one
-    # task and one block: 700k rows of a 1M corpus in one worker)
-    dedup = bool(cfg.dedup and read_rows)
     parts = [run.path(parts_rel, n) for n in run.ls(parts_rel, suffix=".parquet")]
-    ds = ray.data.from_items([{"path": p} for p in parts], override_num_blocks=max(1, len(parts))).map_batches(
-        _read_parts, fn_kwargs={"fs": run.fs, "rows": cfg.rows_per_shard, "bucket": dedup}, batch_format="pyarrow", batch_size=1)
-    n_dups = 0
-    if dedup:
-        # Exact dedup at scale: hash-partition by text hash (the bucket column), dedup inside each group.
-        ds = (ds.groupby("bucket", num_partitions=max(1, min(256, read_rows // 50_000)))
-              .map_groups(_dedup_bucket, batch_format="pyarrow").drop_columns(["bucket"]))
-    ds = ds.drop_columns(["text_hash"])
-    sampling = cfg.limit is not None
-    if sampling:
-        ds = ds.map_batches(_add_key, fn_kwargs={"seed": cfg.sample_seed}, batch_format="pyarrow")
-    ds = ds.materialize()
-    n_docs = ds.count() if read_rows else 0
-    if cfg.dedup:
-        n_dups = read_rows - n_docs
-    if n_docs == 0:
-        raise CorpusError(f"the corpus is empty after cleaning ({dict(dropped)}); nothing to do")
-    if sampling and n_docs > cfg.limit:
-        # order-independent seeded sample: keep the `limit` documents with the smallest sample keys
-        ds = ds.map_batches(_keep_sampled, fn_kwargs={"cut": _sample_cut(ds, cfg.limit)}, batch_format="pyarrow")
-    elif sampling:
-        ds = ds.drop_columns([KEY])
-    # Shards sorted by doc_id: the corpus does not depend on how the reading was split.
-    ds = ds.sort("doc_id")
-    n_out = min(n_docs, cfg.limit) if sampling else n_docs
-    ds = ds.repartition(max(1, -(-n_out // cfg.rows_per_shard)), shuffle=False)  # ordered, equal blocks: one shard each
     for name in run.ls(ctx.stage, suffix=".parquet"):
         run.rm(ctx.stage, name)
-    # Row groups of ROW_GROUP_ROWS: an encode unit (a multiple of it) and a streaming LLM stage's batch read only theirs.
-    # (Ray makes a row group at least min_rows_per_file, so the shards' size comes from the blocks above.)
-    ds.write_parquet(ctx.uri, filesystem=None if run.local else run.fs, max_rows_per_file=cfg.rows_per_shard,
-                     filename_provider=_ShardNames(), row_group_size=min(ROW_GROUP_ROWS, cfg.rows_per_shard), write_page_checksum=True)
+    if sum(run.fs.get_file_info(p).size for p in parts) <= ONE_TASK_BYTES:
+        one_task = ray.remote(_prepare_in_one_task).options(num_cpus=1)
+        n_docs = ray.get(one_task.remote(parts, cfg_json, ctx.uri, min(ROW_GROUP_ROWS, cfg.rows_per_shard)))
+    else:
+        n_docs = _prepare_with_ray_data(cfg, run, ctx.uri, parts, read_rows)
+    if n_docs == 0:
+        raise CorpusError(f"the corpus is empty after cleaning ({dict(dropped)}); nothing to do")
+    n_dups = read_rows - n_docs if cfg.dedup else 0
     # Counters per written shard, from the workers: rows, digest, and what tells a repeated id
     shards = run.ls(ctx.stage, suffix=".parquet")
     summarize = ray.remote(_shard_summary).options(num_cpus=1)
@@ -268,6 +248,60 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
         "documents": n_out, **{(f"dropped_{k}" if k != "utf8_replaced" else "replaced_invalid_utf8"): v for k, v in dropped.items()},
     })
     run.write_json(f"{ctx.stage}/stats.json", {**ctx.counts, "errors": errors[:MAX_REPORTED_ERRORS]})
+
+
+def _prepare_with_ray_data(cfg: CorpusConfig, run: RunDir, stage_uri: str, parts: list[str], read_rows: int) -> int:
+    """Dedup, sample, sort and write the parts as shards in Ray Data passes (a corpus of any size: the driver holds
+    counters); returns the documents before sampling (0: nothing written)."""
+    import ray
+
+    # one task a part, reading it in blocks of at most rows_per_shard rows (read_parquet packs several files into one
+    # task and one block: 700k rows of a 1M corpus in one worker)
+    dedup = bool(cfg.dedup and read_rows)
+    ds = ray.data.from_items([{"path": p} for p in parts], override_num_blocks=max(1, len(parts))).map_batches(
+        _read_parts, fn_kwargs={"fs": run.fs, "rows": cfg.rows_per_shard, "bucket": dedup}, batch_format="pyarrow", batch_size=1)
+    if dedup:
+        # Exact dedup at scale: hash-partition by text hash (the bucket column), dedup inside each group.
+        ds = (ds.groupby("bucket", num_partitions=max(1, min(256, read_rows // 50_000)))
+              .map_groups(_dedup_bucket, batch_format="pyarrow").drop_columns(["bucket"]))
+    ds = ds.drop_columns(["text_hash"])
+    sampling = cfg.limit is not None
+    if sampling:
+        ds = ds.map_batches(_add_key, fn_kwargs={"seed": cfg.sample_seed}, batch_format="pyarrow")
+    ds = ds.materialize()
+    n_docs = ds.count() if read_rows else 0
+    if n_docs == 0:
+        return 0
+    if sampling and n_docs > cfg.limit:
+        # order-independent seeded sample: keep the `limit` documents with the smallest sample keys
+        ds = ds.map_batches(_keep_sampled, fn_kwargs={"cut": _sample_cut(ds, cfg.limit)}, batch_format="pyarrow")
+    elif sampling:
+        ds = ds.drop_columns([KEY])
+    # Shards sorted by doc_id: the corpus does not depend on how the reading was split.
+    ds = ds.sort("doc_id")
+    n_out = min(n_docs, cfg.limit) if sampling else n_docs
+    ds = ds.repartition(max(1, -(-n_out // cfg.rows_per_shard)), shuffle=False)  # ordered, equal blocks: one shard each
+    # Row groups of ROW_GROUP_ROWS: an encode unit (a multiple of it) and a streaming LLM stage's batch read only theirs.
+    # (Ray makes a row group at least min_rows_per_file, so the shards' size comes from the blocks above.)
+    ds.write_parquet(stage_uri, filesystem=None if run.local else run.fs, max_rows_per_file=cfg.rows_per_shard,
+                     filename_provider=_ShardNames(), row_group_size=min(ROW_GROUP_ROWS, cfg.rows_per_shard), write_page_checksum=True)
+    return n_docs
+
+
+def _prepare_in_one_task(parts: list[str], cfg_json: str, stage_uri: str, row_group_rows: int) -> int:
+    """Ray task: the parts deduplicated, sampled, sorted and written as the shards `_prepare_with_ray_data` writes
+    (`clean.prepared_shards`; names ``part-<shard>-<write>.parquet``, row groups of ``row_group_rows``); returns the
+    documents before sampling (0: nothing written)."""
+    cfg = CorpusConfig.model_validate_json(cfg_json)
+    run = RunDir(stage_uri)
+    table = pa.concat_tables([pq.read_table(p, filesystem=run.fs) for p in parts])
+    shards, n_docs = prepared_shards(table, cfg.dedup, cfg.limit, cfg.sample_seed, cfg.rows_per_shard)
+    write = uuid.uuid4().hex
+    for i, shard in enumerate(shards):
+        buf = io.BytesIO()
+        pq.write_table(shard, buf, row_group_size=row_group_rows, write_page_checksum=True)
+        run.write_bytes(f"part-{i:06d}-{write}.parquet", buf.getvalue())
+    return n_docs
 
 
 class _ShardNames:
