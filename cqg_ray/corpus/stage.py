@@ -2,8 +2,8 @@
 
 Parts of up to ``ONE_TASK_BYTES`` (a sampled demo corpus, a test's) are deduplicated, sampled, sorted and written by
 one Ray task (``clean.prepared_shards``: the same shards, row for row, as the passes below, which cost seconds each at
-any size). Past that, every pass over the corpus runs in Ray workers and the driver holds counters only: one tally per input file, the
-histogram of the sample keys (``corpus.limit``: the ``limit`` documents with the smallest seeded hash of their doc id
+any size). Past that, every pass over the corpus runs in Ray workers and the driver holds counters only: one tally
+per input file, the histogram of the sample keys (``corpus.limit``: the ``limit`` documents with the smallest seeded hash of their doc id
 are kept; the cut comes from the histogram and the ~N / 4096 keys of one bin, ``clean.sample_cut``) and one summary
 per written shard (rows, first and last doc id, documents digest). Dedup is exact and runs in the workers: the rows
 are hash-partitioned by the first two hex digits of their text hash and each group keeps the first occurrence of
