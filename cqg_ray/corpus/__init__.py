@@ -5,8 +5,8 @@ rows and a tally of what was dropped and why (empty texts, invalid UTF-8, broken
 numbers), and ``rows_table`` gives them ids. Cleaning (``clean``): ``clean_text`` and ``text_hash`` are the
 per-text rules, ``dedup_table`` drops repeated texts. The stage (``stage``): ``prepare`` reads every file in a Ray
 Data pass (one task per file, each writing its rows to a part file), then deduplicates, samples and writes the
-corpus in shards sorted by document id (in one task for small parts, in Ray Data passes past them), so that the result does not depend on how the work was split (read
-back through ``cqg_ray.artifacts``).
+corpus in shards sorted by document id (in one task for small parts, in Ray Data passes past them), so that the
+result does not depend on how the work was split (read back through ``cqg_ray.artifacts``).
 
 Output (``<run>/prepare/``): ``part-*.parquet`` with columns doc_id, text, source, line; ``stats.json``.
 Document ids: the id column when one is named, else the first 16 hex digits of sha1(text) (with ``corpus.dedup`` off:
