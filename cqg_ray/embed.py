@@ -56,8 +56,8 @@ from cqg_ray.artifacts import (EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED
                                model_fingerprint, sparse_table)
 from cqg_ray.config import BACKEND_HELP, TOKENIZE_STAGE_HELP, ConfigError, CorpusConfig, EmbedConfig, EncoderBackend, RayConfig, format_errors
 from cqg_ray.lease import take_lease
-from cqg_ray.pools import declared, node_cpus
-from cqg_ray.units import UnitActor, actor_pool_size, actor_threads, limit_cpu_threads, pending_units, run_units, split_units, tokenize_stage
+from cqg_ray.pools import declared
+from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, pool_threads, run_units, split_units, tokenize_stage
 from cqg_ray.rundir import ArtifactError, RunDir, hash_sections, resolve
 
 log = logging.getLogger("cqg_ray")
@@ -261,7 +261,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, budget %s, %d-%d actor(s) x %s GPU",
              sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, budget.name, *pool, gpus)
     tokenize, pool = tokenize_stage(cfg, head.encoder_name, gpus, pool, run.root_uri) if todo_units else (None, pool)
-    threads = cfg.torch_threads if gpus or tokenize or not todo_units else actor_threads(cfg.torch_threads, node_cpus(), pool[1])
+    threads = pool_threads(cfg.torch_threads, pool, gpus, tokenize, len(todo_units))
     t0 = time.time()
     rows_now, nodes, bytes_read, unit_s = run_units(todo_units, EmbedUnits,
                                                     {"model_path": model_path, "out_uri": run.root_uri, "output": cfg.output,

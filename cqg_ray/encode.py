@@ -25,9 +25,9 @@ import pyarrow.parquet as pq
 from cqg_ray import progress
 from cqg_ray.artifacts import corpus_shards, embeddings_table
 from cqg_ray.config import EncodeConfig, PipelineConfig, RayConfig
-from cqg_ray.pools import declared, node_cpus
+from cqg_ray.pools import declared
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
-from cqg_ray.units import UnitActor, actor_pool_size, actor_threads, limit_cpu_threads, pending_units, run_units, split_units, tokenize_stage
+from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, pool_threads, run_units, split_units, tokenize_stage
 
 log = logging.getLogger("cqg_ray")
 
@@ -102,7 +102,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     pool, gpus = actor_pool_size(cfg, now, declared(now, cluster.max_cpus, cluster.max_gpus), units=len(todo))
     t0 = time.time()
     tokenize, pool = tokenize_stage(cfg, cfg.model, gpus, pool, run.root_uri, cfg.max_seq_length) if todo else (None, pool)
-    threads = cfg.torch_threads if gpus or tokenize or not todo else actor_threads(cfg.torch_threads, node_cpus(), pool[1])
+    threads = pool_threads(cfg.torch_threads, pool, gpus, tokenize, len(todo))
     log.info("encode: %d units (%d done before), %d rows, model %s, %d-%d actor(s) x %s", len(units), len(units) - len(todo),
              sum(n for _, n in shards), cfg.model, *pool, f"{gpus} GPU" if gpus else f"{threads} CPU thread(s)")
     actor_cfg = cfg.model_copy(update={"torch_threads": threads})

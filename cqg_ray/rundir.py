@@ -245,9 +245,9 @@ class RunDir:
         except json.JSONDecodeError as e:
             raise ArtifactError(f"corrupt JSON artifact {self.uri(rel)}: {e}") from None
 
-    def write_table(self, rel: str, table: pa.Table) -> None:  # each page with its CRC, which read_table checks
+    def write_table(self, rel: str, table: pa.Table, row_group_size: int | None = None) -> None:  # each page with its CRC, which read_table checks
         buf = io.BytesIO()
-        pq.write_table(table, buf, write_page_checksum=True)
+        pq.write_table(table, buf, row_group_size=row_group_size, write_page_checksum=True)
         self.write_bytes(rel, buf.getvalue())
 
     def read_table(self, rel: str, columns: list[str] | None = None) -> pa.Table:

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from cqg_ray import progress
 from cqg_ray.config import EmbedConfig, EncodeConfig
-from cqg_ray.pools import pool_range
+from cqg_ray.pools import node_cpus, pool_range
 from cqg_ray.rundir import RunDir
 
 log = logging.getLogger("cqg_ray")
@@ -303,6 +303,14 @@ def actor_threads(threads: int, node_cpus: list[float], actors: int) -> int:
             break
         best = t
     return best
+
+
+def pool_threads(threads: int, pool: tuple[int, int], gpus: float, tokenize: dict | None, units: int) -> int:
+    """CPU threads (and Ray CPUs) per actor of a `run_units` pool of ``units`` units: `actor_threads` on the live nodes
+    for CPU actors that tokenize themselves, else ``threads`` (GPU actors, actors beside a tokenizing stage, no units)."""
+    if gpus or tokenize or not units:
+        return threads
+    return actor_threads(threads, node_cpus(), pool[1])
 
 
 def relaying(actor_cls):

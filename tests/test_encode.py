@@ -8,7 +8,7 @@ from cqg_ray.config import ClusterConfig, CorpusConfig, EncodeConfig
 from cqg_ray.corpus import prepare
 from cqg_ray.encode import encode
 from cqg_ray.pools import declared
-from cqg_ray.units import actor_pool_size, actor_threads, split_units
+from cqg_ray.units import actor_pool_size, actor_threads, pool_threads, split_units
 from cqg_ray.rundir import RunDir, run_stage
 
 
@@ -36,6 +36,8 @@ def test_actor_threads_share_the_cpus_a_pool_cut_by_its_units_leaves():
     assert actor_threads(1, [8.0, 8.0], 2) == 8
     assert actor_threads(2, [4.0], 4) == 2  # at least the config's threads, even where the pool does not fit now
     assert actor_threads(1, [], 1) == 1
+    # the config's threads, asking no cluster: GPU actors, actors beside a tokenizing stage, no units left
+    assert [pool_threads(1, (1, 1), 1.0, None, 1), pool_threads(1, (1, 1), 0.0, {"actors": 1}, 1), pool_threads(3, (1, 1), 0.0, None, 0)] == [1, 1, 3]
 
 
 def test_actor_pool_grows_to_the_declared_resources():

@@ -90,11 +90,11 @@ def prepared_shards(table: pa.Table, dedup: bool, limit: int | None, seed: int, 
         table, _ = dedup_table(table)
     table = table.drop_columns(["text_hash"])
     n_docs = table.num_rows
+    if not n_docs:
+        return [], 0
     if limit is not None and n_docs > limit:
         keys = sample_keys(table.column("doc_id").to_pylist(), seed)
         table = table.filter(pa.array(keys <= np.partition(keys, limit - 1)[limit - 1]))
-    if not n_docs:
-        return [], 0
     table = table.sort_by("doc_id")
     bounds = shard_bounds(table.num_rows, -(-table.num_rows // rows_per_shard))
     return [table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])], n_docs

@@ -16,7 +16,6 @@ sampling).
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import uuid
@@ -298,9 +297,7 @@ def _prepare_in_one_task(parts: list[str], cfg_json: str, stage_uri: str, row_gr
     shards, n_docs = prepared_shards(table, cfg.dedup, cfg.limit, cfg.sample_seed, cfg.rows_per_shard)
     write = uuid.uuid4().hex
     for i, shard in enumerate(shards):
-        buf = io.BytesIO()
-        pq.write_table(shard, buf, row_group_size=row_group_rows, write_page_checksum=True)
-        run.write_bytes(f"part-{i:06d}-{write}.parquet", buf.getvalue())
+        run.write_table(f"part-{i:06d}-{write}.parquet", shard, row_group_size=row_group_rows)
     return n_docs
 
 

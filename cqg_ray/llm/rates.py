@@ -173,8 +173,8 @@ def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], N
             rates = Rates(**known[key])
         except TypeError:
             rates = None
-        needed = (rates.write_batch, rates.writer_load, rates.answerer_load, *((rates.answer_read,) if answer_read else ())) if rates else (None,)
-        if None not in needed:
+        if (rates is not None and None not in (rates.write_batch, rates.writer_load, rates.answerer_load)
+                and not (answer_read and rates.answer_read is None)):
             return rates, f"measured earlier on this machine ({path})"
     if say:
         say(f"measuring this machine's LLM rates, once (kept in {path}): the writer {writer.llamacpp.model} on {engines[0]} and "
