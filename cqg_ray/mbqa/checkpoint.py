@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 
 import torch
 
 from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.rundir import resolve
+
+log = logging.getLogger("cqg_ray")
 
 
 def save_checkpoint(folder: str, heads: StackedHeads, opt: torch.optim.Optimizer, epoch: int, extra: dict | None = None) -> None:
@@ -82,19 +85,47 @@ def checkpoints(fs, root: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def latest_checkpoint(folder: str):
-    """The newest checkpoint under ``folder`` as a local folder (copied down from a remote URI), or None."""
+def local_checkpoint(path: str):
+    """A checkpoint folder (a path or a pyarrow URI) as a local folder: itself, or a copy made for the block."""
+    with _local(*resolve(path)) as folder:
+        yield folder
+
+
+@contextlib.contextmanager
+def _local(fs, path: str):
     import tempfile
 
     from pyarrow import fs as pafs
 
+    if isinstance(fs, pafs.LocalFileSystem):
+        yield path
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            pafs.copy_files(path, tmp, source_filesystem=fs)
+            yield tmp
+
+
+@contextlib.contextmanager
+def latest_checkpoint(folder: str):
+    """The newest checkpoint under ``folder`` as a local folder (copied down from a remote URI), or None."""
     fs, root = resolve(folder)
     names = checkpoints(fs, root)
     if not names:
         yield None
-    elif isinstance(fs, pafs.LocalFileSystem):
-        yield f"{root}/{names[-1]}"
     else:
-        with tempfile.TemporaryDirectory() as tmp:
-            pafs.copy_files(f"{root}/{names[-1]}", tmp, source_filesystem=fs)
-            yield tmp
+        with _local(fs, f"{root}/{names[-1]}") as found:
+            yield found
+
+
+def newest_whole_checkpoint(folder: str) -> tuple[str, int] | None:
+    """The newest checkpoint under ``folder`` whose files all load (`load_checkpoint`), as (its path or URI, its epoch), or None.
+    A folder a kill left half-copied (Ray Train copies its checkpoints into storage file by file) is passed over."""
+    fs, root = resolve(folder)
+    for name in reversed(checkpoints(fs, root)):
+        try:
+            with _local(fs, f"{root}/{name}") as local:
+                torch.load(os.path.join(local, "optimizer.pt"), map_location="cpu", weights_only=True)
+                return f"{folder.rstrip('/')}/{name}", load_checkpoint(local)[1]
+        except Exception as e:  # a missing or cut file: OSError, JSON, safetensors' or torch.load's own errors
+            log.warning("checkpoint %s/%s does not load (%s: %s): passed over", folder.rstrip("/"), name, type(e).__name__, e)
+    return None

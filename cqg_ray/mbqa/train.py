@@ -16,6 +16,7 @@ on the driver fed through a Ray queue.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -29,11 +30,13 @@ from ray.train import DataConfig
 
 from cqg_ray.config import TrainConfig
 from cqg_ray.log import setup_logging
-from cqg_ray.mbqa.checkpoint import CHECKPOINT, latest_checkpoint, load_checkpoint, save_checkpoint, write_checkpoint
+from cqg_ray.mbqa.checkpoint import (CHECKPOINT, latest_checkpoint, load_checkpoint, local_checkpoint, newest_whole_checkpoint,
+                                     save_checkpoint, write_checkpoint)
 from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.mbqa.loop import make_optimizer, run_epochs, steps_per_epoch
 from cqg_ray.mbqa.pairs import LabelPairs, split_holdout
 from cqg_ray.mbqa.train_data import arrays_dataset, shard_arrays, worker_cpus
+from cqg_ray.rundir import resolve
 
 log = logging.getLogger("cqg_ray")
 
@@ -44,8 +47,9 @@ def train_worker(config: dict, shard: dict, resume, report, rank: int = 0, world
     The workers agree on the steps of an epoch (the fullest shard's) and on pos_weight through ``all_reduce`` (none: one
     worker). ``resume(heads, opt)`` loads the latest checkpoint into them and returns its epoch (0: none);
     ``report(metrics, state)`` is called every `checkpoint_every` epochs and at the end with ``state`` = (heads, opt,
-    epochs done) to checkpoint, and once with ``state`` None when a finished run is started again. ``wrap``: the
-    model that is called (DDP's wrapper of the heads)."""
+    epochs done) to checkpoint, and once with ``state`` None when a finished run is started again (with the state when
+    it resumed from ``config["resume_from"]``, a checkpoint Train does not know of). ``wrap``: the model that is called
+    (DDP's wrapper of the heads)."""
     cfg = TrainConfig(**config["cfg"])
     reduce = all_reduce or (lambda t, op="sum": t)
     # every rank runs the steps of the fullest shard (ranks with unequal step counts would hang in DDP's all-reduce)
@@ -67,7 +71,8 @@ def train_worker(config: dict, shard: dict, resume, report, rank: int = 0, world
     if rank == 0 and config["progress"] is not None:
         config["progress"].put({"epoch": start_epoch})  # the bar starts where the run does, 0 or a resumed epoch
     if start_epoch >= cfg.epochs:  # a finished run started again: nothing left to train
-        report({"epoch": start_epoch, "start_epoch": start_epoch, "pos_weight": pos_weight}, None)
+        again = (heads, opt, start_epoch) if config.get("resume_from") else None
+        report({"epoch": start_epoch, "start_epoch": start_epoch, "pos_weight": pos_weight}, again)
         return
 
     def on_epoch_end(epoch: int, metrics: dict) -> None:
@@ -111,6 +116,9 @@ def _train_loop_per_worker(config: dict) -> None:
 
     def resume(heads, opt) -> int:
         checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None and config.get("resume_from"):  # Train lost its snapshot (`checkpoint_without_snapshot`)
+            with local_checkpoint(config["resume_from"]) as folder:
+                return load_checkpoint(folder, heads, opt)[1]
         if checkpoint is None:
             return 0
         with checkpoint.as_directory() as folder:
@@ -122,7 +130,7 @@ def _train_loop_per_worker(config: dict) -> None:
             return
         with tempfile.TemporaryDirectory() as tmp:
             if rank == 0:
-                save_checkpoint(tmp, *state, {"loss": metrics["loss"]})
+                save_checkpoint(tmp, *state, {k: metrics[k] for k in ("loss",) if k in metrics})  # none: a finished run checkpointed again
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
             else:
                 ray.train.report(metrics, checkpoint=None)
@@ -248,6 +256,37 @@ def trainer_kind(cfg: TrainConfig) -> str:
     return cfg.trainer if cfg.trainer != "auto" else ("task" if cfg.num_workers == 1 else "ray")
 
 
+SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of a run's checkpoints, in the run's folder
+
+
+def checkpoint_without_snapshot(folder: str) -> str | None:
+    """The checkpoint a Ray Train run in ``folder`` must resume from that Train itself would not find, or None.
+
+    Train resumes from its snapshot (`SNAPSHOT`), which it rewrites in place after each checkpoint: a kill in that
+    moment leaves it empty or cut, and the next ``fit()`` fails on it; a kill before the first snapshot of a restarted
+    run leaves none. Then the newest checkpoint that loads is returned and an unreadable snapshot deleted (it holds
+    nothing), so that Train starts clean and the loop resumes from that checkpoint."""
+    from pyarrow import fs as pafs
+
+    fs, root = resolve(folder)
+    path = f"{root}/{SNAPSHOT}"
+    found = fs.get_file_info(path).type == pafs.FileType.File
+    if found:
+        try:
+            with fs.open_input_stream(path) as f:
+                json.loads(f.read().decode("utf-8"))
+            return None
+        except (ValueError, UnicodeDecodeError) as e:
+            log.warning("train: Ray Train's snapshot %s/%s does not read (%s: %s), as a kill while it was rewritten leaves it; "
+                        "deleting it", folder.rstrip("/"), SNAPSHOT, type(e).__name__, e)
+            fs.delete_file(path)
+    newest = newest_whole_checkpoint(folder)
+    if newest is None:
+        return None
+    log.warning("train: resuming from %s (epoch %d), the newest checkpoint that loads, without Train's snapshot", *newest)
+    return newest[0]
+
+
 def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: str, run=None) -> TrainResult:
     """Train m stacked heads on a Ray Dataset of labelled texts (`train_data.TEXT_COLUMNS`).
 
@@ -285,6 +324,8 @@ def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: 
 
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
+
+    config["resume_from"] = checkpoint_without_snapshot(f"{storage_path.rstrip('/')}/{name}")
 
     trainer = TorchTrainer(
         _train_loop_per_worker,

@@ -202,6 +202,38 @@ def test_the_task_trainers_checkpoints_on_a_remote_filesystem(tmp_path, monkeypa
         assert load_checkpoint(found)[1] == 3
 
 
+def test_a_ray_train_run_whose_snapshot_a_kill_cut_resumes_from_its_newest_whole_checkpoint(tmp_path, caplog):
+    """Ray Train rewrites its snapshot in place: a kill then leaves it empty or cut, and Train's next fit() would fail
+    on it. `checkpoint_without_snapshot` deletes it and names the newest checkpoint that loads (a half-copied one is
+    passed over); a readable snapshot is Train's to use."""
+    from cqg_ray.mbqa.train import SNAPSHOT, checkpoint_without_snapshot
+
+    run = tmp_path / "run"
+    assert checkpoint_without_snapshot(str(run)) is None  # nothing yet
+    heads = StackedHeads(4, 3, 2)
+    opt = make_optimizer(heads, TrainConfig())
+    for name, epoch in (("checkpoint_2026-12-06_10-00-01.000001", 2), ("checkpoint_2026-12-06_10-00-02.000002", 3)):
+        save_checkpoint(str(run / name), heads, opt, epoch)
+    cut = run / "checkpoint_2026-12-06_10-00-03.000003"  # Train's copy into storage, killed midway
+    save_checkpoint(str(cut), heads, opt, 4)
+    data = (cut / "heads.safetensors").read_bytes()
+    (cut / "heads.safetensors").write_bytes(data[: len(data) // 2])
+
+    (run / SNAPSHOT).write_text('{"latest_checkpoint_result": {"checkpoint_dir_name": "checkpoint_2026-12-06_10-00-02.000002"}}')
+    assert checkpoint_without_snapshot(str(run)) is None and (run / SNAPSHOT).exists()
+    for unreadable in (b"", b'{"checkpoint_results": [{"metrics"', b"\xff\xfe"):
+        (run / SNAPSHOT).write_bytes(unreadable)
+        with caplog.at_level("WARNING", logger="cqg_ray"):
+            found = checkpoint_without_snapshot(str(run))
+        assert found == f"{run}/checkpoint_2026-12-06_10-00-02.000002"
+        assert not (run / SNAPSHOT).exists()
+        assert "does not load" in caplog.text and "resuming from" in caplog.text
+    assert checkpoint_without_snapshot(str(run)) == found  # no snapshot at all (killed before a restarted run wrote one)
+    for name in ("checkpoint_2026-12-06_10-00-01.000001", "checkpoint_2026-12-06_10-00-02.000002"):
+        (run / name / "optimizer.pt").unlink()
+    assert checkpoint_without_snapshot(str(run)) is None  # none loads: Train starts from scratch
+
+
 def test_auto_trains_one_worker_in_a_task_and_more_with_ray_train():
     from cqg_ray.mbqa.train import trainer_kind
 

@@ -20,6 +20,7 @@ import torch
 
 from cqg_ray.config import TrainConfig
 from cqg_ray.mbqa import train
+from cqg_ray.mbqa.checkpoint import newest_whole_checkpoint
 from cqg_ray.mbqa.train import LabelPairs, TrainResult, train_and_evaluate, train_heads
 
 from .conftest import descendant_processes, make_problem
@@ -210,7 +211,7 @@ def test_the_epoch_bar_shows_where_a_resumed_run_starts(one_worker_run, driver_k
     """The driver's bar follows rank 0's epochs from 0; a run resumed from a checkpoint starts the bar at the
     checkpoint's epoch instead of leaving it at 0/N, and a finished run started again shows only its last epoch."""
     assert one_worker_run[2] == [list(range(ONE_WORKER.epochs + 1))]
-    done, _, _, bars = driver_killed_and_resumed
+    done, _, _, bars, _ = driver_killed_and_resumed
     assert bars == [[done, done + 1], [done + 1]]
 
 
@@ -272,7 +273,8 @@ def settled_checkpoint_epoch(run_dir, seconds: float = 10.0) -> int:
 def driver_killed_and_resumed(ray_local, tmp_path_factory):
     """A training driver (and the Ray it started) SIGKILLed once its second checkpoint exists, then in this process the
     run resumed for one more epoch and started once more: (the checkpoint's epoch, the resumed result, the result of
-    the start after it, the epoch counts their bars showed)."""
+    the start after it, the epoch counts their bars showed, [the result of one more epoch after Train's snapshot was
+    cut, the result of the finished run started again after it was cut again])."""
     size = {"n_docs": 2000, "d": 64, "m": 200, "per_question": 600}
     tmp_path = tmp_path_factory.mktemp("sigkill")
     script = tmp_path / "driver.py"
@@ -291,25 +293,45 @@ def driver_killed_and_resumed(ray_local, tmp_path_factory):
     finally:
         kill_session(proc.pid)  # the driver and every Ray process it started (train actors run in their own groups)
         proc.wait()
-    done = latest_checkpoint_epoch(run_dir)
+    # the epoch it resumes from: the snapshot's, or where the kill cut the snapshot, the newest whole checkpoint's
+    done = polled_checkpoint_epoch(run_dir)
+    if done < 0 and (run_dir / train.SNAPSHOT).exists():
+        done = newest_whole_checkpoint(str(run_dir))[1]
     assert done >= 2, "no second checkpoint within the time limit"
     emb, dense = make_problem(**size)
     cfg = TrainConfig(epochs=done + 1, lr=1e-2, num_workers=2, cpus_per_worker=0.5, checkpoint_every=1)
     with kept_bars() as bars:
         r = train_heads(emb, dense, cfg, str(tmp_path), "sigkill")
         again = train_heads(emb, dense, cfg, str(tmp_path), "sigkill")
-    return done, r, again, [b.shown for b in bars]
+    # a kill while Train rewrote its snapshot, made certain: the snapshot cut, then one more epoch; cut again, the
+    # finished run started once more
+    cut = []
+    for _ in range(2):
+        (run_dir / train.SNAPSHOT).write_text("")
+        cut.append(train_heads(emb, dense, cfg.model_copy(update={"epochs": done + 2}), str(tmp_path), "sigkill"))
+    return done, r, again, [b.shown for b in bars], cut
 
 
 @pytest.mark.slow
 def test_driver_killed_with_sigkill_resumes(driver_killed_and_resumed):
     """The driver process (and the Ray it started) is SIGKILLed mid-run; a new driver resumes from its checkpoint."""
-    done, r, again, _ = driver_killed_and_resumed
+    done, r, again, _, _ = driver_killed_and_resumed
     assert r.metrics["start_epoch"] == done and r.epochs == done + 1
     # started once more, the finished run has nothing left to do and returns its final heads
     assert again.epochs == done + 1
     for k, v in r.heads.state_dict().items():
         assert torch.equal(again.heads.state_dict()[k], v)
+
+
+@pytest.mark.slow
+def test_a_driver_killed_while_train_rewrote_its_snapshot_resumes(driver_killed_and_resumed):
+    """Ray Train rewrites its checkpoint snapshot in place: a kill in that moment leaves it empty, and Train's own
+    resume fails on it. The run resumes from its newest checkpoint, and a finished one returns its final heads."""
+    done, r, _, _, (more, finished) = driver_killed_and_resumed
+    assert more.metrics["start_epoch"] == done + 1 and more.epochs == done + 2
+    assert finished.metrics["start_epoch"] == done + 2 and finished.epochs == done + 2
+    for k, v in more.heads.state_dict().items():
+        assert torch.equal(finished.heads.state_dict()[k], v)
 
 
 def predictions(heads, emb):
