@@ -123,8 +123,16 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     reason = (f"{n} of {cfg.cluster.k} clusters, probes {probes[0]}/{probes[1]}/{probes[2]} a question, {negatives[0]} + "
               f"{negatives[1]} negatives a prompt, {sum(labels)} texts labelled a question: about {expected / 60:.1f} min "
               f"expected{spent}, {fit} ({budget_s / 60:.0f} min; writer {rates.read:.0f} prompt tokens/s read{long_read}, {rates.write:.1f} "
-              f"written{f' by {rates.write_batch} sequences together' if (rates.write_batch or 1) > 1 else ''}; answerer {rates.pairs:.1f} pairs/s)")
+              f"written{f' by {rates.write_batch} sequences together' if (rates.write_batch or 1) > 1 else ''}; answerer {rates.pairs:.1f} pairs/s"
+              f"{host_note(rates.host_speed)})")
     return {k: v for k, v in sized.items() if k not in fixed}, reason
+
+
+def host_note(host_speed: float | None) -> str:
+    """A word on a host whose speed changed under the rates' measurement (more than 10%), or nothing."""
+    if host_speed is None or abs(host_speed - 1) <= 0.1:
+        return ""
+    return f"; the host ran {host_speed:.2f}x as fast after the writer's timings as during them: all rates at the slower"
 
 
 def generation_s(prompts: int, own_tokens: float, rates: Rates, gen_seqs: int, read_speed: float = 1.0) -> float:

@@ -38,11 +38,15 @@ class Rates:
     write_batch: int | None = None  # sequences decoded together when `write` was timed (None: one, kept before batches)
     writer_load: float | None = None  # seconds for the writer to load and answer its first prompt (paid where it is loaded again)
     answerer_load: float | None = None  # the same for the answerer
+    host_speed: float | None = None  # the writer's read rate timed after the answerer's work as a share of the one before
+    # it (`rates_from`: the rates above are taken down to the slower of the two; None: the writer was not loaded then)
 
 
 WRITE_TOKENS = 9  # tokens a timed sequence writes: the write rate is the 8 decoding steps after the first (which the reading gives)
 REPEAT_UNDER_S = 8.0  # the writer's timings are taken a second time where their first round took less: a neighbour's burst
 # on the cores is a large share of a short timing, a small one of a long timing, where a second round would cost seconds
+PAIRS_MIN_S = 2.0  # the answerer's pairs are timed over calls of 20 until this long: one ~0.4 s call on a fast CPU read
+# 2-3x the rate the probes then ran at (an Intel AMX host, 2026-12-06); on an AVX2 host one call takes this long already
 WRITE_BATCH = 4  # sequences decoded together for the write rate (the demo decodes up to llamacpp.batch_generate: more
 # sequences write more tokens a second, so the rate at 4 is a floor for the demo's 8-16 prompts, and ~4x the work of one)
 
@@ -60,13 +64,22 @@ def measure_rates(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], 
 
 def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
     """`Rates` from `time_engines`' (seconds, count) per measure (``write_batch``: (sequences, sequences); no
-    ``answer_read``: None)."""
+    ``answer_read``: None). With ``read_again`` (the writer's read timed once more after the answerer's work) every rate
+    is taken at the slower host of the two moments: the writer's by its own read's share of the slower read, the
+    answerer's by the later read's. A host whose speed changes under the measurement (an Intel AMX host read 146-178 and
+    425-469 tokens/s within a minute, its pairs 44-47 and 67-82 with them) otherwise mixes one moment's writer with
+    another's answerer: one demo sized its probes on 60 pairs/s beside a read of 192, and they ran at 21.9."""
     (read_s, read), (write_s, wrote), (pairs_s, pairs) = (timed[k] for k in ("read", "write", "pairs"))
     answer_s, answer = timed.get("answer_read", (None, None))
-    return Rates(read=read / read_s, write=max(wrote, 1) / max(write_s, 1e-3), pairs=pairs / pairs_s,
-                 answer_read=answer / answer_s if answer_s else None,
+    before = read / read_s
+    after = timed["read_again"][1] / timed["read_again"][0] if "read_again" in timed else before
+    slower = min(before, after)
+    w, a = slower / before, slower / after  # the writer's and the answerer's rates, taken down to the slower moment
+    return Rates(read=before * w, write=max(wrote, 1) / max(write_s, 1e-3) * w, pairs=pairs / pairs_s * a,
+                 answer_read=answer / answer_s * a if answer_s else None,
                  write_batch=int(timed["write_batch"][1]), writer_load=round(timed["writer_load"][0], 1),
-                 answerer_load=round(timed["answerer_load"][0], 1))
+                 answerer_load=round(timed["answerer_load"][0], 1),
+                 host_speed=round(after / before, 3) if "read_again" in timed else None)
 
 
 def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], None] | None = None,
@@ -77,18 +90,20 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], N
     ``generate_s``: the first token of each comes with the reading, so 8 tokens a sequence); both timed a second time,
     interleaved, the faster kept, where the first round took under `REPEAT_UNDER_S` (a neighbour's burst on the cores
     lands in one repeat);
-    ``write_batch``, those sequences; ``pairs``, 20 single-pass pairs answered; ``answer_read``, one ~200-token
+    ``write_batch``, those sequences; ``pairs``, calls of 20 single-pass pairs answered until `PAIRS_MIN_S` have passed (at
+    least one), all of them; ``answer_read``, one ~200-token
     single-pass prompt's tokens read (what a cache held is not counted; only with ``answer_read``: `cqg-ray plan`
     uses it, the demo's sizing does not); ``writer_load`` and ``answerer_load``, (seconds
     to build each engine and answer its first request, 1): what a stage's engine pays before its work (the same model
-    for both: one load, counted for each). ``keep``: handed the loaded backends once all is timed (writer first),
-    instead of closing them."""
+    for both: one load, counted for each); ``read_again``, the writer's read timed once more after the answerer's work,
+    where the writer is still loaded then (one model for both, or ``keep``: `rates_from` takes every rate to the
+    slower host). ``keep``: handed the loaded backends once all is timed (writer first), instead of closing them."""
     from cqg_ray.llm.answers import answer_requests
     from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
 
-    def timed(reqs):
+    def timed(reqs, on=None):
         t0 = time.perf_counter()
-        done = [c for _, c in model.generate_batched(reqs)]
+        done = [c for _, c in (on or model).generate_batched(reqs)]
         return time.perf_counter() - t0, done
 
     def timed_round():  # (read seconds, tokens read, the round's seconds, decoding seconds, tokens decoded)
@@ -125,14 +140,20 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], N
             model = LlamaCppBackend(answerer)
         model.score(reqs[:2])  # warm-up
         out["answerer_load"] = (time.perf_counter() - t0, 1) if answerer != writer else loads["writer_load"]
-        t0 = time.perf_counter()
-        model.score(reqs)
-        out["pairs"] = time.perf_counter() - t0, len(reqs)
+        t0, answered = time.perf_counter(), 0
+        while not answered or time.perf_counter() - t0 < PAIRS_MIN_S:
+            model.score(reqs)
+            answered += len(reqs)
+        out["pairs"] = time.perf_counter() - t0, answered
         if answer_read:
             long = answer_requests(" ".join(RATE_TEXTS[::-1] * 2), [0], RATE_QUESTIONS[:1], "single", 20, 1)  # nothing shared
             t0 = time.perf_counter()
             (scored,) = model.score(long)
             out["answer_read"] = time.perf_counter() - t0, scored.prompt_tokens - scored.cached_tokens
+        writer_model = model if answerer == writer else (kept[0] if kept else None)  # still loaded: the host's speed again
+        if writer_model is not None:
+            s, (read,) = timed(a, writer_model)
+            out["read_again"] = s, read.prompt_tokens
         if keep:
             kept.append(model)
             model = None
@@ -152,8 +173,9 @@ def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], N
                   keep: Callable[[Any], None] | None = None, answer_read: bool = True) -> tuple[Rates, str]:
     """`measure_rates`, or the rates an earlier run measured on this machine with the same models and engines (kept in
     the model cache's demo-rates.json, keyed by the CPU's `cpu_signature`: another CPU kind behind the same model name,
-    or the AVX2 cap, measures anew); and where they come from. Rates kept without ``write_batch`` or the loads, or
-    without ``answer_read`` where it is asked for (``answer_read``: `time_engines`), are measured again. ``say``: told
+    or the AVX2 cap, measures anew); and where they come from. Rates kept without ``write_batch`` or the loads,
+    without ``answer_read`` where it is asked for (``answer_read``: `time_engines`), or without ``host_speed`` where
+    ``keep`` lets it be timed, are measured again. ``say``: told
     what is measured before the models load, and how long it took (the demo prints it). ``keep``: handed the backends
     a measurement loaded (`time_engines`; rates reused load none)."""
     from cqg_ray.hardware import available_cpus, cpu_signature
@@ -174,7 +196,7 @@ def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], N
         except TypeError:
             rates = None
         if (rates is not None and None not in (rates.write_batch, rates.writer_load, rates.answerer_load)
-                and not (answer_read and rates.answer_read is None)):
+                and not (answer_read and rates.answer_read is None) and not (keep and rates.host_speed is None)):
             return rates, f"measured earlier on this machine ({path})"
     if say:
         say(f"measuring this machine's LLM rates, once (kept in {path}): the writer {writer.llamacpp.model} on {engines[0]} and "

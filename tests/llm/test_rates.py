@@ -11,17 +11,23 @@ from cqg_ray.llm.base import Completion
 
 
 class Clock:
-    def __init__(self):
+    """A stand-in clock; ``slower``: what every cost is multiplied by (the host's pace), changed to ``slower_from_scoring``
+    by the first score call where that is set."""
+
+    def __init__(self, slower_from_scoring: float | None = None):
         self.now = 0.0
+        self.slower = 1.0
+        self.slower_from_scoring = slower_from_scoring
 
     def perf_counter(self):
         return self.now
 
 
-def stand_in(clock: Clock, seconds_a_token: float, calls: list):
+def stand_in(clock: Clock, seconds_a_token: float, calls: list, seconds_a_pair: float = 0.03):
     """A LlamaCppBackend stand-in: a call reads its prompts' 100 shared tokens once, then decodes them together for
     max_tokens - 1 steps (the first token comes with the reading), each token read and each step taking
-    seconds_a_token, and reports both to the progress counters as the real engines do."""
+    seconds_a_token, and reports both to the progress counters as the real engines do; a score call takes
+    seconds_a_pair a request."""
 
     class Backend:
         def __init__(self, cfg):
@@ -31,13 +37,15 @@ def stand_in(clock: Clock, seconds_a_token: float, calls: list):
         def generate_batched(self, reqs):
             calls.append(("generate", len(reqs), reqs[0].max_tokens))
             steps = reqs[0].max_tokens - 1
-            clock.now += seconds_a_token * (100 + steps)
+            clock.now += seconds_a_token * (100 + steps) * clock.slower
             progress.add(read=100, read_s=seconds_a_token * 100, generated=len(reqs) * steps, generate_s=seconds_a_token * steps)
             return [(i, Completion("q?", prompt_tokens=100, completion_tokens=r.max_tokens)) for i, r in enumerate(reqs)]
 
         def score(self, reqs):
             calls.append(("score", len(reqs)))
-            clock.now += 0.01 * len(reqs)
+            if clock.slower_from_scoring is not None:
+                clock.slower = clock.slower_from_scoring
+            clock.now += seconds_a_pair * len(reqs) * clock.slower
             return [Completion("", prompt_tokens=300, cached_tokens=0) for _ in reqs]
 
         def close(self):
@@ -64,12 +72,12 @@ def test_the_writer_is_timed_a_second_round_only_where_its_first_round_was_short
     assert timed["read"][0] == pytest.approx(seconds_a_token * 100)
     assert timed["write"][0] == pytest.approx(seconds_a_token * 8)
     assert timed["writer_load"] == (pytest.approx(5 + seconds_a_token * 100), 1)
-    assert timed["answerer_load"] == (pytest.approx(5.02), 1)
+    assert timed["answerer_load"] == (pytest.approx(5.06), 1)
 
 
 def test_the_long_answer_read_is_timed_only_where_it_is_asked_for(monkeypatch):
     """The demo's sizing does not use the answerer's long-prompt read (`cqg-ray plan` does): without it, one score call
-    fewer (the warm-up's 2 pairs and the 20 pairs), and rates_from leaves it None."""
+    fewer (the warm-up's 2 pairs and the calls of 20 pairs), and rates_from leaves it None."""
     clock = Clock()
     monkeypatch.setattr(rates, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
     scores = {}
@@ -79,8 +87,22 @@ def test_the_long_answer_read_is_timed_only_where_it_is_asked_for(monkeypatch):
         timed = rates.time_engines(LLMConfig(), LLMConfig(), answer_read=asked)
         scores[asked] = [c for c in calls if c[0] == "score"]
         assert ("answer_read" in timed) is asked
-        assert rates.rates_from(timed).answer_read == (pytest.approx(300 / 0.01) if asked else None)
-    assert scores == {True: [("score", 2), ("score", 20), ("score", 1)], False: [("score", 2), ("score", 20)]}
+        assert rates.rates_from(timed).answer_read == (pytest.approx(300 / 0.03) if asked else None)
+    assert scores == {True: [("score", 2), *[("score", 20)] * 4, ("score", 1)], False: [("score", 2), *[("score", 20)] * 4]}
+
+
+@pytest.mark.parametrize("seconds_a_pair, calls_of_20", [(0.03, 4), (0.2, 1)])
+def test_the_pairs_are_timed_over_calls_until_pairs_min_s_have_passed(monkeypatch, seconds_a_pair, calls_of_20):
+    """A call of 20 pairs at 0.6 s is made 4 times (2.4 s: 3 were 1.8 s, under PAIRS_MIN_S), one at 4 s once; the rate
+    counts every pair answered over all of the calls."""
+    assert rates.PAIRS_MIN_S == 2.0
+    clock, calls = Clock(), []
+    monkeypatch.setattr(rates, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr("cqg_ray.llm.engines.llamacpp.LlamaCppBackend", stand_in(clock, 0.05, calls, seconds_a_pair))
+    timed = rates.time_engines(LLMConfig(), LLMConfig(), answer_read=False)
+    assert [c for c in calls if c[0] == "score"] == [("score", 2), *[("score", 20)] * calls_of_20]
+    assert timed["pairs"] == (pytest.approx(20 * calls_of_20 * seconds_a_pair), 20 * calls_of_20)
+    assert rates.rates_from(timed).pairs == pytest.approx(1 / seconds_a_pair)
 
 
 def test_machine_rates_says_how_much_of_its_time_the_loads_took(monkeypatch, tmp_path):
@@ -96,3 +118,37 @@ def test_machine_rates_says_how_much_of_its_time_the_loads_took(monkeypatch, tmp
     assert said[-1].startswith("rates measured in 0 s (9 s of them the models loading, kept for the stages)")
     said.clear()
     assert rates.machine_rates(writer, answerer, say=said.append)[1].startswith("measured earlier on this machine") and said == []
+
+
+@pytest.mark.parametrize("slower, writer_share, answerer_share", [(1.0, 1.0, 1.0), (0.5, 1.0, 0.5), (2.0, 0.5, 1.0)])
+def test_every_rate_is_taken_at_the_slower_host_of_the_writers_two_reads(monkeypatch, slower, writer_share, answerer_share):
+    """The writer (kept loaded) reads its prompt once more after the answerer's pairs. A host twice as fast from the
+    answerer's timing on (costs x 0.5) gives pairs at half their timed rate and the writer's as timed; a host half as
+    fast (x 2) gives the writer's rates halved and the pairs as timed; a steady host, all as timed. host_speed is the
+    later read's rate over the earlier's."""
+    clock, calls = Clock(slower_from_scoring=slower), []
+    monkeypatch.setattr(rates, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr("cqg_ray.llm.engines.llamacpp.LlamaCppBackend", stand_in(clock, 0.05, calls))
+    writer = LLMConfig()
+    writer.llamacpp.model = "bundled:qwen2.5-coder-1.5b"
+    kept = []
+    timed = rates.time_engines(writer, LLMConfig(), keep=kept.append, answer_read=False)
+    assert len(kept) == 2 and calls[-1] == ("generate", 1, 1)  # the read again, on the kept writer, after the pairs
+    assert timed["read_again"] == (pytest.approx(0.05 * 100 * slower), 100)
+    r = rates.rates_from(timed)
+    assert r.host_speed == pytest.approx(1 / slower)
+    assert r.read == pytest.approx(100 / 5.0 * writer_share) and r.write == pytest.approx(4 / 0.05 * writer_share)
+    assert r.pairs == pytest.approx(1 / (0.03 * slower) * answerer_share)
+
+
+def test_without_the_writer_loaded_after_the_answerer_the_rates_are_as_timed(monkeypatch):
+    """Two models and nothing kept: the writer is closed before the answerer loads, so there is no second read."""
+    clock, calls = Clock(slower_from_scoring=0.5), []
+    monkeypatch.setattr(rates, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr("cqg_ray.llm.engines.llamacpp.LlamaCppBackend", stand_in(clock, 0.05, calls))
+    writer = LLMConfig()
+    writer.llamacpp.model = "bundled:qwen2.5-coder-1.5b"
+    timed = rates.time_engines(writer, LLMConfig(), answer_read=False)
+    assert "read_again" not in timed and calls[-1] == "close"
+    r = rates.rates_from(timed)
+    assert r.host_speed is None and r.pairs == pytest.approx(1 / (0.03 * 0.5))
