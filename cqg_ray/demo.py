@@ -129,8 +129,10 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
 
 
 def host_note(host_speed: float | None) -> str:
-    """A word on a host whose speed changed under the rates' measurement (more than 10%), or nothing."""
-    if host_speed is None or abs(host_speed - 1) <= 0.1:
+    """A word on a host whose speed changed under the rates' measurement (`rates.host_changed`), or nothing."""
+    from cqg_ray.llm.rates import host_changed
+
+    if not host_changed(host_speed):
         return ""
     return f"; the host ran {host_speed:.2f}x as fast after the writer's timings as during them: all rates at the slower"
 

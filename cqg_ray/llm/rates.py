@@ -39,7 +39,7 @@ class Rates:
     writer_load: float | None = None  # seconds for the writer to load and answer its first prompt (paid where it is loaded again)
     answerer_load: float | None = None  # the same for the answerer
     host_speed: float | None = None  # the writer's read rate timed after the answerer's work as a share of the one before
-    # it (`rates_from`: the rates above are taken down to the slower of the two; None: the writer was not loaded then)
+    # it (`rates_from`: beyond `HOST_CHANGE` the rates above are taken down to the slower; None: the writer was not loaded then)
 
 
 WRITE_TOKENS = 9  # tokens a timed sequence writes: the write rate is the 8 decoding steps after the first (which the reading gives)
@@ -47,6 +47,9 @@ REPEAT_UNDER_S = 8.0  # the writer's timings are taken a second time where their
 # on the cores is a large share of a short timing, a small one of a long timing, where a second round would cost seconds
 PAIRS_MIN_S = 2.0  # the answerer's pairs are timed over calls of 20 until this long: one ~0.4 s call on a fast CPU read
 # 2-3x the rate the probes then ran at (an Intel AMX host, 2026-12-06); on an AVX2 host one call takes this long already
+HOST_CHANGE = 1.3  # the writer's two reads differ by more than this factor: the host changed speed between them. Under
+# the AVX2 cap on an Intel AMX host the later read was steadily 0.84 of the first (the faster of two rounds, where the
+# later is one read just after the answerer's threads ran); the host's own phases were 2-3x
 WRITE_BATCH = 4  # sequences decoded together for the write rate (the demo decodes up to llamacpp.batch_generate: more
 # sequences write more tokens a second, so the rate at 4 is a floor for the demo's 8-16 prompts, and ~4x the work of one)
 
@@ -64,22 +67,29 @@ def measure_rates(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], 
 
 def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
     """`Rates` from `time_engines`' (seconds, count) per measure (``write_batch``: (sequences, sequences); no
-    ``answer_read``: None). With ``read_again`` (the writer's read timed once more after the answerer's work) every rate
-    is taken at the slower host of the two moments: the writer's by its own read's share of the slower read, the
-    answerer's by the later read's. A host whose speed changes under the measurement (an Intel AMX host read 146-178 and
-    425-469 tokens/s within a minute, its pairs 44-47 and 67-82 with them) otherwise mixes one moment's writer with
-    another's answerer: one demo sized its probes on 60 pairs/s beside a read of 192, and they ran at 21.9."""
+    ``answer_read``: None). With ``read_again`` (the writer's read timed once more after the answerer's work) differing
+    from the first read by more than `HOST_CHANGE`, every rate is taken at the slower host of the two moments: the
+    writer's by its own read's share of the slower read, the answerer's by the later read's. A host whose speed changes
+    under the measurement (an Intel AMX host read 146-178 and 425-469 tokens/s within a minute, its pairs 44-47 and
+    67-82 with them) otherwise mixes one moment's writer with another's answerer: one demo sized its probes on 60
+    pairs/s beside a read of 192, and they ran at 21.9."""
     (read_s, read), (write_s, wrote), (pairs_s, pairs) = (timed[k] for k in ("read", "write", "pairs"))
     answer_s, answer = timed.get("answer_read", (None, None))
     before = read / read_s
     after = timed["read_again"][1] / timed["read_again"][0] if "read_again" in timed else before
     slower = min(before, after)
-    w, a = slower / before, slower / after  # the writer's and the answerer's rates, taken down to the slower moment
+    # the writer's and the answerer's rates, taken down to the slower moment where the host changed speed
+    w, a = (slower / before, slower / after) if host_changed(after / before) else (1.0, 1.0)
     return Rates(read=before * w, write=max(wrote, 1) / max(write_s, 1e-3) * w, pairs=pairs / pairs_s * a,
                  answer_read=answer / answer_s * a if answer_s else None,
                  write_batch=int(timed["write_batch"][1]), writer_load=round(timed["writer_load"][0], 1),
                  answerer_load=round(timed["answerer_load"][0], 1),
                  host_speed=round(after / before, 3) if "read_again" in timed else None)
+
+
+def host_changed(host_speed: float | None) -> bool:
+    """Whether the writer's later read rate, as a share of its first (`Rates.host_speed`), says the host changed speed."""
+    return host_speed is not None and not 1 / HOST_CHANGE <= host_speed <= HOST_CHANGE
 
 
 def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], None] | None = None,

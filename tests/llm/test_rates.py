@@ -120,12 +120,14 @@ def test_machine_rates_says_how_much_of_its_time_the_loads_took(monkeypatch, tmp
     assert rates.machine_rates(writer, answerer, say=said.append)[1].startswith("measured earlier on this machine") and said == []
 
 
-@pytest.mark.parametrize("slower, writer_share, answerer_share", [(1.0, 1.0, 1.0), (0.5, 1.0, 0.5), (2.0, 0.5, 1.0)])
+@pytest.mark.parametrize("slower, writer_share, answerer_share", [(1.0, 1.0, 1.0), (0.5, 1.0, 0.5), (2.0, 0.5, 1.0),
+                                                                     (1.25, 1.0, 1.0), (0.8, 1.0, 1.0)])
 def test_every_rate_is_taken_at_the_slower_host_of_the_writers_two_reads(monkeypatch, slower, writer_share, answerer_share):
     """The writer (kept loaded) reads its prompt once more after the answerer's pairs. A host twice as fast from the
     answerer's timing on (costs x 0.5) gives pairs at half their timed rate and the writer's as timed; a host half as
-    fast (x 2) gives the writer's rates halved and the pairs as timed; a steady host, all as timed. host_speed is the
-    later read's rate over the earlier's."""
+    fast (x 2) gives the writer's rates halved and the pairs as timed; a steady host, or one within HOST_CHANGE (1.3x:
+    0.8x and 1.25x here), all as timed. host_speed is the later read's rate over the earlier's."""
+    assert rates.HOST_CHANGE == 1.3
     clock, calls = Clock(slower_from_scoring=slower), []
     monkeypatch.setattr(rates, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
     monkeypatch.setattr("cqg_ray.llm.engines.llamacpp.LlamaCppBackend", stand_in(clock, 0.05, calls))
