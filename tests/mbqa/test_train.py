@@ -234,6 +234,26 @@ def test_a_ray_train_run_whose_snapshot_a_kill_cut_resumes_from_its_newest_whole
     assert checkpoint_without_snapshot(str(run)) is None  # none loads: Train starts from scratch
 
 
+def test_a_cut_snapshot_on_a_remote_filesystem(tmp_path, monkeypatch):
+    """The same rule through a filesystem that is not the local one (a URI's): the snapshot read and deleted there,
+    the checkpoints loaded from copies, the one named by its URI."""
+    from pyarrow import fs as pafs
+
+    from cqg_ray.mbqa import checkpoint, train
+
+    remote = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    for module in (checkpoint, train):
+        monkeypatch.setattr(module, "resolve", lambda folder: (remote, "bucket/run"))
+    heads = StackedHeads(4, 3, 2)
+    opt = make_optimizer(heads, TrainConfig())
+    for name, epoch in (("checkpoint_2026-12-06_10-00-01.000001", 2), ("checkpoint_2026-12-06_10-00-02.000002", 3)):
+        save_checkpoint(str(tmp_path / "bucket" / "run" / name), heads, opt, epoch)
+    (tmp_path / "bucket" / "run" / "checkpoint_2026-12-06_10-00-02.000002" / "state.json").write_text('{"epo')
+    (tmp_path / "bucket" / "run" / train.SNAPSHOT).write_text("")
+    assert train.checkpoint_without_snapshot("s3://bucket/run/") == "s3://bucket/run/checkpoint_2026-12-06_10-00-01.000001"
+    assert not (tmp_path / "bucket" / "run" / train.SNAPSHOT).exists()
+
+
 def test_auto_trains_one_worker_in_a_task_and_more_with_ray_train():
     from cqg_ray.mbqa.train import trainer_kind
 
