@@ -16,7 +16,6 @@ sampling).
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections import Counter
@@ -52,15 +51,33 @@ def unwrap_error(err: BaseException, kind: type[BaseException]) -> BaseException
     return err
 
 
+def parse_files(items: list[dict], cfg_json: str, parts_uri: str) -> list[dict]:
+    """`_parse_one` for every file, as Ray tasks of one CPU with at most twice the cluster's CPUs in flight; the tallies
+    in file order. Plain tasks: Ray Data's map over the same files cost ~2 s more on 2 cores (4.6-5.8 s for ~2.7 s of
+    parsing one file)."""
+    import ray
+
+    parse = ray.remote(_parse_one).options(num_cpus=1)
+    window = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+    pending, tallies = [], []
+    for item in items:
+        if len(pending) >= window:
+            done, pending = ray.wait(pending, num_returns=1)
+            tallies += ray.get(done)
+        pending.append(parse.remote(item, cfg_json, parts_uri))
+    tallies += ray.get(pending)
+    return sorted(tallies, key=lambda t: t["index"])
+
+
 def _parse_one(row: dict, cfg_json: str, parts_uri: str) -> dict:
-    """Ray Data map: parse one file, write its rows to a part file, return the tally."""
+    """A Ray task: parse one file, write its rows to a part file, return the tally."""
     cfg = CorpusConfig.model_validate_json(cfg_json)
     uri, fmt, idx = row["uri"], row["format"], int(row["index"])
     res = parse_file(read_bytes(uri), fmt, uri, cfg)
     table = rows_table(res, uri, cfg.dedup)
     run = RunDir(parts_uri)
     run.write_table(f"part-{idx:06d}.parquet", table)
-    return {"uri": uri, "rows": table.num_rows, "dropped": json.dumps(dict(res.dropped)), "errors": json.dumps(res.errors)}
+    return {"uri": uri, "index": idx, "rows": table.num_rows, "dropped": dict(res.dropped), "errors": list(res.errors)}
 
 
 KEY = "_sample_key"  # the sample key column, while the corpus is sampled
@@ -203,15 +220,15 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
     cfg_json = cfg.model_dump_json()
     parts_uri = run.uri(parts_rel)
     try:
-        tallies = ray.data.from_items(items).map(_parse_one, fn_kwargs={"cfg_json": cfg_json, "parts_uri": parts_uri}).take_all()
+        tallies = parse_files(items, cfg_json, parts_uri)
     except Exception as e:  # a CorpusError inside a Ray task arrives wrapped; give the user the plain message
         raise unwrap_error(e, CorpusError) from None
 
     dropped: Counter = Counter()
     errors: list[str] = []
     for t in tallies:
-        dropped.update(json.loads(t["dropped"]))
-        errors.extend(json.loads(t["errors"]))
+        dropped.update(t["dropped"])
+        errors.extend(t["errors"])
     for e in errors[:MAX_REPORTED_ERRORS]:
         log.warning("prepare: %s", e)
     if dropped.get("utf8_replaced"):  # kept, but maybe not what the file meant (another encoding, binary)
