@@ -231,6 +231,27 @@ def test_prepare_bad_input(ray_local, tmp_path, caplog):
     assert t.column("doc_id").to_pylist() == sorted(t.column("doc_id").to_pylist())
 
 
+def test_more_files_than_tasks_in_flight_are_parsed_and_reported_in_file_order(ray_local, tmp_path):
+    """parse_files keeps at most twice the cluster's CPUs of parse tasks in flight: 9 files on this 2-CPU Ray wait
+    for each other, and their tallies (errors, rows) come back in the files' order."""
+    import ray
+
+    from cqg_ray.corpus.stage import parse_files
+
+    assert ray.cluster_resources()["CPU"] * 2 < 9
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(9):
+        (src / f"f{i}.jsonl").write_text("".join(json.dumps({"text": f"text {j} of file {i}"}) + "\n" for j in range(i + 1)) + "{oops\n")
+    items = [{"uri": str(src / f"f{i}.jsonl"), "format": "jsonl", "index": i} for i in range(9)]
+    tallies = parse_files(items, CorpusConfig(paths=[str(src)]).model_dump_json(), str(tmp_path / "parts"))
+    assert [t["index"] for t in tallies] == list(range(9)) and [t["rows"] for t in tallies] == list(range(1, 10))
+    assert [t["errors"] for t in tallies] == [[f"{src}/f{i}.jsonl:{i + 2}: invalid JSON (Expecting property name enclosed in "
+                                               "double quotes at column 2)"] for i in range(9)]
+    assert [t["dropped"] for t in tallies] == [{"bad_json": 1}] * 9
+    assert sorted(p.name for p in (tmp_path / "parts").iterdir()) == [f"part-{i:06d}.parquet" for i in range(9)]
+
+
 def test_a_failed_prepares_parts_do_not_enter_the_next_corpus(ray_local, tmp_path):
     """A prepare that stops on a bad file leaves the parts of the files it had read; the next prepare of the run, with
     other paths, holds its own files' rows only."""
