@@ -252,6 +252,31 @@ def test_more_files_than_tasks_in_flight_are_parsed_and_reported_in_file_order(r
     assert sorted(p.name for p in (tmp_path / "parts").iterdir()) == [f"part-{i:06d}.parquet" for i in range(9)]
 
 
+def test_a_bad_file_stops_every_parse_task_before_the_error_reaches_the_caller(ray_local, tmp_path):
+    """The first file is not Parquet: parse_files raises its CorpusError only once the parse tasks still in flight
+    have ended, so no part appears after the caller has the error (the next prepare deletes the parts it finds, and a
+    task still writing would put an old file's rows into the new corpus)."""
+    import time
+
+    from cqg_ray.corpus.stage import parse_files, unwrap_error
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.parquet").write_bytes(b"PAR1 not parquet")
+    for i in range(1, 9):
+        (src / f"f{i}.jsonl").write_text("".join(json.dumps({"text": f"text {j} of file {i}"}) + "\n" for j in range(100_000)))
+    items = [{"uri": str(src / "a.parquet"), "format": "parquet", "index": 0}]
+    items += [{"uri": str(src / f"f{i}.jsonl"), "format": "jsonl", "index": i} for i in range(1, 9)]
+    parts = tmp_path / "parts"
+    with pytest.raises(Exception) as err:
+        parse_files(items, CorpusConfig(paths=[str(src)]).model_dump_json(), str(parts))
+    assert isinstance(unwrap_error(err.value, CorpusError), CorpusError)
+    at_error = sorted(p.name for p in parts.iterdir()) if parts.exists() else []
+    time.sleep(3.0)  # a parse of one of these files takes ~1 s here
+    assert (sorted(p.name for p in parts.iterdir()) if parts.exists() else []) == at_error
+    assert len(at_error) < 8  # the error stopped the files after it
+
+
 def test_a_failed_prepares_parts_do_not_enter_the_next_corpus(ray_local, tmp_path):
     """A prepare that stops on a bad file leaves the parts of the files it had read; the next prepare of the run, with
     other paths, holds its own files' rows only."""
