@@ -219,6 +219,14 @@ def spent_before_questions(run) -> float:
     return sum(float((run.manifest(n) or {}).get("seconds", 0.0)) for n in stages_before_questions())
 
 
+def encode_pace(run) -> float | None:
+    """The encode stage's corpus bytes a unit-second in this run (`Rates.pace`), where it encoded every text now."""
+    c = (run.manifest("encode") or {}).get("counts", {})
+    if not c.get("unit_seconds") or c.get("encoded_now") != c.get("documents"):
+        return None
+    return round(c["corpus_bytes"] / c["unit_seconds"], 1)
+
+
 def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> dict:
     """The run directory's sizing, decided once (SIZED), after the stages before the questions (the sized keys change
     none of them): on a first run, the engines' rates (measured, or reused) and `size_demo` for what is left of
@@ -244,7 +252,7 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
 
         writer = writer_llm(cfg)
         rates, source = machine_rates(writer, cfg.llm, say=lambda line: print(f"demo sizing: {line}", flush=True), keep=keep_backend,
-                                      answer_read=False)  # the sizing does not use it
+                                      answer_read=False, pace=encode_pace(run))  # the sizing does not use answer_read
         spent = spent_before_questions(run) + time.perf_counter() - t0
         # the stages answer with the demo's engines, loaded once (demo_engines): the measurement's, else loaded by the stages
         loads = 0.0 if source == "measured now" else (rates.writer_load or 0.0) + (rates.answerer_load or 0.0)

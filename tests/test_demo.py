@@ -97,6 +97,19 @@ def test_the_reason_says_where_the_host_changed_speed_under_the_measurement():
                            "all rates at the slower)")
 
 
+def test_the_encode_stages_pace_is_read_where_it_encoded_every_text_now(tmp_path):
+    from cqg_ray.demo import encode_pace
+    from cqg_ray.rundir import MANIFEST, RunDir
+
+    run = RunDir(str(tmp_path / "run"))
+    assert encode_pace(run) is None  # no encode yet
+    counts = {"documents": 3000, "encoded_now": 3000, "unit_seconds": 4.11, "corpus_bytes": 295596}
+    run.write_json(f"encode/{MANIFEST}", {"stage": "encode", "counts": counts, "seconds": 7.5})
+    assert encode_pace(run) == 71921.2  # the Intel AMX host's demo of 2026-12-06 that measured its rates
+    run.write_json(f"encode/{MANIFEST}", {"stage": "encode", "counts": {**counts, "encoded_now": 1000}, "seconds": 3.0})
+    assert encode_pace(run) is None  # resumed: its unit-seconds cover a part of the bytes
+
+
 def test_generation_is_sized_as_the_writer_works_through_its_calls():
     """generation_s: every prompt's own tokens read, the common prefix once a wave, and LONGEST_REPLY_TOKENS decoding
     steps a wave, a step of b sequences taking the timed step (write_batch / write) and DECODE_TOKEN_COST tokens'
@@ -248,7 +261,7 @@ def test_the_sizing_is_decided_once_per_run_directory_and_set_keys_win(tmp_path,
     assert measured == [1] and record["rates_from"] == "measured now"
     # the sizing does not use the answerer's long-prompt read (`cqg-ray plan` does): the demo does not time it
     assert record["rates"] == {"read": 50, "write": 10, "pairs": 6, "answer_read": None, "write_batch": 4, "writer_load": 10,
-                               "answerer_load": 5, "host_speed": 1.0}
+                               "answerer_load": 5, "host_speed": 1.0, "pace": None}  # no encode manifest: no pace
     # p_e was set: the probes stay, and the negatives and labels are lowered instead
     assert record["overrides"] == {"cqg.max_clusters": 16, "cqg.p_p": 10, "cqg.p_h": 6, "cqg.n_h": 6, "cqg.n_e": 6, **L30}
     assert [(c.cqg.max_clusters, c.cqg.p_p, c.cqg.p_h, c.cqg.p_e, c.label.n_cluster) for c in ran] == [(16, 10, 6, 1, 15)] * 2

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
 from cqg_ray import progress
@@ -40,6 +40,8 @@ class Rates:
     answerer_load: float | None = None  # the same for the answerer
     host_speed: float | None = None  # the writer's read rate timed after the answerer's work as a share of the one before
     # it (`rates_from`: beyond `HOST_CHANGE` the rates above are taken down to the slower; None: the writer was not loaded then)
+    pace: float | None = None  # the host's pace on other work when these were measured (the demo: its encode stage's
+    # corpus bytes a unit-second); a later run at a pace slower by more than `HOST_CHANGE` takes them down (`at_pace`)
 
 
 WRITE_TOKENS = 9  # tokens a timed sequence writes: the write rate is the 8 decoding steps after the first (which the reading gives)
@@ -90,6 +92,18 @@ def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
 def host_changed(host_speed: float | None) -> bool:
     """Whether the writer's later read rate, as a share of its first (`Rates.host_speed`), says the host changed speed."""
     return host_speed is not None and not 1 / HOST_CHANGE <= host_speed <= HOST_CHANGE
+
+
+def at_pace(rates: Rates, pace: float | None) -> Rates:
+    """Kept rates for a run whose host works at ``pace`` (`Rates.pace`'s measure): where that is slower than the pace
+    they were measured at by more than `HOST_CHANGE`, every rate taken down by the ratio; else as they are. The Intel
+    AMX host's demo encoded at 71.9k bytes a unit-second when its rates were measured, and at 37.1k in a later demo
+    that reused them, whose generation, probes and labels then took 1.7-2.3x as long (36.4k in a third, as slow)."""
+    if pace is None or rates.pace is None or not host_changed(pace / rates.pace) or pace > rates.pace:
+        return rates
+    share = pace / rates.pace
+    return replace(rates, read=rates.read * share, write=rates.write * share, pairs=rates.pairs * share,
+                   answer_read=rates.answer_read * share if rates.answer_read else None)
 
 
 def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], None] | None = None,
@@ -180,14 +194,15 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], N
 
 
 def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], None] | None = None,
-                  keep: Callable[[Any], None] | None = None, answer_read: bool = True) -> tuple[Rates, str]:
+                  keep: Callable[[Any], None] | None = None, answer_read: bool = True, pace: float | None = None) -> tuple[Rates, str]:
     """`measure_rates`, or the rates an earlier run measured on this machine with the same models and engines (kept in
     the model cache's demo-rates.json, keyed by the CPU's `cpu_signature`: another CPU kind behind the same model name,
     or the AVX2 cap, measures anew); and where they come from. Rates kept without ``write_batch`` or the loads,
-    without ``answer_read`` where it is asked for (``answer_read``: `time_engines`), or without ``host_speed`` where
-    ``keep`` lets it be timed, are measured again. ``say``: told
+    without ``answer_read`` where it is asked for (``answer_read``: `time_engines`), without ``host_speed`` where
+    ``keep`` lets it be timed, or without a pace where this run has one, are measured again. ``say``: told
     what is measured before the models load, and how long it took (the demo prints it). ``keep``: handed the backends
-    a measurement loaded (`time_engines`; rates reused load none)."""
+    a measurement loaded (`time_engines`; rates reused load none). ``pace``: the host's pace on other work now
+    (`Rates.pace`), kept with rates measured now and applied to rates reused (`at_pace`)."""
     from cqg_ray.hardware import available_cpus, cpu_signature
     from cqg_ray.llm.base import resolve_engine
     from cqg_ray.cache import cache_root
@@ -206,13 +221,16 @@ def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], N
         except TypeError:
             rates = None
         if (rates is not None and None not in (rates.write_batch, rates.writer_load, rates.answerer_load)
-                and not (answer_read and rates.answer_read is None) and not (keep and rates.host_speed is None)):
-            return rates, f"measured earlier on this machine ({path})"
+                and not (answer_read and rates.answer_read is None) and not (keep and rates.host_speed is None)
+                and not (pace is not None and rates.pace is None)):
+            now = at_pace(rates, pace)
+            slower = f", taken to this run's pace ({pace / rates.pace:.2f} of theirs)" if now is not rates else ""
+            return now, f"measured earlier on this machine ({path}){slower}"
     if say:
         say(f"measuring this machine's LLM rates, once (kept in {path}): the writer {writer.llamacpp.model} on {engines[0]} and "
             f"the answerer {ll.model} on {engines[1]} load, then read, write and answer a few short prompts")
     t0 = time.perf_counter()
-    rates = measure_rates(writer, answerer, keep, answer_read)
+    rates = replace(measure_rates(writer, answerer, keep, answer_read), pace=pace)
     if say:
         loads = rates.writer_load + (rates.answerer_load if answerer != writer else 0.0)
         say(f"rates measured in {time.perf_counter() - t0:.0f} s ({loads:.0f} s of them the models loading"

@@ -1,5 +1,6 @@
 """time_engines' rounds and machine_rates' message, on a stand-in engine whose calls advance a stand-in clock."""
 
+import json
 import types
 
 import pytest
@@ -154,3 +155,37 @@ def test_without_the_writer_loaded_after_the_answerer_the_rates_are_as_timed(mon
     assert "read_again" not in timed and calls[-1] == "close"
     r = rates.rates_from(timed)
     assert r.host_speed is None and r.pairs == pytest.approx(1 / (0.03 * 0.5))
+
+
+def test_kept_rates_are_taken_down_to_a_slower_pace_of_the_host():
+    """Rates measured at pace 71.9k (the encode stage's bytes a unit-second then) reused at 37.1k: every rate x 0.516
+    (the Intel AMX host's two demos); at 60k (within HOST_CHANGE), at a faster pace, or without either pace, as kept."""
+    kept = rates.Rates(read=432.0, write=24.7, pairs=64.4, answer_read=500.0, write_batch=4, writer_load=5.4, answerer_load=2.4,
+                       host_speed=0.955, pace=71_900.0)
+    share = 37_100.0 / 71_900.0
+    assert rates.at_pace(kept, 37_100.0) == rates.Rates(read=432.0 * share, write=24.7 * share, pairs=64.4 * share,
+                                                        answer_read=500.0 * share, write_batch=4, writer_load=5.4,
+                                                        answerer_load=2.4, host_speed=0.955, pace=71_900.0)
+    for pace in (60_000.0, 140_000.0, None):
+        assert rates.at_pace(kept, pace) is kept
+    assert rates.at_pace(rates.Rates(read=1.0, write=1.0, pairs=1.0), 10.0).pairs == 1.0  # kept without a pace
+
+
+def test_machine_rates_keep_the_pace_they_were_measured_at_and_say_when_they_take_rates_down(monkeypatch, tmp_path):
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None, answer_read=True: rates.Rates(
+        read=400.0, write=24.0, pairs=50.0, write_batch=4, writer_load=6.3, answerer_load=3.0, host_speed=1.0))
+    answerer = LLMConfig()
+    answerer.llamacpp.cache_dir = str(tmp_path)
+    measured, source = rates.machine_rates(answerer, answerer, keep=lambda m: None, answer_read=False, pace=70_000.0)
+    assert source == "measured now" and measured.pace == 70_000.0 and measured.pairs == 50.0
+    reused, source = rates.machine_rates(answerer, answerer, keep=lambda m: None, answer_read=False, pace=35_000.0)
+    assert source.endswith("demo-rates.json), taken to this run's pace (0.50 of theirs)") and source.startswith("measured earlier")
+    assert (reused.read, reused.write, reused.pairs, reused.pace) == (200.0, 12.0, 25.0, 70_000.0)
+    same, source = rates.machine_rates(answerer, answerer, keep=lambda m: None, answer_read=False, pace=65_000.0)
+    assert same == measured and source.endswith("demo-rates.json)")
+    # rates kept without a pace are measured again where this run has one (and reused where it has none)
+    path = tmp_path / "demo-rates.json"
+    path.write_text(json.dumps({k: {**v, "pace": None} for k, v in json.loads(path.read_text()).items()}))
+    assert rates.machine_rates(answerer, answerer, keep=lambda m: None, answer_read=False)[1].startswith("measured earlier")
+    again, source = rates.machine_rates(answerer, answerer, keep=lambda m: None, answer_read=False, pace=35_000.0)
+    assert source == "measured now" and again.pace == 35_000.0
