@@ -47,8 +47,9 @@ class Rates:
 WRITE_TOKENS = 9  # tokens a timed sequence writes: the write rate is the 8 decoding steps after the first (which the reading gives)
 REPEAT_UNDER_S = 8.0  # the writer's timings are taken a second time where their first round took less: a neighbour's burst
 # on the cores is a large share of a short timing, a small one of a long timing, where a second round would cost seconds
-PAIRS_MIN_S = 2.0  # the answerer's pairs are timed over calls of 20 until this long: one ~0.4 s call on a fast CPU read
-# 2-3x the rate the probes then ran at (an Intel AMX host, 2026-12-06); on an AVX2 host one call takes this long already
+PAIRS_MIN_S = 2.0  # the answerer's pairs are timed over calls of 20 until this long, not one ~0.3-0.4 s call on a fast
+# CPU (an Intel AMX host's first call of 20 read ~10-15% under the calls after it, 2026-12-06); on an AVX2 host one call
+# takes this long already
 HOST_CHANGE = 1.3  # the writer's two reads differ by more than this factor: the host changed speed between them. Under
 # the AVX2 cap on an Intel AMX host the later read was steadily 0.84 of the first (the faster of two rounds, where the
 # later is one read just after the answerer's threads ran); the host's own phases were 2-3x
