@@ -78,16 +78,14 @@ def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
     pairs/s beside a read of 192, and they ran at 21.9."""
     (read_s, read), (write_s, wrote), (pairs_s, pairs) = (timed[k] for k in ("read", "write", "pairs"))
     answer_s, answer = timed.get("answer_read", (None, None))
-    before = read / read_s
-    after = timed["read_again"][1] / timed["read_again"][0] if "read_again" in timed else before
-    slower = min(before, after)
+    again_s, again = timed.get("read_again", (None, None))
+    speed = again / again_s / (read / read_s) if again_s else None  # `Rates.host_speed`
     # the writer's and the answerer's rates, taken down to the slower moment where the host changed speed
-    w, a = (slower / before, slower / after) if host_changed(after / before) else (1.0, 1.0)
-    return Rates(read=before * w, write=max(wrote, 1) / max(write_s, 1e-3) * w, pairs=pairs / pairs_s * a,
+    w, a = (min(1.0, speed), min(1.0, 1 / speed)) if host_changed(speed) else (1.0, 1.0)
+    return Rates(read=read / read_s * w, write=max(wrote, 1) / max(write_s, 1e-3) * w, pairs=pairs / pairs_s * a,
                  answer_read=answer / answer_s * a if answer_s else None,
                  write_batch=int(timed["write_batch"][1]), writer_load=round(timed["writer_load"][0], 1),
-                 answerer_load=round(timed["answerer_load"][0], 1),
-                 host_speed=round(after / before, 3) if "read_again" in timed else None)
+                 answerer_load=round(timed["answerer_load"][0], 1), host_speed=round(speed, 3) if speed else None)
 
 
 def host_changed(host_speed: float | None) -> bool:
@@ -100,7 +98,7 @@ def at_pace(rates: Rates, pace: float | None) -> Rates:
     they were measured at by more than `HOST_CHANGE`, every rate taken down by the ratio; else as they are. The Intel
     AMX host's demo encoded at 71.9k bytes a unit-second when its rates were measured, and at 37.1k in a later demo
     that reused them, whose generation, probes and labels then took 1.7-2.3x as long (36.4k in a third, as slow)."""
-    if pace is None or rates.pace is None or not host_changed(pace / rates.pace) or pace > rates.pace:
+    if pace is None or rates.pace is None or pace * HOST_CHANGE >= rates.pace:
         return rates
     share = pace / rates.pace
     return replace(rates, read=rates.read * share, write=rates.write * share, pairs=rates.pairs * share,

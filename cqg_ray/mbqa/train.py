@@ -36,7 +36,7 @@ from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.mbqa.loop import make_optimizer, run_epochs, steps_per_epoch
 from cqg_ray.mbqa.pairs import LabelPairs, split_holdout
 from cqg_ray.mbqa.train_data import arrays_dataset, shard_arrays, worker_cpus
-from cqg_ray.rundir import resolve
+from cqg_ray.rundir import RunDir
 
 log = logging.getLogger("cqg_ray")
 
@@ -266,20 +266,15 @@ def checkpoint_without_snapshot(folder: str) -> str | None:
     moment leaves it empty or cut, and the next ``fit()`` fails on it; a kill before the first snapshot of a restarted
     run leaves none. Then the newest checkpoint that loads is returned and an unreadable snapshot deleted (it holds
     nothing), so that Train starts clean and the loop resumes from that checkpoint."""
-    from pyarrow import fs as pafs
-
-    fs, root = resolve(folder)
-    path = f"{root}/{SNAPSHOT}"
-    found = fs.get_file_info(path).type == pafs.FileType.File
-    if found:
+    run = RunDir(folder)
+    if run.exists(SNAPSHOT):
         try:
-            with fs.open_input_stream(path) as f:
-                json.loads(f.read().decode("utf-8"))
+            json.loads(run.read_bytes(SNAPSHOT).decode("utf-8"))
             return None
-        except (ValueError, UnicodeDecodeError) as e:
-            log.warning("train: Ray Train's snapshot %s/%s does not read (%s: %s), as a kill while it was rewritten leaves it; "
-                        "deleting it", folder.rstrip("/"), SNAPSHOT, type(e).__name__, e)
-            fs.delete_file(path)
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            log.warning("train: Ray Train's snapshot %s does not read (%s: %s), as a kill while it was rewritten leaves it; "
+                        "deleting it", run.uri(SNAPSHOT), type(e).__name__, e)
+            run.rm(SNAPSHOT)
     newest = newest_whole_checkpoint(folder)
     if newest is None:
         return None

@@ -239,10 +239,11 @@ def test_a_cut_snapshot_on_a_remote_filesystem(tmp_path, monkeypatch):
     the checkpoints loaded from copies, the one named by its URI."""
     from pyarrow import fs as pafs
 
+    from cqg_ray import rundir
     from cqg_ray.mbqa import checkpoint, train
 
     remote = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    for module in (checkpoint, train):
+    for module in (checkpoint, rundir):
         monkeypatch.setattr(module, "resolve", lambda folder: (remote, "bucket/run"))
     heads = StackedHeads(4, 3, 2)
     opt = make_optimizer(heads, TrainConfig())
