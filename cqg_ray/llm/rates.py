@@ -45,14 +45,12 @@ class Rates:
 
 
 WRITE_TOKENS = 9  # tokens a timed sequence writes: the write rate is the 8 decoding steps after the first (which the reading gives)
-REPEAT_UNDER_S = 8.0  # the writer's timings are taken a second time where their first round took less: a neighbour's burst
-# on the cores is a large share of a short timing, a small one of a long timing, where a second round would cost seconds
 PAIRS_MIN_S = 2.0  # the answerer's pairs are timed over calls of 20 until this long, not one ~0.3-0.4 s call on a fast
 # CPU (an Intel AMX host's first call of 20 read ~10-15% under the calls after it, 2026-12-06); on an AVX2 host one call
 # takes this long already
 HOST_CHANGE = 1.3  # the writer's two reads differ by more than this factor: the host changed speed between them. Under
-# the AVX2 cap on an Intel AMX host the later read was steadily 0.84 of the first (the faster of two rounds, where the
-# later is one read just after the answerer's threads ran); the host's own phases were 2-3x
+# the AVX2 cap on an Intel AMX host the later read was steadily 0.84 of the first (then the faster of two rounds, where
+# the later is one read just after the answerer's threads ran); the host's own phases were 2-3x
 WRITE_BATCH = 4  # sequences decoded together for the write rate (the demo decodes up to llamacpp.batch_generate: more
 # sequences write more tokens a second, so the rate at 4 is a floor for the demo's 8-16 prompts, and ~4x the work of one)
 
@@ -75,14 +73,16 @@ def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
     writer's by its own read's share of the slower read, the answerer's by the later read's. A host whose speed changes
     under the measurement (an Intel AMX host read 146-178 and 425-469 tokens/s within a minute, its pairs 44-47 and
     67-82 with them) otherwise mixes one moment's writer with another's answerer: one demo sized its probes on 60
-    pairs/s beside a read of 192, and they ran at 21.9."""
+    pairs/s beside a read of 192, and they ran at 21.9. Within `HOST_CHANGE` the read is the faster of the two."""
     (read_s, read), (write_s, wrote), (pairs_s, pairs) = (timed[k] for k in ("read", "write", "pairs"))
     answer_s, answer = timed.get("answer_read", (None, None))
     again_s, again = timed.get("read_again", (None, None))
     speed = again / again_s / (read / read_s) if again_s else None  # `Rates.host_speed`
-    # the writer's and the answerer's rates, taken down to the slower moment where the host changed speed
+    # the writer's and the answerer's rates, taken down to the slower moment where the host changed speed; within the
+    # band the read is the faster of its two timings (a neighbour's burst on the cores lands in one of them)
     w, a = (min(1.0, speed), min(1.0, 1 / speed)) if host_changed(speed) else (1.0, 1.0)
-    return Rates(read=read / read_s * w, write=max(wrote, 1) / max(write_s, 1e-3) * w, pairs=pairs / pairs_s * a,
+    r = w if host_changed(speed) else max(1.0, speed or 1.0)
+    return Rates(read=read / read_s * r, write=max(wrote, 1) / max(write_s, 1e-3) * w, pairs=pairs / pairs_s * a,
                  answer_read=answer / answer_s * a if answer_s else None,
                  write_batch=int(timed["write_batch"][1]), writer_load=round(timed["writer_load"][0], 1),
                  answerer_load=round(timed["answerer_load"][0], 1), host_speed=round(speed, 3) if speed else None)
@@ -110,9 +110,8 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], N
     """(seconds, count) for each rate, after the models load: ``read``, a ~170-token prompt's tokens read; ``write``,
     the decoding steps of `WRITE_BATCH` copies of a short prompt (at most ``batch_generate``) decoded together to
     `WRITE_TOKENS` tokens each, as the engine times them apart from the prompt's reading (``progress``' ``generated`` and
-    ``generate_s``: the first token of each comes with the reading, so 8 tokens a sequence); both timed a second time,
-    interleaved, the faster kept, where the first round took under `REPEAT_UNDER_S` (a neighbour's burst on the cores
-    lands in one repeat);
+    ``generate_s``: the first token of each comes with the reading, so 8 tokens a sequence), each timed once (the read
+    is timed again last: ``read_again``);
     ``write_batch``, those sequences; ``pairs``, calls of 20 single-pass pairs answered until `PAIRS_MIN_S` have passed (at
     least one), all of them; ``answer_read``, one ~200-token
     single-pass prompt's tokens read (what a cache held is not counted; only with ``answer_read``: `cqg-ray plan`
@@ -129,13 +128,6 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], N
         done = [c for _, c in (on or model).generate_batched(reqs)]
         return time.perf_counter() - t0, done
 
-    def timed_round():  # (read seconds, tokens read, the round's seconds, decoding seconds, tokens decoded)
-        read_s, (read,) = timed(a)
-        before = progress.snapshot()
-        write_s, _ = timed(bn)
-        after = progress.snapshot()
-        return read_s, read.prompt_tokens, read_s + write_s, after["generate_s"] - before["generate_s"], after["generated"] - before["generated"]
-
     batch = max(1, min(WRITE_BATCH, writer.llamacpp.batch_generate))
     t0 = time.perf_counter()
     kept: list = []  # loaded backends for ``keep``
@@ -147,12 +139,12 @@ def time_engines(writer: LLMConfig, answerer: LLMConfig, keep: Callable[[Any], N
         # the same prompt in every sequence: each writes its WRITE_TOKENS tokens (other texts let some stop early, leaving
         # fewer sequences in the last steps); the engine times its decoding steps apart from the prompt's reading
         bn = [_prompt(RATE_TEXTS[-1:], WRITE_TOKENS)] * batch
-        runs = [timed_round()]
-        if runs[0][2] < REPEAT_UNDER_S:
-            runs.append(timed_round())
-        read_s, read, _, _, _ = min(runs, key=lambda r: r[0])
-        _, _, _, write_s, wrote = min(runs, key=lambda r: r[3] / max(r[4], 1))
-        out = {"read": (read_s, read), "write": (write_s, int(wrote)), "write_batch": (batch, batch), **loads}
+        read_s, (read,) = timed(a)
+        before = progress.snapshot()
+        timed(bn)
+        after = progress.snapshot()
+        out = {"read": (read_s, read.prompt_tokens), "write": (after["generate_s"] - before["generate_s"], int(after["generated"] - before["generated"])),
+               "write_batch": (batch, batch), **loads}
         reqs = [r for t in RATE_TEXTS for r in answer_requests(t, range(len(RATE_QUESTIONS)), RATE_QUESTIONS, "single", 20, 1)]
         t0 = time.perf_counter()
         if answerer != writer:  # the same section (the reference build's 1.5B): its model stays loaded
