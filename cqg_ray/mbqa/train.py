@@ -30,13 +30,13 @@ from ray.train import DataConfig
 
 from cqg_ray.config import TrainConfig
 from cqg_ray.log import setup_logging
-from cqg_ray.mbqa.checkpoint import (CHECKPOINT, latest_checkpoint, load_checkpoint, local_checkpoint, newest_whole_checkpoint,
-                                     save_checkpoint, write_checkpoint)
+from cqg_ray.mbqa.checkpoint import (CHECKPOINT, checkpoints, latest_checkpoint, load_checkpoint, local_checkpoint,
+                                     newest_whole_checkpoint, save_checkpoint, write_checkpoint)
 from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.mbqa.loop import make_optimizer, run_epochs, steps_per_epoch
 from cqg_ray.mbqa.pairs import LabelPairs, split_holdout
 from cqg_ray.mbqa.train_data import arrays_dataset, shard_arrays, worker_cpus
-from cqg_ray.rundir import RunDir
+from cqg_ray.rundir import RunDir, resolve
 
 log = logging.getLogger("cqg_ray")
 
@@ -282,6 +282,22 @@ def checkpoint_without_snapshot(folder: str) -> str | None:
     return newest[0]
 
 
+def drop_checkpoints_train_forgot(folder: str, before: list[str]) -> None:
+    """After a run that `checkpoint_without_snapshot` resumed has finished: delete the checkpoint folders of ``before``
+    (those in ``folder`` when it started) that Train's new snapshot does not name. Train's ``num_to_keep`` counts only
+    the checkpoints it knows of, so these would otherwise stay in storage for good."""
+    run = RunDir(folder)
+    try:
+        named = {r["checkpoint_dir_name"] for r in json.loads(run.read_bytes(SNAPSHOT).decode("utf-8"))["checkpoint_results"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("train: Ray Train's snapshot %s does not read after the run (%s: %s); its older checkpoints are kept",
+                    run.uri(SNAPSHOT), type(e).__name__, e)
+        return
+    for name in before:
+        if name not in named:
+            run.rm(name)
+
+
 def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: str, run=None) -> TrainResult:
     """Train m stacked heads on a Ray Dataset of labelled texts (`train_data.TEXT_COLUMNS`).
 
@@ -320,7 +336,9 @@ def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: 
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    config["resume_from"] = checkpoint_without_snapshot(f"{storage_path.rstrip('/')}/{name}")
+    folder = f"{storage_path.rstrip('/')}/{name}"
+    config["resume_from"] = checkpoint_without_snapshot(folder)
+    before = checkpoints(*resolve(folder)) if config["resume_from"] else []  # Train will not know of these
 
     trainer = TorchTrainer(
         _train_loop_per_worker,
@@ -336,8 +354,10 @@ def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: 
         result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError(f"training run {name} in {storage_path} finished without a checkpoint")
-    with result.checkpoint.as_directory() as folder:
-        heads, epochs = load_checkpoint(folder)
+    with result.checkpoint.as_directory() as local:
+        heads, epochs = load_checkpoint(local)
+    if before:
+        drop_checkpoints_train_forgot(folder, before)
     metrics = dict(result.metrics or {})
     return TrainResult(heads, epochs, metrics, float(metrics.get("pos_weight", 1.0)), result.checkpoint.path)
 

@@ -1,5 +1,7 @@
 """The training core without Ray: labels, shards, step layout, the loop, checkpoints, evaluation."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -232,6 +234,26 @@ def test_a_ray_train_run_whose_snapshot_a_kill_cut_resumes_from_its_newest_whole
     for name in ("checkpoint_2026-12-06_10-00-01.000001", "checkpoint_2026-12-06_10-00-02.000002"):
         (run / name / "optimizer.pt").unlink()
     assert checkpoint_without_snapshot(str(run)) is None  # none loads: Train starts from scratch
+
+
+def test_the_checkpoints_train_forgot_are_deleted_once_the_resumed_run_has_finished(tmp_path, caplog):
+    """Those that were there when the run started and the new snapshot does not name go; those it names, and any the
+    run wrote itself, stay. Where the snapshot does not read, nothing is deleted."""
+    from cqg_ray.mbqa.train import SNAPSHOT, drop_checkpoints_train_forgot
+
+    run = tmp_path / "run"
+    old = ["checkpoint_2026-12-06_10-00-01.000001", "checkpoint_2026-12-06_10-00-02.000002"]
+    new = ["checkpoint_2026-12-06_11-00-01.000001", "checkpoint_2026-12-06_11-00-02.000002"]
+    for name in old + new:
+        (run / name).mkdir(parents=True)
+        (run / name / "state.json").write_text("{}")
+    (run / SNAPSHOT).write_text("")
+    with caplog.at_level("WARNING", logger="cqg_ray"):
+        drop_checkpoints_train_forgot(str(run), old)
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == old + new and "does not read after the run" in caplog.text
+    (run / SNAPSHOT).write_text(json.dumps({"checkpoint_results": [{"checkpoint_dir_name": new[1]}, {"checkpoint_dir_name": old[1]}]}))
+    drop_checkpoints_train_forgot(str(run), old)
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [old[1], *new]
 
 
 def test_a_cut_snapshot_on_a_remote_filesystem(tmp_path, monkeypatch):

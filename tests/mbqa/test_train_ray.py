@@ -274,7 +274,8 @@ def driver_killed_and_resumed(ray_local, tmp_path_factory):
     """A training driver (and the Ray it started) SIGKILLed once its second checkpoint exists, then in this process the
     run resumed for one more epoch and started once more: (the checkpoint's epoch, the resumed result, the result of
     the start after it, the epoch counts their bars showed, [the result of one more epoch after Train's snapshot was
-    cut, the result of the finished run started again after it was cut again])."""
+    cut, the result of the finished run started again after it was cut again], each with the checkpoint folders in
+    storage after it and those Train's snapshot names)."""
     size = {"n_docs": 2000, "d": 64, "m": 200, "per_question": 600}
     tmp_path = tmp_path_factory.mktemp("sigkill")
     script = tmp_path / "driver.py"
@@ -308,7 +309,10 @@ def driver_killed_and_resumed(ray_local, tmp_path_factory):
     cut = []
     for _ in range(2):
         (run_dir / train.SNAPSHOT).write_text("")
-        cut.append(train_heads(emb, dense, cfg.model_copy(update={"epochs": done + 2}), str(tmp_path), "sigkill"))
+        result = train_heads(emb, dense, cfg.model_copy(update={"epochs": done + 2}), str(tmp_path), "sigkill")
+        on_disk = sorted(p.name for p in run_dir.iterdir() if p.is_dir() and p.name.startswith("checkpoint_"))
+        named = sorted(c["checkpoint_dir_name"] for c in json.loads((run_dir / train.SNAPSHOT).read_text())["checkpoint_results"])
+        cut.append((result, on_disk, named))
     return done, r, again, [b.shown for b in bars], cut
 
 
@@ -326,10 +330,13 @@ def test_driver_killed_with_sigkill_resumes(driver_killed_and_resumed):
 @pytest.mark.slow
 def test_a_driver_killed_while_train_rewrote_its_snapshot_resumes(driver_killed_and_resumed):
     """Ray Train rewrites its checkpoint snapshot in place: a kill in that moment leaves it empty, and Train's own
-    resume fails on it. The run resumes from its newest checkpoint, and a finished one returns its final heads."""
-    done, r, _, _, (more, finished) = driver_killed_and_resumed
+    resume fails on it. The run resumes from its newest checkpoint, a finished one returns its final heads, and the
+    checkpoints Train forgot with its snapshot are deleted once a run has finished."""
+    done, r, _, _, ((more, more_disk, more_named), (finished, finished_disk, finished_named)) = driver_killed_and_resumed
     assert more.metrics["start_epoch"] == done + 1 and more.epochs == done + 2
     assert finished.metrics["start_epoch"] == done + 2 and finished.epochs == done + 2
+    # the checkpoints Train no longer knows of (its snapshot was lost) are gone once each run has finished
+    assert more_disk == more_named and finished_disk == finished_named and len(finished_named) >= 1
     for k, v in more.heads.state_dict().items():
         assert torch.equal(finished.heads.state_dict()[k], v)
 
