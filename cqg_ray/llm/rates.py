@@ -81,8 +81,8 @@ def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
     # the writer's and the answerer's rates, taken down to the slower moment where the host changed speed; within the
     # band the read is the faster of its two timings (a neighbour's burst on the cores lands in one of them)
     w, a = (min(1.0, speed), min(1.0, 1 / speed)) if host_changed(speed) else (1.0, 1.0)
-    r = w if host_changed(speed) else max(1.0, speed or 1.0)
-    return Rates(read=read / read_s * r, write=max(wrote, 1) / max(write_s, 1e-3) * w, pairs=pairs / pairs_s * a,
+    read_rate = read / read_s * w if host_changed(speed) else max(read / read_s, again / again_s if again_s else 0.0)
+    return Rates(read=read_rate, write=max(wrote, 1) / max(write_s, 1e-3) * w, pairs=pairs / pairs_s * a,
                  answer_read=answer / answer_s * a if answer_s else None,
                  write_batch=int(timed["write_batch"][1]), writer_load=round(timed["writer_load"][0], 1),
                  answerer_load=round(timed["answerer_load"][0], 1), host_speed=round(speed, 3) if speed else None)
