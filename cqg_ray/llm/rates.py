@@ -77,11 +77,14 @@ def rates_from(timed: dict[str, tuple[float, int]]) -> Rates:
     (read_s, read), (write_s, wrote), (pairs_s, pairs) = (timed[k] for k in ("read", "write", "pairs"))
     answer_s, answer = timed.get("answer_read", (None, None))
     again_s, again = timed.get("read_again", (None, None))
-    speed = again / again_s / (read / read_s) if again_s else None  # `Rates.host_speed`
-    # the writer's and the answerer's rates, taken down to the slower moment where the host changed speed; within the
-    # band the read is the faster of its two timings (a neighbour's burst on the cores lands in one of them)
-    w, a = (min(1.0, speed), min(1.0, 1 / speed)) if host_changed(speed) else (1.0, 1.0)
-    read_rate = read / read_s * w if host_changed(speed) else max(read / read_s, again / again_s if again_s else 0.0)
+    first, later = read / read_s, again / again_s if again_s else None
+    speed = later / first if later else None  # `Rates.host_speed`
+    if host_changed(speed):  # the writer's and the answerer's rates, taken down to the slower moment
+        w, a = min(1.0, speed), min(1.0, 1 / speed)
+        read_rate = first * w
+    else:  # the read is the faster of its two timings (a neighbour's burst on the cores lands in one of them)
+        w = a = 1.0
+        read_rate = max(first, later or 0.0)
     return Rates(read=read_rate, write=max(wrote, 1) / max(write_s, 1e-3) * w, pairs=pairs / pairs_s * a,
                  answer_read=answer / answer_s * a if answer_s else None,
                  write_batch=int(timed["write_batch"][1]), writer_load=round(timed["writer_load"][0], 1),

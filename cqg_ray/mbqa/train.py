@@ -317,8 +317,8 @@ def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: 
                  cfg.num_workers, cpus, cfg.cpus_per_worker, cfg.data_cpus)
     bar = EpochBar(cfg.epochs, run)
     config = {"cfg": cfg.model_dump(mode="json"), "d": int(d), "m": int(m), "cpus": cpus, "progress": bar.queue}
+    folder = f"{storage_path.rstrip('/')}/{name}"
     if trainer_kind(cfg) == "task":
-        folder = f"{storage_path.rstrip('/')}/{name}"
         ordered = texts.copy(texts)  # the block order of a Train split (`TextSplit`)
         from ray.data import ExecutionOptions
 
@@ -336,7 +336,6 @@ def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: 
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    folder = f"{storage_path.rstrip('/')}/{name}"
     config["resume_from"] = checkpoint_without_snapshot(folder)
     before = checkpoints(*resolve(folder)) if config["resume_from"] else []  # Train will not know of these
 
