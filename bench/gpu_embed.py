@@ -19,6 +19,7 @@ repository's fixture, repeated to --texts.
    sparse output. With Ray installed and not --skip-stage, also the whole `cqg-ray embed` stage, once with its actors
    tokenizing and once with its CPU tokenizing stage before them (Ray started before both):
    ``gpu_embed_stage_vs_bare: X``, the stage as `tokenize_stage=auto` runs it on this device over the best bare.
+   (`scripts/gpu_pack.py` packs Ray for a GPU machine without it.) Where Ray fails to start, the error is printed there.
 1b. The encoder alone: ``Encoder.encode_tensor`` (sentence-transformers' loop with each mini-batch tokenized ahead on a
    thread) at each B, the best kept per dtype; with the bounds of its two parts, each alone in one thread (tokenizing
    to arrays; the model on inputs already on the device).
@@ -241,14 +242,19 @@ def main() -> None:
         except ImportError:
             print("\nthe whole embed stage: not run (Ray is not installed here)")
         else:
-            ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
             print("\nthe whole `cqg-ray embed` stage, once each (Ray started before; the actors' start-up included):")
-            for mode in ("off", "on"):
-                stage_rate = whole_stage(texts, model_dir, work, mode)
-                what = "the actors tokenize" if mode == "off" else "a CPU stage tokenizes"
-                print(f"  tokenize_stage={mode} ({what}): {stage_rate:,.0f} texts/s, {stage_rate / bare_best:.3f} of the best bare")
-                res[f"embed_stage_tokenize_{mode}_texts_per_s"] = stage_rate
-            ray.shutdown()
+            try:  # a machine where Ray does not start still gives the figures above (one lent call may be all there is)
+                ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+                for mode in ("off", "on"):
+                    stage_rate = whole_stage(texts, model_dir, work, mode)
+                    what = "the actors tokenize" if mode == "off" else "a CPU stage tokenizes"
+                    print(f"  tokenize_stage={mode} ({what}): {stage_rate:,.0f} texts/s, {stage_rate / bare_best:.3f} of the best bare")
+                    res[f"embed_stage_tokenize_{mode}_texts_per_s"] = stage_rate
+            except Exception as e:
+                print(f"  failed: {type(e).__name__}: {e}")
+                res["embed_stage_error"] = f"{type(e).__name__}: {e}"
+            finally:
+                ray.shutdown()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     res["peak_rss_gib"] = round(rss, 2)
     print(f"\npeak RSS {rss:.2f} GiB")
