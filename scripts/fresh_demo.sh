@@ -29,4 +29,5 @@ timed() {  # NAME COMMAND...: runs it with GNU time into DIR/NAME.log, prints it
 }
 timed setup bash scripts/setup.sh
 timed demo bash scripts/demo.sh --set run_dir=runs/fresh "$@"
-grep -E "^demo sizing: [0-9]|^CQG-MBQA  |^questions: |^(questions|labels|model) +done" "$dir/demo.log" | cut -c1-240 || true
+grep -E "^demo sizing: [0-9]|^(questions|labels|model) +done" "$dir/demo.log" | cut -c1-240 || true
+grep -m1 -A3 "^STS: " "$dir/demo.log" | grep "^CQG-MBQA" | sed 's/  */ /; s/^/STS-B: /' || true
