@@ -273,6 +273,13 @@ class LabelConfig(Section):
                                                        "(the paper's; paper.yaml sets it)")
     questions_per_prompt: int = Field(20, ge=1, le=100, description="questions answered per LLM prompt (paper: 20)")
     max_text_chars: int = Field(1500, ge=16)
+    model: str | None = Field(None, description="the model that labels, in place of the llm backend's model (which still probes); "
+                              "null: the llm's. What the demo's writer labelling bought its model: docs/evaluation.md "
+                              "(the labeller against the hand answers). The demo's sizing costs labels at the answerer's "
+                              "rate, so a demo that labels with a slower model runs past its minutes")
+    prompt: Literal["answer", "judge"] = Field("answer", description="single-pass labels: answer = the labelling prompt (the "
+                                               "question after the text, the reply begun); judge = the faithfulness judge's "
+                                               "prompt after its worked examples (JUDGE_SHOTS). Packed answers ask A.3's prompt")
     seed: Seed = 0
 
 
@@ -490,6 +497,9 @@ class PipelineConfig(Section):
             raise ValueError(f"cluster.n_neighbors={self.cluster.n_neighbors} < cqg.hard_neighbors={self.cqg.hard_neighbors}")
         if self.cluster.n_neighbors < self.label.neighbor_clusters:
             raise ValueError(f"cluster.n_neighbors={self.cluster.n_neighbors} < label.neighbor_clusters={self.label.neighbor_clusters}")
+        if self.label.prompt == "judge" and self.llm.answer_mode != "single":
+            raise ValueError("label.prompt=judge asks one question a prompt: it needs llm.answer_mode=single "
+                             f"(got {self.llm.answer_mode}, whose A.3 prompt packs them)")
         return self
 
 
@@ -580,6 +590,15 @@ def dump_config(cfg: PipelineConfig) -> str:
 def llm_model_name(llm: LLMConfig) -> str:
     """The model an LLM section names, for its backend."""
     return {"llamacpp": llm.llamacpp.model, "openai": llm.openai.model, "vllm": llm.vllm.model, "fake": "fake"}[llm.backend]
+
+
+def llm_with_model(llm: LLMConfig, model: str | None) -> LLMConfig:
+    """The LLM section with ``model`` in place of its backend's model (``cqg.writer_model``, ``label.model``); unchanged
+    where ``model`` is None or the backend is the fake one."""
+    if not model or llm.backend == "fake":
+        return llm
+    section = getattr(llm, llm.backend)
+    return llm.model_copy(update={llm.backend: section.model_copy(update={"model": model})})
 
 
 def llm_identity(llm: LLMConfig) -> dict[str, Any]:

@@ -107,6 +107,27 @@ def test_impossible_values():
         config_from_dict({"cluster": {"k": 50}, "corpus": {"limit": 10}})
     with pytest.raises(ConfigError, match="n_neighbors"):
         config_from_dict({"cluster": {"n_neighbors": 2}})
+    with pytest.raises(ConfigError, match="label.prompt=judge asks one question a prompt: it needs llm.answer_mode=single "
+                                          r"\(got packed, whose A.3 prompt packs them\)"):
+        config_from_dict({"label": {"prompt": "judge"}, "llm": {"answer_mode": "packed"}})
+
+
+def test_the_labeller_is_the_llm_with_label_model_in_place_of_its_model():
+    from cqg_ray.config import llm_model_name, llm_with_model
+    from cqg_ray.cqg.stage import writer_llm
+    from cqg_ray.llm.base import backend_identity
+    from cqg_ray.mbqa.label import labeller_llm
+
+    cfg = config_from_dict({"cqg": {"writer_model": "bundled:qwen2.5-coder-1.5b"}, "label": {"model": "bundled:qwen2.5-coder-1.5b"}})
+    assert llm_model_name(labeller_llm(cfg)) == "bundled:qwen2.5-coder-1.5b" != llm_model_name(cfg.llm)
+    assert labeller_llm(cfg).llamacpp.n_threads == cfg.llm.llamacpp.n_threads and labeller_llm(cfg).backend == "llamacpp"
+    # the demo keeps one engine per identity: labels by the writer's model are answered by the writer's loaded engine
+    assert backend_identity(labeller_llm(cfg)) == backend_identity(writer_llm(cfg)) != backend_identity(cfg.llm)
+    assert labeller_llm(PipelineConfig()) == PipelineConfig().llm
+    openai = config_from_dict({"llm": {"backend": "openai", "openai": {"model": "a"}}, "label": {"model": "b"}})
+    assert (llm_model_name(labeller_llm(openai)), openai.llm.openai.model) == ("b", "a")
+    fake = config_from_dict({"llm": {"backend": "fake"}})
+    assert llm_with_model(fake.llm, "b") is fake.llm
 
 
 def test_corpus_size_checks():

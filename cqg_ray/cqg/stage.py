@@ -65,13 +65,9 @@ def example_questions(c) -> list[str]:
 
 def writer_llm(cfg: PipelineConfig):
     """The LLM section that writes the questions: the run's, with ``cqg.writer_model`` in place of its model when set."""
-    llm = cfg.llm
-    if not cfg.cqg.writer_model:
-        return llm
-    if llm.backend == "fake":
-        return llm
-    section = getattr(llm, llm.backend)
-    return llm.model_copy(update={llm.backend: section.model_copy(update={"model": cfg.cqg.writer_model})})
+    from cqg_ray.config import llm_with_model
+
+    return llm_with_model(cfg.llm, cfg.cqg.writer_model)
 
 
 def keywords_of(run_root: str, c, samples: dict[int, list[str]]) -> dict[int, list[str]]:

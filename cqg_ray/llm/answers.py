@@ -3,8 +3,9 @@
     answer_requests(text, [3, 7, 9], questions, mode="single", ...)   # three single-pass requests, one per question
     answer_requests(text, [3, 7, 9], questions, mode="packed", ...)   # one A.3 request with three numbered questions
 
-``single``: one prompt per (text, question) (``single_answer_messages``), P(yes) read from one position's logits;
-every prompt about a text shares its prefix, which the engines compute once. ``packed``: the paper's A.3 prompt,
+``single``: one prompt per (text, question) (``single_answer_messages``; with ``prompt="judge"`` the faithfulness judge's
+after its worked examples, ``judge_shot_messages``), P(yes) read from one position's logits; every prompt about a text
+shares its prefix, which the engines compute once. ``packed``: the paper's A.3 prompt,
 ``per_prompt`` questions at a time, the answers decoded as "i. yes|no" lines. Each request's ``meta`` holds the
 caller's fields plus ``question_ids`` (the questions it answers, in answer order).
 """
@@ -14,16 +15,22 @@ from __future__ import annotations
 from typing import Any, Literal, Sequence
 
 from cqg_ray.llm.base import Request
-from cqg_ray.llm.prompts import SINGLE_ANSWER_PREFIX, answer_messages, chunk_questions, single_answer_messages
+from cqg_ray.llm.prompts import SINGLE_ANSWER_PREFIX, answer_messages, chunk_questions, judge_shot_messages, single_answer_messages
 
 AnswerMode = Literal["single", "packed"]
+AnswerPrompt = Literal["answer", "judge"]
 
 
 def answer_requests(text: str, question_ids: Sequence[int], questions: Sequence[str], mode: AnswerMode, per_prompt: int,
-                    max_tokens: int, meta: dict[str, Any] | None = None) -> list[Request]:
+                    max_tokens: int, meta: dict[str, Any] | None = None, prompt: AnswerPrompt = "answer") -> list[Request]:
     """The requests that answer ``questions[q]`` for each q in ``question_ids`` about ``text``."""
     meta = meta or {}
     qids = [int(q) for q in question_ids]
+    if prompt not in ("answer", "judge") or (prompt == "judge" and mode != "single"):
+        raise ValueError(f"the answer prompt must be 'answer', or 'judge' in single mode; got {prompt!r} in {mode!r} mode")
+    if mode == "single" and prompt == "judge":
+        return [Request(judge_shot_messages(text, questions[q]), max_tokens=1, yes_no=True, meta={**meta, "question_ids": [q]})
+                for q in qids]
     if mode == "single":
         return [Request(single_answer_messages(text, questions[q]), max_tokens=1, yes_no=True, answer_prefix=SINGLE_ANSWER_PREFIX,
                         meta={**meta, "question_ids": [q]}) for q in qids]

@@ -4,7 +4,8 @@ Reads questions/ (the selected questions and their source clusters), cluster/ an
 texts each question is asked about (``cqg_ray.mbqa.label_plan``: own cluster / nearest clusters / random, grouped
 by text) and asks them through the LLM layer (ledger stage ``labels``: a killed run repeats no finished call),
 in ``llm.answer_mode``: single-pass (one question per prompt, P(yes) from the logits, the text's prefix
-shared by its questions) or packed (the paper's A.3, 20 questions per prompt).
+shared by its questions) or packed (the paper's A.3, 20 questions per prompt). ``label.model`` labels with another
+model than the run's LLM (the probes keep it), ``label.prompt=judge`` with the faithfulness judge's prompt.
 
 It streams: the driver holds the plan's arrays and counters, never the requests or the results. The plan is
 written as Parquet (labels/plan/plan.parquet, one row per prompt, a row group per batch of ~10k pairs); ``cqg_ray.llm.stream``
@@ -30,15 +31,20 @@ import numpy as np
 import pyarrow as pa
 
 from cqg_ray.artifacts import Clusters, load_questions
-from cqg_ray.config import PipelineConfig
+from cqg_ray.config import PipelineConfig, llm_model_name, llm_with_model
 from cqg_ray.rundir import StageContext
 
 log = logging.getLogger("cqg_ray")
 
 
+def labeller_llm(cfg: PipelineConfig):
+    """The LLM section that labels: the run's, with ``label.model`` in place of its model when set."""
+    return llm_with_model(cfg.llm, cfg.label.model)
+
+
 def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True, engine=None, one_job: bool | None = None) -> None:
     """The stage; ``backend`` (an instance) runs it in this process, ``engine`` (a function making one) is what each Ray
-    worker answers with (default: ``make_backend(cfg.llm, in_process=True)``); ``one_job``: answer in one Ray Data job
+    worker answers with (default: ``make_backend(labeller_llm(cfg), in_process=True)``); ``one_job``: answer in one Ray Data job
     through ``engine().job`` (default: for vLLM; see ``cqg_ray.llm.stream.answer_in_one_job``)."""
     from cqg_ray.llm.base import backend_identity
     from cqg_ray.llm.backends import stage_budget
@@ -62,11 +68,12 @@ def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: b
     del plan, cl, doc_shard, doc_row
     groups = write_plan(run, f"{ctx.stage}/{PLAN}", table, batch_rows(cfg.label.questions_per_prompt))
     del table
-    log.info("label: %d questions, %d texts, %d (text, question) pairs in %d prompts (%s answers), %d batches",
-             m, n_texts, n_pairs, n_prompts, cfg.llm.answer_mode, len(groups))
+    llm = labeller_llm(cfg)
+    log.info("label: %d questions, %d texts, %d (text, question) pairs in %d prompts (%s answers, the %s prompt, %s), %d batches",
+             m, n_texts, n_pairs, n_prompts, cfg.llm.answer_mode, cfg.label.prompt, llm_model_name(llm), len(groups))
 
-    identity = backend.identity if backend is not None else backend_identity(cfg.llm)
-    done = stream_plan(LabelJob(run.root_uri, ctx.stage, "labels", cfg), groups, identity, backend=backend, engine=engine, one_job=one_job)
+    identity = backend.identity if backend is not None else backend_identity(llm)
+    done = stream_plan(LabelJob(run.root_uri, ctx.stage, "labels", cfg, llm), groups, identity, backend=backend, engine=engine, one_job=one_job)
     a, written = done["assemble"], done["written"]
     answered = np.asarray(a.get("answered", [0] * m), dtype=np.int64)
     yes = np.asarray(a.get("yes_per_question", [0] * m), dtype=np.int64)
@@ -74,7 +81,7 @@ def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: b
         "question_id": np.arange(m, dtype=np.int32), "planned": planned, "answered": answered, "yes": yes,
         "yes_rate": np.where(answered > 0, yes / np.maximum(answered, 1), np.nan)}))
     fit = fit_report(a.get("fit", {}))
-    budget = stage_budget(cfg.llm, backend)
+    budget = stage_budget(llm, backend)
     if fit["prompts_clipped"]:
         log.warning("labels: %d of %d prompts clipped to fit the context: %d characters cut", fit["prompts_clipped"], fit["prompts_checked"],
                     fit["chars_cut"])

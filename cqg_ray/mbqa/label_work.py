@@ -73,7 +73,7 @@ class LabelJob(PlanJob):
         cfg, reqs = self.cfg, []
         for i, (doc_id, qids, text) in enumerate(zip(plan.column("doc_id").to_pylist(), plan.column("question_index").to_pylist(), texts)):
             build = lambda t: answer_requests(t, qids, self.questions, cfg.llm.answer_mode, cfg.label.questions_per_prompt,  # noqa: E731
-                                              cfg.llm.max_tokens_answer, meta={"doc_id": doc_id, "row": i})
+                                              cfg.llm.max_tokens_answer, meta={"doc_id": doc_id, "row": i}, prompt=cfg.label.prompt)
             reqs.extend(self.fitter.text(clip_text(text, cfg.label.max_text_chars), build, what=f"text {doc_id}"))
         return reqs, plan
 

@@ -114,7 +114,7 @@ def memory_plan(cfg: PipelineConfig, counts: dict, dim: int, w: Workload = Workl
     add("label", "ledger index", PROCESS_BASE + requests * KEY_INDEX_BYTES, f"every ledger key of {requests:,} requests, sorted")
     add("label", "label worker", PROCESS_BASE + batch_prompts * text, f"a batch of {batch_prompts:,} prompts' texts")
     if llm_name:
-        sb, what = llm_weights(cfg, llm_name, "score" if cfg.llm.answer_mode == "single" else "generate")
+        sb, what = llm_weights(cfg, cfg.label.model or llm_name, "score" if cfg.llm.answer_mode == "single" else "generate")
         add("label", "LLM engine", PROCESS_BASE + sb + batch_prompts * text, f"{what}, a batch of texts")
     add("train", "driver", PROCESS_BASE + texts * ID_BYTES, "the labels' doc ids (held-out split)")
     add("train", f"train worker x{workers}", PROCESS_BASE + TORCH_BASE + texts / workers * d * 4 + pairs / workers * 9 + 4 * heads,

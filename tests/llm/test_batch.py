@@ -154,3 +154,17 @@ def test_pick_dtype_by_cpu_flags():
     assert pick_dtype({"avx2", "amx_bf16", "amx_tile"}) == "bfloat16"
     assert pick_dtype({"avx2", "fma"}) == "float32"
     assert LLMConfig().answer_mode == "single"
+
+
+def test_single_pass_requests_with_the_judges_prompt():
+    from cqg_ray.llm.prompts import judge_shot_messages
+
+    reqs = answer_requests("A cat sat.", [2, 0], ["Q0?", "Q1?", "Q2?"], "single", 20, 200, meta={"doc_id": "d"}, prompt="judge")
+    assert [r.meta for r in reqs] == [{"doc_id": "d", "question_ids": [2]}, {"doc_id": "d", "question_ids": [0]}]
+    assert [r.messages for r in reqs] == [judge_shot_messages("A cat sat.", "Q2?"), judge_shot_messages("A cat sat.", "Q0?")]
+    assert all(r.yes_no and r.max_tokens == 1 and r.n_answers is None and r.answer_prefix == "" for r in reqs)
+    assert reqs[0].messages[-1]["content"].endswith("Text: A cat sat.\n\nQuestion: Q2?") and len(reqs[0].messages) == 9
+    with pytest.raises(ValueError, match="'judge' in single mode; got 'judge' in 'packed' mode"):
+        answer_requests("t", [0], ["Q?"], "packed", 20, 200, prompt="judge")
+    with pytest.raises(ValueError, match="got 'shots'"):
+        answer_requests("t", [0], ["Q?"], "single", 20, 200, prompt="shots")

@@ -176,3 +176,33 @@ def test_cqg_and_label_prompts_fitted_to_a_small_context(clustered_run, corpus_f
     lc = lab["counts"]
     assert lc["prompts_checked"] == lc["prompts"] == len(small.calls) and lc["prompts_clipped"] >= 1 and lc["chars_cut"] > 0
     assert lc["longest_prompt_tokens"] > 89 and lc["pairs_labelled"] == lc["pairs_planned"]
+
+
+def test_label_stage_with_the_judges_prompt(clustered_run, corpus_file, tmp_path):
+    """label.prompt=judge: every labelling request is the faithfulness judge's prompt after its worked examples, with no
+    reply begun; the answers are read the same way, and the stage is stale against the labelling prompt's."""
+    from cqg_ray.artifacts import load_labels
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.engines.fake import FakeBackend, default_reply
+    from cqg_ray.llm.prompts import judge_shot_messages
+    from cqg_ray.mbqa.label import run_labels
+    from tests.cqg.test_stage import scripted
+
+    d = copy_clustered(clustered_run, tmp_path / "run")
+    cfg = small_config(d, corpus_file, max_clusters=4, extra={"label": {"prompt": "judge"}})
+    run = RunDir(str(d))
+    run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=FakeBackend(cfg.llm, reply=scripted), progress=False))
+    questions = run.read_table("questions/questions.parquet").column("text").to_pylist()
+    fake = FakeBackend(cfg.llm)
+    c = run_stage(run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, backend=fake, progress=False))["counts"]
+    assert c["pairs_labelled"] == c["pairs_planned"] == len(fake.calls) == len(questions) * 12
+    for r in fake.calls:
+        text = r.messages[-1]["content"].split("\n\nText: ", 1)[1].rsplit("\n\nQuestion: ", 1)[0]
+        assert r.messages == judge_shot_messages(text, questions[r.meta["question_ids"][0]])
+        assert r.yes_no and r.answer_prefix == "" and r.max_tokens == 1
+    labels = load_labels(run)
+    want = {(r.meta["doc_id"], r.meta["question_ids"][0]): default_reply(r).p_yes[0] > 0.5 for r in fake.calls}
+    assert dict(zip(zip(labels.column("doc_id").to_pylist(), labels.column("question_id").to_pylist()), labels.column("answer").to_pylist())) == want
+    answer_cfg = small_config(d, corpus_file, max_clusters=4)
+    assert stage_hash(answer_cfg, "labels") != stage_hash(cfg, "labels")
+    assert run.state("labels", stage_hash(answer_cfg, "labels"), ["questions", "cluster", "prepare"]).state == "stale"
