@@ -280,6 +280,10 @@ class LabelConfig(Section):
     prompt: Literal["answer", "judge"] = Field("answer", description="single-pass labels: answer = the labelling prompt (the "
                                                "question after the text, the reply begun); judge = the faithfulness judge's "
                                                "prompt after its worked examples (JUDGE_SHOTS). Packed answers ask A.3's prompt")
+    yes_above: float = Field(0.5, gt=0, lt=1, description="a label is yes where the labeller's P(yes) is above this (0.5: "
+                             "the likelier answer); where a labeller is too sure of no or of yes, another value trades its "
+                             "specificity for sensitivity (docs/evaluation.md). Single-pass labels only: packed answers keep "
+                             "their decoded yes/no. Labels are made again from the ledger, nothing asked again")
     seed: Seed = 0
 
 

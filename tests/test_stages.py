@@ -31,14 +31,15 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # Model when train got min_kept (0: the drop rule alone, as before; the demo's 20: its floor of questions; issue 47).
 # Questions for the demo config when it left cqg.max_clusters to its sizing (16 before; a sized run directory holds its
 # own value in demo_sizing.json, so one sized before keeps its hashes; issue 47).
-# Labels when label got model (null: the llm's, as before) and prompt ("answer": the labelling prompt, as before):
-# the same requests, so a run built before relabels from its ledger and retrains, asking nothing again.
+# Labels when label got model (null: the llm's, as before), prompt ("answer": the labelling prompt, as before) and
+# yes_above (0.5, as before): the same requests, so a run built before relabels from its ledger and retrains, asking
+# nothing again.
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
     "cluster": "2dc43e847309c883",
     "questions": "548a3b8f72f0f082",
-    "labels": "5f8b2f4f69a1fcc6",
+    "labels": "4df86b66d5d050f3",
     "model": "de762e3ea17f1d29",
     "evaluation": "867c77fd15c533d3",
 }
@@ -47,7 +48,7 @@ DEFAULT_HASHES = {
     "encode": "aa72063655ffa91f",
     "cluster": "fe2e5115535f60b6",
     "questions": "79845cec2a4834de",
-    "labels": "4d42b9b5932a73f7",
+    "labels": "f1b11134e9021234",
     "model": "b3bab030d5c3377c",
     "evaluation": "f626f5e532f60c18",
 }

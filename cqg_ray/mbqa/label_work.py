@@ -92,10 +92,12 @@ class LabelJob(PlanJob):
                 continue
             src = dict(zip(qindex[r.meta["row"]], sources[r.meta["row"]]))
             for j, q in enumerate(r.meta["question_ids"]):
+                p_yes = None if res["p_yes"] is None else res["p_yes"][j]
                 lab["doc_id"].append(r.meta["doc_id"])
                 lab["question_id"].append(q)
-                lab["answer"].append(bool(res["answers"][j]))
-                lab["p_yes"].append(None if res["p_yes"] is None else res["p_yes"][j])
+                single = r.yes_no and p_yes is not None  # single-pass: the label is P(yes) against label.yes_above
+                lab["answer"].append(p_yes > self.cfg.label.yes_above if single else bool(res["answers"][j]))
+                lab["p_yes"].append(p_yes)
                 lab["source"].append(str(SOURCES[src[q]]))
         labels = pa.table(lab, schema=LABELS_SCHEMA)
         self.write_part("labels", group, labels)

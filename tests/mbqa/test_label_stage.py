@@ -206,3 +206,32 @@ def test_label_stage_with_the_judges_prompt(clustered_run, corpus_file, tmp_path
     answer_cfg = small_config(d, corpus_file, max_clusters=4)
     assert stage_hash(answer_cfg, "labels") != stage_hash(cfg, "labels")
     assert run.state("labels", stage_hash(answer_cfg, "labels"), ["questions", "cluster", "prepare"]).state == "stale"
+
+
+def test_single_pass_labels_are_p_yes_above_label_yes_above_and_made_again_from_the_ledger(clustered_run, corpus_file, tmp_path):
+    """label.yes_above: a single-pass label is yes where P(yes) is above it; a run at another value makes its labels again
+    from the ledger, asking nothing."""
+    from cqg_ray.artifacts import load_labels
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.engines.fake import FakeBackend
+    from cqg_ray.mbqa.label import run_labels
+    from tests.cqg.test_stage import scripted
+
+    d = copy_clustered(clustered_run, tmp_path / "run")
+    cfg = small_config(d, corpus_file, max_clusters=4)
+    run = RunDir(str(d))
+    run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=FakeBackend(cfg.llm, reply=scripted), progress=False))
+    fake = FakeBackend(cfg.llm)
+    run_stage(run, "labels", stage_hash(cfg, "labels"), lambda ctx: run_labels(cfg, ctx, backend=fake, progress=False))
+    half = load_labels(run)
+    p = half.column("p_yes").to_pylist()
+    assert half.column("answer").to_pylist() == [x > 0.5 for x in p]
+    high = small_config(d, corpus_file, max_clusters=4, extra={"label": {"yes_above": 0.7}})
+    fake2 = FakeBackend(high.llm)
+    c = run_stage(run, "labels", stage_hash(high, "labels"), lambda ctx: run_labels(high, ctx, backend=fake2, progress=False))["counts"]
+    assert fake2.calls == []  # every answer came from the ledger
+    labels = load_labels(run)
+    assert labels.column("p_yes").to_pylist() == p
+    assert labels.column("answer").to_pylist() == [x > 0.7 for x in p]
+    assert 0 < sum(x > 0.7 for x in p) < sum(x > 0.5 for x in p)  # the fake's P(yes) straddle both thresholds
+    assert c["yes_rate"] == round(sum(x > 0.7 for x in p) / len(p), 4)
