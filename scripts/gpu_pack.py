@@ -8,7 +8,7 @@ no package index, and take at most 64 MiB with each command (the working tree in
 Ray's stages were never timed there. The folder holds:
 - ``site.tar.xz``: Ray (this environment's version, the target Python's wheel) and the few packages it and cqg_ray
   import that the image lacks (``MISSING``), unpacked, without what no stage here runs (``PRUNE``: Java, RLlib,
-  Serve, the LLM module, the dashboard's web page) and with the debug symbols stripped from Ray's binaries; ~28 MB;
+  Serve, the LLM module, the dashboard's web page) and with the debug symbols stripped from Ray's binaries; ~26 MiB;
 - ``minilm/``: the bundled MiniLM folder's config and tokenizer, without weights (the bench makes random ones);
 - ``texts.jsonl.gz``: the first --texts texts of the shared corpus.
 On the machine: ``tar xJf .gpu/site.tar.xz -C /tmp/site`` and ``PYTHONPATH=/tmp/site:$PWD`` (Ray's workers import
@@ -75,13 +75,13 @@ def unpack(wheels: list[Path], site: Path, strip_over: int = 1 << 20) -> tuple[i
     saved = 0
     strip = shutil.which("strip")
     for f in site.rglob("*"):
-        if strip and f.is_file() and f.stat().st_size > strip_over and is_elf(f):
-            before = f.stat().st_size
+        if not (f.is_file() and is_elf(f)):
+            continue
+        before = f.stat().st_size
+        if strip and before > strip_over:
             subprocess.run([strip, "--strip-unneeded", str(f)], check=True)
             saved += before - f.stat().st_size
-    for f in site.rglob("*"):  # Ray's binaries must stay executable
-        if f.is_file() and is_elf(f):
-            f.chmod(0o755)
+        f.chmod(0o755)  # Ray's binaries must stay executable (a zip keeps no mode)
     return kept, saved
 
 

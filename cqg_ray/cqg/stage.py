@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from cqg_ray.artifacts import Clusters, load_texts
-from cqg_ray.config import PipelineConfig, check_corpus_size
+from cqg_ray.config import PipelineConfig, check_corpus_size, llm_with_model
 from cqg_ray.cqg.jobs import ROLES
 from cqg_ray.cqg.sampling import Sample, generation_samples, probe_samples, qaemb_articles
 from cqg_ray.cqg.select import own_cluster_no, quality, quality_medians, select, text_filters
@@ -65,8 +65,6 @@ def example_questions(c) -> list[str]:
 
 def writer_llm(cfg: PipelineConfig):
     """The LLM section that writes the questions: the run's, with ``cqg.writer_model`` in place of its model when set."""
-    from cqg_ray.config import llm_with_model
-
     return llm_with_model(cfg.llm, cfg.cqg.writer_model)
 
 

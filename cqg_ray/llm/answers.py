@@ -28,12 +28,10 @@ def answer_requests(text: str, question_ids: Sequence[int], questions: Sequence[
     qids = [int(q) for q in question_ids]
     if prompt not in ("answer", "judge") or (prompt == "judge" and mode != "single"):
         raise ValueError(f"the answer prompt must be 'answer', or 'judge' in single mode; got {prompt!r} in {mode!r} mode")
-    if mode == "single" and prompt == "judge":
-        return [Request(judge_shot_messages(text, questions[q]), max_tokens=1, yes_no=True, meta={**meta, "question_ids": [q]})
+    if mode == "single":  # the judge's prompt leaves the reply unbegun; the labelling prompt begins it
+        messages, prefix = (judge_shot_messages, "") if prompt == "judge" else (single_answer_messages, SINGLE_ANSWER_PREFIX)
+        return [Request(messages(text, questions[q]), max_tokens=1, yes_no=True, answer_prefix=prefix, meta={**meta, "question_ids": [q]})
                 for q in qids]
-    if mode == "single":
-        return [Request(single_answer_messages(text, questions[q]), max_tokens=1, yes_no=True, answer_prefix=SINGLE_ANSWER_PREFIX,
-                        meta={**meta, "question_ids": [q]}) for q in qids]
     if mode != "packed":
         raise ValueError(f"answer mode must be 'single' or 'packed', got {mode!r}")
     return [Request(answer_messages(text, [questions[q] for q in chunk]), max_tokens=max(max_tokens, 8 * len(chunk)), n_answers=len(chunk),
