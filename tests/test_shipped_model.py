@@ -47,6 +47,17 @@ def test_the_shipped_folder_has_every_documented_file():
     assert sum(p.stat().st_size for p in FOLDER.rglob("*") if p.is_file()) < 50_000_000
 
 
+def test_the_shipped_config_names_the_llm_that_labelled_it():
+    """config.json's labelled_by is what the training stage records for the run_config.yaml it was built with (the
+    faithfulness task warns when its judge is that model)."""
+    from cqg_ray.config import load_config
+    from cqg_ray.mbqa.stage import labelled_by
+
+    recorded = json.loads((FOLDER / "config.json").read_text())["labelled_by"]
+    assert recorded == labelled_by(load_config(str(FOLDER / "run_config.yaml"))) == {
+        "backend": "llamacpp", "model": "bundled:qwen2.5-coder-1.5b", "answer_mode": "single", "prompt": "answer", "yes_above": 0.5}
+
+
 def test_questions_config_and_heads_agree():
     cfg = json.loads((FOLDER / "config.json").read_text())
     qs = json.loads((FOLDER / "questions.json").read_text())

@@ -22,7 +22,11 @@ Protocol (docs/evaluation.md):
    each text's answered-no and cap samples weighted by their pools (``faithfulness_old_rule_*``);
 5. the links (``links``): the labelling LLM answers the same sampled pairs with the labelling prompt; the figures say
    how often it agrees with the judge, the head (P(yes) above the threshold) with it, and the budget (shown or not)
-   with the head: which link loses how much.
+   with the head: which link loses how much;
+6. where the model records the LLM that labelled its training texts (config.json ``labelled_by``) and the judge is
+   that model (``same_model``), the result says so (``judge_is_labeller``) and the report warns: the heads learned
+   that model's answers, errors included, and it confirms them (judge 0.85-0.93 where a person found 0.53-0.70 on the
+   demo's 1.5B-labelled models: docs/evaluation.md); likewise when the links' labeller is not the model's.
 The pure core (``sample_texts``, ``sample_pools``, ``protocol_figures``, ``link_figures``, ``nearest_pairs``) takes
 arrays; ``faithfulness`` adds the model, the judge, the labeller and the ledger.
 """
@@ -133,6 +137,17 @@ def link_figures(kinds, judge_yes, labeller_yes) -> dict:
             "faithfulness_link_budget_head": agree(shown, head),
             "judge_confirms_labeller_yes": confirmed(label), "judge_confirms_head_yes": confirmed(head),
             "judge_confirms_shown": confirmed(shown)}
+
+
+def model_key(name: str) -> str:
+    """A model name as the comparison of two LLMs sees it: without ``bundled:``, a path's folders or case."""
+    return name.strip().removeprefix("bundled:").rstrip("/").rsplit("/", 1)[-1].lower()
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model names name the same model (``model_key``): e.g. bundled:qwen2.5-coder-1.5b and
+    /models/Qwen2.5-Coder-1.5B; a served model under another name is not recognised."""
+    return model_key(a) == model_key(b)
 
 
 def nearest_pairs(values: np.ndarray, k: int) -> list[tuple[int, int]]:
@@ -269,6 +284,7 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
                                "chosen_budget": budgets[rows_.index(best)].to_dict() if best else None,
                                "rows": rows_}
     kinds = {ACTIVE: "active", NO: "no", CAP: "cap"}
+    out.update(labeller_checks(getattr(model, "labelled_by", None), cfg, labelled is not None))
     out.update({
         "judge": judge_identity(cfg), "labeller": labeller_identity(cfg) if labelled is not None else None,
         "texts_in_file": len(texts), "texts": len(sample), "threshold": threshold,
@@ -287,6 +303,25 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     shared = [s["judge_a"] and s["judge_b"] for p in out["pairs"] for s in p["shared"]]
     out["pairs_shared_confirmed"] = round(float(np.mean(shared)), 4) if shared else None
     return out
+
+
+def labeller_checks(labelled_by: dict | None, cfg: FaithfulnessConfig, links: bool) -> dict[str, Any]:
+    """What the model's recorded labeller says of this judgement: ``labelled_by`` (the model's config.json record, or
+    None), ``judge_is_labeller`` (None where unknown) and ``links_labeller_differs`` (the links asked another model
+    than the one that labelled; None without links or record). Logs a warning for each."""
+    if not labelled_by:
+        return {"labelled_by": None, "judge_is_labeller": None, "links_labeller_differs": None}
+    own = labelled_by["model"]
+    is_labeller = same_model(own, llm_model_name(cfg.judge))
+    differs = (not same_model(own, llm_model_name(cfg.labeller))) if links else None
+    if is_labeller:
+        log.warning("faithfulness: the judge (%s) is the model that labelled this model's training texts: the heads learned its "
+                    "answers and it confirms them, so its yes precision overstates what a person finds (docs/evaluation.md); "
+                    "judge with another model (--judge) or check by hand (bench/hand_check.py)", llm_model_name(cfg.judge))
+    if differs:
+        log.warning("faithfulness: the links' labeller (%s) is not the model that labelled this model (%s): set "
+                    "evaluate.faithfulness.labeller to it for links that mean what they say", llm_model_name(cfg.labeller), own)
+    return {"labelled_by": labelled_by, "judge_is_labeller": is_labeller, "links_labeller_differs": differs}
 
 
 def labeller_answers(sample: list[str], picks: list[tuple[int, int, int]], records: list[dict], cfg: FaithfulnessConfig, out_dir: str,
@@ -316,7 +351,22 @@ def format_faithfulness(name: str, res: dict[str, Any]) -> str:
         f"{res.get('judged_cap_left_out', 0)} cap-left-out judgements, judge {res['judge']}"
         + (f", labeller {res['labeller']}" if res.get("labeller") else ""),
         *(f"{k}: {figure(res[k])}" for k in FIGURES + MORE_FIGURES + LINKS if k in res),
+        *caveats(res),
     ])
+
+
+def caveats(res: dict[str, Any]) -> list[str]:
+    """The warnings of ``labeller_checks`` as sentences, for the printed lines and the report."""
+    out = []
+    if res.get("judge_is_labeller"):
+        out.append(f"warning: the judge is the model that labelled this model's training texts ({res['labelled_by']['model']}): "
+                   "the heads learned its answers, errors included, and it confirms them, so the yes precision above "
+                   "overstates what a person finds; judge with another model (--judge) or check by hand "
+                   "(bench/hand_check.py, docs/evaluation.md)")
+    if res.get("links_labeller_differs"):
+        out.append(f"warning: the links asked {res['labeller']}, not the model that labelled this model "
+                   f"({res['labelled_by']['model']}): set evaluate.faithfulness.labeller to it")
+    return out
 
 
 def faithfulness_markdown(faith: dict) -> list[str]:
@@ -351,6 +401,7 @@ def faithfulness_markdown(faith: dict) -> list[str]:
                     f"budget {r.get('budget', 'tau=' + str(r.get('tau')))} (answered no: P(yes) <= {r.get('threshold')}); "
                     f"{r['texts_without_active']} texts answer no question yes; {r['active_per_text_mean']} active questions per "
                     f"text on average. {r['seconds']} s.", ""]
+            out += [x for c in caveats(r) for x in (f"**{c}**", "")]
             if r.get("budget_sweep"):
                 from cqg_ray.evaluate.faith_sweep import sweep_markdown
 

@@ -15,7 +15,8 @@ or the paper's global tau. Every surface (encode, explain, search, serve, embed,
 
 The folder (local path or any URI `cqg_ray.rundir` understands):
 
-    config.json        format, format_version, encoder (name or path), dims d, hidden, m, tau, budget, normalize, versions
+    config.json        format, format_version, encoder (name or path), dims d, hidden, m, tau, budget, normalize, versions,
+                       labelled_by (the LLM that labelled its training texts: backend, model, answer_mode, prompt, yes_above)
     questions.json     [{"id", "text", "cluster", "quality", "yes_rate", "labels", ...}, ...] in dimension order
     heads.safetensors  the stacked heads (`StackedHeads`), with d/m/hidden in its metadata
     stats.safetensors  ``mean``: each question's mean probability on the training texts (centred values)
@@ -103,6 +104,7 @@ CONFIG_TYPES = (  # config.json's fields: (key, what it must be, the check)
     ("dims", "a whole number >= 1", _count), ("hidden", "a whole number >= 1", _count), ("m", "a whole number >= 1", _count),
     ("tau", "a number in (0, 1)", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1),
     ("normalize", "true or false", lambda v: isinstance(v, bool)),
+    ("labelled_by", "an object naming a model", lambda v: isinstance(v, dict) and isinstance(v.get("model"), str)),
 )
 
 
@@ -131,6 +133,7 @@ class InterpretableEmbedder:
         self.backend = backend  # the encoder backend (cqg_ray.encoder); the heads stay torch
         self.path: str | None = None  # the folder it was loaded from
         self.loaded_config: dict = {}  # its config.json: keys this version does not write, and the versions, survive a save
+        self.labelled_by: dict | None = None  # the LLM that labelled its training texts (the training stage's), if known
         self.heads = heads.to(self.device).eval()
         self._encoder = encoder
         if encoder is not None:
@@ -201,6 +204,8 @@ class InterpretableEmbedder:
             run.write_bytes(STATS, save({"mean": self.mean}, metadata={"what": "mean probability per question on the training texts",
                                                                        "source": self.stats_source}))
             cfg["stats"] = STATS
+        if self.labelled_by is not None:
+            cfg["labelled_by"] = self.labelled_by
         kept = {k: v for k, v in self.loaded_config.items() if k not in (*cfg, "budget", "stats", "versions")}
         run.write_json("config.json", {**kept, **cfg, "versions": self.loaded_config.get("versions") or versions()})
 
@@ -255,7 +260,7 @@ class InterpretableEmbedder:
                         budget=budget, mean=mean)
         except ModelError as e:
             raise ModelError(f"{path}: {e}") from None
-        model.path, model.loaded_config = path, cfg
+        model.path, model.loaded_config, model.labelled_by = path, cfg, cfg.get("labelled_by")
         if mean is not None:
             model.stats_source = source
         if load_encoder:

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import embedding_files, load_questions
-from cqg_ray.config import PipelineConfig, stage_hash
+from cqg_ray.config import PipelineConfig, llm_model_name, llm_with_model, stage_hash
 from cqg_ray.rundir import ArtifactError, StageContext, hash_sections, reads
 
 log = logging.getLogger("cqg_ray")
@@ -139,6 +139,7 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
     model = InterpretableEmbedder(cfg.encode.model, questions, heads, tau=cfg.train.tau, eval_report=report, device="cpu",
                                   budget=model_budget(cfg), mean=(stats["prob_sum"] / stats["texts"]).astype(np.float32))
     model.stats_source = f"the {len(ids)} labelled training texts of the run"
+    model.labelled_by = labelled_by(cfg)
     model.save(run.uri(ctx.stage))
     if is_table6(report):
         print(format_report(report, title="Question answering on held-out documents (report part)"))
@@ -149,6 +150,14 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
                        "heldout_accuracy": report.get("accuracy") if isinstance(report, dict) else None})
     ctx.extra["final_metrics"] = result.metrics
     ctx.extra["wall_s"] = round(time.time() - t0, 1)
+
+
+def labelled_by(cfg: PipelineConfig) -> dict:
+    """The LLM that labelled the run's training texts, as the model folder records it (config.json ``labelled_by``):
+    the run's LLM with ``label.model`` in its place, and how it was asked."""
+    llm = llm_with_model(cfg.llm, cfg.label.model)
+    return {"backend": llm.backend, "model": llm_model_name(llm), "answer_mode": llm.answer_mode, "prompt": cfg.label.prompt,
+            "yes_above": cfg.label.yes_above}
 
 
 def operating_threshold(cfg: PipelineConfig) -> float:

@@ -8,8 +8,8 @@ import pytest
 
 from cqg_ray.config import EvaluateConfig, FaithfulnessConfig, JudgeLLMConfig, LLMConfig
 from cqg_ray.evaluate.faithfulness import (ACTIVE, CAP, FIGURES, LINKS, MORE_FIGURES, NO, answered_threshold, faithfulness,
-                                           format_faithfulness, link_figures, nearest_pairs, pools, protocol_figures, sample_pools,
-                                           sample_texts)
+                                           format_faithfulness, labeller_checks, link_figures, nearest_pairs, pools, protocol_figures,
+                                           same_model, sample_pools, sample_texts)
 from cqg_ray.llm.base import Completion
 from cqg_ray.llm.engines.fake import FakeBackend
 from cqg_ray.llm.prompts import judge_shot_messages
@@ -102,6 +102,22 @@ def test_link_figures_by_hand():
     assert f["faithfulness_link_budget_head"] == 0.8  # the CAP pair: the head says yes, the budget does not show it
     assert f["judge_confirms_labeller_yes"] == pytest.approx(2 / 3)
     assert f["judge_confirms_head_yes"] == pytest.approx(2 / 3) and f["judge_confirms_shown"] == 0.5
+
+
+def test_same_model_reads_past_bundled_folders_and_case():
+    assert same_model("bundled:qwen2.5-coder-1.5b", "/models/Qwen2.5-Coder-1.5B/")
+    assert same_model("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b-instruct")
+    assert not same_model("bundled:qwen2.5-coder-1.5b", "bundled:qwen2.5-coder-0.5b")
+
+
+def test_labeller_checks_name_a_judge_that_labelled_and_links_that_asked_another_model():
+    lab15 = {"backend": "llamacpp", "model": "bundled:qwen2.5-coder-1.5b", "answer_mode": "single", "prompt": "answer", "yes_above": 0.5}
+    cfg = FaithfulnessConfig()  # judge: the bundled 1.5B; links' labeller: the bundled 0.5B
+    assert labeller_checks(None, cfg, True) == {"labelled_by": None, "judge_is_labeller": None, "links_labeller_differs": None}
+    assert labeller_checks(lab15, cfg, True) == {"labelled_by": lab15, "judge_is_labeller": True, "links_labeller_differs": True}
+    assert labeller_checks(lab15, cfg, False)["links_labeller_differs"] is None
+    lab05 = {**lab15, "model": "bundled:qwen2.5-coder-0.5b"}
+    assert labeller_checks(lab05, cfg, True) == {"labelled_by": lab05, "judge_is_labeller": False, "links_labeller_differs": False}
 
 
 def test_nearest_pairs_by_binary_cosine_skip_texts_without_yes():
@@ -271,6 +287,25 @@ def test_evaluate_with_the_faithfulness_task_writes_figures_quality_and_the_judg
         assert any(line.startswith(f"{name}: ") for line in printed.splitlines()), name
     assert (out / "faithfulness" / "llm" / "ledger" / "faithfulness-labeller" / "_stats.json").exists()
     assert (out / "faithfulness" / "llm" / "ledger" / "faithfulness" / "_stats.json").exists()
+    assert f["judge_is_labeller"] is None and "warning" not in report  # the toy folder names no labeller
+
+
+def test_a_judge_that_labelled_the_model_is_named_in_the_figures_and_the_report(toy, tmp_path, capsys, monkeypatch):
+    from cqg_ray.evaluate.report import evaluate_model
+
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    monkeypatch.setattr(toy, "labelled_by", {"backend": "fake", "model": "fake", "answer_mode": "single", "prompt": "answer",
+                                             "yes_above": 0.5}, raising=False)
+    cfg = EvaluateConfig(tasks=["faithfulness"], faithfulness=FaithfulnessConfig(texts=[str(texts)], n=4, pairs=0,
+                                                                                judge=JudgeLLMConfig(backend="fake"), links=False))
+    res = evaluate_model({"Toy": toy}, cfg, str(tmp_path / "report"), print_table=True)
+    f = res["faithfulness"]["Toy"]["texts"]
+    assert (f["judge_is_labeller"], f["links_labeller_differs"], f["labelled_by"]["model"]) == (True, None, "fake")
+    warning = ("warning: the judge is the model that labelled this model's training texts (fake): the heads learned its "
+               "answers, errors included, and it confirms them")
+    assert warning in capsys.readouterr().out
+    assert f"**{warning}" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_cli_faithfulness_options():

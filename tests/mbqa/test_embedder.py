@@ -319,6 +319,26 @@ def test_a_budgeted_model_saves_as_version_2_and_every_output_follows_the_budget
     assert ex.budget == "top2>0.5 centred" and ex.cognitive_load <= 2
 
 
+def test_the_labeller_record_survives_a_save_and_a_bad_one_is_named(encoder, saved, tmp_path):
+    import shutil
+
+    model = make_model(encoder)
+    assert model.labelled_by is None and "labelled_by" not in json.loads((saved / "config.json").read_text())
+    model.labelled_by = {"backend": "llamacpp", "model": "bundled:qwen2.5-coder-1.5b", "answer_mode": "single", "prompt": "answer",
+                         "yes_above": 0.5}
+    model.save(str(tmp_path / "a"))
+    again = InterpretableEmbedder.load(str(tmp_path / "a"), load_encoder=False)
+    assert again.labelled_by == model.labelled_by
+    again.save(str(tmp_path / "b"))
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["labelled_by"] == model.labelled_by
+    d = tmp_path / "bad"
+    shutil.copytree(saved, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "labelled_by": "the 1.5B"}))
+    with pytest.raises(ModelError, match="labelled_by must be an object naming a model, got 'the 1.5B'"):
+        InterpretableEmbedder.load(str(d), load_encoder=False)
+
+
 def test_a_newer_format_or_a_bad_budget_is_refused(saved, tmp_path):
     import shutil
 

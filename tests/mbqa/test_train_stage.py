@@ -79,6 +79,10 @@ def test_the_model_folder_matches_the_labels_and_embeddings(trained_run):
             assert q["precision"] == round(float((mine & said & p_rep).sum() / (mine & said).sum()), 4)
     assert manifest["counts"]["pairs"] == len(pairs) and manifest["counts"]["texts"] == len(ids)
     assert model.mean == pytest.approx(model.heads.mean_probabilities(emb), abs=1e-6)
+    # the folder names the LLM that labelled it (the faithfulness task compares its judge with it)
+    assert model.labelled_by == {"backend": "fake", "model": "fake", "answer_mode": cfg.llm.answer_mode, "prompt": "answer",
+                                 "yes_above": 0.5}
+    assert json.loads(open(run.uri("model", "config.json")).read())["labelled_by"] == model.labelled_by
 
 
 def evaluate_pairs_yes(model, emb, pairs, threshold):
