@@ -434,7 +434,8 @@ class FaithfulnessConfig(Section):
     links: bool = Field(True, description="also have the labelling LLM answer the sampled pairs, to say which link loses how much "
                         "(labeller vs judge, head vs labeller, budget vs head)")
     labeller: LLMConfig = Field(default_factory=LLMConfig, description="the LLM that labelled the model's training texts, with its "
-                                "answer mode (default: the bundled Qwen2.5-Coder-0.5B, single-pass, as the demo and the shipped model)")
+                                "answer mode; left at its default (the bundled Qwen2.5-Coder-0.5B, single-pass, as the demo), the "
+                                "embedded model the model folder's labelled_by names, where it names one")
     sweep_per_text: int = Field(0, ge=0, description="the budget sweep's faithfulness axis (0: off): the judge also answers at most this "
                                 "many of each text's questions above the sweep's lowest floor, sampled at random, and every budget of "
                                 "the sweep gets its estimated yes precision (docs/evaluation.md#choosing-the-budget-by-faithfulness)")

@@ -26,7 +26,9 @@ Protocol (docs/evaluation.md):
 6. where the model records the LLM that labelled its training texts (config.json ``labelled_by``) and the judge is
    that model (``same_model``), the result says so (``judge_is_labeller``) and the report warns: the heads learned
    that model's answers, errors included, and it confirms them (judge 0.85-0.93 where a person found 0.53-0.70 on the
-   demo's 1.5B-labelled models: docs/evaluation.md); likewise when the links' labeller is not the model's.
+   demo's 1.5B-labelled models: docs/evaluation.md); likewise when the links' labeller is not the model's. The links
+   ask the recorded model where ``labeller`` is left at its default and the record names an embedded model
+   (``with_links_labeller``).
 The pure core (``sample_texts``, ``sample_pools``, ``protocol_figures``, ``link_figures``, ``nearest_pairs``) takes
 arrays; ``faithfulness`` adds the model, the judge, the labeller and the ledger.
 """
@@ -224,6 +226,7 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     from cqg_ray.rundir import RunDir
 
     t0 = time.time()
+    cfg = with_links_labeller(cfg, getattr(model, "labelled_by", None))
     rows = sample_texts(len(texts), cfg.n, seed)
     sample = [texts[i] for i in rows]
     probs = np.asarray(model.encode(sample, output="probs", progress=False), dtype=np.float32)
@@ -303,6 +306,19 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     shared = [s["judge_a"] and s["judge_b"] for p in out["pairs"] for s in p["shared"]]
     out["pairs_shared_confirmed"] = round(float(np.mean(shared)), 4) if shared else None
     return out
+
+
+def with_links_labeller(cfg: FaithfulnessConfig, labelled_by: dict | None) -> FaithfulnessConfig:
+    """``cfg`` with the links' labeller the model's own where ``evaluate.faithfulness.labeller`` is left at its default
+    and the model's record names an embedded model (its model and answer mode in the default section); else ``cfg``."""
+    from cqg_ray.config import LLMConfig
+
+    if not labelled_by or labelled_by.get("backend") != "llamacpp" or cfg.labeller != LLMConfig():
+        return cfg
+    lab = cfg.labeller
+    own = lab.model_copy(update={"answer_mode": labelled_by.get("answer_mode", lab.answer_mode),
+                                 "llamacpp": lab.llamacpp.model_copy(update={"model": labelled_by["model"]})})
+    return cfg.model_copy(update={"labeller": own})
 
 
 def labeller_checks(labelled_by: dict | None, cfg: FaithfulnessConfig, links: bool) -> dict[str, Any]:

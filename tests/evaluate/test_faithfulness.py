@@ -9,7 +9,7 @@ import pytest
 from cqg_ray.config import EvaluateConfig, FaithfulnessConfig, JudgeLLMConfig, LLMConfig
 from cqg_ray.evaluate.faithfulness import (ACTIVE, CAP, FIGURES, LINKS, MORE_FIGURES, NO, answered_threshold, faithfulness,
                                            format_faithfulness, labeller_checks, link_figures, nearest_pairs, pools, protocol_figures,
-                                           same_model, sample_pools, sample_texts)
+                                           same_model, sample_pools, sample_texts, with_links_labeller)
 from cqg_ray.llm.base import Completion
 from cqg_ray.llm.engines.fake import FakeBackend
 from cqg_ray.llm.prompts import judge_shot_messages
@@ -118,6 +118,19 @@ def test_labeller_checks_name_a_judge_that_labelled_and_links_that_asked_another
     assert labeller_checks(lab15, cfg, False)["links_labeller_differs"] is None
     lab05 = {**lab15, "model": "bundled:qwen2.5-coder-0.5b"}
     assert labeller_checks(lab05, cfg, True) == {"labelled_by": lab05, "judge_is_labeller": False, "links_labeller_differs": False}
+
+
+def test_the_links_ask_the_recorded_embedded_labeller_unless_one_is_set():
+    lab15 = {"backend": "llamacpp", "model": "bundled:qwen2.5-coder-1.5b", "answer_mode": "packed", "prompt": "answer", "yes_above": 0.5}
+    cfg = FaithfulnessConfig()
+    own = with_links_labeller(cfg, lab15).labeller
+    assert (own.backend, own.llamacpp.model, own.answer_mode) == ("llamacpp", "bundled:qwen2.5-coder-1.5b", "packed")
+    assert own.llamacpp.score_engine == cfg.labeller.llamacpp.score_engine and cfg.labeller.llamacpp.model == "bundled:qwen2.5-coder-0.5b"
+    assert labeller_checks(lab15, with_links_labeller(cfg, lab15), True)["links_labeller_differs"] is False
+    assert with_links_labeller(cfg, None) is cfg
+    assert with_links_labeller(cfg, {**lab15, "backend": "openai"}) is cfg  # a server's address is not in the record
+    chosen = FaithfulnessConfig(labeller=LLMConfig(llamacpp={"model": "bundled:qwen2.5-coder-0.5b"}, answer_mode="packed"))
+    assert with_links_labeller(chosen, lab15) is chosen  # one set by hand is asked as set
 
 
 def test_nearest_pairs_by_binary_cosine_skip_texts_without_yes():
