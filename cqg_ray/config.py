@@ -606,6 +606,11 @@ def llm_with_model(llm: LLMConfig, model: str | None) -> LLMConfig:
     return llm.model_copy(update={llm.backend: section.model_copy(update={"model": model})})
 
 
+def labeller_llm(cfg: PipelineConfig) -> LLMConfig:
+    """The LLM section that labels: the run's, with ``label.model`` in place of its model when set."""
+    return llm_with_model(cfg.llm, cfg.label.model)
+
+
 def llm_identity(llm: LLMConfig) -> dict[str, Any]:
     """What decides an LLM's answers (changing it makes LLM stages stale); concurrency, retries and the like do not."""
     return {"backend": llm.backend, "model": llm_model_name(llm), "temperature": llm.temperature, "constrained": llm.constrained}

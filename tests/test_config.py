@@ -113,10 +113,9 @@ def test_impossible_values():
 
 
 def test_the_labeller_is_the_llm_with_label_model_in_place_of_its_model():
-    from cqg_ray.config import llm_model_name, llm_with_model
+    from cqg_ray.config import labeller_llm, llm_model_name, llm_with_model
     from cqg_ray.cqg.stage import writer_llm
     from cqg_ray.llm.base import backend_identity
-    from cqg_ray.mbqa.label import labeller_llm
 
     cfg = config_from_dict({"cqg": {"writer_model": "bundled:qwen2.5-coder-1.5b"}, "label": {"model": "bundled:qwen2.5-coder-1.5b"}})
     assert llm_model_name(labeller_llm(cfg)) == "bundled:qwen2.5-coder-1.5b" != llm_model_name(cfg.llm)

@@ -226,7 +226,8 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     from cqg_ray.rundir import RunDir
 
     t0 = time.time()
-    cfg = with_links_labeller(cfg, getattr(model, "labelled_by", None))
+    labelled_by = getattr(model, "labelled_by", None)  # a model folder trained before the record has none
+    cfg = with_links_labeller(cfg, labelled_by)
     rows = sample_texts(len(texts), cfg.n, seed)
     sample = [texts[i] for i in rows]
     probs = np.asarray(model.encode(sample, output="probs", progress=False), dtype=np.float32)
@@ -287,7 +288,7 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
                                "chosen_budget": budgets[rows_.index(best)].to_dict() if best else None,
                                "rows": rows_}
     kinds = {ACTIVE: "active", NO: "no", CAP: "cap"}
-    out.update(labeller_checks(getattr(model, "labelled_by", None), cfg, labelled is not None))
+    out.update(labeller_checks(labelled_by, cfg, labelled is not None))
     out.update({
         "judge": judge_identity(cfg), "labeller": labeller_identity(cfg) if labelled is not None else None,
         "texts_in_file": len(texts), "texts": len(sample), "threshold": threshold,

@@ -31,15 +31,10 @@ import numpy as np
 import pyarrow as pa
 
 from cqg_ray.artifacts import Clusters, load_questions
-from cqg_ray.config import PipelineConfig, llm_model_name, llm_with_model
+from cqg_ray.config import PipelineConfig, labeller_llm, llm_model_name
 from cqg_ray.rundir import StageContext
 
 log = logging.getLogger("cqg_ray")
-
-
-def labeller_llm(cfg: PipelineConfig):
-    """The LLM section that labels: the run's, with ``label.model`` in place of its model when set."""
-    return llm_with_model(cfg.llm, cfg.label.model)
 
 
 def run_labels(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool = True, engine=None, one_job: bool | None = None) -> None:

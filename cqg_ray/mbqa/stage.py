@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import embedding_files, load_questions
-from cqg_ray.config import PipelineConfig, llm_model_name, llm_with_model, stage_hash
+from cqg_ray.config import PipelineConfig, labeller_llm, llm_model_name, stage_hash
 from cqg_ray.rundir import ArtifactError, StageContext, hash_sections, reads
 
 log = logging.getLogger("cqg_ray")
@@ -154,8 +154,8 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
 
 def labelled_by(cfg: PipelineConfig) -> dict:
     """The LLM that labelled the run's training texts, as the model folder records it (config.json ``labelled_by``):
-    the run's LLM with ``label.model`` in its place, and how it was asked."""
-    llm = llm_with_model(cfg.llm, cfg.label.model)
+    the run's LLM with ``label.model`` in its place (``labeller_llm``), and how it was asked."""
+    llm = labeller_llm(cfg)
     return {"backend": llm.backend, "model": llm_model_name(llm), "answer_mode": llm.answer_mode, "prompt": cfg.label.prompt,
             "yes_above": cfg.label.yes_above}
 
