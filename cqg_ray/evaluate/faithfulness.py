@@ -306,6 +306,8 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     })
     shared = [s["judge_a"] and s["judge_b"] for p in out["pairs"] for s in p["shared"]]
     out["pairs_shared_confirmed"] = round(float(np.mean(shared)), 4) if shared else None
+    for caveat in caveats(out):
+        log.warning("faithfulness: %s", caveat.removeprefix("warning: "))
     return out
 
 
@@ -325,19 +327,12 @@ def with_links_labeller(cfg: FaithfulnessConfig, labelled_by: dict | None) -> Fa
 def labeller_checks(labelled_by: dict | None, cfg: FaithfulnessConfig, links: bool) -> dict[str, Any]:
     """What the model's recorded labeller says of this judgement: ``labelled_by`` (the model's config.json record, or
     None), ``judge_is_labeller`` (None where unknown) and ``links_labeller_differs`` (the links asked another model
-    than the one that labelled; None without links or record). Logs a warning for each."""
+    than the one that labelled; None without links or record); ``caveats`` says them in words."""
     if not labelled_by:
         return {"labelled_by": None, "judge_is_labeller": None, "links_labeller_differs": None}
     own = labelled_by["model"]
     is_labeller = same_model(own, llm_model_name(cfg.judge))
     differs = (not same_model(own, llm_model_name(cfg.labeller))) if links else None
-    if is_labeller:
-        log.warning("faithfulness: the judge (%s) is the model that labelled this model's training texts: the heads learned its "
-                    "answers and it confirms them, so its yes precision overstates what a person finds (docs/evaluation.md); "
-                    "judge with another model (--judge) or check by hand (bench/hand_check.py)", llm_model_name(cfg.judge))
-    if differs:
-        log.warning("faithfulness: the links' labeller (%s) is not the model that labelled this model (%s): set "
-                    "evaluate.faithfulness.labeller to it for links that mean what they say", llm_model_name(cfg.labeller), own)
     return {"labelled_by": labelled_by, "judge_is_labeller": is_labeller, "links_labeller_differs": differs}
 
 
@@ -373,7 +368,7 @@ def format_faithfulness(name: str, res: dict[str, Any]) -> str:
 
 
 def caveats(res: dict[str, Any]) -> list[str]:
-    """The warnings of ``labeller_checks`` as sentences, for the printed lines and the report."""
+    """The warnings of ``labeller_checks`` as sentences, for the log, the printed lines and the report."""
     out = []
     if res.get("judge_is_labeller"):
         out.append(f"warning: the judge is the model that labelled this model's training texts ({res['labelled_by']['model']}): "
