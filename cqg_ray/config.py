@@ -435,7 +435,12 @@ class FaithfulnessConfig(Section):
                         "(labeller vs judge, head vs labeller, budget vs head)")
     labeller: LLMConfig = Field(default_factory=LLMConfig, description="the LLM that labelled the model's training texts, with its "
                                 "answer mode; left at its default (the bundled Qwen2.5-Coder-0.5B, single-pass, as the demo), the "
-                                "embedded model the model folder's labelled_by names, where it names one")
+                                "embedded model the model folder's labelled_by names, where it names one (its engine setting too)")
+    labeller_prompt: Literal["answer", "judge"] = Field("answer", description="how the links' labeller is asked, as label.prompt: "
+                                                        "left at answer, the model folder's labelled_by prompt where it records one "
+                                                        "(single-pass only)")
+    labeller_yes_above: float = Field(0.5, gt=0, lt=1, description="the links' labeller says yes where its P(yes) is above this, as "
+                                      "label.yes_above: left at 0.5, the model folder's labelled_by yes_above where it records one")
     sweep_per_text: int = Field(0, ge=0, description="the budget sweep's faithfulness axis (0: off): the judge also answers at most this "
                                 "many of each text's questions above the sweep's lowest floor, sampled at random, and every budget of "
                                 "the sweep gets its estimated yes precision (docs/evaluation.md#choosing-the-budget-by-faithfulness)")

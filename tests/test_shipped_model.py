@@ -55,7 +55,8 @@ def test_the_shipped_config_names_the_llm_that_labelled_it():
 
     recorded = json.loads((FOLDER / "config.json").read_text())["labelled_by"]
     assert recorded == labelled_by(load_config(str(FOLDER / "run_config.yaml"))) == {
-        "backend": "llamacpp", "model": "bundled:qwen2.5-coder-1.5b", "answer_mode": "single", "prompt": "answer", "yes_above": 0.5}
+        "backend": "llamacpp", "model": "bundled:qwen2.5-coder-1.5b", "answer_mode": "single", "prompt": "answer", "yes_above": 0.5,
+        "score_engine": "torch-float32"}
 
 
 def test_questions_config_and_heads_agree():

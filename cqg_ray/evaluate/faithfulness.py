@@ -20,15 +20,16 @@ Protocol (docs/evaluation.md):
    design; beside them the mean active questions a text and the share of texts with none, so a figure bought by
    showing little shows. The old rule (inactive = every question not shown) is estimated from the same judgements,
    each text's answered-no and cap samples weighted by their pools (``faithfulness_old_rule_*``);
-5. the links (``links``): the labelling LLM answers the same sampled pairs with the labelling prompt; the figures say
+5. the links (``links``): the labelling LLM answers the same sampled pairs as it labelled (its prompt and threshold); the figures say
    how often it agrees with the judge, the head (P(yes) above the threshold) with it, and the budget (shown or not)
    with the head: which link loses how much;
 6. where the model records the LLM that labelled its training texts (config.json ``labelled_by``) and the judge is
    that model (``same_model``), the result says so (``judge_is_labeller``) and the report warns: the heads learned
    that model's answers, errors included, and it confirms them (judge 0.85-0.93 where a person found 0.53-0.70 on the
    demo's 1.5B-labelled models: docs/evaluation.md); likewise when the links' labeller is not the model's. The links
-   ask the recorded model where ``labeller`` is left at its default and the record names an embedded model
-   (``with_links_labeller``).
+   ask the recorded model (with its engine setting) where ``labeller`` is left at its default and the record names
+   an embedded model, and with the recorded prompt and threshold where ``labeller_prompt`` and ``labeller_yes_above``
+   are left at theirs (``with_links_labeller``).
 The pure core (``sample_texts``, ``sample_pools``, ``protocol_figures``, ``link_figures``, ``nearest_pairs``) takes
 arrays; ``faithfulness`` adds the model, the judge, the labeller and the ledger.
 """
@@ -181,13 +182,16 @@ def judge_identity(cfg: FaithfulnessConfig) -> str:
 
 
 def labeller_identity(cfg: FaithfulnessConfig) -> str:
-    """The labelling LLM in words: its backend, model and answer mode (and engine for the embedded one)."""
+    """The labelling LLM in words: its backend, model and answer mode (and engine for the embedded one), and its prompt
+    and threshold where they are not the defaults."""
     from cqg_ray.llm.base import resolve_engine
 
     lab = cfg.labeller
+    asked = "".join([", the judge's prompt" if cfg.labeller_prompt == "judge" else "",
+                     f", yes above {cfg.labeller_yes_above:g}" if cfg.labeller_yes_above != 0.5 else ""])
     if lab.backend == "llamacpp":
-        return f"llamacpp {lab.llamacpp.model} ({lab.answer_mode}, engine {resolve_engine(lab.llamacpp.score_engine)})"
-    return f"{lab.backend} {llm_model_name(lab)} ({lab.answer_mode})"
+        return f"llamacpp {lab.llamacpp.model} ({lab.answer_mode}, engine {resolve_engine(lab.llamacpp.score_engine)}{asked})"
+    return f"{lab.backend} {llm_model_name(lab)} ({lab.answer_mode}{asked})"
 
 
 @contextmanager
@@ -312,16 +316,27 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
 
 
 def with_links_labeller(cfg: FaithfulnessConfig, labelled_by: dict | None) -> FaithfulnessConfig:
-    """``cfg`` with the links' labeller the model's own where ``evaluate.faithfulness.labeller`` is left at its default
-    and the model's record names an embedded model (its model and answer mode in the default section); else ``cfg``."""
-    from cqg_ray.config import LLMConfig
+    """``cfg`` with the links asking as the model's labeller asked, from its record (``labelled_by``), where the settings
+    are left at their defaults: where ``evaluate.faithfulness.labeller`` is, the embedded model the record names, with
+    its answer mode and engine setting (a server's address is not in the record); where ``labeller_prompt`` and
+    ``labeller_yes_above`` are, the record's prompt (single-pass answers) and threshold. Else ``cfg``."""
+    from cqg_ray.config import FaithfulnessConfig, LLMConfig
 
-    if not labelled_by or labelled_by.get("backend") != "llamacpp" or cfg.labeller != LLMConfig():
+    if not labelled_by:
         return cfg
+    update: dict[str, Any] = {}
     lab = cfg.labeller
-    own = lab.model_copy(update={"answer_mode": labelled_by.get("answer_mode", lab.answer_mode),
-                                 "llamacpp": lab.llamacpp.model_copy(update={"model": labelled_by["model"]})})
-    return cfg.model_copy(update={"labeller": own})
+    if labelled_by.get("backend") == "llamacpp" and lab == LLMConfig():
+        engine = {"score_engine": labelled_by["score_engine"]} if labelled_by.get("score_engine") else {}
+        lab = lab.model_copy(update={"answer_mode": labelled_by.get("answer_mode", lab.answer_mode),
+                                     "llamacpp": lab.llamacpp.model_copy(update={"model": labelled_by["model"], **engine})})
+        update["labeller"] = lab
+    default = FaithfulnessConfig()
+    if cfg.labeller_prompt == default.labeller_prompt and lab.answer_mode == "single" and labelled_by.get("prompt", "answer") != "answer":
+        update["labeller_prompt"] = labelled_by["prompt"]
+    if cfg.labeller_yes_above == default.labeller_yes_above and labelled_by.get("yes_above") is not None:
+        update["labeller_yes_above"] = float(labelled_by["yes_above"])
+    return cfg.model_copy(update=update) if any(getattr(cfg, k) != v for k, v in update.items()) else cfg
 
 
 def labeller_checks(labelled_by: dict | None, cfg: FaithfulnessConfig, links: bool) -> dict[str, Any]:
@@ -348,12 +363,15 @@ def labeller_answers(sample: list[str], picks: list[tuple[int, int, int]], recor
     questions = [r["text"] for r in records]
     lab = cfg.labeller
     requests = [answer_requests(clip_text(sample[r], cfg.max_text_chars), [q], questions, lab.answer_mode, 1, lab.max_tokens_answer,
-                                meta={"row": r})[0] for r, q, _ in picks]
+                                meta={"row": r}, prompt=cfg.labeller_prompt)[0] for r, q, _ in picks]
     with opened(lab, backend) as labeller:
         log.info("faithfulness: the labelling LLM (%s) answers the %d sampled pairs", labeller_identity(cfg), len(requests))
         results = run_requests(requests, lab, RunDir(out_dir), stage="faithfulness-labeller", progress=progress, backend=labeller)
-    return yes_answers(results, "the labelling LLM", "pairs",
+    said = yes_answers(results, "the labelling LLM", "pairs",
                        "rerun (the ledger keeps the answered ones), or leave the links out: evaluate.faithfulness.links=false")
+    # single-pass: yes above labeller_yes_above, as the labels stage reads label.yes_above; packed: the parsed answer
+    return [bool(r.p_yes[0] > cfg.labeller_yes_above) if q.yes_no and r.p_yes and r.p_yes[0] is not None else yes
+            for q, r, yes in zip(requests, results, said)]
 
 
 def format_faithfulness(name: str, res: dict[str, Any]) -> str:

@@ -16,7 +16,8 @@ or the paper's global tau. Every surface (encode, explain, search, serve, embed,
 The folder (local path or any URI `cqg_ray.rundir` understands):
 
     config.json        format, format_version, encoder (name or path), dims d, hidden, m, tau, budget, normalize, versions,
-                       labelled_by (the LLM that labelled its training texts: backend, model, answer_mode, prompt, yes_above)
+                       labelled_by (the LLM that labelled its training texts: backend, model, answer_mode, prompt, yes_above,
+                       score_engine for the embedded backend)
     questions.json     [{"id", "text", "cluster", "quality", "yes_rate", "labels", ...}, ...] in dimension order
     heads.safetensors  the stacked heads (`StackedHeads`), with d/m/hidden in its metadata
     stats.safetensors  ``mean``: each question's mean probability on the training texts (centred values)

@@ -154,10 +154,12 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
 
 def labelled_by(cfg: PipelineConfig) -> dict:
     """The LLM that labelled the run's training texts, as the model folder records it (config.json ``labelled_by``):
-    the run's LLM with ``label.model`` in its place (``labeller_llm``), and how it was asked."""
+    the run's LLM with ``label.model`` in its place (``labeller_llm``), how it was asked, and for the embedded backend
+    its single-pass engine setting (``score_engine``, as configured: ``auto`` stays ``auto``)."""
     llm = labeller_llm(cfg)
+    engine = {"score_engine": llm.llamacpp.score_engine} if llm.backend == "llamacpp" else {}
     return {"backend": llm.backend, "model": llm_model_name(llm), "answer_mode": llm.answer_mode, "prompt": cfg.label.prompt,
-            "yes_above": cfg.label.yes_above}
+            "yes_above": cfg.label.yes_above, **engine}
 
 
 def operating_threshold(cfg: PipelineConfig) -> float:

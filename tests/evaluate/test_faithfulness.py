@@ -133,6 +133,29 @@ def test_the_links_ask_the_recorded_embedded_labeller_unless_one_is_set():
     assert with_links_labeller(chosen, lab15) is chosen  # one set by hand is asked as set
 
 
+def test_the_links_ask_with_the_recorded_engine_prompt_and_threshold_unless_set():
+    rec = {"backend": "llamacpp", "model": "bundled:qwen2.5-coder-1.5b", "answer_mode": "single", "prompt": "judge",
+           "yes_above": 0.162, "score_engine": "torch-float32"}
+    own = with_links_labeller(FaithfulnessConfig(), rec)
+    assert (own.labeller.llamacpp.model, own.labeller.llamacpp.score_engine) == ("bundled:qwen2.5-coder-1.5b", "torch-float32")
+    assert (own.labeller_prompt, own.labeller_yes_above) == ("judge", 0.162)
+    assert own.labeller.llamacpp.generate_engine == FaithfulnessConfig().labeller.llamacpp.generate_engine  # only what it recorded
+    # a record without an engine (an older model folder) leaves the default engine setting
+    older = with_links_labeller(FaithfulnessConfig(), {k: v for k, v in rec.items() if k != "score_engine"})
+    assert older.labeller.llamacpp.score_engine == "auto" and older.labeller_prompt == "judge"
+    # a server labeller (not in the record) keeps its settings but is asked with the recorded prompt and threshold
+    served = with_links_labeller(FaithfulnessConfig(), {**rec, "backend": "openai"})
+    assert served.labeller == LLMConfig() and (served.labeller_prompt, served.labeller_yes_above) == ("judge", 0.162)
+    # set by hand: asked as set
+    chosen = FaithfulnessConfig(labeller_prompt="judge", labeller_yes_above=0.3)
+    assert with_links_labeller(chosen, {**rec, "prompt": "answer", "backend": "openai"}) is chosen
+    # packed answers have no judge's prompt: the record's prompt applies to single-pass links only
+    packed = with_links_labeller(FaithfulnessConfig(labeller=LLMConfig(answer_mode="packed")), rec)
+    assert packed.labeller_prompt == "answer" and packed.labeller_yes_above == 0.162
+    # a record of the defaults changes nothing
+    assert with_links_labeller(FaithfulnessConfig(), {**rec, "backend": "fake", "prompt": "answer", "yes_above": 0.5}) == FaithfulnessConfig()
+
+
 def test_nearest_pairs_by_binary_cosine_skip_texts_without_yes():
     act = np.array([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0], [0, 0, 1, 1]], dtype=bool)
     # row 0: cos with 2 = 1/sqrt2 = 0.707, with 3 = 2/sqrt6 = 0.816 -> 3; row 1 has no yes; row 2: with 0 = 0.707,
@@ -165,6 +188,30 @@ def scripted_labeller(yes_ids: set[int]):
         return Completion("yes" if p > 0.5 else "no", prompt_tokens=10, p_yes=[p])
 
     return cfg, FakeBackend(cfg, reply=reply)
+
+
+def test_the_links_ask_as_the_model_was_labelled_its_prompt_and_threshold(toy, tmp_path, monkeypatch):
+    """A model labelled with the judge's prompt and a label yes above 0.7: the links ask that prompt and read that
+    threshold (from the model's record), so a labeller P(yes) of 0.6 is a no and 0.8 a yes."""
+    monkeypatch.setattr(toy, "labelled_by", {"backend": "fake", "model": "fake", "answer_mode": "single", "prompt": "judge",
+                                             "yes_above": 0.7}, raising=False)
+    judge_cfg, backend = scripted_judge(set())
+    lab_cfg = LLMConfig(backend="fake")
+
+    def reply(req):  # 0.8 for every fourth question, 0.6 for the other even ones, 0.2 for the odd ones
+        q = req.meta["question_ids"][0]
+        p = 0.8 if q % 4 == 0 else 0.6 if q % 2 == 0 else 0.2
+        return Completion("yes" if p > 0.5 else "no", prompt_tokens=10, p_yes=[p])
+
+    labeller = FakeBackend(lab_cfg, reply=reply)
+    cfg = FaithfulnessConfig(n=3, per_text=toy.m, pairs=0, judge=judge_cfg, labeller=lab_cfg)
+    res = faithfulness(toy, TEXTS, cfg, str(tmp_path), backend=backend, progress=False, labeller=labeller)
+    assert [j["labeller_yes"] for j in res["judgements"]] == [j["question_index"] % 4 == 0 for j in res["judgements"]]
+    # the judge's prompt after its worked examples, the reply unbegun, once per judged (text, question)
+    asked = sorted(json.dumps(c.messages) for c in labeller.calls)
+    assert asked == sorted(json.dumps(judge_shot_messages(j["text"], j["question"])) for j in res["judgements"])
+    assert all(c.yes_no and c.answer_prefix == "" for c in labeller.calls)
+    assert res["labeller"] == "fake fake (single, the judge's prompt, yes above 0.7)"
 
 
 def test_faithfulness_figures_come_out_exactly_with_a_known_judge(toy, tmp_path):

@@ -131,3 +131,17 @@ def test_the_stage_run_again_on_other_questions_trains_afresh(trained_run, tmp_p
     assert manifest["counts"]["questions_generated"] == q["counts"]["questions"]
     assert manifest["final_metrics"]["start_epoch"] == 0  # trained afresh
     assert len([p for p in (d / "model" / "_train").iterdir() if p.name.startswith("mbqa-")]) == 2
+
+
+def test_labelled_by_records_how_the_labels_were_asked_and_the_embedded_engine_setting():
+    from cqg_ray.config import PipelineConfig
+    from cqg_ray.mbqa.stage import labelled_by
+
+    cfg = PipelineConfig(llm={"llamacpp": {"model": "bundled:qwen2.5-coder-0.5b", "score_engine": "torch-float32"}},
+                         label={"model": "bundled:qwen2.5-coder-1.5b", "prompt": "judge", "yes_above": 0.162})
+    assert labelled_by(cfg) == {"backend": "llamacpp", "model": "bundled:qwen2.5-coder-1.5b", "answer_mode": "single", "prompt": "judge",
+                                "yes_above": 0.162, "score_engine": "torch-float32"}
+    assert labelled_by(PipelineConfig())["score_engine"] == "auto"  # as configured: auto is resolved where the links run
+    served = PipelineConfig(llm={"backend": "openai", "openai": {"model": "Qwen/Qwen2.5-7B-Instruct"}})
+    assert labelled_by(served) == {"backend": "openai", "model": "Qwen/Qwen2.5-7B-Instruct", "answer_mode": "single", "prompt": "answer",
+                                   "yes_above": 0.5}
