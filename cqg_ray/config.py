@@ -298,8 +298,10 @@ class BudgetConfig(Section):
     floor: float | None = Field(0.5, ge=0, lt=1, description="top_k: only questions with p > floor (null: none)")
     value: Literal["one", "prob", "centred"] = Field("centred", description="an active question's value: 1, p, or p minus the "
                                                      "question's mean probability on the training texts")
-    rank: Literal["prob", "centred"] = Field("centred", description="top_k: rank by p (most confident) or by p minus the "
-                                             "question's mean (the questions that set the text apart)")
+    rank: Literal["prob", "centred", "lift"] = Field("centred", description="top_k: rank by p (most confident), by p minus the "
+                                                     "question's mean (the questions that set the text apart), or lift: the "
+                                                     "questions above the floor by p minus lift times the mean")
+    lift: float = Field(0.5, gt=0, le=1, description="rank lift: the share of a question's mean taken off its p")
 
 
 class TrainConfig(Section):
@@ -447,6 +449,9 @@ class FaithfulnessConfig(Section):
     sweep_k: list[PositiveInt] = Field(default_factory=lambda: [8, 12, 16, 24, 32, 48, 64, 112], description="the sweep's k (top-k budgets)")
     sweep_floors: list[Annotated[float, Field(ge=0, lt=1)]] = Field(default_factory=lambda: [0.5, 0.6, 0.7, 0.8, 0.9],
                                                                  description="the sweep's floors on P(yes)")
+    sweep_lifts: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=lambda: [0.5], description="the sweep's "
+                                                                   "lifts: top-k ranked by p - lift * mean above the floor "
+                                                                   "(budget rank lift), where the model has its means")
     sweep_min_active: float = Field(10.0, ge=0, description="the sweep's choice shows at least this many active questions a text on average")
     sweep_max_without: float = Field(0.05, ge=0, le=1, description="and leaves at most this share of the texts with none")
     sweep_min_judged: int = Field(30, ge=1, description="and rests on at least this many judged pairs that it shows")

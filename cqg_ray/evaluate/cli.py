@@ -57,7 +57,7 @@ def add_commands(sub) -> None:
                         "questions, valued 0/1, by probability and centred, on every task; report.md plots quality against load")
     p.add_argument("--budget", nargs="+", metavar="KEY=VALUE",
                    help="evaluate MODEL under another budget than its own, e.g. --budget rule=top_k k=64 floor=0.5 value=centred "
-                        "(keys: rule tau|top_k, tau, k, floor (a number or none), value one|prob|centred, rank prob|centred)")
+                        "(keys: rule tau|top_k, tau, k, floor (a number or none), value one|prob|centred, rank prob|centred|lift, lift)")
     p.add_argument("--name", help="row name of MODEL (default: the model's own name)")
     p.add_argument("--compare", nargs="+", default=[], metavar="NAME=PATH", help="more models side by side, e.g. QAEmb-MBQA=runs/qaemb/model")
     p.add_argument("--out", help="report folder (default: MODEL/evaluation; a shipped model's name: evaluation/NAME here)")
@@ -103,7 +103,8 @@ def parse_budget(items: list[str], base):
         changes[key] = value
     try:
         for key, value in changes.items():
-            changes[key] = None if value.lower() in ("none", "null") else int(value) if key == "k" else float(value) if key in ("tau", "floor") else value
+            number = int if key == "k" else float if key in ("tau", "floor", "lift") else str
+            changes[key] = None if value.lower() in ("none", "null") else number(value)
         return base.with_(**changes)
     except ValueError as e:
         raise ConfigError(f"--budget: {e}") from None

@@ -21,21 +21,30 @@ from cqg_ray.evaluate.data import sample_of
 from cqg_ray.mbqa.budget import Budget, active_mask
 
 
-BUDGET_FIELDS = ("rule", "tau", "k", "floor", "value", "rank")  # a row's budget, None where its rule has no such field
+BUDGET_FIELDS = ("rule", "tau", "k", "floor", "value", "rank", "lift")  # a row's budget, None where its rule has no such field
 
 
-def sweep_budgets(model_budget: Budget, ks: list[int], floors: list[float], has_mean: bool) -> list[Budget]:
-    """The model's own budget first, then top-k ranked by p (and by p - mean where the model has its means) at every
-    floor and k (values do not change which questions are shown, so each budget keeps the model's value)."""
+def sweep_budgets(model_budget: Budget, ks: list[int], floors: list[float], has_mean: bool,
+                  lifts: list[float] | tuple[float, ...] = ()) -> list[Budget]:
+    """The model's own budget first, then top-k ranked by p (and, where the model has its means, by p - mean and by
+    each of ``lifts``) at every floor and k (values do not change which questions are shown, so each budget keeps the
+    model's value)."""
     value = model_budget.value if (has_mean or model_budget.value != "centred") else "one"
+    ranks = [("prob", {}), ("centred", {})] + [("lift", {"lift": float(x)}) for x in lifts] if has_mean else [("prob", {})]
     out = [model_budget]
-    for rank in ("prob", "centred") if has_mean else ("prob",):
+    for rank, lift in ranks:
         for floor in floors:
             for k in ks:
-                b = Budget(rule="top_k", k=int(k), floor=float(floor), value=value, rank=rank)
+                b = Budget(rule="top_k", k=int(k), floor=float(floor), value=value, rank=rank, **lift)
                 if b not in out:
                     out.append(b)
     return out
+
+
+def rank_label(row: dict) -> str:
+    """How a sweep row ranks, in words: ``p``, ``p - mean``, ``p - 0.5 mean``."""
+    rank = row.get("rank")
+    return f"p - {row['lift']:g} mean" if rank == "lift" else "p - mean" if rank == "centred" else "p"
 
 
 def lowest_floor(budgets: list[Budget]) -> float:
@@ -114,7 +123,7 @@ def plot_sweep(sweep: dict, title: str) -> bytes:
     rows = sweep["rows"]
     curves: dict[str, list[dict]] = {}
     for r in rows[1:]:
-        curves.setdefault(f"top-k by {'p - mean' if r.get('rank') == 'centred' else 'p'}, p > {r.get('floor')}", []).append(r)
+        curves.setdefault(f"top-k by {rank_label(r)}, p > {r.get('floor')}", []).append(r)
     for label, rs in curves.items():
         rs = sorted(rs, key=lambda r: r["k"])
         x = [r["mean_active"] for r in rs]

@@ -244,7 +244,7 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     if cfg.sweep_per_text:
         from cqg_ray.evaluate.faith_sweep import lowest_floor, sample_candidates, sweep_budgets
 
-        budgets = sweep_budgets(model.budget, cfg.sweep_k, cfg.sweep_floors, model.mean is not None)
+        budgets = sweep_budgets(model.budget, cfg.sweep_k, cfg.sweep_floors, model.mean is not None, cfg.sweep_lifts)
         floor = lowest_floor(budgets)
         candidates = sample_candidates(probs, floor, cfg.sweep_per_text, seed)
     pairs = nearest_pairs(values, cfg.pairs)

@@ -93,12 +93,14 @@ def tau_sweep(data: list[StsProbs], taus: list[float]) -> dict:
 
 def budget_curves(model_budget: Budget, ks: list[int], has_mean: bool) -> dict[str, list[Budget]]:
     """The budget sweep's rules: top-k at the model's floor (none for a tau-rule model), valued 0/1, by probability,
-    and centred, ranked by p, and centred ranked by p - mean (those two when the model has the means); one Budget per k."""
+    and centred, ranked by p, then centred ranked by p - mean and by probability ranked by p - 0.5 mean above the floor
+    (rank lift; those three when the model has the means); one Budget per k."""
     floor = model_budget.floor if model_budget.rule == "top_k" else None
-    kinds = [("one", "prob"), ("prob", "prob")] + ([("centred", "prob"), ("centred", "centred")] if has_mean else [])
+    kinds = [("one", "prob"), ("prob", "prob")] + ([("centred", "prob"), ("centred", "centred"), ("prob", "lift")] if has_mean else [])
     label = "top-k" + (f" (p > {floor:g})" if floor is not None else "")
-    return {f"{label} {VALUE_LABELS[v]}" + (", ranked by p - mean" if r == "centred" else ""):
-            [Budget(rule="top_k", k=k, floor=floor, value=v, rank=r) for k in ks] for v, r in kinds}
+    ranked = {"prob": "", "centred": ", ranked by p - mean", "lift": ", ranked by p - 0.5 mean"}
+    return {f"{label} {VALUE_LABELS[v]}{ranked[r]}": [Budget(rule="top_k", k=k, floor=floor, value=v, rank=r) for k in ks]
+            for v, r in kinds}
 
 
 VALUE_LABELS = {"one": "0/1", "prob": "probability", "centred": "centred"}

@@ -8,7 +8,10 @@ Rules:
 - ``top_k``: the k questions that rank highest, and of those only the ones with p > floor (so a text with few true
   properties shows few, and every active question is one the text answers yes). ``rank``: ``prob`` ranks by p (the
   most confident questions), ``centred`` by p minus the question's mean (the questions this text answers yes more
-  surely than texts usually do: the ones that tell it apart). The explanation of two texts is at most k long.
+  surely than texts usually do: the ones that tell it apart), ``lift`` by p minus ``lift`` times the mean among the
+  questions above the floor (0 < lift <= 1: a text's sure questions, the ones most texts share pushed back; it still
+  shows k where k pass the floor, where ``centred`` ranks first and so shows fewer). The explanation of two texts is at
+  most k long.
 
 Values (what the vector holds on the active questions; zero elsewhere):
 - ``one``: 1 (a binary vector, Eq. 4's y_i);
@@ -31,7 +34,7 @@ import numpy as np
 
 RULES = ("tau", "top_k")
 VALUES = ("one", "prob", "centred")
-RANKS = ("prob", "centred")
+RANKS = ("prob", "centred", "lift")
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,8 @@ class Budget:
     k: int = 64                  # rule top_k: at most k active questions per text
     floor: float | None = 0.5    # rule top_k: and only those with p > floor (None: no floor)
     value: str = "one"           # one | prob | centred
-    rank: str = "prob"           # rule top_k: rank by prob (p) or centred (p - mean)
+    rank: str = "prob"           # rule top_k: rank by prob (p), centred (p - mean) or lift (p - lift * mean above the floor)
+    lift: float = 0.5            # rank lift: the share of the mean taken off
 
     def __post_init__(self):
         if self.rule not in RULES:
@@ -58,46 +62,54 @@ class Budget:
             raise ValueError(f"budget k must be an integer >= 1, got {self.k!r}")
         if self.floor is not None and (isinstance(self.floor, bool) or not isinstance(self.floor, (int, float)) or not 0 <= self.floor < 1):
             raise ValueError(f"budget floor must lie in [0, 1) or be null, got {self.floor!r}")
+        if isinstance(self.lift, bool) or not isinstance(self.lift, (int, float)) or not 0 < self.lift <= 1:
+            raise ValueError(f"budget lift must lie in (0, 1], got {self.lift!r}")
 
     @property
     def name(self) -> str:
-        """A short label: ``tau=0.76``, ``top64>0.5 prob``, ``top112>0.5 centred by p-mean``."""
+        """A short label: ``tau=0.76``, ``top64>0.5 prob``, ``top112>0.5 centred by p-mean``, ``top12>0.6 prob by p-0.5mean``."""
         if self.rule == "tau":
             base = f"tau={self.tau:g}"
         else:
             base = f"top{self.k}" + (f">{self.floor:g}" if self.floor is not None else "")
         base = base if self.value == "one" else f"{base} {self.value}"
-        return base + (" by p-mean" if self.rule == "top_k" and self.rank == "centred" else "")
+        if self.rule != "top_k" or self.rank == "prob":
+            return base
+        return base + (" by p-mean" if self.rank == "centred" else f" by p-{self.lift:g}mean")
 
     def to_dict(self) -> dict[str, Any]:
         if self.rule == "tau":
             return {"rule": "tau", "tau": self.tau, "value": self.value}
-        return {"rule": "top_k", "k": self.k, "floor": self.floor, "value": self.value, "rank": self.rank}
+        lift = {"lift": self.lift} if self.rank == "lift" else {}  # only where it is used: other budgets' dicts stay as they were
+        return {"rule": "top_k", "k": self.k, "floor": self.floor, "value": self.value, "rank": self.rank, **lift}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Budget":
         unknown = set(d) - {f for f in asdict(cls())}
         if unknown:
-            raise ValueError(f"unknown budget keys {sorted(unknown)} (known: rule, tau, k, floor, value, rank)")
+            raise ValueError(f"unknown budget keys {sorted(unknown)} (known: rule, tau, k, floor, value, rank, lift)")
         return cls(**d)
 
     @property
     def needs_mean(self) -> bool:
         """Whether applying it needs the questions' mean probabilities (centred values, or ranking by p - mean)."""
-        return self.value == "centred" or (self.rule == "top_k" and self.rank == "centred")
+        return self.value == "centred" or (self.rule == "top_k" and self.rank != "prob")
 
     def with_(self, **changes) -> "Budget":
         """A copy with some fields changed, checked like a new one (``ValueError``); the fields the resulting rule does
-        not use go back to their defaults (``rule="tau"`` drops k, floor and rank; ``rule="top_k"`` drops tau)."""
+        not use go back to their defaults (``rule="tau"`` drops k, floor, rank and lift; ``rule="top_k"`` drops tau; a
+        rank other than lift drops lift)."""
         d = {**self.to_dict(), **changes}
-        for key in ("tau",) if d.get("rule") == "top_k" else ("k", "floor", "rank"):
+        for key in ("tau",) if d.get("rule") == "top_k" else ("k", "floor", "rank", "lift"):
             d.pop(key, None)
+        if d.get("rank") != "lift":
+            d.pop("lift", None)
         return Budget.from_dict(d)
 
 
 def active_mask(probs: np.ndarray, budget: Budget, mean: np.ndarray | None = None) -> np.ndarray:
     """(n, m) bool: the questions each row of ``probs`` answers yes under ``budget`` (a 1-d row gives (m,));
-    ``mean`` (m,): needed to rank by p - mean."""
+    ``mean`` (m,): needed to rank by p - mean or by lift."""
     p = np.asarray(probs)
     one = p.ndim == 1
     p = np.atleast_2d(p)
@@ -108,11 +120,22 @@ def active_mask(probs: np.ndarray, budget: Budget, mean: np.ndarray | None = Non
         if budget.k >= m:
             mask = np.ones_like(p, dtype=bool)
         else:
-            score = p if budget.rank == "prob" else p - _check_mean(mean, m, "rank by p - mean")
-            mask = top_k_mask(score, budget.k)
+            mask = top_k_mask(rank_score(p, budget, mean), budget.k)
         if budget.floor is not None:
             mask &= p > budget.floor
     return mask[0] if one else mask
+
+
+def rank_score(p: np.ndarray, budget: Budget, mean: np.ndarray | None) -> np.ndarray:
+    """(n, m): what the top_k rule ranks by: p, p - mean, or p - lift * mean with the questions at or below the floor
+    last (-inf)."""
+    if budget.rank == "prob":
+        return p
+    m = p.shape[1]
+    if budget.rank == "centred":
+        return p - _check_mean(mean, m, "rank by p - mean")
+    score = p - np.float32(budget.lift) * _check_mean(mean, m, "rank by lift")
+    return score if budget.floor is None else np.where(p > budget.floor, score, -np.inf).astype(score.dtype, copy=False)
 
 
 def top_k_mask(score: np.ndarray, k: int) -> np.ndarray:

@@ -39,16 +39,26 @@ def row_counts(mask: torch.Tensor) -> torch.Tensor:
 
 def active_mask(p: torch.Tensor, budget: Budget, mean: torch.Tensor | None = None) -> torch.Tensor:
     """(n, m) bool: the questions each row of probabilities ``p`` answers yes under ``budget`` (as the numpy
-    ``active_mask``); ``mean`` (m,) on p's device: needed to rank by p - mean."""
+    ``active_mask``); ``mean`` (m,) on p's device: needed to rank by p - mean or by lift."""
     if budget.rule == "tau":
         return p > budget.tau
     m = p.shape[1]
     if budget.k >= m:
         mask = torch.ones_like(p, dtype=torch.bool)
     else:
-        score = p if budget.rank == "prob" else p - _need(mean, "rank by p - mean")
-        mask = top_k_mask(score, budget.k)
+        mask = top_k_mask(rank_score(p, budget, mean), budget.k)
     return mask.logical_and_(p > budget.floor) if budget.floor is not None else mask
+
+
+def rank_score(p: torch.Tensor, budget: Budget, mean: torch.Tensor | None) -> torch.Tensor:
+    """What the top_k rule ranks by (as the numpy ``rank_score``): p, p - mean, or p - lift * mean with the questions
+    at or below the floor last (-inf)."""
+    if budget.rank == "prob":
+        return p
+    if budget.rank == "centred":
+        return p - _need(mean, "rank by p - mean")
+    score = p - budget.lift * _need(mean, "rank by lift").to(p.dtype)
+    return score if budget.floor is None else score.masked_fill(~(p > budget.floor), float("-inf"))
 
 
 def pack_bits(mask: torch.Tensor) -> torch.Tensor:

@@ -49,8 +49,8 @@ def cmd_budget(args) -> int:
         changed = True
         print(f"stats: mean probabilities of {len(rows)} texts of {args.stats} (median of the means: "
               f"{float(np.median(model.mean)):.3f})")
-    updates = {k: v for k, v in {"rule": args.rule, "tau": args.tau, "k": args.k, "value": args.value, "rank": args.rank}.items()
-               if v is not None}
+    updates = {k: v for k, v in {"rule": args.rule, "tau": args.tau, "k": args.k, "value": args.value, "rank": args.rank,
+                                 "lift": args.lift}.items() if v is not None}
     if args.floor is not None:  # "none" removes the floor
         try:
             updates["floor"] = None if args.floor.lower() == "none" else float(args.floor)
@@ -83,7 +83,9 @@ def add_commands(sub) -> None:
     p.add_argument("--k", type=int, help="top_k: at most k active questions per text")
     p.add_argument("--floor", help="top_k: only questions with p > floor (a number in [0, 1), or none)")
     p.add_argument("--value", choices=["one", "prob", "centred"], help="what an active question holds: 1, p, or p minus its mean")
-    p.add_argument("--rank", choices=["prob", "centred"], help="top_k: rank by p, or by p minus the question's mean")
+    p.add_argument("--rank", choices=["prob", "centred", "lift"], help="top_k: rank by p, by p minus the question's mean, or "
+                   "lift: the questions above the floor by p minus --lift times the mean")
+    p.add_argument("--lift", type=float, help="rank lift: the share of the mean taken off (0 < lift <= 1; default 0.5)")
     p.add_argument("--stats", metavar="TEXTS", help="measure the mean probabilities on these training texts (JSONL with a text field, or TSV)")
     p.add_argument("--n", type=int, default=20_000, help="texts sampled from --stats (seeded; default 20000)")
     p.add_argument("--seed", type=int, default=0)

@@ -143,7 +143,7 @@ def test_streamed_retrieval_equals_the_whole_corpus_scores_and_sweep():
     d, model, enc = retrieval_set(), HashModel(), HashEncoder()
     methods = [Method("M", "interpretable", model), Method("Hash", "encoder", enc)]
     curves = {"M": curves_for(model)}
-    assert len(curves["M"]) == 4
+    assert len(curves["M"]) == 5  # 0/1, probability, centred; centred by p - mean; probability by p - 0.5 mean
 
     out = tasks.score_retrieval(d, methods, curves, doc_batch=7)
     assert max(model.calls[1:]) == 7 and sum(model.calls[1:]) == 150  # the corpus in batches of 7, never whole

@@ -92,7 +92,9 @@ def test_m_sweep_under_a_top_k_budget_picks_among_the_first_m_questions():
 def test_budget_curves_and_sweep_and_frontier_png():
     curves = budget_curves(Budget(rule="top_k", k=8, floor=0.5, value="centred", rank="centred"), [2, 4, 8], has_mean=True)
     assert list(curves) == ["top-k (p > 0.5) 0/1", "top-k (p > 0.5) probability", "top-k (p > 0.5) centred",
-                            "top-k (p > 0.5) centred, ranked by p - mean"]
+                            "top-k (p > 0.5) centred, ranked by p - mean", "top-k (p > 0.5) probability, ranked by p - 0.5 mean"]
+    assert curves["top-k (p > 0.5) probability, ranked by p - 0.5 mean"][2] == Budget(rule="top_k", k=8, floor=0.5, value="prob", rank="lift",
+                                                                                         lift=0.5)
     assert curves["top-k (p > 0.5) centred, ranked by p - mean"][1] == Budget(rule="top_k", k=4, floor=0.5, value="centred", rank="centred")
     assert list(budget_curves(TAU5, [2], has_mean=False)) == ["top-k 0/1", "top-k probability"]  # a tau model: no floor, no means
     data = [_sts_probs("A", 4), _sts_probs("B", 5)]

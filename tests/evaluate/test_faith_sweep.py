@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from cqg_ray.config import EvaluateConfig, FaithfulnessConfig
-from cqg_ray.evaluate.faith_sweep import choose, lowest_floor, sample_candidates, sweep_budgets, sweep_figures, sweep_markdown
+from cqg_ray.evaluate.faith_sweep import (choose, lowest_floor, rank_label, sample_candidates, sweep_budgets, sweep_figures,
+                                          sweep_markdown)
 from cqg_ray.evaluate.faithfulness import faithfulness
 from cqg_ray.mbqa.budget import Budget, active_mask
 from tests.evaluate.test_faithfulness import TEXTS, scripted_judge
@@ -19,6 +20,11 @@ def test_sweep_budgets_put_the_model_first_rank_by_mean_only_with_means_and_repe
     assert with_mean[0] == own and len(with_mean) == len(set(with_mean)) == 8  # 2 ranks x 2 floors x 2 k; the model's is among them
     assert {(b.rank, b.floor, b.k) for b in with_mean} == {(r, f, k) for r in ("prob", "centred") for f in (0.5, 0.8) for k in (8, 16)}
     assert {b.value for b in with_mean} == {"centred"}
+    lifted = sweep_budgets(own, [8, 16], [0.5, 0.8], has_mean=True, lifts=[0.25, 0.5])
+    assert lifted[:8] == with_mean and len(lifted) == len(set(lifted)) == 16
+    assert {(b.lift, b.floor, b.k) for b in lifted[8:]} == {(x, f, k) for x in (0.25, 0.5) for f in (0.5, 0.8) for k in (8, 16)}
+    assert {b.rank for b in lifted[8:]} == {"lift"} and rank_label(lifted[8].to_dict()) == "p - 0.25 mean"
+    assert sweep_budgets(own, [8], [0.5], has_mean=False, lifts=[0.5]) == [own, Budget(rule="top_k", k=8, floor=0.5, value="one")]
     plain = sweep_budgets(Budget(rule="tau", tau=0.6), [4], [0.7], has_mean=False)
     assert plain == [Budget(rule="tau", tau=0.6), Budget(rule="top_k", k=4, floor=0.7, value="one", rank="prob")]
     assert lowest_floor(plain) == 0.6 and lowest_floor(with_mean) == 0.5
@@ -144,6 +150,6 @@ def test_evaluate_writes_the_sweep_plot_table_and_csv(toy, tmp_path):
     evaluate_model({"Toy": model}, cfg, str(out), print_table=False)
     assert (out / "faithfulness_sweep_toy_texts.png").read_bytes()[:4] == b"\x89PNG"
     csv = (out / "faithfulness_sweep_toy_texts.csv").read_text().splitlines()
-    assert csv[0].startswith("budget,rule,tau,k,floor,value,rank,yes_precision,judged") and len(csv) == 1 + 2  # own (top3>0.5) + top1
+    assert csv[0].startswith("budget,rule,tau,k,floor,value,rank,lift,yes_precision,judged") and len(csv) == 1 + 2  # own (top3>0.5) + top1
     report = (out / "report.md").read_text()
     assert "Budget sweep, faithfulness axis" in report and "faithfulness_sweep_toy_texts.png" in report

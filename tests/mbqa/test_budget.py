@@ -84,8 +84,36 @@ def test_rank_by_p_minus_mean_picks_the_questions_that_set_a_text_apart():
         Budget(rule="top_k", k=2, rank="mean")
 
 
+def test_rank_by_lift_ranks_the_questions_above_the_floor_by_p_minus_a_share_of_the_mean():
+    b = Budget(rule="top_k", k=2, floor=0.5, value="prob", rank="lift", lift=0.5)
+    mask, values = apply_budget(P, b, MEAN)
+    # row 0: above the floor q0, q2, q3; p - 0.5 mean = 0.65, 0.35, 0.45 -> q0, q3 (by p alone: q0, q2)
+    # row 2: p - 0.5 mean = [0.74, 0.93, 0.72, 0.86, 0.50] -> q1, q3
+    assert mask.tolist() == [[True, False, False, True, False], [False] * 5, [False, True, False, True, False]]
+    assert values[0].tolist() == pytest.approx([0.9, 0, 0, 0.55, 0])
+    # centred ranks before the floor, so a question below it can take a place: p - mean = [0.30, 0.35, 0.15, -0.1, -0.8]
+    # puts q1 (p 0.45) second and shows q0 alone; lift 1 ranks among q0 and q2 and shows both
+    row = np.array([[0.80, 0.45, 0.65, 0.10, 0.10]], dtype=np.float32)
+    assert active_mask(row, Budget(rule="top_k", k=2, floor=0.5, rank="centred"), MEAN).tolist() == [[True, False, False, False, False]]
+    assert active_mask(row, Budget(rule="top_k", k=2, floor=0.5, rank="lift", lift=1.0), MEAN).tolist() == [[True, False, True, False, False]]
+    # without a floor it ranks every question
+    assert active_mask(row, Budget(rule="top_k", k=2, floor=None, rank="lift", lift=1.0), MEAN).tolist() == [[True, True, False, False, False]]
+    assert b.name == "top2>0.5 prob by p-0.5mean" and b.needs_mean
+    assert b.to_dict() == {"rule": "top_k", "k": 2, "floor": 0.5, "value": "prob", "rank": "lift", "lift": 0.5}
+    assert Budget.from_dict(b.to_dict()) == b and Budget.from_dict(b.to_dict()).lift == 0.5
+    assert b.with_(rank="prob").to_dict() == {"rule": "top_k", "k": 2, "floor": 0.5, "value": "prob", "rank": "prob"}
+    assert b.with_(k=3) == Budget(rule="top_k", k=3, floor=0.5, value="prob", rank="lift", lift=0.5)
+    assert b.with_(rule="tau").to_dict() == {"rule": "tau", "tau": 0.5, "value": "prob"}
+    for lift in (0, 1.5, True):
+        with pytest.raises(ValueError, match="lift must lie in"):
+            Budget(rule="top_k", k=2, rank="lift", lift=lift)
+    with pytest.raises(ValueError, match="rank by lift needs"):
+        active_mask(P, b)
+
+
 @pytest.mark.parametrize("budget", [Budget(rule="tau", tau=0.5), Budget(rule="top_k", k=2, floor=None, value="prob"),
-                                    Budget(rule="top_k", k=3, floor=0.5, value="centred", rank="centred")])
+                                    Budget(rule="top_k", k=3, floor=0.5, value="centred", rank="centred"),
+                                    Budget(rule="top_k", k=3, floor=0.5, value="centred", rank="lift", lift=0.75)])
 def test_the_sparse_form_equals_the_dense_values(budget):
     from cqg_ray.mbqa.budget import sparse_budget
 

@@ -40,6 +40,12 @@ def test_budget_sets_the_rule_measures_the_means_and_refuses_centred_values_with
     assert model.budget == Budget(rule="top_k", k=3, floor=None, value="centred", rank="centred")
     assert model.stats_source.startswith("50 texts of ") and "corpus_400.jsonl" in model.stats_source
 
+    assert main(["budget", path, "--rank", "lift", "--lift", "0.75", "--floor", "0.5", "--value", "prob"]) == 0
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["budget"] == {
+        "rule": "top_k", "k": 3, "floor": 0.5, "value": "prob", "rank": "lift", "lift": 0.75}
+    assert InterpretableEmbedder.load(path, encoder=encoder).budget == Budget(rule="top_k", k=3, floor=0.5, value="prob", rank="lift", lift=0.75)
+    assert main(["budget", path, "--lift", "2"]) == 2 and "lift must lie in (0, 1]" in capsys.readouterr().err
+
 
 def test_budget_stats_that_cannot_be_measured_are_refused_and_the_folder_is_kept(encoder, tmp_path, capsys):  # noqa: F811
     path = tmp_path / "model"
@@ -71,6 +77,7 @@ def test_evaluate_budget_option_parses_over_the_models_own():
         parse_budget(["k16"], base)
     with pytest.raises(ConfigError, match="rank"):
         parse_budget(["rank=mean"], base)
+    assert parse_budget(["rank=lift", "lift=0.25", "k=12"], base) == Budget(rule="top_k", k=12, floor=0.5, value="centred", rank="lift", lift=0.25)
 
 
 def test_budget_keeps_the_config_keys_it_does_not_write_and_the_versions_that_made_the_model(encoder, tmp_path, capsys):  # noqa: F811

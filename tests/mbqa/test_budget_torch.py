@@ -11,7 +11,10 @@ BUDGETS = [Budget(rule="tau", tau=0.5), Budget(rule="tau", tau=0.73, value="prob
            Budget(rule="top_k", k=3, floor=None), Budget(rule="top_k", k=7, floor=0.5, value="prob"),
            Budget(rule="top_k", k=5, floor=0.5, value="centred", rank="centred"),
            Budget(rule="top_k", k=11, floor=0.2, value="one", rank="centred"),
-           Budget(rule="top_k", k=50, floor=0.5, value="centred", rank="centred")]  # k >= m
+           Budget(rule="top_k", k=50, floor=0.5, value="centred", rank="centred"),  # k >= m
+           Budget(rule="top_k", k=4, floor=0.3, value="prob", rank="lift", lift=0.3),
+           Budget(rule="top_k", k=6, floor=None, rank="lift", lift=1.0),
+           Budget(rule="top_k", k=5, floor=0.5, value="centred", rank="lift", lift=0.75)]
 
 
 def probabilities(n=37, m=11, seed=0):
