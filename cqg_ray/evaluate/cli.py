@@ -53,8 +53,9 @@ def add_commands(sub) -> None:
     p.add_argument("--m-sweep", nargs="+", type=int, metavar="M",
                    help="question counts of the m sweep: the first M questions (default: chosen from the model's m)")
     p.add_argument("--active-k", nargs="*", type=int, metavar="K",
-                   help="budgets of the load sweep (default 8 16 32 64 96 128; none: no sweep): per text the K most confident "
-                        "questions, valued 0/1, by probability and centred, on every task; report.md plots quality against load")
+                   help="budgets of the load sweep (default 8 16 32 64 96 128; the flag with no K: no sweep): per text the K most confident "
+                        "questions, valued 0/1, by probability and centred (and, with the model's means, ranked by p - mean and by "
+                        "p - 0.5 mean), on every task; report.md plots quality against load")
     p.add_argument("--budget", nargs="+", metavar="KEY=VALUE",
                    help="evaluate MODEL under another budget than its own, e.g. --budget rule=top_k k=64 floor=0.5 value=centred "
                         "(keys: rule tau|top_k, tau, k, floor (a number or none), value one|prob|centred, rank prob|centred|lift, lift)")

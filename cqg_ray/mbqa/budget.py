@@ -96,9 +96,17 @@ class Budget:
         return self.value == "centred" or (self.rule == "top_k" and self.rank != "prob")
 
     def with_(self, **changes) -> "Budget":
-        """A copy with some fields changed, checked like a new one (``ValueError``); the fields the resulting rule does
-        not use go back to their defaults (``rule="tau"`` drops k, floor, rank and lift; ``rule="top_k"`` drops tau; a
-        rank other than lift drops lift)."""
+        """A copy with some fields changed, checked like a new one (``ValueError``, also for a change the resulting rule
+        would not use: ``k`` for the tau rule, ``tau`` for top_k, ``lift`` for another rank); the fields it does not use
+        go back to their defaults (``rule="tau"`` drops k, floor, rank and lift; ``rule="top_k"`` drops tau; a rank other
+        than lift drops lift)."""
+        rule = changes.get("rule", self.rule)
+        unused = [k for k in changes if (k in ("k", "floor", "rank", "lift") if rule == "tau" else k == "tau")
+                  or (k == "lift" and rule == "top_k" and changes.get("rank", self.rank) != "lift")]
+        if unused:
+            why = ("the tau rule uses tau and value" if rule == "tau" else "the top_k rule's threshold is floor" if unused[0] == "tau"
+                   else "it applies to rank lift only")
+            raise ValueError(f"budget {', '.join(unused)} would not be used: {why}")
         d = {**self.to_dict(), **changes}
         for key in ("tau",) if d.get("rule") == "top_k" else ("k", "floor", "rank", "lift"):
             d.pop(key, None)

@@ -56,11 +56,15 @@ def cmd_budget(args) -> int:
             updates["floor"] = None if args.floor.lower() == "none" else float(args.floor)
         except ValueError:
             raise ConfigError(f"budget: floor must be a number in [0, 1) or none, got {args.floor!r}") from None
+    if updates.get("rule") == "tau" and "tau" not in updates and model.budget.rule != "tau":
+        updates["tau"] = float(model.tau)  # to the tau rule without --tau: the model's own tau (config.json)
     if updates:
         try:
             model.budget = model.budget.with_(**updates)
         except ValueError as e:
             raise ConfigError(f"budget: {e}") from None
+        if model.budget.rule == "top_k" and model.budget.k > model.m:
+            raise ConfigError(f"budget: k must be at most the model's m={model.m}, got {model.budget.k}")
         model.versioned_budget = changed = True
     if model.budget.needs_mean and model.mean is None:
         raise ConfigError("centred values or ranking need the statistics: give --stats TRAINING_TEXTS")

@@ -104,6 +104,14 @@ def test_rank_by_lift_ranks_the_questions_above_the_floor_by_p_minus_a_share_of_
     assert b.with_(rank="prob").to_dict() == {"rule": "top_k", "k": 2, "floor": 0.5, "value": "prob", "rank": "prob"}
     assert b.with_(k=3) == Budget(rule="top_k", k=3, floor=0.5, value="prob", rank="lift", lift=0.5)
     assert b.with_(rule="tau").to_dict() == {"rule": "tau", "tau": 0.5, "value": "prob"}
+    # a change the resulting rule would not use is refused, not dropped
+    for change, says in (({"tau": 0.9}, "budget tau would not be used: the top_k rule's threshold is floor"),
+                         ({"rule": "tau", "k": 5}, "budget k would not be used: the tau rule uses tau and value"),
+                         ({"rule": "tau", "floor": 0.3, "lift": 0.2}, "budget floor, lift would not be used: the tau rule"),
+                         ({"rank": "prob", "lift": 0.3}, "budget lift would not be used: it applies to rank lift only")):
+        with pytest.raises(ValueError, match=says):
+            b.with_(**change)
+    assert Budget(rule="tau", tau=0.7).with_(rule="top_k", k=4) == Budget(rule="top_k", k=4)
     for lift in (0, 1.5, True):
         with pytest.raises(ValueError, match="lift must lie in"):
             Budget(rule="top_k", k=2, rank="lift", lift=lift)

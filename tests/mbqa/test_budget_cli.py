@@ -45,6 +45,15 @@ def test_budget_sets_the_rule_measures_the_means_and_refuses_centred_values_with
         "rule": "top_k", "k": 3, "floor": 0.5, "value": "prob", "rank": "lift", "lift": 0.75}
     assert InterpretableEmbedder.load(path, encoder=encoder).budget == Budget(rule="top_k", k=3, floor=0.5, value="prob", rank="lift", lift=0.75)
     assert main(["budget", path, "--lift", "2"]) == 2 and "lift must lie in (0, 1]" in capsys.readouterr().err
+    before = (tmp_path / "model" / "config.json").read_bytes()
+    for args, says in ((["--tau", "2"], "budget tau would not be used"), (["--rule", "tau", "--k", "5"], "budget k would not be used"),
+                       (["--rank", "prob", "--lift", "0.3"], "budget lift would not be used"),
+                       (["--k", "500"], f"k must be at most the model's m={model.m}, got 500")):
+        assert main(["budget", path, *args]) == 2, args
+        assert says in capsys.readouterr().err, args
+        assert (tmp_path / "model" / "config.json").read_bytes() == before, args  # nothing written
+    assert main(["budget", path, "--rule", "tau"]) == 0  # the model's own tau
+    assert InterpretableEmbedder.load(path, encoder=encoder).budget == Budget(rule="tau", tau=model.tau, value="prob")
 
 
 def test_budget_stats_that_cannot_be_measured_are_refused_and_the_folder_is_kept(encoder, tmp_path, capsys):  # noqa: F811
@@ -77,6 +86,8 @@ def test_evaluate_budget_option_parses_over_the_models_own():
         parse_budget(["k16"], base)
     with pytest.raises(ConfigError, match="rank"):
         parse_budget(["rank=mean"], base)
+    with pytest.raises(ConfigError, match="budget tau would not be used"):
+        parse_budget(["tau=5"], base)
     assert parse_budget(["rank=lift", "lift=0.25", "k=12"], base) == Budget(rule="top_k", k=12, floor=0.5, value="centred", rank="lift", lift=0.25)
 
 
