@@ -177,13 +177,13 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     model_path = resolve_model(model_path)  # a shipped model's name -> its folder
     cfg = cfg or EmbedConfig()
     corpus = (corpus or CorpusConfig()).model_copy(update={"paths": list(corpus_paths), "dedup": False, "limit": None})
+    head = InterpretableEmbedder.load(model_path, load_encoder=False, device="cpu")  # checks the folder; heads only
+    budget = head.budget_for(cfg.tau, cfg.k)  # a bad model, k or tau: said before Ray starts
     if not ray.is_initialized():
         from cqg_ray.pipeline import init_ray
 
         init_ray(RayConfig())
     t_start = time.time()
-    head = InterpretableEmbedder.load(model_path, load_encoder=False, device="cpu")  # checks the folder; heads only
-    budget = head.budget_for(cfg.tau, cfg.k)
     files = list_files(corpus.paths, corpus.format)
     run = RunDir(out)
     stats = [_file_stat(u) for u, _ in files]
@@ -375,6 +375,13 @@ def run_from_args(args) -> dict:
         raise ConfigError(format_errors(err, "the embed options")) from None
     if os.path.isfile(args.out):
         raise ConfigError(f"OUT {args.out} is a file: give a folder to write the embeddings to")
+    if cfg.k is not None and cfg.tau is not None:
+        raise ConfigError("give --k (top-k) or --tau (the tau rule), not both")
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+    m = InterpretableEmbedder.load(args.model, load_encoder=False, device="cpu").m  # a missing model or a --k over m: before the lease and Ray
+    if cfg.k is not None and cfg.k > m:
+        raise ConfigError(f"--k must be from 1 to m={m} (the model's questions), got {cfg.k}")
     with take_lease(args.out, "cqg-ray embed", args.break_lease):  # one writer per OUT (LeaseHeld: exit 3)
         cluster = RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus, max_cpus=args.max_cpus, max_gpus=args.max_gpus)
         init_ray(cluster)

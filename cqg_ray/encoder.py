@@ -315,6 +315,18 @@ def length_order(texts: list[str]) -> np.ndarray:
     return np.argsort([-len(t) for t in texts], kind="stable")
 
 
+def unicode_error(text: str, name: str) -> str | None:
+    """Why ``text`` (called ``name`` in the message) is not valid Unicode, or None when it is: a str may hold an unpaired
+    surrogate (JSON's "\\ud800" escape gives one), which has no UTF-8 form, so no tokenizer or Arrow string takes it."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"{name} is not valid Unicode (an unpaired surrogate at character {e.start})"
+    return None
+
+
 def default_batch_size(device: str) -> int:
     """Texts per encoder call in the corpus passes (encode, embed) when the config leaves it open: 128 on a GPU, 32 on
     a CPU (length-sorted mini-batches pad little: 1.2-1.5x the throughput of 128 with torch, 1.45x that of 256 with

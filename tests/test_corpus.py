@@ -9,7 +9,7 @@ import pytest
 
 from cqg_ray.config import CorpusConfig
 from cqg_ray.corpus import (CorpusError, clean_text, dedup_table, detect_format, list_files, parse_file, prepare,
-                            rows_table, sample_key, text_hash)
+                            read_bytes, rows_table, sample_key, text_hash)
 from cqg_ray.artifacts import load_corpus
 from cqg_ray.rundir import RunDir, run_stage
 
@@ -55,6 +55,32 @@ def test_invalid_utf8_replace_and_reject():
     assert rej.texts == ["ok"]
     assert rej.dropped == {"invalid_utf8": 1}
     assert rej.errors[0].startswith("f:1: invalid UTF-8")
+
+
+def test_unpaired_surrogates_follow_the_invalid_utf8_rule(tmp_path):
+    """JSON's "\\ud800" escape is valid JSON but no UTF-8: such a text or id is replaced or rejected as invalid bytes are."""
+    f = tmp_path / "s.jsonl"
+    f.write_text('{"text": "\\ud800 broken surrogate", "id": "a"}\n{"text": "ok", "id": "b\\udfff"}\n'
+                 '{"text": "a pair \\ud83d\\ude00", "id": "c"}\n{"text": "x \\udc00\\ud800", "id": "d"}\n')
+    data = read_bytes(str(f))
+    rep = parse_file(data, "jsonl", str(f), cfg(id_column="id", invalid_utf8="replace"))
+    assert rep.texts == ["\ufffd broken surrogate", "ok", "a pair \U0001f600", "x \ufffd\ufffd"]
+    assert rep.ids == ["a", "b\ufffd", "c", "d"]
+    assert rep.dropped == {"utf8_replaced": 3} and rep.errors == []
+    table = rows_table(rep, "s.jsonl", dedup=False)
+    assert table.column("text").to_pylist() == rep.texts and table.column("doc_id").to_pylist() == rep.ids
+    rej = parse_file(data, "jsonl", str(f), cfg(id_column="id", invalid_utf8="reject"))
+    assert rej.texts == ["a pair \U0001f600"] and rej.ids == ["c"] and rej.lines == [3]
+    assert rej.dropped == {"invalid_utf8": 3}
+    assert rej.errors == [f"{f}:1: 'text' is not valid Unicode (an unpaired surrogate at character 0); row rejected",
+                          f"{f}:2: the id 'id' is not valid Unicode (an unpaired surrogate at character 1); row rejected",
+                          f"{f}:4: 'text' is not valid Unicode (an unpaired surrogate at character 2); row rejected"]
+    assert rows_table(rej, "s.jsonl", dedup=False).num_rows == 1
+    arr = tmp_path / "s.json"  # a JSON array of objects, and MEDI2 lines, go through the same rule
+    arr.write_text('[{"text": "\\ud800"}, {"text": "ok"}]')
+    assert parse_file(read_bytes(str(arr)), "jsonl", str(arr), cfg()).texts == ["\ufffd", "ok"]
+    medi2 = parse_file(b'{"pos": [["instr", "p \\ud800"]], "neg": [["instr", "n"]]}\n', "medi2", "m", cfg(invalid_utf8="reject"))
+    assert medi2.texts == ["n"] and medi2.dropped == {"invalid_utf8": 1}
 
 
 def test_missing_column_is_a_clear_error():

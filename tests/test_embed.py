@@ -273,6 +273,34 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     assert snapshot_texts(out2)[1] == ["jello world", "second line"]
 
 
+def test_a_bad_k_tau_or_model_is_said_before_the_lease_and_ray(toy_model, tmp_path, capsys, monkeypatch):
+    import cqg_ray.pipeline
+    from cqg_ray.cli import main
+    from cqg_ray.mbqa.toy import TOY_QUESTIONS
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(cqg_ray.pipeline, "init_ray", no_ray)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "hello"}\n')
+    out, m = tmp_path / "out", len(TOY_QUESTIONS)
+    for flags, says in ((["--k", str(m + 1)], f"error: --k must be from 1 to m={m} (the model's questions), got {m + 1}\n"),
+                        (["--k", "3", "--tau", "0.5"], "error: give --k (top-k) or --tau (the tau rule), not both\n")):
+        assert main(["embed", toy_model, str(corpus), str(out), *flags]) == 2, flags
+        assert capsys.readouterr().err == says
+    nope = tmp_path / "nope"
+    assert main(["embed", str(nope), str(corpus), str(out)]) == 2
+    assert capsys.readouterr().err == f"error: not a cqg-ray model: no config.json in {nope} (path does not exist)\n"
+    assert not out.exists()  # no _lease.lock, nothing written
+    for kw, says in (({"k": m + 1}, f"k must be an integer from 1 to m={m}, got {m + 1}"),
+                     ({"k": 3, "tau": 0.5}, "give threshold (the tau rule) or k (top-k), not both")):
+        with pytest.raises(ValueError) as e:  # the Python API too: before Ray starts
+            embed(toy_model, [str(corpus)], str(out), EmbedConfig(**kw))
+        assert str(e.value) == says
+    assert not out.exists()
+
+
 def test_the_tokenizing_stage_gives_the_same_embeddings(ray_local, toy_model, corpus_file, tmp_path, capsys):
     """`--tokenize-stage on`: a CPU actor reads and tokenizes each unit in `chunk_plan`'s chunks, the model's actor runs
     the encoder and heads on the tokens; the outputs equal the actors' own tokenizing, row for row, value for value."""

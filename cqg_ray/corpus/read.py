@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,15 +25,18 @@ import pyarrow.parquet as pq
 
 from cqg_ray.config import CorpusConfig
 from cqg_ray.corpus.clean import clean_text, text_hash
+from cqg_ray.encoder import unicode_error
 from cqg_ray.rundir import resolve
 
 MAX_REPORTED_ERRORS = 20
+SURROGATE = re.compile("[\ud800-\udfff]")  # a code point that a str may hold (JSON's "\ud800" escape) but UTF-8 cannot
 # CSV fields as long as a text may be (the csv module's default limit is 131,072 characters)
 csv.field_size_limit(2**31 - 1)
 
 
 def replaced_utf8_warning(stage: str, n: int) -> str:
-    """The warning a stage logs for rows whose bytes were not UTF-8 and were kept with U+FFFD in their place."""
+    """The warning a stage logs for rows whose bytes were not UTF-8 (or whose JSON strings held unpaired surrogates) and
+    were kept with U+FFFD in their place."""
     return (f"{stage}: {n} row(s) held bytes that are not UTF-8, replaced by U+FFFD (maybe another encoding, or binary; "
             "corpus.invalid_utf8: reject drops such rows)")
 
@@ -124,6 +128,13 @@ def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseRe
         if text is not None and not isinstance(text, str):
             res.error("not_text", f"{source}:{line}: {cfg.text_column!r} is not a string (a JSON or Arrow {type(text).__name__}); row rejected")
             return
+        fields = ((text, repr(cfg.text_column)), (doc_id, f"the id {cfg.id_column!r}"))
+        if problem := next((p for v, name in fields if isinstance(v, str) and (p := unicode_error(v, name))), None):
+            if cfg.invalid_utf8 == "reject":  # not UTF-8 either: the rule for invalid bytes, a row at a time
+                res.error("invalid_utf8", f"{source}:{line}: {problem}; row rejected")
+                return
+            res.dropped["utf8_replaced"] += 1  # kept, not dropped; counted for the report
+            text, doc_id = (SURROGATE.sub("\ufffd", v) if isinstance(v, str) else v for v, _ in fields)
         t = clean_text(text, cfg.min_chars, cfg.max_chars)
         if t is None:
             res.dropped["empty"] += 1

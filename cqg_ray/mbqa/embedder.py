@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cqg_ray.encoder import batch_plan, length_order
+from cqg_ray.encoder import batch_plan, length_order, unicode_error
 from cqg_ray.explain import Explanation, explanation
 from cqg_ray.mbqa.budget import Budget, apply_budget
 from cqg_ray.mbqa.budget_torch import join_parts, output_part, zero_rows
@@ -342,6 +342,8 @@ class InterpretableEmbedder:
         bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
         if bad is not None:
             raise TypeError(f"texts[{bad}] must be a str, got {type(texts[bad]).__name__}")
+        if problem := next(filter(None, (unicode_error(t, f"texts[{i}]") for i, t in enumerate(texts))), None):  # a lone surrogate
+            raise ValueError(problem)
         if batch_size < 1 or chunk_size < 1:
             raise ValueError(f"batch_size and chunk_size must be at least 1, got {batch_size} and {chunk_size}")
         enc = self.encoder
@@ -374,6 +376,8 @@ class InterpretableEmbedder:
             raise TypeError(f"explain takes two texts (str), got {type(text_a).__name__} and {type(text_b).__name__}")
         if not text_a.strip() or not text_b.strip():
             raise ValueError(f"{'text_a' if not text_a.strip() else 'text_b'} is empty or only whitespace: there is nothing to explain")
+        if problem := unicode_error(text_a, "text_a") or unicode_error(text_b, "text_b"):
+            raise ValueError(problem)
         b = self.budget_for(threshold, k, budget)
         p = self.encode([text_a, text_b], output="probs", progress=False)
         return self.explanation(p[0], p[1], b)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cqg_ray.config import ServeConfig
+from cqg_ray.encoder import unicode_error
 from cqg_ray.mbqa.embedder import InterpretableEmbedder
 from cqg_ray.serve.protocol import (
     ApiError,
@@ -95,10 +96,8 @@ class EmbeddingService:
                 raise ApiError(422, f"{name} is empty or only whitespace", code="empty_text", param=name)
             if len(t) > self.cfg.max_chars_per_text:
                 raise ApiError(413, f"{name} has {len(t)} characters; at most {self.cfg.max_chars_per_text}", code="text_too_long", param=name)
-            try:
-                t.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ApiError(422, f"{name} is not valid Unicode (an unpaired surrogate at character {e.start})", code="invalid_text", param=name) from None
+            if problem := unicode_error(t, name):
+                raise ApiError(422, problem, code="invalid_text", param=name)
 
     def budget(self, tau: float | None = None, k: int | None = None):
         """The budget of one request: its tau or k, else the model's; a k over m is a 422."""

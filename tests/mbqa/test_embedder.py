@@ -242,6 +242,21 @@ def test_an_empty_text_answers_no_to_every_question_and_is_not_explained(saved, 
             model.explain(a, b)
 
 
+def test_a_text_with_an_unpaired_surrogate_is_named_as_the_server_names_it(saved, encoder):
+    model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
+    for texts, says in ((["\ud800 x"], "texts[0] is not valid Unicode (an unpaired surrogate at character 0)"),
+                        ([TEXTS[0], "caf\u00e9 \udfff"], "texts[1] is not valid Unicode (an unpaired surrogate at character 5)")):
+        with pytest.raises(ValueError) as e:
+            model.encode(texts)
+        assert str(e.value) == says
+    for a, b, says in (("\ud800 x", "y", "text_a is not valid Unicode (an unpaired surrogate at character 0)"),
+                       ("x", "y \udc00", "text_b is not valid Unicode (an unpaired surrogate at character 2)")):
+        with pytest.raises(ValueError) as e:
+            model.explain(a, b)
+        assert str(e.value) == says
+    assert model.encode(["caf\u00e9 \U0001f600"]).shape == (1, M)  # characters past ASCII, a pair made into one code point: fine
+
+
 def test_encode_rejects_a_bare_string(saved, encoder):
     model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
     with pytest.raises(TypeError, match="list of texts"):
