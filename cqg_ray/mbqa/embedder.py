@@ -219,11 +219,11 @@ class InterpretableEmbedder:
         path = resolve_model(path)
         run = RunDir(path)
         if not run.exists("config.json"):
-            what = "folder" if run.exists() else "path"
+            what = "a file, not a folder" if os.path.isfile(path) else "folder exists" if run.exists() else "path does not exist"
             hint = ""
             if "/" not in path and os.sep not in path:
                 hint = f"; shipped models: {', '.join(shipped_models()) or 'none found'} (looked in {', '.join(map(str, model_dirs()))})"
-            raise ModelError(f"not a cqg-ray model: no config.json in {path} ({what} {'exists' if run.exists() else 'does not exist'}){hint}")
+            raise ModelError(f"not a cqg-ray model: no config.json in {path} ({what}){hint}")
         cfg = _read_json(run, "config.json")
         if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
             raise ModelError(f"{path}/config.json is not a cqg-ray model config (format {cfg.get('format') if isinstance(cfg, dict) else None!r})")

@@ -75,7 +75,7 @@ class EmbedResponse(BaseModel):
     model: str
     m: int
     tau: float = ModelTau
-    budget: str = Field(description="the rule that chose the active questions, e.g. top64>0.5 centred")
+    budget: str = Field(description="the rule that chose the active questions, e.g. top64>0.5 centred (output probs: none)")
     output: Literal["bits", "probs", "sparse"]
     packed: bool
     embeddings: list[str] | list[list[int]] | list[list[float]] | None = Field(None, description="bits, packed bits or probabilities")

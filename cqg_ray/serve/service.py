@@ -114,7 +114,8 @@ class EmbeddingService:
         self.check_texts(req.texts, "texts")
         budget = self.budget(req.tau, req.k)
         p = await self.probs(req.texts)
-        out = dict(model=self.cfg.model_name, m=self.model.m, tau=self.model.tau, budget=budget.name, output=req.output, packed=req.packed)
+        shown = budget.name if req.output != "probs" else "none: every probability"  # probs: no budget chooses anything
+        out = dict(model=self.cfg.model_name, m=self.model.m, tau=self.model.tau, budget=shown, output=req.output, packed=req.packed)
         if req.output == "probs":
             return EmbedResponse(**out, embeddings=[[round(float(v), 6) for v in row] for row in p])
         mask, values = self.model.apply(p, budget)

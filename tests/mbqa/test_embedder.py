@@ -280,6 +280,9 @@ def test_a_bare_name_loads_from_the_models_folders(saved, encoder, tmp_path, mon
     np.testing.assert_array_equal(model.encode(TEXTS, progress=False), make_model(encoder).encode(TEXTS, progress=False))
     with pytest.raises(ModelError, match=r"no-such-model \(path does not exist\); shipped models: .*my-model"):
         InterpretableEmbedder.load("no-such-model")
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(ModelError, match=r"no config.json in .*notes.txt \(a file, not a folder\)$"):
+        InterpretableEmbedder.load(str(tmp_path / "notes.txt"))
 
     # a folder of that name here that is not a model (an evaluation written into it, say) does not hide the shipped one;
     # a model folder of that name here wins, as any path does
