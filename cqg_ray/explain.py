@@ -92,13 +92,13 @@ def explanation(p_a: np.ndarray, p_b: np.ndarray, ya: np.ndarray, yb: np.ndarray
 
 
 def reliability_note(precision: float | None, n_heldout: int | None) -> str:
-    """"precision 0.83, 12 held-out labels" / "precision unmeasured, 3 held-out labels" / "" (a model without the
-    figures)."""
+    """"labeller precision 0.83, 12 held-out labels" / "labeller precision unmeasured, 3 held-out labels" / "" (a
+    model without the figures): agreement with the labelling LLM, named so that it is not read as the truth."""
     if n_heldout is None:
         return ""
     if precision is None:
-        return f"precision unmeasured, {n_heldout} held-out labels"
-    return f"precision {precision:.2f}, {n_heldout} held-out labels"
+        return f"labeller precision unmeasured, {n_heldout} held-out labels"
+    return f"labeller precision {precision:.2f}, {n_heldout} held-out labels"
 
 
 def format_explanation(ex: Explanation, text_a: str, text_b: str, max_rows: int = 8) -> str:

@@ -153,8 +153,8 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
     for h in hits[:2]:
         for i in h.shared:
             note = "" if recs[i].get("n_heldout") is None else (
-                f"  (precision unmeasured, {recs[i]['n_heldout']} held-out labels)" if recs[i]["precision"] is None
-                else f"  (precision {recs[i]['precision']:.2f}, {recs[i]['n_heldout']} held-out labels)")
+                f"  (labeller precision unmeasured, {recs[i]['n_heldout']} held-out labels)" if recs[i]["precision"] is None
+                else f"  (labeller precision {recs[i]['precision']:.2f}, {recs[i]['n_heldout']} held-out labels)")
             want.append(f"yes both  [{i}] {recs[i]['text']}{note}")
     assert listed == want and any("precision 0." in ln for ln in listed)
 

@@ -86,9 +86,9 @@ def test_each_question_carries_its_measured_precision():
     assert [(q.precision, q.n_heldout) for q in ex.shared_yes + ex.only_a + ex.only_b] == [(0.8333, 12), (None, 3), (None, None)]
     assert format_explanation(ex, "one", "two").splitlines()[3:] == [
         "  both yes:",
-        "    [   a] Q0?  (A 0.90, B 0.70, precision 0.83, 12 held-out labels)",
+        "    [   a] Q0?  (A 0.90, B 0.70, labeller precision 0.83, 12 held-out labels)",
         "  only A yes:",
-        "    [   b] Q1?  (A 0.80, B 0.30, precision unmeasured, 3 held-out labels)",
+        "    [   b] Q1?  (A 0.80, B 0.30, labeller precision unmeasured, 3 held-out labels)",
         "  only B yes:",
         "    [   c] Q2?  (A 0.10, B 0.90)",
     ]
