@@ -121,7 +121,8 @@ def cmd_serve(args) -> int:
     address = ray_address(args.address, None)
     if address is None:  # a local Ray: its proxy listens on this machine
         if (why := port_taken(cfg.host, cfg.port)) is not None:
-            print(f"error: cannot serve on {why}; choose another --port", file=sys.stderr)
+            advice = "choose another --host" if why.startswith("--host") else "choose another --port"
+            print(f"error: cannot serve on {why}; {advice}", file=sys.stderr)
             return 2
         use_throughput_env()
     init_ray(RayConfig(address=address, num_cpus=args.num_cpus))

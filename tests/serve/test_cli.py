@@ -88,6 +88,7 @@ def test_serve_refuses_a_port_in_use_and_a_host_that_does_not_resolve(toy_model,
     assert main(["serve", toy_model, "--host", "no-such-host.invalid"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot serve on --host no-such-host.invalid: the name does not resolve (") and "Traceback" not in err
+    assert err.endswith("); choose another --host\n")
     assert started == []
 
 
