@@ -64,6 +64,10 @@ def cmd_questions(args) -> int:
         rows = model_questions(args.run_dir)
     else:
         run = RunDir(args.run_dir)
+        if not run.exists():
+            from cqg_ray.mbqa.embedder import shipped_models
+
+            raise ConfigError(f"questions: no run directory or model at {args.run_dir} (shipped models: {', '.join(shipped_models()) or 'none'})")
         t = load_questions(run)
         if args.all:
             t = run.read_table("questions/candidates.parquet").rename_columns(
