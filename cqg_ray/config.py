@@ -300,8 +300,8 @@ class BudgetConfig(Section):
                                                      "question's mean probability on the training texts")
     rank: Literal["prob", "centred", "lift"] = Field("centred", description="top_k: rank by p (most confident), by p minus the "
                                                      "question's mean (the questions that set the text apart), or lift: the "
-                                                     "questions above the floor by p minus lift times the mean")
-    lift: float = Field(0.5, gt=0, le=1, description="rank lift: the share of a question's mean taken off its p")
+                                                     "questions above the floor by p minus 0.5 times the mean (another share: "
+                                                     "cqg-ray budget MODEL --lift X after training)")
 
 
 class TrainConfig(Section):

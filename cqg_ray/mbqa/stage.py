@@ -37,7 +37,7 @@ def model_budget(cfg: PipelineConfig):
     b = cfg.train.budget
     if b.rule == "tau":
         return Budget(rule="tau", tau=cfg.train.tau, value=b.value)
-    return Budget(rule="top_k", k=b.k, floor=b.floor, value=b.value, rank=b.rank, **({"lift": b.lift} if b.rank == "lift" else {}))
+    return Budget(rule="top_k", k=b.k, floor=b.floor, value=b.value, rank=b.rank)
 
 
 def labelled_doc_ids(run) -> np.ndarray:
