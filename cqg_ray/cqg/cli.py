@@ -48,6 +48,10 @@ def cmd_questions(args) -> int:
     from cqg_ray.config import ConfigError
     from cqg_ray.rundir import RunDir
 
+    if not _is_model(args.run_dir) and not RunDir(args.run_dir).exists():
+        from cqg_ray.mbqa.embedder import shipped_models
+
+        raise ConfigError(f"questions: no run directory or model at {args.run_dir} (shipped models: {', '.join(shipped_models()) or 'none'})")
     if args.quality:
         import json
 
@@ -64,10 +68,6 @@ def cmd_questions(args) -> int:
         rows = model_questions(args.run_dir)
     else:
         run = RunDir(args.run_dir)
-        if not run.exists():
-            from cqg_ray.mbqa.embedder import shipped_models
-
-            raise ConfigError(f"questions: no run directory or model at {args.run_dir} (shipped models: {', '.join(shipped_models()) or 'none'})")
         t = load_questions(run)
         if args.all:
             t = run.read_table("questions/candidates.parquet").rename_columns(

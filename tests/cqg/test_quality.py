@@ -139,3 +139,5 @@ def test_a_models_questions_are_listed_and_searched_as_a_runs_are(capsys):
     assert "is a model, which keeps its selected questions only" in capsys.readouterr().err
     assert main(["questions", "cqg-minilm-reff"]) == 2  # a mistyped name: said, with the names there are
     assert "error: questions: no run directory or model at cqg-minilm-reff (shipped models: cqg-minilm-ref" in capsys.readouterr().err
+    assert main(["questions", "cqg-minilm-reff", "--quality"]) == 2  # the quality measures too
+    assert "error: questions: no run directory or model at cqg-minilm-reff (shipped models: cqg-minilm-ref" in capsys.readouterr().err
