@@ -34,6 +34,7 @@ class ConfigError(ValueError):
 
 
 Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]  # what every seeded library takes (numpy, faiss, torch)
+AnswerPrompt = Literal["answer", "judge"]  # how a single-pass yes/no is asked: the labelling prompt, or the judge's
 
 
 class Section(BaseModel):
@@ -277,7 +278,7 @@ class LabelConfig(Section):
                               "null: the llm's. What the demo's writer labelling bought its model: docs/evaluation.md "
                               "(the labeller against the hand answers). The demo's sizing costs labels at the answerer's "
                               "rate, so a demo that labels with a slower model runs past its minutes")
-    prompt: Literal["answer", "judge"] = Field("answer", description="single-pass labels: answer = the labelling prompt (the "
+    prompt: AnswerPrompt = Field("answer", description="single-pass labels: answer = the labelling prompt (the "
                                                "question after the text, the reply begun); judge = the faithfulness judge's "
                                                "prompt after its worked examples (JUDGE_SHOTS). Packed answers ask A.3's prompt")
     yes_above: float = Field(0.5, gt=0, lt=1, description="a label is yes where the labeller's P(yes) is above this (0.5: "
@@ -438,7 +439,7 @@ class FaithfulnessConfig(Section):
     labeller: LLMConfig = Field(default_factory=LLMConfig, description="the LLM that labelled the model's training texts, with its "
                                 "answer mode; left at its default (the bundled Qwen2.5-Coder-0.5B, single-pass, as the demo), the "
                                 "embedded model the model folder's labelled_by names, where it names one (its engine setting too)")
-    labeller_prompt: Literal["answer", "judge"] = Field("answer", description="how the links' labeller is asked, as label.prompt: "
+    labeller_prompt: AnswerPrompt = Field("answer", description="how the links' labeller is asked, as label.prompt: "
                                                         "left at answer, the model folder's labelled_by prompt where it records one "
                                                         "(single-pass only)")
     labeller_yes_above: float = Field(0.5, gt=0, lt=1, description="the links' labeller says yes where its P(yes) is above this, as "

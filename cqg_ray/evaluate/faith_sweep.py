@@ -30,7 +30,7 @@ def sweep_budgets(model_budget: Budget, ks: list[int], floors: list[float], has_
     each of ``lifts``) at every floor and k (values do not change which questions are shown, so each budget keeps the
     model's value)."""
     value = model_budget.value if (has_mean or model_budget.value != "centred") else "one"
-    ranks = [("prob", {}), ("centred", {})] + [("lift", {"lift": float(x)}) for x in lifts] if has_mean else [("prob", {})]
+    ranks = ([("prob", {}), ("centred", {})] + [("lift", {"lift": float(x)}) for x in lifts]) if has_mean else [("prob", {})]
     out = [model_budget]
     for rank, lift in ranks:
         for floor in floors:

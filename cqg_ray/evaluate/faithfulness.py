@@ -355,7 +355,7 @@ def labeller_answers(sample: list[str], picks: list[tuple[int, int, int]], recor
                      progress: bool, backend: Any = None) -> list[bool]:
     """The labelling LLM's yes/no on each sampled (row, question), with the labelling prompt of its answer mode (one
     question a prompt), through the ledger under ``out_dir`` (stage ``faithfulness-labeller``)."""
-    from cqg_ray.llm.answers import answer_requests
+    from cqg_ray.llm.answers import answer_requests, labelled_yes
     from cqg_ray.llm.prompts import clip_text
     from cqg_ray.llm.runner import run_requests
     from cqg_ray.rundir import RunDir
@@ -369,9 +369,7 @@ def labeller_answers(sample: list[str], picks: list[tuple[int, int, int]], recor
         results = run_requests(requests, lab, RunDir(out_dir), stage="faithfulness-labeller", progress=progress, backend=labeller)
     said = yes_answers(results, "the labelling LLM", "pairs",
                        "rerun (the ledger keeps the answered ones), or leave the links out: evaluate.faithfulness.links=false")
-    # single-pass: yes above labeller_yes_above, as the labels stage reads label.yes_above; packed: the parsed answer
-    return [bool(r.p_yes[0] > cfg.labeller_yes_above) if q.yes_no and r.p_yes and r.p_yes[0] is not None else yes
-            for q, r, yes in zip(requests, results, said)]
+    return [labelled_yes(q, r.p_yes[0] if r.p_yes else None, yes, cfg.labeller_yes_above) for q, r, yes in zip(requests, results, said)]
 
 
 def format_faithfulness(name: str, res: dict[str, Any]) -> str:

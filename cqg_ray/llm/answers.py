@@ -14,11 +14,17 @@ from __future__ import annotations
 
 from typing import Any, Literal, Sequence
 
+from cqg_ray.config import AnswerPrompt
 from cqg_ray.llm.base import Request
 from cqg_ray.llm.prompts import SINGLE_ANSWER_PREFIX, answer_messages, chunk_questions, judge_shot_messages, single_answer_messages
 
 AnswerMode = Literal["single", "packed"]
-AnswerPrompt = Literal["answer", "judge"]
+
+
+def labelled_yes(req: Request, p_yes: float | None, parsed: bool, yes_above: float) -> bool:
+    """A label's yes/no: a single-pass request's P(yes) above ``yes_above`` (``label.yes_above``); a packed one's
+    decoded answer."""
+    return bool(p_yes > yes_above) if req.yes_no and p_yes is not None else bool(parsed)
 
 
 def answer_requests(text: str, question_ids: Sequence[int], questions: Sequence[str], mode: AnswerMode, per_prompt: int,

@@ -92,7 +92,7 @@ class Budget:
 
     @property
     def needs_mean(self) -> bool:
-        """Whether applying it needs the questions' mean probabilities (centred values, or ranking by p - mean)."""
+        """Whether applying it needs the questions' mean probabilities (centred values, or ranking by p - mean or lift)."""
         return self.value == "centred" or (self.rule == "top_k" and self.rank != "prob")
 
     def with_(self, **changes) -> "Budget":

@@ -78,6 +78,8 @@ class LabelJob(PlanJob):
         return reqs, plan
 
     def assemble(self, group: int, reqs: list, results: list[dict | None], plan: pa.Table) -> dict[str, Any]:
+        from cqg_ray.llm.answers import labelled_yes
+
         m = len(self.questions)
         sources = plan.column("source").to_pylist()
         qindex = plan.column("question_index").to_pylist()
@@ -95,8 +97,7 @@ class LabelJob(PlanJob):
                 p_yes = None if res["p_yes"] is None else res["p_yes"][j]
                 lab["doc_id"].append(r.meta["doc_id"])
                 lab["question_id"].append(q)
-                single = r.yes_no and p_yes is not None  # single-pass: the label is P(yes) against label.yes_above
-                lab["answer"].append(p_yes > self.cfg.label.yes_above if single else bool(res["answers"][j]))
+                lab["answer"].append(labelled_yes(r, p_yes, res["answers"][j], self.cfg.label.yes_above))
                 lab["p_yes"].append(p_yes)
                 lab["source"].append(str(SOURCES[src[q]]))
         labels = pa.table(lab, schema=LABELS_SCHEMA)
