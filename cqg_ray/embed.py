@@ -137,7 +137,8 @@ class EmbedUnits(UnitActor):
         return chunk_plan(texts, batch_size, st_order)
 
     def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
-        emb = self.model.encode(texts, output=self._kind, budget=self.budget, batch_size=self.batch_size, progress=False)
+        budget = None if self._kind == "probs" else self.budget  # probabilities are unbudgeted (the files record the budget)
+        emb = self.model.encode(texts, output=self._kind, budget=budget, batch_size=self.batch_size, progress=False)
         self._write(name, doc_ids, emb)
 
     def write_tokens(self, name: str, doc_ids: pa.Array, chunks: list) -> None:

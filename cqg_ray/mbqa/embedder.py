@@ -92,12 +92,6 @@ class ModelError(ArtifactError):
     """A missing, corrupt or inconsistent model folder."""
 
 
-def _auto_device(device: str | None) -> str:
-    if device is not None:
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 _count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
 CONFIG_TYPES = (  # config.json's fields: (key, what it must be, the check)
     ("format_version", "a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool)),
@@ -130,7 +124,7 @@ class InterpretableEmbedder:
             raise ModelError("the budget centres values or ranks by p - mean but the model has no stats (mean probabilities)")
         self.eval_report = eval_report
         self.normalize = normalize
-        self.device = _auto_device(device)
+        self.device = device if device is not None else "cuda" if torch.cuda.is_available() else "cpu"
         self.backend = backend  # the encoder backend (cqg_ray.encoder); the heads stay torch
         self.path: str | None = None  # the folder it was loaded from
         self.loaded_config: dict = {}  # its config.json: keys this version does not write, and the versions, survive a save
@@ -283,9 +277,12 @@ class InterpretableEmbedder:
         return parts
 
     # ------------------------------------------------------------------ the budget
-    def budget_for(self, threshold: float | None = None, k: int | None = None, budget: Budget | None = None) -> Budget:
+    def budget_for(self, threshold: float | None = None, k: int | None = None, budget: Budget | None = None, output: str = "bits") -> Budget:
         """The budget of one call: ``budget`` as given; ``threshold``: the tau rule at that tau (values as the model's);
-        ``k``: the model's budget with k questions (a tau-rule model: top-k with its tau as the floor); else the model's."""
+        ``k``: the model's budget with k questions (a tau-rule model: top-k with its tau as the floor); else the model's.
+        output "probs" is every probability, unbudgeted, so it takes none of the three."""
+        if output == "probs" and (threshold is not None or k is not None or budget is not None):
+            raise ValueError("output='probs' gives every probability, unbudgeted: k, threshold and budget choose the active questions of bits, packed, sparse")
         if budget is not None:
             if threshold is not None or k is not None:
                 raise ValueError("give budget, or threshold / k, not both")
@@ -313,7 +310,7 @@ class InterpretableEmbedder:
                           budget: Budget | None = None, binary: bool | None = None, packed: bool | None = None):
         """Heads on precomputed encoder embeddings (n, d) (normalised the same way as in training); `output` as in `encode`."""
         output = _output(output, binary, packed)
-        b = self.budget_for(threshold, k, budget)
+        b = self.budget_for(threshold, k, budget, output)
         emb = np.asarray(emb, dtype=np.float32)
         if emb.ndim != 2 or emb.shape[1] != self.dims:
             raise ValueError(f"embeddings must be (n, {self.dims}), got shape {emb.shape}")
@@ -335,7 +332,7 @@ class InterpretableEmbedder:
         binary / packed: the old flags (deprecated): binary=False is output="probs", packed=True is output="packed".
         """
         output = _output(output, binary, packed)
-        b = self.budget_for(threshold, k, budget)
+        b = self.budget_for(threshold, k, budget, output)
         if isinstance(texts, str):
             raise TypeError("encode takes a list of texts; wrap a single text in a list")
         texts = list(texts)

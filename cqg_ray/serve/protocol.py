@@ -68,6 +68,8 @@ class EmbedRequest(Strict):
             raise ValueError("packed applies to output 'bits' only")
         if self.tau is not None and self.k is not None:
             raise ValueError("give tau (the paper's rule) or k (top-k), not both")
+        if self.output == "probs" and (self.tau is not None or self.k is not None):
+            raise ValueError("output 'probs' is every probability, unbudgeted: tau and k choose the active questions of bits and sparse")
         return self
 
 

@@ -113,6 +113,21 @@ def test_encode_old_flags_still_work_with_a_deprecation_warning(saved, encoder):
         np.testing.assert_array_equal(model.encode_embeddings(emb, binary=False), model.encode_embeddings(emb, output="probs"))
 
 
+def test_probabilities_take_no_budget(saved, encoder):
+    model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
+    says = "output='probs' gives every probability, unbudgeted: k, threshold and budget choose the active questions of bits, packed, sparse"
+    for kw in ({"k": 3}, {"threshold": 0.5}, {"budget": model.budget}):
+        with pytest.raises(ValueError) as e:
+            model.encode(TEXTS, output="probs", **kw)
+        assert str(e.value) == says
+        with pytest.raises(ValueError) as e:
+            model.encode_embeddings(encoder.encode(TEXTS), output="probs", **kw)
+        assert str(e.value) == says
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="unbudgeted"):
+        model.encode(TEXTS, binary=False, threshold=0.9)  # the old flags asking for probabilities
+    assert model.encode(TEXTS, output="bits", k=3).sum(axis=1).max() <= 3
+
+
 def test_texts_of_the_wrong_kind_are_named(saved, encoder):
     model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
     for texts, says in (([None], "texts[0] must be a str, got NoneType"), (["a", 1], "texts[1] must be a str, got int"),

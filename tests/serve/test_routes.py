@@ -46,9 +46,9 @@ def test_embed_bits_probs_packed_and_tau(client, model):
     assert bits.shape == (4, 32) and set(np.unique(bits)) <= {0, 1}
     assert_bits_match(bits, p, 0.5)
 
-    got = client.post("/embed", json={"texts": TEXTS, "output": "probs", "k": 3}).json()
+    got = client.post("/embed", json={"texts": TEXTS, "output": "probs"}).json()
     probs = np.array(got["embeddings"])
-    assert got["budget"] == "none: every probability"  # a k chooses nothing among all m probabilities
+    assert got["budget"] == "none: every probability"
     assert probs.shape == (4, 32)
     assert np.allclose(probs, p, atol=1e-4)
 
