@@ -43,7 +43,10 @@ DECODE_TOKEN_COST = 1.5
 # generate engine: llama.cpp read them at 78 tokens/s against 101 timed (16 prompts, `bench/generate.py --demo`, the Intel
 # AMX host under the AVX2 cap, 2026-12-06) and at 95 against 123 (a Zen 5 under the cap, 2026-12-02): 0.77 both times,
 # its attention's share growing with the context; torch-float32 read both at 37 tokens/s, torch-bfloat16 as timed
-LONG_PROMPT_READ = {"llamacpp": 0.77}
+# with AMX. torch-bfloat16 without AMX (AVX-512-BF16 only) read them at 0.68-0.72 of the timed rate in two Zen 4 demos
+# (2026-11-28, 12-01), 0.87 in `bench/generate.py --demo --prompts 16 --batch 16` on a Zen 4 (2026-12-07: 113
+# tokens/s against 130) and ~0.74 in a Zen 5 demo (140 against 188, 2026-12-02)
+LONG_PROMPT_READ = {"llamacpp": 0.77, "torch-bfloat16 without AMX": 0.75}
 # the answerer's pairs a second on the demo's probes and on its labels, as a share of the timed pairs' (4 short texts,
 # 5 questions each): a probe text is asked its cluster's ~9 candidates, a label text ~4 questions and is up to 300
 # characters long. Probes ran at 1.21 and 1.07 of the timed rate, labels at 0.79 and 0.65 (two demos on an Intel AMX
@@ -126,6 +129,15 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
               f"written{f' by {rates.write_batch} sequences together' if (rates.write_batch or 1) > 1 else ''}; answerer {rates.pairs:.1f} pairs/s"
               f"{host_note(rates.host_speed)})")
     return {k: v for k, v in sized.items() if k not in fixed}, reason
+
+
+def long_prompt_read(engine: str, flags: set[str] | None = None) -> float:
+    """LONG_PROMPT_READ of the writer's generate engine on this CPU (``flags``: hardware.cpu_flags())."""
+    if engine == "torch-bfloat16":
+        from cqg_ray.hardware import cpu_flags
+
+        engine = "torch-bfloat16" if "amx_bf16" in (cpu_flags() if flags is None else flags) else "torch-bfloat16 without AMX"
+    return LONG_PROMPT_READ.get(engine, 1.0)
 
 
 def host_note(host_speed: float | None) -> str:
@@ -257,7 +269,7 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
         # the stages answer with the demo's engines, loaded once (demo_engines): the measurement's, else loaded by the stages
         loads = 0.0 if source == "measured now" else (rates.writer_load or 0.0) + (rates.answerer_load or 0.0)
         engine = resolve_engine(writer.llamacpp.generate_engine, work="generate")
-        sized, reason = size_demo(cfg, rates, minutes * 60, fixed, spent_s=spent, loads_s=loads, read_speed=LONG_PROMPT_READ.get(engine, 1.0))
+        sized, reason = size_demo(cfg, rates, minutes * 60, fixed, spent_s=spent, loads_s=loads, read_speed=long_prompt_read(engine))
         record = {"overrides": sized, "reason": reason, "rates": asdict(rates), "rates_from": source, "minutes": minutes,
                   "sizing_s": round(time.perf_counter() - t0, 1), "spent_s": round(spent, 1)}
     run.write_json(SIZED, record)

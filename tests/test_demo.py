@@ -138,7 +138,7 @@ def test_generation_is_sized_as_the_writer_works_through_its_calls():
     # `bench/generate.py --demo --prompts 16` read 19,569 prompt tokens (the 691 of the prefix once) and took 334.9 s;
     # the rule at its LONG_PROMPT_READ gives 321.9 s, at the rate timed on a short prompt 255.9 s
     ll, own = Rates(read=100.85, write=17.10, pairs=6.4, write_batch=4), (19_569 - 691) / 16
-    assert LONG_PROMPT_READ == {"llamacpp": 0.77}
+    assert LONG_PROMPT_READ == {"llamacpp": 0.77, "torch-bfloat16 without AMX": 0.75}
     assert generation_s(16, own, ll, 32, LONG_PROMPT_READ["llamacpp"]) == pytest.approx(334.9, rel=0.05)
     assert generation_s(16, own, ll, 32) == pytest.approx(255.9, abs=0.1)
     # the demos measured stage by stage, within a tenth: on an Intel AMX host (2026-12-06, torch-bfloat16: its rates
@@ -147,7 +147,24 @@ def test_generation_is_sized_as_the_writer_works_through_its_calls():
     # tokens) 232.4 s (the rule: 232.1)
     amx = Rates(read=206.274, write=14.107, pairs=31.2, write_batch=4)
     assert generation_s(24, 984, amx, 32) == pytest.approx(210.0, rel=0.1)
+    # torch-bfloat16 without AMX, on Zen 4 (AVX-512-BF16): 16 prompts read 19,291 tokens (597 of a shared prefix once)
+    # and took 212.4 s (`bench/generate.py --demo --prompts 16 --batch 16`, 2026-12-07; rates 130.4 read, 34.14 by 4),
+    # and a demo's 16 read ~16.9k after the prefix in 259.7 s (2026-12-01; rates 138 read, 26.2 by 4): the rule at 0.75
+    # gives 243 and 219 s, at the timed rate 187 and 170
     assert generation_s(10, 984 - 24 * 23, Rates(read=47, write=6.2, pairs=6.8, write_batch=4), 32) == pytest.approx(232.4, rel=0.1)
+    zen4 = LONG_PROMPT_READ["torch-bfloat16 without AMX"]
+    assert generation_s(16, (19_291 - 597) / 16, Rates(read=130.4, write=34.14, pairs=22, write_batch=4), 32, zen4) == pytest.approx(212.4, rel=0.15)
+    assert generation_s(16, 16_900 / 16, Rates(read=138, write=26.2, pairs=24, write_batch=4), 32, zen4) == pytest.approx(259.7, rel=0.2)
+    assert generation_s(16, 16_900 / 16, Rates(read=138, write=26.2, pairs=24, write_batch=4), 32) == pytest.approx(170, rel=0.01)
+
+
+def test_the_long_prompt_share_follows_the_engine_and_the_cpu():
+    from cqg_ray.demo import long_prompt_read
+
+    assert long_prompt_read("torch-bfloat16", {"avx512_bf16", "amx_bf16", "amx_tile"}) == 1.0  # Intel AMX: as timed
+    assert long_prompt_read("torch-bfloat16", {"avx512_bf16", "avx512f"}) == 0.75  # AMD Zen 4 / Zen 5
+    assert long_prompt_read("llamacpp", {"avx2"}) == 0.77
+    assert long_prompt_read("torch-float32", {"avx2"}) == 1.0
 
 
 def test_a_slow_machine_drops_clusters_then_probes_then_negatives_and_keeps_the_floor():
