@@ -323,8 +323,10 @@ def test_a_failed_prepares_parts_do_not_enter_the_next_corpus(ray_local, tmp_pat
 def test_prepare_missing_column_error(ray_local, tmp_path):
     (tmp_path / "a.jsonl").write_text('{"body": "x"}\n')
     run = RunDir(str(tmp_path / "run"))
-    with pytest.raises(CorpusError, match="no line has the text field 'text'"):
+    with pytest.raises(CorpusError) as err:
         _prepare(run, CorpusConfig(paths=[str(tmp_path / "a.jsonl")]))
+    assert str(err.value) == (f"{tmp_path}/a.jsonl: no line has the text field 'text'; first problem: {tmp_path}/a.jsonl:1: "
+                              "no field 'text' (fields: body)")  # the message alone, not the Ray task's traceback
     assert run.state("prepare").state == "missing"
 
 

@@ -37,13 +37,15 @@ ROW_GROUP_ROWS = 1_000  # rows per Parquet row group of a shard (encode.unit_row
 
 
 def unwrap_error(err: BaseException, kind: type[BaseException]) -> BaseException:
-    """The first ``kind`` error in a chain of Ray wrappers (or the error itself)."""
+    """The innermost ``kind`` error in a chain of Ray wrappers (or the error itself): a task's RayTaskError is also a
+    ``kind`` when its cause is one, but its text is the task's traceback."""
     seen, e = set(), err
     while e is not None and id(e) not in seen:
-        if isinstance(e, kind):
+        cause = getattr(e, "cause", None) or e.__cause__
+        if isinstance(e, kind) and not isinstance(cause, kind):
             return e
         seen.add(id(e))
-        e = getattr(e, "cause", None) or e.__cause__
+        e = cause
     text = str(err)
     marker = f"{kind.__module__}.{kind.__name__}: "
     if marker in text:
