@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cqg_ray.artifacts import add_digests, embedding_batches, embedding_files, embedding_matrix, load_doc_ids, load_embeddings
-from cqg_ray.config import ClusterConfig
+from cqg_ray.config import ClusterConfig, ConfigError
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
 from cqg_ray.ranking import top_k
 
@@ -230,7 +230,7 @@ def cluster(cfg: ClusterConfig, ctx: StageContext) -> None:
     files = embedding_files(run)
     n = sum(pq.ParquetFile(f, filesystem=run.fs).metadata.num_rows for f in files)
     if cfg.k > n:
-        raise ValueError(f"cluster.k={cfg.k} is larger than the corpus ({n} documents): lower cluster.k")
+        raise ConfigError(f"cluster.k={cfg.k} is larger than the corpus ({n} documents): lower cluster.k")
     log.info("cluster: faiss k-means k=%d on at most %d of %d documents (%d iterations), in a Ray task",
              cfg.k, min(n, cfg.k * cfg.max_points_per_centroid), n, cfg.niter)
     trained = ray.get(ray.remote(_train).options(num_cpus=1).remote(run.root_uri, cfg))

@@ -9,7 +9,7 @@ import pytest
 import cqg_ray.cluster as cl
 from cqg_ray.artifacts import Clusters, add_digests, embeddings_table, load_embeddings
 from cqg_ray.cluster import assign, assign_all, cluster, drop_empty, empty_remap, write_assignments
-from cqg_ray.config import ClusterConfig
+from cqg_ray.config import ClusterConfig, ConfigError
 from cqg_ray.rundir import RunDir, documents_digest, run_stage
 
 
@@ -154,6 +154,6 @@ def test_cluster_stage_streams(ray_local, tmp_path):
     want, obj = cl.train_kmeans(xs, 5, cfg.niter, cfg.spherical, cfg.seed, cfg.max_points_per_centroid)
     assert np.allclose(want, centroids, atol=1e-5)
 
-    with pytest.raises(ValueError, match="cluster.k=500 is larger than the corpus"):
+    with pytest.raises(ConfigError, match="cluster.k=500 is larger than the corpus"):  # a bad config: exit 2, no traceback
         big = ClusterConfig(k=500)
         run_stage(run, "cluster", big.config_hash(), lambda ctx: cluster(big, ctx), deps=["encode"])
