@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cqg_ray import progress
+from cqg_ray import progress, stages
 from cqg_ray.artifacts import corpus_shards, embeddings_table
 from cqg_ray.config import EncodeConfig, PipelineConfig, RayConfig
 from cqg_ray.pools import declared
@@ -32,6 +32,7 @@ from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending
 log = logging.getLogger("cqg_ray")
 
 
+UNITS_SETTINGS = "_units.json"  # the encode settings the stage folder's unit files were written with
 PROGRESS_TEXTS = 1024  # texts encoded between two advances of the progress counter (a few seconds on 2 cores)
 
 
@@ -87,6 +88,19 @@ def run_encode(cfg: PipelineConfig, ctx: StageContext) -> None:
     encode(cfg.encode, ctx, cluster=cfg.ray)
 
 
+def keep_units_of(run: RunDir, folder: str, cfg: EncodeConfig) -> None:
+    """Remove the unit files written with other settings than ``cfg``'s hashed ones (model, dtype, max_seq_length: a
+    changed config, or a killed encode's), so that a rerun resumes only its own units; record ``cfg``'s. A folder
+    without the record (written before it) keeps its units."""
+    settings = {f: getattr(cfg, f) for f in (path.split(".", 1)[1] for path in stages.get("encode").hashed)}
+    before = run.read_json(f"{folder}/{UNITS_SETTINGS}") if run.exists(folder, UNITS_SETTINGS) else settings
+    if before != settings:
+        log.info("encode: the units in %s were written with %s, not %s: encoding again", folder, before, settings)
+        for name in run.ls(folder, suffix=".parquet"):
+            run.rm(folder, name)
+    run.write_json(f"{folder}/{UNITS_SETTINGS}", settings)
+
+
 def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, progress: bool = True,
            cluster: RayConfig | None = None) -> None:
     """Encode every prepared document; the actor pool starts with the actors that fit the cluster now and grows to
@@ -96,6 +110,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     run = ctx.run
     shards = [(p, pq.ParquetFile(p, filesystem=run.fs).metadata.num_rows) for p in corpus_shards(run)]
     units = split_units(shards, unit_rows or cfg.unit_rows)
+    keep_units_of(run, ctx.stage, cfg)
     todo = pending_units(run, ctx.stage, units)
     cluster = cluster or RayConfig()
     now = ray.cluster_resources()

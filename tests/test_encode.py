@@ -96,6 +96,13 @@ def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file, monkeypatch
     assert int(cl.sizes.sum()) == 240
     assert np.bincount(cl.labels).tolist() == cl.sizes.tolist()
 
+    # another max_seq_length: every unit is encoded again, none of the other setting's is resumed (they were, as done)
+    e16 = EncodeConfig(batch_size=32, max_seq_length=16)
+    m4 = run_stage(run, "encode", e16.config_hash(), lambda ctx: encode(e16, ctx, unit_rows=50, progress=False))
+    assert (m4["counts"]["units_resumed"], m4["counts"]["encoded_now"]) == (0, 240)
+    assert run.read_json("encode/_units.json") == {"model": "bundled:all-MiniLM-L6-v2", "dtype": "float32", "max_seq_length": 16}
+    assert not np.allclose(load_embeddings(run)[1], x, atol=1e-3)
+
 
 def test_the_tokenizing_stage_writes_the_same_files_and_resumes(ray_local, tmp_path, corpus_file):
     """tokenize_stage=on (a CPU actor reads and tokenizes each unit, the encoder actor runs the model): the same unit
