@@ -278,6 +278,8 @@ def cmd_search(args) -> int:
 
     if args.k < 1:
         raise ConfigError(f"search: -k must be at least 1 (hits to show), got {args.k}")
+    if args.tau is not None and not 0 < args.tau < 1:
+        raise ConfigError(f"search: --tau must lie in (0, 1), got {args.tau}")
     if not args.query.strip():
         raise ConfigError("search: the query is empty or only whitespace: it answers no question, so nothing is like it")
     model = InterpretableEmbedder.load(args.model)

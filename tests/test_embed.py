@@ -363,6 +363,9 @@ def test_embed_sparse_parquet_round_trip_and_search(ray_local, toy_model, model,
         search(model, index, " ")
     assert main(["search", toy_model, out, "  "]) == 2
     assert "search: the query is empty or only whitespace" in capsys.readouterr().err
+    for tau in ("2", "0", "nan"):  # a probability's bound: said, not a traceback
+        assert main(["search", toy_model, out, query, "--tau", tau]) == 2
+        assert capsys.readouterr().err == f"error: search: --tau must lie in (0, 1), got {float(tau)}\n"
 
 
 TWO_NODES = textwrap.dedent('''
