@@ -325,12 +325,19 @@ def model_fingerprint(model_path: str, names: tuple[str, ...] = FINGERPRINT_FILE
     return h.hexdigest()[:16]
 
 
-def embed_output_files(out: str) -> list[str]:
-    """Paths (inside the output's filesystem) of the unit files of a finished `cqg-ray embed` output folder."""
+def embed_manifest(out: str) -> dict:
+    """The manifest of a finished `cqg-ray embed` output folder; ArtifactError saying whether it is unfinished or none."""
     run = RunDir(out)
     if not run.exists(EMBED_MANIFEST):
         what = "unfinished" if run.exists(EMBED_SETTINGS) else "not a cqg-ray embed output"
         raise ArtifactError(f"{out}: {what} (no {EMBED_MANIFEST}); run `cqg-ray embed MODEL CORPUS {out}` (again) first")
+    return run.read_json(EMBED_MANIFEST)
+
+
+def embed_output_files(out: str) -> list[str]:
+    """Paths (inside the output's filesystem) of the unit files of a finished `cqg-ray embed` output folder."""
+    run = RunDir(out)
+    embed_manifest(out)
     run.verify("")  # StageMismatch when unit files were removed, added or changed since it finished
     return [run.path(n) for n in run.ls(suffix=".parquet") if n.startswith("emb-")]
 

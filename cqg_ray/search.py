@@ -34,7 +34,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from cqg_ray.explain import reliability_note
-from cqg_ray.artifacts import HEADS_FILES, EMBED_MANIFEST, embed_output_files, embed_output_texts, embedding_matrix, model_fingerprint, read_embed_output
+from cqg_ray.artifacts import (HEADS_FILES, EMBED_MANIFEST, embed_manifest, embed_output_files, embed_output_texts, embedding_matrix,
+                               model_fingerprint, read_embed_output)
 from cqg_ray.mbqa.budget import Budget, active_mask
 from cqg_ray.ranking import top_k
 from cqg_ray.rundir import ArtifactError, RunDir
@@ -232,9 +233,7 @@ class SparseIndex:
 def load_index(out: str, budget: Budget | None = None, mean: np.ndarray | None = None) -> "SparseIndex | BinaryIndex":
     """The index of an embed output folder: sparse outputs as a ``SparseIndex``, bits / probabilities as a
     ``BinaryIndex`` (probabilities under ``budget``, default the one they were written with)."""
-    meta = RunDir(out).read_json(EMBED_MANIFEST) if RunDir(out).exists(EMBED_MANIFEST) else None
-    if meta is None:
-        raise ArtifactError(f"{out}: no {EMBED_MANIFEST}; make embeddings with `cqg-ray embed` first")
+    meta = embed_manifest(out)
     return SparseIndex.load(out) if meta["output"] == "sparse" else BinaryIndex.load(out, budget, mean)
 
 
@@ -282,10 +281,8 @@ def cmd_search(args) -> int:
         raise ConfigError(f"search: --tau must lie in (0, 1), got {args.tau}")
     if not args.query.strip():
         raise ConfigError("search: the query is empty or only whitespace: it answers no question, so nothing is like it")
+    meta = embed_manifest(args.embeddings)  # before the model loads: a wrong folder is said at once
     model = InterpretableEmbedder.load(args.model)
-    meta = RunDir(args.embeddings).read_json(EMBED_MANIFEST) if RunDir(args.embeddings).exists(EMBED_MANIFEST) else None
-    if meta is None:
-        raise ArtifactError(f"{args.embeddings}: no {EMBED_MANIFEST}; make embeddings with `cqg-ray embed` first")
     if meta["m"] != model.m:
         raise ArtifactError(f"the model has m={model.m} questions but {args.embeddings} has m={meta['m']} (another model?)")
     made_by = meta.get("heads_fingerprint")  # embed outputs written before it was recorded have none

@@ -144,3 +144,21 @@ def test_sparse_index_search_equals_brute_force():
     assert [h.score for h in index.search(np.zeros(m, np.float32), 3)] == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="m=40"):
         index.search(np.zeros(5), 3)
+
+
+def test_search_says_an_unfinished_embed_output_is_one(tmp_path, capsys):
+    """A folder where `cqg-ray embed` stopped (its settings, no manifest) is named unfinished, with the command that
+    finishes it; any other folder is not an embed output."""
+    from cqg_ray.cli import main
+    from cqg_ray.mbqa.toy import build_toy_model
+
+    model = build_toy_model(str(tmp_path / "model"))
+    out = tmp_path / "emb"
+    out.mkdir()
+    assert main(["search", model, str(out), "a query"]) == 2
+    assert capsys.readouterr().err == (f"error: {out}: not a cqg-ray embed output (no _manifest.json); run `cqg-ray embed MODEL CORPUS "
+                                       f"{out}` (again) first\n")
+    (out / "_settings.json").write_text("{}")
+    assert main(["search", model, str(out), "a query"]) == 2
+    assert capsys.readouterr().err == (f"error: {out}: unfinished (no _manifest.json); run `cqg-ray embed MODEL CORPUS {out}` (again) "
+                                       "first\n")
