@@ -26,6 +26,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from cqg_ray.rundir import ArtifactError, RunDir
@@ -323,6 +324,14 @@ def model_fingerprint(model_path: str, names: tuple[str, ...] = FINGERPRINT_FILE
     for name in names:
         h.update(run.read_bytes(name))
     return h.hexdigest()[:16]
+
+
+def not_a_run(run: RunDir) -> str | None:
+    """What a path given as a run directory is instead (no such folder, a file, a model folder), or None."""
+    kind = run.fs.get_file_info(run.root).type
+    if kind != pafs.FileType.Directory:
+        return "no such folder" if kind == pafs.FileType.NotFound else "a file"
+    return "a model folder (config.json)" if run.exists("config.json") and not run.exists("config.yaml") else None
 
 
 def embed_manifest(out: str) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import signal
 import sys
 import time
@@ -170,6 +169,7 @@ def _print_status(run: RunDir) -> None:
 
 
 def cmd_status(args) -> int:
+    from cqg_ray.artifacts import not_a_run
     from cqg_ray.lease import LEASE, LOCK, current, describe, stale_reason
     from cqg_ray.pipeline import run_status
     from cqg_ray.progress import PROGRESS_FILE
@@ -179,9 +179,8 @@ def cmd_status(args) -> int:
         print(f"no run directory at {args.run_dir}", file=sys.stderr)
         return 2
     marks = ("config.yaml", LEASE, LOCK, PROGRESS_FILE, *stages.NAMES)  # a run just started holds only its lease
-    if not any(run.exists(name) for name in marks):
-        what = ("a file" if run.local and os.path.isfile(args.run_dir) else "a model folder (config.json)" if run.exists("config.json")
-                else "no config.yaml and no stage folder")
+    what = not_a_run(run) or (None if any(run.exists(name) for name in marks) else "no config.yaml and no stage folder")
+    if what is not None:  # a model folder too, though `cqg-ray evaluate` gave it an evaluation/ folder
         print(f"{args.run_dir} is not a cqg-ray run directory ({what})", file=sys.stderr)
         return 2
     print(run_status(run))

@@ -129,10 +129,12 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
 
     import yaml
 
-    from cqg_ray.artifacts import run_config_text
+    from cqg_ray.artifacts import not_a_run, run_config_text
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
     run = RunDir(run_dir)
+    if (what := not_a_run(run)) is not None:
+        raise ArtifactError(f"{run_dir} is not a cqg-ray run directory ({what}): export takes a run that trained a model")
     run.require("model")
     recover_interrupted(out)
     if os.path.isfile(out):

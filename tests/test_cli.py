@@ -96,6 +96,9 @@ def test_status_of_what_is_not_a_run_directory(tmp_path, capsys):
     for name, what in (("file.txt", "a file"), ("model", "a model folder (config.json)"), ("empty", "no config.yaml and no stage folder")):
         assert main(["status", str(tmp_path / name)]) == 2
         assert capsys.readouterr().err == f"{tmp_path / name} is not a cqg-ray run directory ({what})\n"
+    (tmp_path / "model" / "evaluation").mkdir()  # `cqg-ray evaluate MODEL` writes it: still a model folder, not a run
+    assert main(["status", str(tmp_path / "model")]) == 2
+    assert capsys.readouterr().err == f"{tmp_path / 'model'} is not a cqg-ray run directory (a model folder (config.json))\n"
     (tmp_path / "empty" / "_lease.lock").write_text("")  # a run just started: its lease, nothing else yet
     assert main(["status", str(tmp_path / "empty")]) == 0
     assert "missing" in capsys.readouterr().out

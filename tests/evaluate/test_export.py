@@ -51,6 +51,17 @@ def test_export_copies_the_model_with_its_build_record(trained_model, tmp_path, 
     assert main(["export", str(trained_model.parent), str(out), "--overwrite"]) == 0
 
 
+def test_export_of_what_is_not_a_run_directory_says_what_it_is(tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    for name, what in (("nothing", "no such folder"), ("file.txt", "a file"), ("model", "a model folder (config.json)")):
+        assert main(["export", str(tmp_path / name), str(tmp_path / "out")]) == 2
+        assert capsys.readouterr().err == (f"error: {tmp_path / name} is not a cqg-ray run directory ({what}): export takes a run "
+                                           "that trained a model\n")
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_into_the_runs_own_model_folder_is_refused_and_loses_nothing(trained_model, capsys):
     before = {p.name: p.read_bytes() for p in trained_model.iterdir() if p.is_file()}
     assert main(["export", str(trained_model.parent), str(trained_model), "--overwrite"]) == 2
