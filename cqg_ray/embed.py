@@ -376,6 +376,9 @@ def run_from_args(args) -> dict:
         raise ConfigError(format_errors(err, "the embed options")) from None
     if os.path.isfile(args.out):
         raise ConfigError(f"OUT {args.out} is a file: give a folder to write the embeddings to")
+    for name, what in (("config.yaml", "a pipeline run directory"), ("config.json", "a model folder")):
+        if RunDir(args.out).exists(name):  # its lease, _progress.json and files would be embed's
+            raise ConfigError(f"OUT {args.out} is {what} ({name}): give a folder of its own to write the embeddings to")
     if cfg.k is not None and cfg.tau is not None:
         raise ConfigError("give --k (top-k) or --tau (the tau rule), not both")
     from cqg_ray.mbqa.embedder import InterpretableEmbedder

@@ -289,6 +289,12 @@ def test_a_bad_k_tau_or_model_is_said_before_the_lease_and_ray(toy_model, tmp_pa
                         (["--k", "3", "--tau", "0.5"], "error: give --k (top-k) or --tau (the tau rule), not both\n")):
         assert main(["embed", toy_model, str(corpus), str(out), *flags]) == 2, flags
         assert capsys.readouterr().err == says
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("{}\n")
+    for where, what in ((tmp_path / "run", "a pipeline run directory (config.yaml)"), (toy_model, "a model folder (config.json)")):
+        assert main(["embed", toy_model, str(corpus), str(where)]) == 2
+        assert capsys.readouterr().err == f"error: OUT {where} is {what}: give a folder of its own to write the embeddings to\n"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml"]
     nope = tmp_path / "nope"
     assert main(["embed", str(nope), str(corpus), str(out)]) == 2
     assert capsys.readouterr().err == f"error: not a cqg-ray model: no config.json in {nope} (path does not exist)\n"
