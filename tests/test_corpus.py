@@ -330,6 +330,14 @@ def test_prepare_missing_column_error(ray_local, tmp_path):
     assert run.state("prepare").state == "missing"
 
 
+def test_prepare_of_empty_files_says_they_hold_no_rows(ray_local, tmp_path):
+    (tmp_path / "a.jsonl").write_text("")
+    (tmp_path / "b.txt").write_text("")
+    with pytest.raises(CorpusError) as err:
+        _prepare(RunDir(str(tmp_path / "run")), CorpusConfig(paths=[str(tmp_path / "a.jsonl"), str(tmp_path / "b.txt")]))
+    assert str(err.value) == "the corpus is empty (no rows in its 2 file(s)); nothing to do"
+
+
 def test_prepare_sample_is_deterministic_and_rerun_identical(ray_local, tmp_path, corpus_file):
     c = CorpusConfig(paths=[str(corpus_file)], limit=100, rows_per_shard=40)
     r1, r2 = RunDir(str(tmp_path / "r1")), RunDir(str(tmp_path / "r2"))

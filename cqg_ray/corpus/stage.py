@@ -255,7 +255,8 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
     else:
         n_docs = _prepare_with_ray_data(cfg, run, ctx.uri, parts, read_rows)
     if n_docs == 0:
-        raise CorpusError(f"the corpus is empty after cleaning ({dict(dropped)}); nothing to do")
+        why = f"after cleaning ({dict(dropped)})" if dropped else f"(no rows in its {len(files)} file(s))"
+        raise CorpusError(f"the corpus is empty {why}; nothing to do")
     n_dups = read_rows - n_docs if cfg.dedup else 0
     # Counters per written shard, from the workers: rows, digest, and what tells a repeated id
     shards = run.ls(ctx.stage, suffix=".parquet")
