@@ -105,6 +105,9 @@ def _run(args) -> int:
     force = None
     if args.force is not None:  # --force alone: every stage
         force = [f for group in args.force for f in group] or list(stages.NAMES)
+        after = [f for group in args.force for f in group if until and stages.NAMES.index(stages.get(f).name) > stages.NAMES.index(until)]
+        if after:
+            raise ConfigError(f"--force {' '.join(after)}: after --until {args.until}, so it would not run; drop it or move --until")
     address = ray_address(args.address, cfg.ray.address)
     run = RunDir(cfg.run_dir)
     with take_lease(cfg.run_dir, "cqg-ray run", args.break_lease):  # LeaseHeld: main() says who holds it (exit 3)

@@ -49,6 +49,14 @@ def test_run_help_names_the_job_options(capsys):
         assert word in out
 
 
+def test_run_refuses_to_force_a_stage_after_until(tmp_path, capsys):
+    """--force of a stage --until stops before would be ignored: said, before the lease and Ray."""
+    run = tmp_path / "r"
+    assert main(["run", "--run-dir", str(run), "--until", "encode", "--force", "cluster", "labels", "--force", "prepare"]) == 2
+    assert capsys.readouterr().err == "error: --force cluster labels: after --until encode, so it would not run; drop it or move --until\n"
+    assert not run.exists()
+
+
 def test_run_until_and_force_take_commands_or_names(capsys):
     p = build_parser()
     assert p.parse_args(["run"]).force is None
