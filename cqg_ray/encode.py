@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from cqg_ray import progress, stages
 from cqg_ray.artifacts import corpus_shards, embeddings_table
-from cqg_ray.config import EncodeConfig, PipelineConfig, RayConfig
+from cqg_ray.config import ConfigError, EncodeConfig, PipelineConfig, RayConfig
 from cqg_ray.pools import declared
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
 from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, pool_threads, run_units, split_units, tokenize_stage
@@ -107,6 +107,12 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     those that fit ``cluster.max_cpus`` / ``cluster.max_gpus`` (`units.actor_pool_size`; default: what is there)."""
     import ray
 
+    from cqg_ray.encoder import resolve_encoder_path
+
+    try:
+        resolve_encoder_path(cfg.model)  # an unknown or missing bundled encoder: said once here, not by every actor's death
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"encode.model: {e}") from None
     run = ctx.run
     shards = [(p, pq.ParquetFile(p, filesystem=run.fs).metadata.num_rows) for p in corpus_shards(run)]
     units = split_units(shards, unit_rows or cfg.unit_rows)

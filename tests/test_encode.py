@@ -1,6 +1,7 @@
 """Encoding: unit planning (pure), the Ray Data stage with the real bundled encoder, resume, then clustering."""
 
 import numpy as np
+import pytest
 
 from cqg_ray.artifacts import Clusters, load_corpus, load_embeddings
 from cqg_ray.cluster import cluster
@@ -139,3 +140,12 @@ def test_the_tokenizing_stage_writes_the_same_files_and_resumes(ray_local, tmp_p
     m = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, unit_rows=50, progress=False))
     assert (m["counts"]["encoded_now"], m["counts"]["units_resumed"]) == (runs["off"].read_table(f"encode/{files[2]}").num_rows, 5)
     same()
+
+
+def test_an_unknown_bundled_encoder_is_a_config_error_before_any_actor(tmp_path):
+    from cqg_ray.config import ConfigError
+
+    e = EncodeConfig(model="bundled:nope")
+    with pytest.raises(ConfigError) as err:
+        run_stage(RunDir(str(tmp_path / "run")), "encode", e.config_hash(), lambda ctx: encode(e, ctx), deps=[])
+    assert str(err.value) == "encode.model: unknown bundled encoder 'bundled:nope'; known: bundled:all-MiniLM-L6-v2"
