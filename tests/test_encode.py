@@ -104,6 +104,14 @@ def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file, monkeypatch
     assert run.read_json("encode/_units.json") == {"model": "bundled:all-MiniLM-L6-v2", "dtype": "float32", "max_seq_length": 16}
     assert not np.allclose(load_embeddings(run)[1], x, atol=1e-3)
 
+    # a unit file damaged behind the manifest: --force (the fix `cqg-ray status` names) encodes that unit again
+    files = run.ls("encode", suffix=".parquet")
+    damaged = run.read_table(f"encode/{files[2]}").num_rows
+    (tmp_path / "run" / "encode" / files[2]).write_bytes(run.read_bytes(f"encode/{files[2]}")[:1000])
+    m5 = run_stage(run, "encode", e16.config_hash(), lambda ctx: encode(e16, ctx, unit_rows=50, progress=False), force=True)
+    assert (m5["counts"]["units_resumed"], m5["counts"]["encoded_now"]) == (len(files) - 1, damaged)
+    assert run.read_table(f"encode/{files[2]}").num_rows == damaged
+
 
 def test_the_tokenizing_stage_writes_the_same_files_and_resumes(ray_local, tmp_path, corpus_file):
     """tokenize_stage=on (a CPU actor reads and tokenizes each unit, the encoder actor runs the model): the same unit
