@@ -347,13 +347,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id-column", default=None, help="column with document ids (default: a hash of file, line and text)")
     p.add_argument("--batch-size", type=int, default=None, help="texts per encoder call (default 32 on CPU, 128 on GPU)")
     p.add_argument("--backend", default="auto", choices=get_args(EncoderBackend), help=BACKEND_HELP)
-    p.add_argument("--unit-rows", type=int, default=10_000, help="rows per work unit (the resume granularity)")
+    p.add_argument("--unit-rows", type=int, default=10_000, help="rows per work unit, the resume granularity (default 10000)")
     p.add_argument("--tokenize-stage", choices=["auto", "on", "off"], default="auto", help=TOKENIZE_STAGE_HELP)
     p.add_argument("--tokenize-actors", type=int, default=None, help="CPU actors of the tokenizing stage at most (default: two per actor)")
     p.add_argument("--actors", type=int, default=None, help="actors (default: one per GPU, else one per CPU, growing with the cluster "
                                                              "up to --max-gpus / --max-cpus)")
     p.add_argument("--gpus-per-actor", type=float, default=None, help="default: 1 when the cluster has GPUs, else 0")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per CPU actor")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per CPU actor, at least (default 1; more where fewer units "
+                                                          "than CPUs leave cores idle)")
     p.add_argument("--address", default=None, help="Ray address (default: the job's RAY_ADDRESS under `ray job submit`, else a local Ray)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray")
     p.add_argument("--max-cpus", type=float, default=None, help="CPUs the cluster may grow to (an autoscaler's limit; default: those present)")

@@ -273,6 +273,16 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     assert snapshot_texts(out2)[1] == ["jello world", "second line"]
 
 
+def test_embed_help_gives_the_defaults(capsys):
+    from cqg_ray.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["embed", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--unit-rows UNIT_ROWS rows per work unit, the resume granularity (default 10000)" in out
+    assert "--threads THREADS torch threads per CPU actor, at least (default 1; more where fewer units than CPUs leave cores idle)" in out
+
+
 def test_a_bad_k_tau_or_model_is_said_before_the_lease_and_ray(toy_model, tmp_path, capsys, monkeypatch):
     import cqg_ray.pipeline
     from cqg_ray.cli import main
