@@ -74,10 +74,13 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
         return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
     try:
         return pafs.FileSystem.from_uri(uri)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError):
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
         import fsspec
 
-        fs, path = fsspec.core.url_to_fs(uri)
+        try:
+            fs, path = fsspec.core.url_to_fs(uri)
+        except (ImportError, ValueError) as missing:  # nor fsspec (no driver, no such protocol): pyarrow's reason too
+            raise ArtifactError(f"cannot open {uri}: {e}; {missing}") from None
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
@@ -336,12 +339,9 @@ class RunDir:
     def write_manifest(self, stage: str, config_hash: str, deps: Iterable[str], counts: dict, seconds: float, extra: dict | None = None) -> dict:
         inputs = {d: self.fingerprint(d) for d in deps}
         m = {
-            "stage": stage,
-            "config_hash": config_hash,
-            "inputs": inputs,
+            "stage": stage, "config_hash": config_hash, "inputs": inputs,
             "fingerprint": _hash(stage, config_hash, inputs, counts),
-            "counts": counts,
-            "seconds": round(seconds, 3),
+            "counts": counts, "seconds": round(seconds, 3),
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "versions": versions(),
             **(extra or {}),

@@ -288,3 +288,14 @@ def test_write_tables_streams_tables_into_one_file_cast_to_the_schema(tmp_path):
     assert t.schema == schema and t.column("k").to_pylist() == ["10", "20", "21", "30", "31", "32"]
     assert run.ls("stage") == ["all.parquet"]  # the temp file was renamed, nothing left beside it
     assert run.write_tables("stage/none.parquet", schema, iter(())) == 0 and run.read_table("stage/none.parquet").num_rows == 0
+
+
+def test_a_uri_that_neither_pyarrow_nor_fsspec_opens_is_an_artifact_error():
+    """Both reasons are said (pyarrow's first: on an s3:// URI it is the bucket or the credentials, not fsspec's missing
+    s3fs); the CLI prints it as an error (exit 2), not a traceback."""
+    from cqg_ray.rundir import resolve
+
+    with pytest.raises(ArtifactError) as e:
+        resolve("foo://x/run")
+    assert str(e.value) == "cannot open foo://x/run: Unrecognized filesystem type in URI: foo://x/run; Protocol not known: foo"
+    assert resolve("memory://x/run")[1] == "/x/run"  # fsspec's own filesystems still open
