@@ -153,6 +153,7 @@ def test_search_says_an_unfinished_embed_output_is_one(tmp_path, capsys):
     from cqg_ray.mbqa.toy import build_toy_model
 
     model = build_toy_model(str(tmp_path / "model"))
+    capsys.readouterr()  # what building it logged
     out = tmp_path / "emb"
     out.mkdir()
     assert main(["search", model, str(out), "a query"]) == 2
