@@ -327,10 +327,12 @@ def model_fingerprint(model_path: str, names: tuple[str, ...] = FINGERPRINT_FILE
 
 
 def not_a_run(run: RunDir) -> str | None:
-    """What a path given as a run directory is instead (no such folder, a file, a model folder), or None."""
+    """What a path given as a run directory is instead (no such folder, a file, a model folder, an embed output), or None."""
     kind = run.fs.get_file_info(run.root).type
     if kind != pafs.FileType.Directory:
         return "no such folder" if kind == pafs.FileType.NotFound else "a file"
+    if run.exists(EMBED_SETTINGS):  # (its _lease.lock is no sign of a run)
+        return f"an output of cqg-ray embed ({EMBED_SETTINGS})"
     return "a model folder (config.json)" if run.exists("config.json") and not run.exists("config.yaml") else None
 
 

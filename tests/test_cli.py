@@ -107,6 +107,11 @@ def test_status_of_what_is_not_a_run_directory(tmp_path, capsys):
     (tmp_path / "model" / "evaluation").mkdir()  # `cqg-ray evaluate MODEL` writes it: still a model folder, not a run
     assert main(["status", str(tmp_path / "model")]) == 2
     assert capsys.readouterr().err == f"{tmp_path / 'model'} is not a cqg-ray run directory (a model folder (config.json))\n"
+    (tmp_path / "emb").mkdir()
+    for name in ("_settings.json", "_lease.lock"):  # `cqg-ray embed` stopped early: its settings and its lease's lock
+        (tmp_path / "emb" / name).write_text("")
+    assert main(["status", str(tmp_path / "emb")]) == 2
+    assert capsys.readouterr().err == f"{tmp_path / 'emb'} is not a cqg-ray run directory (an output of cqg-ray embed (_settings.json))\n"
     (tmp_path / "empty" / "_lease.lock").write_text("")  # a run just started: its lease, nothing else yet
     assert main(["status", str(tmp_path / "empty")]) == 0
     assert "missing" in capsys.readouterr().out
