@@ -377,9 +377,8 @@ def run_from_args(args) -> dict:
         raise ConfigError(format_errors(err, "the embed options")) from None
     if os.path.isfile(args.out):
         raise ConfigError(f"OUT {args.out} is a file: give a folder to write the embeddings to")
-    for name, what in (("config.yaml", "a pipeline run directory"), ("config.json", "a model folder")):
-        if RunDir(args.out).exists(name):  # its lease, _progress.json and files would be embed's
-            raise ConfigError(f"OUT {args.out} is {what} ({name}): give a folder of its own to write the embeddings to")
+    if RunDir(args.out).exists("config.json"):  # embed's lease, manifest and units would lie among the model's files
+        raise ConfigError(f"OUT {args.out} is a model folder (config.json): give a folder of its own to write the embeddings to")
     if cfg.k is not None and cfg.tau is not None:
         raise ConfigError("give --k (top-k) or --tau (the tau rule), not both")
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
@@ -388,6 +387,9 @@ def run_from_args(args) -> dict:
     if cfg.k is not None and cfg.k > m:
         raise ConfigError(f"--k must be from 1 to m={m} (the model's questions), got {cfg.k}")
     with take_lease(args.out, "cqg-ray embed", args.break_lease):  # one writer per OUT (LeaseHeld: exit 3)
+        if RunDir(args.out).exists("config.yaml"):  # under its lease: a live run's directory is said to be in use (exit 3)
+            raise ConfigError(f"OUT {args.out} is a pipeline run directory (config.yaml): give a folder of its own to write the "
+                              "embeddings to")
         cluster = RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus, max_cpus=args.max_cpus, max_gpus=args.max_gpus)
         init_ray(cluster)
         m = embed(args.model, args.corpus, args.out, cfg, corpus, force=args.force,

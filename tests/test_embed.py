@@ -304,7 +304,7 @@ def test_a_bad_k_tau_or_model_is_said_before_the_lease_and_ray(toy_model, tmp_pa
     for where, what in ((tmp_path / "run", "a pipeline run directory (config.yaml)"), (toy_model, "a model folder (config.json)")):
         assert main(["embed", toy_model, str(corpus), str(where)]) == 2
         assert capsys.readouterr().err == f"error: OUT {where} is {what}: give a folder of its own to write the embeddings to\n"
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["_lease.lock", "config.yaml"]  # (a run's own lock file)
     nope = tmp_path / "nope"
     assert main(["embed", str(nope), str(corpus), str(out)]) == 2
     assert capsys.readouterr().err == f"error: not a cqg-ray model: no config.json in {nope} (path does not exist)\n"
