@@ -7,7 +7,8 @@ slice (only the shard's row groups that hold it: ``units.read_unit``), encodes i
 (texts sorted by length inside, so little padding; L2-normalised), and writes
 ``<run>/encode/emb-<shard>-<start>.parquet`` atomically (columns doc_id, embedding: fixed-size list of float32 or
 float16). A rerun skips units whose file exists whole and was written with the same model, dtype and max_seq_length
-(``encode/_units.json``), so a killed encode resumes where it stopped and every row is written exactly once. Later stages read the files with ``cqg_ray.artifacts.load_embeddings``. The manifest counts the bytes the units read
+(``encode/_units.json``), so a killed encode resumes where it stopped and every row is written exactly once. Later
+stages read the files with ``cqg_ray.artifacts.load_embeddings``. The manifest counts the bytes the units read
 (``unit_bytes_read``) beside the prepared shards' size (``corpus_bytes``): about one read of each row when the shards'
 row groups are no longer than a unit (prepare writes row groups of 1,000 rows, ``corpus.stage.ROW_GROUP_ROWS``, so a pass reads each row
 once).
