@@ -127,8 +127,8 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     shards = [(p, pq.ParquetFile(p, filesystem=run.fs).metadata.num_rows) for p in corpus_shards(run)]
     units = split_units(shards, unit_rows or cfg.unit_rows)
     keep_units_of(run, ctx.stage, cfg)
-    todo = pending_units(run, ctx.stage, units)
-    todo = [u for u in units if u in todo or not unit_whole(run, ctx.stage, u)]
+    pending = {u["name"] for u in pending_units(run, ctx.stage, units)}  # names: a set, not a scan of the list per unit
+    todo = [u for u in units if u["name"] in pending or not unit_whole(run, ctx.stage, u)]
     cluster = cluster or RayConfig()
     now = ray.cluster_resources()
     pool, gpus = actor_pool_size(cfg, now, declared(now, cluster.max_cpus, cluster.max_gpus), units=len(todo))
