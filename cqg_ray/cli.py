@@ -78,6 +78,10 @@ def cmd_stage(args) -> int:
     from cqg_ray.pipeline import init_ray, run_one
 
     cfg = resolve_config(args)
+    run = RunDir(cfg.run_dir)
+    if not run.exists():  # a mistyped run directory: its first input is said missing before the lease and config.yaml make it
+        for stage in stages.get(args.stage).reads:
+            run.require(stage)
     with take_lease(cfg.run_dir, f"cqg-ray {stages.get(args.stage).command}", args.break_lease):
         init_ray(cfg.ray)
         m = run_one(cfg, args.stage, force=args.force)

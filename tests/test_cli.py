@@ -57,6 +57,14 @@ def test_run_refuses_to_force_a_stage_after_until(tmp_path, capsys):
     assert not run.exists()
 
 
+def test_a_stage_on_a_run_directory_that_does_not_exist_makes_none(tmp_path, capsys):
+    """A mistyped --run-dir: the stage's first input is said missing, and nothing is created (no config.yaml, no lease)."""
+    run = tmp_path / "typo"
+    assert main(["cluster", "--run-dir", str(run)]) == 2
+    assert capsys.readouterr().err == f"error: stage 'encode' has not finished in {run}: run `cqg-ray encode ...` first\n"
+    assert not run.exists()
+
+
 def test_run_until_and_force_take_commands_or_names(capsys):
     p = build_parser()
     assert p.parse_args(["run"]).force is None
