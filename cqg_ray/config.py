@@ -596,7 +596,7 @@ def load_config(path: str | Path | tuple[str, str] | None = None, overrides: lis
             node[parts[-1]] = yaml.safe_load(value)
         except yaml.YAMLError:  # not YAML ("*.txt", "a: b: c"): the text as given
             node[parts[-1]] = value
-    return config_from_dict(data, source)
+    return config_from_dict(data, f"{source} with --set {' '.join(overrides)}" if overrides else source)
 
 
 def dump_config(cfg: PipelineConfig) -> str:

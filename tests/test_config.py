@@ -162,3 +162,12 @@ def test_packaged_configs_are_possible_on_their_corpus_sample(name):
     if cfg.corpus.limit:
         with pytest.raises(ConfigError, match="cluster.k"):
             check_corpus_size(cfg, cfg.cluster.k - 1)
+
+
+def test_a_bad_override_is_named_with_the_config_it_changes():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["cluster.k=abc"])
+    assert str(e.value).splitlines()[0] == "invalid configuration in <defaults> with --set cluster.k=abc:"
+    with pytest.raises(ConfigError) as e:
+        load_config("demo", ["cluster.k=0", "label.n_cluster=5"])
+    assert str(e.value).splitlines()[0] == "invalid configuration in demo with --set cluster.k=0 label.n_cluster=5:"
