@@ -75,6 +75,14 @@ def resolve_config(args) -> PipelineConfig:
 
 
 def cmd_stage(args) -> int:
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)  # a stage submitted as a job stops as `run` does
+    try:
+        return _stage(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stage(args) -> int:
     from cqg_ray.pipeline import init_ray, run_one
 
     cfg = resolve_config(args)

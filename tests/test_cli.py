@@ -65,6 +65,29 @@ def test_a_stage_on_a_run_directory_that_does_not_exist_makes_none(tmp_path, cap
     assert not run.exists()
 
 
+def test_a_stage_command_stopped_by_sigterm_unwinds_and_gives_back_its_lease(tmp_path, monkeypatch):
+    """`ray job stop` sends SIGTERM: a stage command unwinds (exit 143) as `run` does, so ledgers flush and the lease goes."""
+    import cqg_ray.pipeline as pipeline
+    from cqg_ray.lease import take_lease
+
+    seen = []
+
+    def stopped(cfg, stage, force=False):
+        seen.append(stage)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+        raise AssertionError("SIGTERM did not unwind the stage")
+
+    monkeypatch.setattr(pipeline, "init_ray", lambda cfg: None)
+    monkeypatch.setattr(pipeline, "run_one", stopped)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", "--run-dir", str(tmp_path / "r")])
+    assert e.value.code == 143 and seen == ["prepare"] and signal.getsignal(signal.SIGTERM) is before
+    with take_lease(str(tmp_path / "r"), "cqg-ray prepare"):  # given back: a second writer takes it
+        pass
+
+
 def test_run_until_and_force_take_commands_or_names(capsys):
     p = build_parser()
     assert p.parse_args(["run"]).force is None
