@@ -9,6 +9,7 @@ directory's saved config.yaml, else the built-in defaults), --run-dir DIR, --set
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import signal
@@ -74,42 +75,42 @@ def resolve_config(args) -> PipelineConfig:
     return load_config(path, overrides)
 
 
+def _on_sigterm(signum, frame):  # `ray job stop` sends SIGTERM: unwind so that ledgers flush what they hold
+    raise SystemExit(143)
+
+
+def unwinds_on_sigterm(command):
+    """A command that unwinds on SIGTERM (exit 143: its ledgers flush, its lease is given back), then restores the handler."""
+
+    @functools.wraps(command)
+    def run(args) -> int:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            return command(args)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return run
+
+
+@unwinds_on_sigterm
 def cmd_stage(args) -> int:
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)  # a stage submitted as a job stops as `run` does
-    try:
-        return _stage(args)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _stage(args) -> int:
     from cqg_ray.pipeline import init_ray, run_one
 
     cfg = resolve_config(args)
-    run = RunDir(cfg.run_dir)
+    stage, run = stages.get(args.stage), RunDir(cfg.run_dir)
     if not run.exists():  # a mistyped run directory: its first input is said missing before the lease and config.yaml make it
-        for stage in stages.get(args.stage).reads:
-            run.require(stage)
-    with take_lease(cfg.run_dir, f"cqg-ray {stages.get(args.stage).command}", args.break_lease):
+        for name in stage.reads:
+            run.require(name)
+    with take_lease(cfg.run_dir, f"cqg-ray {stage.command}", args.break_lease):
         init_ray(cfg.ray)
         m = run_one(cfg, args.stage, force=args.force)
     print(json.dumps({"stage": m["stage"], "counts": m["counts"], "seconds": m["seconds"]}, indent=2))
     return 0
 
 
-def _on_sigterm(signum, frame):  # `ray job stop` sends SIGTERM: unwind so that ledgers flush what they hold
-    raise SystemExit(143)
-
-
+@unwinds_on_sigterm
 def cmd_run(args) -> int:
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        return _run(args)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _run(args) -> int:
     from cqg_ray.pipeline import ray_address
 
     cfg = resolve_config(args)

@@ -136,7 +136,8 @@ def long_prompt_read(engine: str, flags: set[str] | None = None) -> float:
     if engine == "torch-bfloat16":
         from cqg_ray.hardware import cpu_flags
 
-        engine = "torch-bfloat16" if "amx_bf16" in (cpu_flags() if flags is None else flags) else "torch-bfloat16 without AMX"
+        if "amx_bf16" not in (cpu_flags() if flags is None else flags):
+            engine = "torch-bfloat16 without AMX"
     return LONG_PROMPT_READ.get(engine, 1.0)
 
 
