@@ -436,15 +436,15 @@ def status_table(run: RunDir, config_hashes: dict[str, str] | None = None) -> li
 def format_status(run: RunDir, config_hashes: dict[str, str] | None = None, live: tuple[str, str, str] | None = None) -> str:
     """The table `cqg-ray status` prints: one line per stage (state, seconds, the first counts, why stale). ``live``:
     (stage, "running" or "interrupted", its progress) for the stage a run is in, shown in place of missing or stale."""
-    lines = [f"run: {run.root_uri}", f"{'stage':<12} {'state':<8} {'seconds':>9}  counts"]
-    rows = status_table(run, config_hashes)
+    rows, cells = status_table(run, config_hashes), []
     for r in rows:
-        counts = ", ".join(f"{k}={v}" for k, v in list(r["counts"].items())[:6])
-        secs = f"{r['seconds']:.1f}" if r["seconds"] is not None else "-"
-        stale = f"  ({r['reason']})" if r["state"] in ("stale", "changed") else ""
+        counts = ", ".join(f"{k}={v}" for k, v in list(r["counts"].items())[:6]) + (f"  ({r['reason']})" if r["state"] in ("stale", "changed") else "")
         if live is not None and live[0] == r["stage"] and r["state"] != "done":
-            r["state"], counts, stale = live[1], live[2], ""
-        lines.append(f"{r['stage']:<12} {r['state']:<8} {secs:>9}  {counts}{stale}")
+            r["state"], counts = live[1], live[2]
+        cells.append((r["stage"], r["state"], f"{r['seconds']:.1f}" if r["seconds"] is not None else "-", counts))
+    w = max(8, *(len(c[1]) for c in cells))  # the state column as wide as its widest word ("interrupted"): the columns line up
+    lines = [f"run: {run.root_uri}", f"{'stage':<12} {'state':<{w}} {'seconds':>9}  counts"]
+    lines += [f"{stage:<12} {state:<{w}} {secs:>9}  {rest}" for stage, state, secs, rest in cells]
     if any(r["state"] == "changed" for r in rows):
         lines.append("changed: the stage's folder no longer matches its manifest; " + redo_hint(next(r["stage"] for r in rows if r["state"] == "changed")))
     return "\n".join(lines)

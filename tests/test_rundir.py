@@ -166,6 +166,19 @@ def test_format_status(tmp_path):
     assert [ln.split()[:3] for ln in lines[4:]] == [[s, "missing", "-"] for s in ("cluster", "questions", "labels", "model", "evaluation")]
 
 
+def test_format_status_lines_up_its_columns_for_every_state_word(tmp_path):
+    run = RunDir(str(tmp_path / "r"))
+    run_stage(run, "prepare", "p", _writer(1))
+    lines = format_status(run, {"prepare": "p"}, live=("encode", "interrupted", "encode: 10/300 text (5s ago)")).splitlines()
+    assert lines[1] == "stage        state         seconds  counts"
+    assert lines[2].split()[:2] == ["prepare", "done"] and lines[2].index("v=1") == lines[1].index("counts") == 36
+    assert lines[3] == "encode       interrupted         -  encode: 10/300 text (5s ago)"
+    assert lines[4] == "cluster      missing             -  "
+    lines = format_status(run, {"prepare": "p"}, live=("encode", "running", "encode: 10/300 text")).splitlines()
+    assert lines[1] == "stage        state      seconds  counts"
+    assert lines[3] == "encode       running          -  encode: 10/300 text"
+
+
 def test_remove_partial_deletes_only_interrupted_writes(tmp_path):
     run = RunDir(str(tmp_path))
     run.write_json("encode/done.json", {"v": 1})
