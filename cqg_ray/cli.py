@@ -1,8 +1,8 @@
 """`cqg-ray <command>`: thin wrappers that parse arguments and call a stage or a tool.
 
 One command per stage of ``cqg_ray.stages``; they share their options: --config FILE (YAML; default: the run
-directory's saved config.yaml, else the built-in defaults), --run-dir DIR, --set section.key=value (repeatable),
---force. `cqg-ray run` runs every stage in order; it is also the `ray job submit` entrypoint
+directory's saved config.yaml, else the built-in defaults), --run-dir DIR (or --set run_dir=DIR, the same),
+--set section.key=value (repeatable), --force. `cqg-ray run` runs every stage in order; it is also the `ray job submit` entrypoint
 (``python -m cqg_ray.cli run --config ...``).
 """
 
@@ -18,7 +18,7 @@ import time
 import traceback
 
 from cqg_ray import stages
-from cqg_ray.config import ConfigError, PipelineConfig, load_config
+from cqg_ray.config import ConfigError, PipelineConfig, load_config, override_value
 from cqg_ray.corpus import CorpusError
 from cqg_ray.lease import LeaseHeld, take_lease
 from cqg_ray.log import setup_logging
@@ -50,21 +50,35 @@ LEASE_HELP = ("take the run directory even if another live run holds its lease (
 
 
 def _common(p: argparse.ArgumentParser, force: bool = True) -> None:
-    p.add_argument("--config", "-c", help="YAML config (default: RUN_DIR/config.yaml if present, else defaults)")
-    p.add_argument("--run-dir", "-r", help="run directory (local path or URI); overrides the config's run_dir")
+    p.add_argument("--config", "-c", help="YAML config (default: the run directory's config.yaml if present, else defaults)")
+    p.add_argument("--run-dir", "-r", help="run directory (local path or URI); overrides the config's run_dir, as --set run_dir=DIR does")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. cluster.k=50")
     if force:
         p.add_argument("--force", action="store_true", help="run again even if the stage is done")
     p.add_argument("--break-lease", action="store_true", help=LEASE_HELP)
 
 
+def named_run_dir(args) -> str | None:
+    """The run directory the command line names: --run-dir, else the last --set run_dir=DIR."""
+    if args.run_dir:
+        return args.run_dir
+    for item in reversed(args.set or []):
+        key, sep, value = item.partition("=")
+        if sep and key.strip() == "run_dir" and isinstance(value := override_value(value), str):
+            return value
+    return None
+
+
 def resolve_config(args) -> PipelineConfig:
+    """The config a run or stage command runs: --config, else the named run directory's saved config.yaml (--run-dir
+    or --set run_dir=, alike: a resumed run keeps its own config), else the defaults; then the --set overrides."""
     path = args.config
     overrides = list(args.set or [])
     if args.run_dir:
         overrides.append(f"run_dir={args.run_dir}")
-    if path is None and args.run_dir:
-        run = RunDir(args.run_dir)
+    run_dir = named_run_dir(args)
+    if path is None and run_dir:
+        run = RunDir(run_dir)
         if run.exists("config.yaml"):  # the run's own config, named as the run's file in any error
             from cqg_ray.artifacts import run_config_text
 

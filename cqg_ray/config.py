@@ -592,11 +592,16 @@ def load_config(path: str | Path | tuple[str, str] | None = None, overrides: lis
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {p} is not a section")
-        try:
-            node[parts[-1]] = yaml.safe_load(value)
-        except yaml.YAMLError:  # not YAML ("*.txt", "a: b: c"): the text as given
-            node[parts[-1]] = value
+        node[parts[-1]] = override_value(value)
     return config_from_dict(data, f"{source} with --set {' '.join(overrides)}" if overrides else source)
+
+
+def override_value(value: str) -> Any:
+    """The value of a ``--set key=value``: parsed as YAML, or where it is not YAML ("*.txt", "a: b: c") the text as given."""
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
 
 
 def dump_config(cfg: PipelineConfig) -> str:

@@ -123,6 +123,26 @@ def test_config_typo_is_a_clear_error(tmp_path, capsys):
     assert "cluster.kk: unknown key" in capsys.readouterr().err
 
 
+def test_set_run_dir_resumes_the_saved_config_as_run_dir_does(tmp_path):
+    """--set run_dir=DIR names the run directory as --run-dir does: its saved config.yaml is the config (not the
+    defaults, which would overwrite it and rerun its stages), --set keys win over it, and --config wins over both."""
+    from cqg_ray.cli import resolve_config
+    from cqg_ray.config import ConfigError, dump_config, load_config
+
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text(dump_config(load_config(None, [f"run_dir={run}", "cluster.k=7", "cluster.niter=5"])))
+    p = build_parser()
+    for argv in (["run", "--run-dir", str(run)], ["run", "--set", f"run_dir={run}"], ["cluster", "-s", "run_dir=elsewhere", "-s", f"run_dir={run}"]):
+        cfg = resolve_config(p.parse_args([*argv, "--set", "cluster.niter=3"]))
+        assert (cfg.run_dir, cfg.cluster.k, cfg.cluster.niter) == (str(run), 7, 3), argv
+    cfg = resolve_config(p.parse_args(["run", "--config", "demo", "--set", f"run_dir={run}"]))
+    assert (cfg.run_dir, cfg.cluster.k) == (str(run), load_config("demo").cluster.k)
+    (run / "config.yaml").write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match=r"config.yaml is not UTF-8 text \(byte 0\); give --config$"):
+        resolve_config(p.parse_args(["run", "--set", f"run_dir={run}"]))
+
+
 def test_status_of_missing_run(tmp_path, capsys):
     assert main(["status", str(tmp_path / "nothing")]) == 2
 
