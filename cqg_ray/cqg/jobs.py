@@ -88,12 +88,12 @@ def generation_request(cfg, cluster: int, positives: list[str], negatives: list[
     neg = [clip_text(t, c.max_text_chars) for t in negatives]
     meta = {"cluster": int(cluster)}
     if c.method == "cqg" and c.prompt == "property":
-        build = lambda p, n: Request(property_messages(p, n, c.questions_per_prompt, c.examples, keywords),  # noqa: E731
-                                     max_tokens=cfg.llm.max_tokens_generate, meta=meta)
+        messages = lambda p, n: property_messages(p, n, c.questions_per_prompt, c.examples, keywords)  # noqa: E731
     elif c.method == "cqg":
-        build = lambda p, n: Request(cqg_messages(p, n, c.questions_per_prompt), max_tokens=cfg.llm.max_tokens_generate, meta=meta)  # noqa: E731
+        messages = lambda p, n: cqg_messages(p, n, c.questions_per_prompt)  # noqa: E731
     else:
-        build = lambda p, n: Request(qaemb_messages(p, n_questions=c.questions_per_prompt), max_tokens=cfg.llm.max_tokens_generate, meta=meta)  # noqa: E731
+        messages = lambda p, n: qaemb_messages(p, n_questions=c.questions_per_prompt)  # noqa: E731
+    build = lambda p, n: Request(messages(p, n), max_tokens=cfg.llm.max_tokens_generate, meta=meta, stop_on_loop=True)  # noqa: E731
     req, _, _ = fitter.contrast(pos, neg, build, what=f"cluster {cluster}")
     return req
 

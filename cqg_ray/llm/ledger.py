@@ -76,7 +76,9 @@ def _fits_schema(rows: list[dict[str, Any]]) -> bool:
 
 
 def request_key(identity: dict[str, Any], req: Request, logprobs: bool = False) -> str:
-    """sha256 of what decides a reply: model identity (backend, model, temperature, constrained), prompt, limits."""
+    """sha256 of what decides a reply: model identity (backend, model, temperature, constrained), prompt, limits.
+    ``stop_on_loop`` is not part of it: it cuts only a reply's loop, whose repeats the parse drops, so a reply kept
+    from before it stands."""
     if not req.yes_no and "score_engine" in identity:  # the single-pass engine decides single-pass answers only
         identity = {k: v for k, v in identity.items() if k != "score_engine"}
     if (req.yes_no or req.n_answers is not None) and "generate_engine" in identity:  # the generation engine: generation requests only

@@ -15,7 +15,8 @@ import bisect
 import math
 import re
 
-__all__ = ["ParseError", "QuestionList", "parse_questions", "parse_answers", "answer_offsets", "p_yes_from_tokens", "p_yes_from_top", "YES_NO_AUXILIARIES"]
+__all__ = ["ParseError", "QuestionList", "parse_questions", "loops", "parse_answers", "answer_offsets", "p_yes_from_tokens", "p_yes_from_top",
+           "YES_NO_AUXILIARIES"]
 
 
 class ParseError(ValueError):
@@ -71,18 +72,9 @@ def _question_key(q: str) -> str:
     return " ".join(_KEY_WORD.findall(q.lower()))
 
 
-def parse_questions(text: str) -> QuestionList:
-    """Questions from a numbered (or bulleted) list; prose lines around the list are ignored.
-
-    Dropped, and counted in ``result.dropped``: empty items ("empty"), items that are not yes/no questions,
-    such as "What is ...?" or the template's "First simple yes/no question" ("not_yes_no"), and repeats of
-    an earlier question, ignoring case and punctuation ("duplicate"). Zero-width and bidi control characters are
-    removed, and a question starts at its first letter (no leading emoji, dash or stray digit). Anything after the first "?" of an
-    item is cut ("Is it X? (yes for positives)" -> "Is it X?"); a yes/no question without "?" gets one.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"expected the reply text (str), got {type(text).__name__}")
-    out = QuestionList()
+def _items(text: str):
+    """(question, why dropped) for each list item of a reply, in order: ("Is it X?", None), ("", "empty"),
+    ("", "not_yes_no") or ("Is it X?", "duplicate"); prose lines around the list yield nothing."""
     seen: set[str] = set()
     for line in text.splitlines():
         m = _NUMBERED.match(line)
@@ -103,22 +95,49 @@ def parse_questions(text: str) -> QuestionList:
         content = content[first.start():] if first else content
         words = _WORD.findall(content)
         if not words:
-            out.dropped["empty"] += 1
+            yield "", "empty"
             continue
         if words[0].lower() not in YES_NO_AUXILIARIES or len(words) < 2:
-            out.dropped["not_yes_no"] += 1
+            yield "", "not_yes_no"
             continue
         content = content.rstrip(" .:;,!")
         if not content.endswith("?"):
             content += "?"
         content = content[0].upper() + content[1:]
         key = _question_key(content)
-        if key in seen:
-            out.dropped["duplicate"] += 1
-            continue
+        yield content, "duplicate" if key in seen else None
         seen.add(key)
-        out.append(content)
+
+
+def parse_questions(text: str) -> QuestionList:
+    """Questions from a numbered (or bulleted) list; prose lines around the list are ignored.
+
+    Dropped, and counted in ``result.dropped``: empty items ("empty"), items that are not yes/no questions,
+    such as "What is ...?" or the template's "First simple yes/no question" ("not_yes_no"), and repeats of
+    an earlier question, ignoring case and punctuation ("duplicate"). Zero-width and bidi control characters are
+    removed, and a question starts at its first letter (no leading emoji, dash or stray digit). Anything after the first "?" of an
+    item is cut ("Is it X? (yes for positives)" -> "Is it X?"); a yes/no question without "?" gets one.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"expected the reply text (str), got {type(text).__name__}")
+    out = QuestionList()
+    for question, dropped in _items(text):
+        if dropped is None:
+            out.append(question)
+        else:
+            out.dropped[dropped] += 1
     return out
+
+
+LOOP_REPEATS = 2  # items in a row that repeat earlier ones: the reply has begun to loop
+
+
+def loops(text: str) -> bool:
+    """Whether a question list has begun to loop: its last ``LOOP_REPEATS`` items, among its complete lines (up to
+    the last newline), each repeat an earlier question (what ``parse_questions`` drops as "duplicate"). The embedded
+    engines stop decoding a ``Request.stop_on_loop`` reply there, where greedy decoding would repeat to ``max_tokens``."""
+    items = [dropped for _, dropped in _items(text[: text.rfind("\n") + 1])]
+    return len(items) >= LOOP_REPEATS and all(d == "duplicate" for d in items[-LOOP_REPEATS:])
 
 
 def _answer_of(content: str) -> bool | None | str:

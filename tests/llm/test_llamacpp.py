@@ -1,5 +1,6 @@
 """The embedded llama.cpp backend with the real bundled Qwen2.5-Coder-0.5B: format and parsing, not accuracy."""
 
+import dataclasses
 import re
 
 import pytest
@@ -149,3 +150,28 @@ def test_actor_pool_streams_each_result_as_it_finishes(ray_local):
         pool.close()
     assert order[0] == (1, 1)  # the one-token answer arrives before the long one ends
     assert order[1][0] == 0 and order[1][1] > 10
+
+
+LOOPING = [{"role": "user", "content": "Write a numbered list of 12 items. Items 1, 3, 5, 7, 9, 11 are 'Is it red?' and items 2, 4, 6, 8, 10, "
+                                       "12 are 'Is it blue?'."}]
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "torch-float32"])
+def test_a_question_list_that_loops_stops_at_its_second_repeat(engine):
+    """A ``stop_on_loop`` reply ends at the newline after two items in a row that repeat earlier ones, on both
+    engines that decode generation prompts in batches; a request without it decodes to its end as before."""
+    from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
+
+    cfg = qwen_config()
+    b = LlamaCppBackend(cfg.model_copy(update={"llamacpp": cfg.llamacpp.model_copy(update={"generate_engine": engine, "batch_generate": 4})}))
+    try:
+        other = Request(cqg_messages([TEXTS[0]], [TEXTS[1]], n_questions=2), max_tokens=40, stop_on_loop=True)
+        free, stopped, plain = (dict(b.generate_batched(reqs)) for reqs in ([Request(LOOPING, max_tokens=90)],
+                                                                             [Request(LOOPING, max_tokens=90, stop_on_loop=True), other],
+                                                                             [dataclasses.replace(other, stop_on_loop=False)]))
+    finally:
+        b.close()
+    assert stopped[0].text == "1. Is it red?\n2. Is it blue?\n3. Is it red?\n4. Is it blue?\n"
+    assert list(parse_questions(stopped[0].text)) == ["Is it red?", "Is it blue?"]
+    assert free[0].text.startswith(stopped[0].text) and free[0].completion_tokens > stopped[0].completion_tokens + 20
+    assert stopped[1].text == plain[0].text and stopped[1].completion_tokens == plain[0].completion_tokens  # no loop: decoded as before

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from cqg_ray.llm.parse import ParseError, answer_offsets, p_yes_from_tokens, parse_answers, parse_questions
+from cqg_ray.llm.parse import ParseError, answer_offsets, loops, p_yes_from_tokens, parse_answers, parse_questions
 
 # ----------------------------------------------------------------------------- answers that parse
 
@@ -201,3 +201,19 @@ def test_questions_start_at_their_first_word_and_numbers_tell_them_apart():
     qs = parse_questions(reply)
     assert qs == ["Is it about cats?", "Is it about dogs?", "Is it a bird?", "Does it bark?", "Is it about World War 1?", "Is it about World War 2?"]
     assert qs.dropped == {"empty": 0, "not_yes_no": 0, "duplicate": 1}
+
+
+DEMO_LOOP = ("1. Is the text about a movie or film?\n2. Is the text about a comedy?\n3. Is the text about a director?\n"
+             "4. Is the text about a scene or sequence?\n5. Is the text about a movie or film?\n6. Is the text about a comedy?\n"
+             "7. Is the text about a director?\n8. Is the")  # a demo's reply (cluster 14, 2026-12-07) that looped to max_tokens
+
+
+def test_loops_after_two_items_in_a_row_repeat_earlier_ones():
+    cuts = [i + 1 for i, ch in enumerate(DEMO_LOOP) if ch == "\n"]
+    assert [loops(DEMO_LOOP[:c]) for c in cuts] == [False, False, False, False, False, True, True]
+    assert not loops(DEMO_LOOP[: cuts[5] - 1])  # the sixth line not yet complete
+    assert loops("Here are the questions:\n1. Is it red?\n2. Is it blue?\n\n3. Is it RED\n4. is it blue!\n")  # markup and case as the parse sees them
+    assert not loops("1. Is it red?\n2. Is it red?\n3. Is it green?\n4. Is it blue?\n")  # one repeat, then a new question
+    assert loops("1. Is it red?\n2. Is it blue?\n3. Is it red?\nA line of prose.\n4. Is it blue?\n")  # prose is not an item
+    assert not loops("1. Is it red?\n2. Is it red?\n3. What colour is it?\n")  # an item that is no yes/no question ends a run
+    assert not loops("") and not loops("1. Is it red?\n")

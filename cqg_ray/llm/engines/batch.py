@@ -25,7 +25,7 @@ import ctypes
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -259,8 +259,10 @@ class BatchEngine:
         self._gen_ctx = self._context(per_seq * (slots + 1), slots + 1, unified=False)
         return self._gen_ctx
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], share_prefix: bool = True) -> Iterator[tuple[int, list[int]]]:
-        """(index, generated tokens without the end token) per prompt, as each finishes (greedy). The prompts' common
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], share_prefix: bool = True,
+                 stop: Callable[[int, list[int]], bool] | None = None) -> Iterator[tuple[int, list[int]]]:
+        """(index, generated tokens without the end token) per prompt, as each finishes (greedy): at an end token, at its
+        ``max_tokens``, or where ``stop(index, tokens so far)`` says so. The prompts' common
         prefix (chat template, instructions, worked examples: ~600 of the property prompt's ~860 tokens), when at least
         ``MIN_SHARED_PREFIX`` tokens, is read once into a sequence of its own and copied into each slot as a prompt
         takes it (``llama_memory_seq_cp`` of a whole KV stream), so each prompt reads only its own rest."""
@@ -323,7 +325,7 @@ class BatchEngine:
                 done = bool(lc.llama_vocab_is_eog(self.vocab, tok))
                 if not done:
                     sl.out.append(tok)
-                if done or len(sl.out) >= sl.max_tokens:
+                if done or len(sl.out) >= sl.max_tokens or (stop is not None and stop(sl.index, sl.out)):
                     lc.llama_memory_seq_rm(mem, s, -1, -1)
                     del slots[s]
                     yield sl.index, sl.out

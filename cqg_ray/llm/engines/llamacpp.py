@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from cqg_ray import progress
 from cqg_ray.config import LLMConfig
@@ -44,7 +44,7 @@ from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_
 from cqg_ray.llm.engines.batch import BatchEngine
 from cqg_ray.llm.engines.bundled import resolve_model
 from cqg_ray.llm.engines.chat_tokens import INSTALL_HINT, ChatTokens, HFChatTokens, chat_tokens
-from cqg_ray.llm.parse import p_yes_from_tokens
+from cqg_ray.llm.parse import loops, p_yes_from_tokens
 
 
 def cpu_has_amx() -> bool:
@@ -254,9 +254,18 @@ class LlamaCppBackend(Backend):
         for i, e in enumerate(errors):
             if e is not None:
                 yield i, e
-        for j, out in self.generator.generate([tokens[i] for i in ok], [requests[i].max_tokens for i in ok]):
+        for j, out in self.generator.generate([tokens[i] for i in ok], [requests[i].max_tokens for i in ok],
+                                              stop=self.loop_stop([requests[i] for i in ok])):
             i = ok[j]
             yield i, Completion(self.tokens.detokenize(out), len(tokens[i]), len(out))
+
+    def loop_stop(self, requests: Sequence[Request]) -> Callable[[int, list[int]], bool] | None:
+        """The engines' ``stop`` for ``requests``: a ``stop_on_loop`` reply ends at the newline where it has begun to
+        loop (``parse.loops``); None where no request asks."""
+        if not any(r.stop_on_loop for r in requests):
+            return None
+        text = self.tokens.detokenize
+        return lambda i, out: requests[i].stop_on_loop and "\n" in text(out[-1:]) and loops(text(out))
 
     def stream(self, requests: Sequence[Request]) -> Iterator[tuple[int, Completion]]:
         single = [i for i, r in enumerate(requests) if r.yes_no]
@@ -335,7 +344,8 @@ class LlamaCppBackend(Backend):
         error = context_error(len(tokens), req.max_tokens, self.llm.llamacpp.n_ctx)
         if error is not None:
             return error
-        ((_, out),) = list(self.generator.generate([tokens], [req.max_tokens], temperature=self.temperature(req), seed=req.seed or 0))
+        ((_, out),) = list(self.generator.generate([tokens], [req.max_tokens], temperature=self.temperature(req), seed=req.seed or 0,
+                                                   stop=self.loop_stop([req])))
         return Completion(self.tokens.detokenize(out), len(tokens), len(out))
 
     def _recorded_tokens(self, rec: YesNoRecorder) -> list[tuple[str, float, dict[str, float]]]:

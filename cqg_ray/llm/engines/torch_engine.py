@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -258,11 +258,11 @@ class TorchEngine:
         return out
 
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], temperature: float = 0.0,
-                 seed: int = 0) -> Iterator[tuple[int, list[int]]]:
+                 seed: int = 0, stop: Callable[[int, list[int]], bool] | None = None) -> Iterator[tuple[int, list[int]]]:
         """(index, generated tokens without the end token) per prompt, as each finishes; greedy, or at ``temperature``
         > 0 drawn by ``sampler`` seeded with ``seed``; ``gen_seqs`` at a time, shortest prompts first; a sequence ends at
         any of ``eos_ids`` (the model's end-of-generation tokens when the embedded backend made this engine, else its
-        generation config's)."""
+        generation config's), at its ``max_tokens``, or where ``stop(index, tokens so far)`` says so."""
         for i, p in enumerate(prompts):
             if not p:
                 raise ValueError("an empty prompt cannot be generated from")
@@ -272,10 +272,12 @@ class TorchEngine:
         pick = sampler(temperature, seed, self.device)
         for s in range(0, len(order), self.gen_seqs):
             batch = order[s : s + self.gen_seqs]
-            for j, out in self._generate_batch([prompts[i] for i in batch], [int(max_tokens[i]) for i in batch], pick):
+            own = None if stop is None else (lambda j, out, batch=batch: stop(batch[j], out))
+            for j, out in self._generate_batch([prompts[i] for i in batch], [int(max_tokens[i]) for i in batch], pick, own):
                 yield batch[j], out
 
-    def _generate_batch(self, prompts: list[Sequence[int]], max_tokens: list[int], pick=greedy) -> Iterator[tuple[int, list[int]]]:
+    def _generate_batch(self, prompts: list[Sequence[int]], max_tokens: list[int], pick=greedy,
+                        stop: Callable[[int, list[int]], bool] | None = None) -> Iterator[tuple[int, list[int]]]:
         """One static batch: the prompts' common prefix (chat template and instruction) read once, then each prompt's rest
         read on its own (no padding to compute) and its keys and values written into its row of the batch's cache,
         right-aligned; then one token per running sequence per step."""
@@ -321,7 +323,7 @@ class TorchEngine:
                 for r, j in enumerate(rows):
                     if not done[r]:
                         outs[j].append(tokens[r])
-                    if done[r] or len(outs[j]) >= max_tokens[j]:
+                    if done[r] or len(outs[j]) >= max_tokens[j] or (stop is not None and stop(j, outs[j])):
                         yield j, outs[j]
                     else:
                         keep.append(r)
