@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -530,6 +531,33 @@ def check_corpus_size(cfg: PipelineConfig, n_docs: int) -> None:
         problems.append(f"cqg.n_e={cfg.cqg.n_e} > {n_docs} documents")
     if problems:
         raise ConfigError("impossible configuration for this corpus: " + "; ".join(problems))
+
+
+def local_path(value: str | None) -> str | None:
+    """``value`` as a path on this machine where it is clearly one (absolute, or starting with ./ ../ ~), else None: a
+    hub name (owner/model), a ``bundled:`` name or a URI is the loader's to find."""
+    if not value or not value.startswith(("/", "./", "../", "~")):
+        return None
+    return os.path.expanduser(value)
+
+
+def check_model_paths(cfg: PipelineConfig, stage_names: list[str] | tuple[str, ...]) -> None:
+    """ConfigError naming each model setting that these stages load in this process (the encoder, an embedded LLM's
+    GGUF, an OpenAI server's local tokenizer) and that names a local path where nothing is: said before Ray starts,
+    not by the stage's actors. vLLM's model is left alone: its engines load it on the GPU nodes."""
+    names, llm, settings = set(stage_names), cfg.llm, {}
+    if names & {"encode", "questions", "evaluation"}:  # questions dedups with the encoder; evaluation loads the model's
+        settings["encode.model"] = cfg.encode.model
+    if llm.backend == "llamacpp" and "questions" in names:  # the writer, and the probes' answerer
+        settings.update({"cqg.writer_model": cfg.cqg.writer_model, "llm.llamacpp.model": llm.llamacpp.model})
+    if llm.backend == "llamacpp" and "labels" in names:
+        settings.update({"label.model": cfg.label.model} if cfg.label.model else {"llm.llamacpp.model": llm.llamacpp.model})
+    if llm.backend == "openai" and names & {"questions", "labels"}:  # the prompt-length guard's tokenizer
+        settings["llm.openai.tokenizer"] = llm.openai.tokenizer
+    missing = [f"{key}={value}" for key, value in settings.items() if (path := local_path(value)) and not os.path.exists(path)]
+    if missing:
+        raise ConfigError(f"no such file or folder: {'; '.join(missing)} (a local path; give one that exists, or a hub or "
+                          "bundled: name)")
 
 
 def format_errors(err: ValidationError, source: str) -> str:

@@ -65,6 +65,24 @@ def test_a_stage_on_a_run_directory_that_does_not_exist_makes_none(tmp_path, cap
     assert not run.exists()
 
 
+def test_a_missing_local_model_path_is_a_config_error_before_the_lease_and_ray(tmp_path, capsys, monkeypatch):
+    """encode.model=/nonexistent/dir: said in one line (exit 2) before anything is made, not by the encoder actors' deaths."""
+    import cqg_ray.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "init_ray", lambda cfg: pytest.fail("Ray started"))
+    run = tmp_path / "r"
+    said = "(a local path; give one that exists, or a hub or bundled: name)"
+    assert main(["run", "--run-dir", str(run), "--set", "encode.model=/nonexistent/dir"]) == 2
+    assert capsys.readouterr().err == f"error: no such file or folder: encode.model=/nonexistent/dir {said}\n"
+    assert not run.exists()
+    run.mkdir()
+    (run / "prepare").mkdir()
+    (run / "prepare" / "_manifest.json").write_text("{}")
+    assert main(["encode", "--set", f"run_dir={run}", "--set", "encode.model=~/no-such-encoder-here"]) == 2
+    assert capsys.readouterr().err == f"error: no such file or folder: encode.model=~/no-such-encoder-here {said}\n"
+    assert sorted(p.name for p in run.iterdir()) == ["prepare"]  # no lease, no config.yaml
+
+
 def test_a_stage_command_stopped_by_sigterm_unwinds_and_gives_back_its_lease(tmp_path, monkeypatch):
     """`ray job stop` sends SIGTERM: a stage command unwinds (exit 143) as `run` does, so ledgers flush and the lease goes."""
     import cqg_ray.pipeline as pipeline

@@ -469,3 +469,13 @@ def test_the_rates_measured_on_the_real_embedded_model(tmp_path):
     # the same ratios, worked out in another order here: equal to the last bits (1e-12), not bit for bit
     assert [k for k, v in got.items() if v is None] == [k for k, v in want.items() if v is None] == ["pace"]
     assert {k: v for k, v in got.items() if v is not None} == pytest.approx({k: v for k, v in want.items() if v is not None}, rel=1e-12)
+
+
+def test_the_demo_refuses_a_missing_local_model_before_its_lease(tmp_path, capsys):
+    from cqg_ray.cli import main
+
+    run = tmp_path / "run"
+    assert main(["demo", "--set", f"run_dir={run}", "--set", "llm.llamacpp.model=/nonexistent/model.gguf"]) == 2
+    assert capsys.readouterr().err == ("error: no such file or folder: llm.llamacpp.model=/nonexistent/model.gguf (a local path; give "
+                                       "one that exists, or a hub or bundled: name)\n")
+    assert not run.exists()
