@@ -20,7 +20,7 @@ import traceback
 from cqg_ray import stages
 from cqg_ray.config import ConfigError, PipelineConfig, check_model_paths, load_config, override_value
 from cqg_ray.corpus import CorpusError
-from cqg_ray.lease import LeaseHeld, take_lease
+from cqg_ray.lease import LeaseHeld, LeaseLost, lease_lost, take_lease
 from cqg_ray.log import setup_logging
 from cqg_ray.rundir import ArtifactError, RunDir
 
@@ -42,7 +42,8 @@ again resumes where the last one stopped (`ray job stop` included).
 Which Ray: --address, else RAY_ADDRESS (set by `ray job submit` for the entrypoint), else the config's ray.address
 (none: a local Ray on this machine). On a cluster the run directory must be reachable from every node: an object
 store URI (s3://, gs://) or a shared filesystem path. Exit status: 0 done, 1 a stage failed, 2 a bad config or
-input, 3 the run directory is in use by another run (its lease; --break-lease), 130/143 interrupted or stopped.
+input, 3 the run directory is in use by another run (its lease), or another run took it with --break-lease while this
+one ran, 130/143 interrupted or stopped.
 """
 
 LEASE_HELP = ("take the run directory even if another live run holds its lease (that run stops at its next heartbeat); "
@@ -167,6 +168,8 @@ def _run_held(args, cfg: PipelineConfig, run: RunDir, until: str | None, force: 
         _print_status(run)
         return 2
     except (KeyboardInterrupt, SystemExit) as e:
+        if lease_lost(run.root_uri):  # another run took the directory (--break-lease): take_lease says so, main() exits 3
+            raise
         code = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
         print(f"stopped after {time.time() - t0:.0f}s: run (or submit) the same command again to resume", file=sys.stderr)
         _print_status(run)
@@ -268,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ArtifactError, CorpusError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except LeaseHeld as e:
+    except (LeaseHeld, LeaseLost) as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:

@@ -9,7 +9,8 @@ writer takes it over, when its heartbeat is older than ``ttl_s`` (default 60 s, 
 when its holder ran on this machine and that process is gone (``kill -9``: a rerun resumes without waiting).
 ``break_lease=True`` takes a live lease too; the holder notices at its next heartbeat and stops (KeyboardInterrupt,
 from a SIGINT it sends itself; ``take_lease`` handles SIGINT while it holds the lease even where the process was started
-with SIGINT ignored, as a shell script's background jobs are).
+with SIGINT ignored, as a shell script's background jobs are), and ``take_lease`` raises it as ``LeaseLost``: who took
+the directory, and what to do.
 
 Guarantees, by filesystem:
 - local paths (and shared POSIX filesystems): the lease is created with ``os.link`` of a written temp file (atomic,
@@ -58,6 +59,21 @@ class LeaseHeld(RuntimeError):
                          "Wait for it to finish, or stop it; if that run is gone (another machine, no heartbeat for a while), "
                          "it goes stale by itself after its heartbeat timeout. --break-lease takes the directory anyway "
                          "(the other run stops at its next heartbeat).")
+
+
+DELETED = "deleted by someone else"  # Lease.lost where the lease file was gone, not another run's
+
+
+class LeaseLost(KeyboardInterrupt):
+    """This run's lease was taken by another run (--break-lease) or deleted while it ran: it stopped (a KeyboardInterrupt,
+    so what handles an interruption still flushes) and says who took the directory and what to do."""
+
+    def __init__(self, root: str, lost: str):
+        self.lost = lost
+        what = f"its lease file was {lost}" if lost == DELETED else f"{lost} took it with --break-lease"
+        super().__init__(f"this run stopped: it no longer holds the run directory {root} ({what}), so it wrote nothing more. "
+                         f"Two runs writing one directory can corrupt it: let the other run finish or stop it (`cqg-ray status "
+                         f"{root}` shows it), then run this command again to resume")
 
 
 def ttl_s() -> float:
@@ -254,7 +270,7 @@ class Lease:
         with self.store.locked():
             now = self.store.read()
             if now is None or now.get("token") != self.token:
-                self.lost = describe(now) if now else "deleted by someone else"
+                self.lost = describe(now) if now else DELETED
                 return False
             self.record["heartbeat_at"] = time.time()
             self.store.replace(self.record)
@@ -265,8 +281,8 @@ class Lease:
         while not self._stop.wait(every):
             try:
                 if not self.heartbeat():
-                    log.error("lease on %s lost: taken over by %s; this run stops (nothing more is written)",
-                              self.run.root_uri, self.lost)
+                    log.error("lease on %s lost: %s; this run stops (nothing more is written)", self.run.root_uri,
+                              f"its file was {DELETED}" if self.lost == DELETED else f"taken over by {self.lost}")
                     import signal
 
                     # a real SIGINT (it also wakes a blocked sleep or wait): KeyboardInterrupt in the main thread
@@ -351,9 +367,19 @@ def take_lease(root: str, command: str, break_lease: bool = False) -> Iterator[L
         _held[lease.run.root_uri] = lease
         try:
             yield lease
+        except KeyboardInterrupt as e:
+            if lease.lost is None or isinstance(e, LeaseLost):
+                raise
+            raise LeaseLost(lease.run.root_uri, lease.lost) from None  # the SIGINT the heartbeat sent: said as what it was
         finally:
             _held.pop(lease.run.root_uri, None)
             lease.release()
+
+
+def lease_lost(root: str) -> str | None:
+    """Who took the lease this process holds on ``root`` from it (``Lease.lost``), inside ``take_lease``; else None."""
+    lease = _held.get(RunDir(root).root_uri)
+    return lease.lost if lease is not None else None
 
 
 @contextlib.contextmanager

@@ -138,6 +138,60 @@ def test_break_lease_takes_a_live_one_and_the_holder_stops(tmp_path, sigint):
     mine.release()
 
 
+def test_a_lost_lease_stops_the_run_saying_who_took_it_and_what_to_do(tmp_path):
+    root = str(tmp_path)
+    took = "`cqg-ray demo` (pid 7 on vm, started 2026-11-25T00:00:00Z, last heartbeat 0 s ago)"
+    then = (f"so it wrote nothing more. Two runs writing one directory can corrupt it: let the other run finish or stop it "
+            f"(`cqg-ray status {root}` shows it), then run this command again to resume")
+    for lost, what in [(took, f"{took} took it with --break-lease"), (L.DELETED, "its lease file was deleted by someone else")]:
+        with pytest.raises(L.LeaseLost) as e:
+            with L.take_lease(root, "cqg-ray run") as lease:
+                lease.lost = lost  # what the heartbeat sets before the SIGINT it sends itself
+                raise KeyboardInterrupt
+        assert str(e.value) == f"this run stopped: it no longer holds the run directory {root} ({what}), {then}"
+        assert isinstance(e.value, KeyboardInterrupt) and e.value.lost == lost  # what handles an interruption still runs
+    with pytest.raises(KeyboardInterrupt) as e:  # Ctrl-C while the lease is ours: an interruption as before
+        with L.take_lease(root, "cqg-ray run") as lease:
+            assert L.lease_lost(root) is None
+            raise KeyboardInterrupt
+    assert type(e.value) is KeyboardInterrupt and L.lease_lost(root) is None
+
+
+@pytest.mark.parametrize("command", ["prepare", "run"])
+def test_a_run_displaced_by_break_lease_exits_3_saying_so(tmp_path, command):
+    """The displaced `cqg-ray run` or stage command says who took its directory and what to do (exit 3), not "run the
+    same command again to resume" at once, which would take the directory back from the run that now writes it."""
+    run = tmp_path / "run"
+    code = textwrap.dedent(f"""
+        import sys, time
+        import ray
+        import cqg_ray.pipeline as pipeline
+        from cqg_ray.cli import main
+
+        def working(*a, **kw):
+            print('working', flush=True)
+            time.sleep(30)
+
+        ray.cluster_resources, ray.nodes = dict, list  # no Ray started: the stages stand in
+        pipeline.init_ray, pipeline.run_one, pipeline.run_pipeline = (lambda cfg: None), working, working
+        sys.exit(main([{command!r}, '--run-dir', {str(run)!r}]))
+    """)
+    env = {**os.environ, "CQG_RAY_LEASE_TTL_S": "1.2"}  # a heartbeat every 0.2 s
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    while p.stdout.readline().strip() != "working":
+        assert p.poll() is None, p.stderr.read()
+    mine = L.acquire(str(run), "cqg-ray demo", break_lease=True)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 3, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: this run stopped: it no longer holds the run directory {run} (`cqg-ray demo` (pid {os.getpid()} on ")
+    assert last.endswith(f"took it with --break-lease), so it wrote nothing more. Two runs writing one directory can corrupt it: let the "
+                         f"other run finish or stop it (`cqg-ray status {run}` shows it), then run this command again to resume")
+    assert "same command again" not in err and "Traceback" not in err, err
+    assert json.loads((run / L.LEASE).read_text())["token"] == mine.token
+    mine.release()
+
+
 def test_sigint_is_handled_while_a_lease_is_held_and_ignored_again_after(tmp_path):
     import signal
 
