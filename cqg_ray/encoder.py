@@ -35,6 +35,7 @@ import importlib.util
 import logging
 import os
 import shutil
+import threading
 
 import numpy as np
 
@@ -135,6 +136,7 @@ class Encoder:
         self._tokenizer = tokenizer
         self._count_tokenizer = None  # count_tokens' own copy of the model's tokenizer (sentence-transformers path)
         self._ahead = None  # (max_seq_length, TextTokenizer | None) of the torch path's tokenizing thread
+        self._ahead_lock = threading.Lock()
         self._keys = None  # the inputs the torch model reads
         self._threads = getattr(runner, "threads", None) or _torch_threads()  # an exported runner's CPU threads
         self.dim = int(dim) if dim is not None else _dim(st_model)
@@ -153,7 +155,7 @@ class Encoder:
     def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
         """The model's inputs for `texts` as int64 arrays (input_ids, attention_mask, token_type_ids where the model has
         them), padded to the longest, truncated at max_seq_length."""
-        return self._tokenizer(texts) if self._tokenizer is not None else _st_inputs(self.st, texts)
+        return self._tokenizer(texts) if self._tokenizer is not None else _st_inputs(self.st, self._shortened(texts))
 
     def count_tokens(self, texts: list[str]) -> int:
         """Tokens of `texts` as the encoder reads them (special tokens included, truncated at max_seq_length). Safe beside
@@ -164,7 +166,7 @@ class Encoder:
             return self._tokenizer.count(texts)
         if self._count_tokenizer is None:
             self._count_tokenizer = copy.deepcopy(self.st.tokenizer)
-        ids = self._count_tokenizer(list(texts), add_special_tokens=True, truncation=True, max_length=self.max_seq_length)["input_ids"]
+        ids = self._count_tokenizer(self._shortened(texts), add_special_tokens=True, truncation=True, max_length=self.max_seq_length)["input_ids"]
         return int(sum(len(x) for x in ids))
 
     @property
@@ -248,11 +250,19 @@ class Encoder:
 
     def _ahead_tokenizer(self) -> TextTokenizer | None:
         """The torch model's tokenizer alone (`TextTokenizer`, checked to give sentence-transformers' tokens; one that
-        threads may share), for the model's current max_seq_length; None where it does not give the same tokens."""
-        if self._ahead is None or self._ahead[0] != self.st.max_seq_length:
-            checked = checked_tokenizer(self.st)
-            self._ahead = (self.st.max_seq_length, TextTokenizer(checked[0], **checked[1]) if checked else None)
-        return self._ahead[1]
+        threads may share), for the model's current max_seq_length; None where it does not give the same tokens.
+        Built under a lock: the check runs the model's own tokenizer, which two threads must not share."""
+        with self._ahead_lock:
+            if self._ahead is None or self._ahead[0] != self.st.max_seq_length:
+                checked = checked_tokenizer(self.st)
+                self._ahead = (self.st.max_seq_length, TextTokenizer(checked[0], **checked[1]) if checked else None)
+            return self._ahead[1]
+
+    def _shortened(self, texts: list[str]) -> list[str]:
+        """``texts`` for sentence-transformers' tokenizer, huge ones cut where `TextTokenizer.shortened` shows the
+        tokens stay the same (none cut where the model's tokenizer does not run alone)."""
+        tok = self._ahead_tokenizer()
+        return tok.shortened(texts) if tok is not None else list(texts)
 
     def _input_keys(self) -> set[str]:
         if self._keys is None:

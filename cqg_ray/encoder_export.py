@@ -22,6 +22,8 @@ import weakref
 
 import numpy as np
 
+from cqg_ray.long_texts import cut_rule, settled, shortened
+
 log = logging.getLogger("cqg_ray")
 
 EXPORTED = {"onnx": "model.onnx", "onnx-int8": "model-int8.onnx", "openvino": "model.onnx"}
@@ -31,7 +33,9 @@ CACHE_FORMAT = 2  # bump when the export changes, so old caches are not reused
 class TextTokenizer:
     """A sentence-transformers model's fast (Rust) tokenizer on its own, from the `tokenizers` package: truncation at
     max_seq_length (longest first) and padding to the longest text of a call, as sentence-transformers tokenises.
-    Saved beside an exported model (`save_tokenizer`, which checks it against the model's own tokens)."""
+    Saved beside an exported model (`save_tokenizer`, which checks it against the model's own tokens). A text over
+    max_seq_length * 32 characters is tokenized from a prefix that gives the same tokens, where the tokenizer's kind
+    lets that be shown (`cqg_ray.long_texts`), so a huge text costs about what a normal one does."""
 
     def __init__(self, spec: str, max_seq_length: int, pad_id: int, pad_token: str, padding_side: str = "right"):
         from tokenizers import Tokenizer
@@ -39,6 +43,7 @@ class TextTokenizer:
         self._pad = {"pad_id": int(pad_id), "pad_token": pad_token, "direction": padding_side}
         self._spec = spec
         self._tok = Tokenizer.from_str(spec)  # set up once; encode_batch never changes it, so threads may share it
+        self._cut = cut_rule(spec)  # None: every text tokenized whole
         self.max_seq_length = max_seq_length
 
     def spec(self) -> tuple[str, dict]:
@@ -57,13 +62,18 @@ class TextTokenizer:
         self._tok.enable_padding(**self._pad)
 
     def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
-        enc = self._tok.encode_batch(list(texts))
+        enc = settled(list(texts), self._max, self._cut, self._tok.encode_batch)[1]
         return {"input_ids": np.array([e.ids for e in enc], dtype=np.int64),
                 "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64),
                 "token_type_ids": np.array([e.type_ids for e in enc], dtype=np.int64)}
 
     def count(self, texts: list[str]) -> int:
         return int(self(texts)["attention_mask"].sum())
+
+    def shortened(self, texts: list[str]) -> list[str]:
+        """``texts`` with each huge one replaced by the prefix these tokens come from (`long_texts.shortened`): for
+        the tokenizer this one was checked against (sentence-transformers'), which then reads a prefix too."""
+        return shortened(list(texts), self._max, self._cut, self._tok.encode_batch)
 
 
 def _tokenize(st, texts: list[str]) -> dict:

@@ -355,6 +355,28 @@ def test_the_torch_loop_tokenized_ahead_equals_sentence_transformers_encode(batc
     assert enc._ahead[0] == 16 and torch.equal(short, enc.st.encode(MIXED, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=False))
 
 
+# huge texts (past max_seq_length * 32 characters): with spaces, CJK without spaces, punctuation only, one giant word
+HUGE = [TEXTS[1] * 500, "中文字符" * 5000, "a,b." * 5000, "a" * 20000]
+
+
+def test_huge_texts_give_sentence_transformers_tokens_and_embeddings():
+    """The torch path hands sentence-transformers a prefix of a huge text where that keeps its tokens
+    (`TextTokenizer.shortened`): `tokenize`, `count_tokens` and `encode_tensor` give the library's own tokens, count
+    and embeddings of the whole texts."""
+    import torch
+
+    from cqg_ray.encoder_export import _st_inputs
+
+    enc = load_encoder(NAME, backend="torch-float32", device="cpu")
+    texts = HUGE + TEXTS
+    mine, theirs = enc.tokenize(texts), _st_inputs(enc.st, texts)
+    assert mine.keys() == theirs.keys() and all(np.array_equal(mine[k], theirs[k]) for k in theirs)
+    assert mine["input_ids"].shape == (9, 256) and enc.count_tokens(texts) == int(theirs["attention_mask"].sum())
+    assert [len(t) for t in enc._shortened(texts)] == [8187, 8192, 8191, 20000] + [len(t) for t in TEXTS]  # the word: whole
+    ours = enc.encode_tensor(texts, batch_size=4, normalize=False)
+    assert torch.equal(ours, enc.st.encode(texts, batch_size=4, convert_to_tensor=True, normalize_embeddings=False))
+
+
 def test_a_tokenizer_that_does_not_run_alone_leaves_the_library_loop(monkeypatch):
     import torch
 
