@@ -109,8 +109,10 @@ def llm_eta(c: dict[str, float], total: float, gen_per_request: float, wall_s: f
     """Seconds left of an LLM stage from its counters (None until something advanced).
 
     Prompt tokens left: the handed requests' planned tokens not read yet, plus the requests not handed yet at the
-    handed ones' mean. Tokens left to generate: ``gen_per_request`` (the mean over finished requests once there are
-    some) for every request, less what was generated. Each costs what it has cost so far (``read_s / read``,
+    handed ones' mean. Tokens left to generate: ``gen_per_request`` for every request, less what was generated; once
+    requests finish, the mean a request in place of the prior, the tokens generated counted over the finished requests
+    and half of those handed and still running (a batch's first reply to end, the others half written, is no mean
+    of 1,000 tokens). Each costs what it has cost so far (``read_s / read``,
     ``generate_s / generated``; before the first, ``GENERATE_COST`` prompt tokens); engines working side by side divide
     it (the seconds they spent over the wall time)."""
     if c["finished"] >= total:
@@ -121,7 +123,8 @@ def llm_eta(c: dict[str, float], total: float, gen_per_request: float, wall_s: f
     per_gen = c["generate_s"] / c["generated"] if c["generated"] else None
     planned_per = c["planned"] / c["handed"] if c["handed"] else 0.0
     read_left = max(0.0, c["planned"] - c["read"]) + planned_per * max(0.0, total - c["handed"])
-    gen = c["generated"] / c["finished"] if c["finished"] and c["generated"] else gen_per_request
+    running = max(0.0, c["handed"] - c["finished"])
+    gen = c["generated"] / (c["finished"] + running / 2) if c["finished"] and c["generated"] else gen_per_request
     gen_left = max(0.0, gen * total - c["generated"])
     if gen_left and per_gen is None:  # nothing generated yet: a token at GENERATE_COST prompt tokens' time
         per_gen = GENERATE_COST * per_read

@@ -81,9 +81,17 @@ def test_the_time_left_from_the_counters():
     assert progress.llm_eta(c, 10, 50.0, 14.0) == pytest.approx(90.0 + 96.0)
     # two engines side by side: 28 s of engine time in 14 s of wall time halve it
     assert progress.llm_eta(c, 10, 50.0, 7.0) == pytest.approx((90.0 + 96.0) / 2)
-    # once requests finish, their mean generated tokens replaces the prior: 20 tokens for 2 finished, 10 a request
+    # once requests finish, their mean generated tokens replaces the prior: 20 tokens for the 2 finished and half of
+    # the 2 still running, 20 / 3 a request
     c.update(finished=2)
-    assert progress.llm_eta(c, 10, 50.0, 14.0) == pytest.approx(90.0 + 80 * 0.2)
+    assert progress.llm_eta(c, 10, 50.0, 14.0) == pytest.approx(90.0 + (10 * 20 / 3 - 20) * 0.2)
+    c.update(finished=4)  # every handed request finished: their own mean, 5 a request
+    assert progress.llm_eta(c, 10, 50.0, 14.0) == pytest.approx(90.0 + 30 * 0.2)
+    # a batch of 16 whose first reply ended (the demo's, 2026-12-07): 1,094 tokens over 1 + 15 / 2 requests, ~129 a
+    # request, not 1,094
+    e = dict.fromkeys(progress.NAMES, 0.0)
+    e.update(handed=16, planned=16_900, read=16_900, read_s=150.0, finished=1, generated=1_094, generate_s=25.0)
+    assert progress.llm_eta(e, 20, 130.0, 175.0) == pytest.approx((4 * 16_900 / 16 * 150 / 16_900 + (20 * 1_094 / 8.5 - 1_094) * 25 / 1_094) / 1)
     # a server that reports no tokens: by requests alone
     d = dict.fromkeys(progress.NAMES, 0.0)
     d.update(finished=2)
