@@ -110,6 +110,7 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     from cqg_ray.llm.base import backend_identity
     from cqg_ray.llm.backends import stage_budget
     from cqg_ray.llm.fit import budget_summary, fit_report
+    from cqg_ray.llm.parse import loops
     from cqg_ray.llm.stream import corpus_places, rows_per_group, stream_plan, write_plan
 
     import ray
@@ -162,8 +163,11 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     cand_stopped_last: list[bool] = []  # the last item of a reply that stopped on the token limit
     cand: dict[int, list[int]] = {}
     dropped = {"empty": 0, "not_yes_no": 0, "duplicate": 0, **gdone["assemble"].get("dropped", {})}
-    for k, ok, qs, ctok, key in zip(*(gen_table.column(n).to_pylist() for n in ("cluster", "ok", "questions", "completion_tokens", "key"))):
+    looped = at_cap = 0  # replies that loop (`parse.loops`: stopped there by the embedded engines), replies cut at max_tokens
+    for k, ok, qs, ctok, key, text in zip(*(gen_table.column(n).to_pylist() for n in ("cluster", "ok", "questions", "completion_tokens", "key", "text"))):
         stopped = ok and ctok >= cfg.llm.max_tokens_generate
+        looped += bool(ok and loops(text or ""))
+        at_cap += stopped
         for j, q in enumerate(qs):
             cand.setdefault(k, []).append(len(cand_text))
             cand_text.append(q)
@@ -240,6 +244,7 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
                         fit["prompts_checked"], step, fit["texts_dropped"], fit["chars_cut"])
     ctx.counts.update({
         "clusters": len(clusters), "generation_prompts": int(gdone["count"].get("requests", 0)), "generation_failed": gen_failed,
+        "generation_looped": looped, "generation_at_cap": at_cap,
         "generated": n_cand + sum(dropped.values()), "parsed": n_cand, **{f"dropped_{k}": v for k, v in dropped.items()},
         "probe_prompts": int(pdone["count"].get("requests", 0)), "probe_failed": int(pdone["assemble"].get("failed", 0)),
         **{f"dropped_{f}": int(np.sum(reasons == f)) for f in ("copy", "example", "long", "cut_off", "own_cluster", "opening")},

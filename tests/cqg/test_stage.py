@@ -58,6 +58,28 @@ def test_cqg_probes_single_pass(clustered_run, corpus_file, tmp_path):
     assert all(r["positive_n"] == 2 and r["hard_n"] == 1 and r["easy_n"] == 1 for r in cand)
 
 
+def test_replies_that_loop_are_counted(clustered_run, corpus_file, tmp_path):
+    """A reply whose last two items repeat earlier ones (``parse.loops``: the embedded engines stop it there) counts in
+    the manifest's generation_looped; its repeats are dropped as duplicates."""
+    from cqg_ray.cqg.stage import run_cqg
+    from cqg_ray.llm.engines.fake import FakeBackend, default_reply
+
+    d = copy_clustered(clustered_run, tmp_path / "run")
+    cfg = small_config(d, corpus_file, max_clusters=2)
+    run = RunDir(str(d))
+
+    def reply(req):
+        if req.yes_no:
+            return default_reply(req)
+        return "1. Is the text about a movie?\n2. Is the text about a comedy?\n3. Is the text about a movie?\n4. Is the text about a comedy?\n"
+
+    fake = FakeBackend(cfg.llm, reply=reply)
+    c = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))["counts"]
+    assert (c["generation_prompts"], c["generation_looped"], c["generation_at_cap"]) == (2, 2, 0)
+    assert (c["parsed"], c["dropped_duplicate"]) == (4, 4)
+    assert all(r.stop_on_loop for r in fake.calls if not r.yes_no)  # every generation request asks the engines to stop a loop
+
+
 def test_cqg_with_scripted_llm(clustered_run, corpus_file):
     from cqg_ray.artifacts import load_questions, load_texts
     from cqg_ray.cqg.stage import run_cqg
@@ -230,6 +252,7 @@ def test_filters_drop_copies_long_cut_off_and_questions_their_cluster_denies(clu
     fake = FakeBackend(cfg.llm, reply=reply)
     c = run_stage(run, "questions", stage_hash(cfg, "questions"), lambda ctx: run_cqg(cfg, ctx, backend=fake, progress=False))["counts"]
     assert (c["dropped_copy"], c["dropped_example"], c["dropped_long"], c["dropped_cut_off"], c["dropped_own_cluster"]) == (2, 0, 2, 4, 2)
+    assert (c["generation_looped"], c["generation_at_cap"]) == (0, 2)  # both replies stopped on the token limit, neither looped
     cand = {r["text"]: r for r in run.read_table("questions/candidates.parquet").to_pylist()}
     assert cand[copy_q]["filtered"] == "copy" and cand[long_q]["filtered"] == "long"
     assert cand[cut_q]["filtered"] == "cut_off" and cand[last_q + "?"]["filtered"] == "cut_off" and cand[last_q + "?"]["stopped_last"]
