@@ -100,7 +100,9 @@ class EncodeConfig(Section):
     torch_threads: int = Field(1, ge=1, description="torch threads per CPU actor, at least (more where units leave CPUs idle: units.actor_threads)")
     unit_rows: int = Field(10_000, ge=1, description="rows per work unit (the resume granularity)")
     tokenize_stage: Literal["auto", "on", "off"] = Field("auto", description=TOKENIZE_STAGE_HELP)
-    tokenize_actors: int | None = Field(None, ge=1, description="CPU actors of the tokenizing stage at most (None = two per encoder actor)")
+    tokenize_actors: int | None = Field(None, ge=1,
+                                         description="CPU actors of the tokenizing stage at most (None = two per GPU encoder actor; "
+                                                     "one beside CPU actors)")
 
 
 class ClusterConfig(Section):
@@ -369,7 +371,9 @@ class EmbedConfig(Section):
     unit_rows: int = Field(10_000, ge=1, description="rows per work unit (the resume granularity)")
     torch_threads: int = Field(1, ge=1, description="torch threads per CPU actor, at least (more where units leave CPUs idle: units.actor_threads)")
     tokenize_stage: Literal["auto", "on", "off"] = Field("auto", description=TOKENIZE_STAGE_HELP)
-    tokenize_actors: int | None = Field(None, ge=1, description="CPU actors of the tokenizing stage at most (None = two per embedding actor)")
+    tokenize_actors: int | None = Field(None, ge=1,
+                                         description="CPU actors of the tokenizing stage at most (None = two per GPU embedding actor; "
+                                                     "one beside CPU actors)")
 
 
 class ServeConfig(Section):

@@ -349,7 +349,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=get_args(EncoderBackend), help=BACKEND_HELP)
     p.add_argument("--unit-rows", type=int, default=10_000, help="rows per work unit, the resume granularity (default 10000)")
     p.add_argument("--tokenize-stage", choices=["auto", "on", "off"], default="auto", help=TOKENIZE_STAGE_HELP)
-    p.add_argument("--tokenize-actors", type=int, default=None, help="CPU actors of the tokenizing stage at most (default: two per actor)")
+    p.add_argument("--tokenize-actors", type=int, default=None,
+                   help="CPU actors of the tokenizing stage at most (default: two per GPU actor; one beside CPU actors)")
     p.add_argument("--actors", type=int, default=None, help="actors (default: one per GPU, else one per CPU, growing with the cluster "
                                                              "up to --max-gpus / --max-cpus)")
     p.add_argument("--gpus-per-actor", type=float, default=None, help="default: 1 when the cluster has GPUs, else 0")
