@@ -152,6 +152,8 @@ class OpenAIConfig(Section):
     backoff_s: float = Field(1.0, ge=0)
     send_grammar: bool = Field(False, description="send a llama.cpp GBNF grammar in extra_body (llama.cpp server)")
     send_structured_outputs: bool = Field(False, description="send vLLM structured_outputs regex in extra_body (vLLM serve)")
+    stop_loops: bool = Field(True, description="stream question lists (stream: true) and close the stream where a list loops (parse.loops), "
+                             "as the embedded engines stop it; false: one JSON reply each, decoded to max_tokens")
     extra_body: dict[str, Any] = Field(default_factory=dict,
                                        description="extra JSON fields for every request, e.g. {repeat_penalty: 1.0} for the llama.cpp server")
     max_model_len: int | None = Field(None, ge=256, description="the server's context length in tokens, for the prompt-length guard "

@@ -7,7 +7,10 @@
 Behaviours: "ok"; "500" / "503" / "429" / "400" / "404" (status with a JSON error; 429 sends Retry-After
 when ``retry_after`` is set); "hang:<s>" (sleep s seconds, then answer ok); "close" (drop the connection
 without a reply); "garbage" (200 with a body that is not a chat completion). Answers are deterministic:
-for an A.3 prompt with n questions, "i. yes|no" lines from a hash of the prompt; otherwise three questions.
+for an A.3 prompt with n questions, "i. yes|no" lines from a hash of the prompt; a prompt with "LOOP" in it, a list
+of two questions repeated 30 times; otherwise three questions. A request with ``stream: true`` is answered as a
+server-sent event stream, a chunk a word (``stream_delay_s`` apart), then the usage where ``stream_options`` asks;
+``streams`` records (chunks sent, chunks in the reply) per stream, sent < all where the client closed it early.
 With ``max_model_len`` set it also answers like vLLM's ``GET /v1/models`` (the model's ``max_model_len``) and
 ``POST /tokenize`` (``count``: prompt characters / 4 + 10); without it both are 404, as on a server without them.
 Also runnable as a script for subprocess tests: ``python fake_openai_server.py PORT_FILE LOG_FILE [DELAY_S]``.
@@ -33,14 +36,18 @@ def reply_for(prompt: str) -> str:
             bit = hashlib.sha256(f"{prompt}\x00{i}".encode()).digest()[0] & 1
             out.append(f"{i}. {'yes' if bit else 'no'}")
         return "\n".join(out) + "\n"
+    if "LOOP" in prompt:
+        return "\n".join(f"{i}. Is the text about {'a movie' if i % 2 else 'a comedy'}?" for i in range(1, 61)) + "\n"
     tag = hashlib.sha256(prompt.encode()).hexdigest()[:6]
     return "\n".join(f"{i}. Does the text mention topic {tag}-{i}?" for i in range(1, 4)) + "\n"
 
 
 class FakeOpenAIServer:
     def __init__(self, script: list[str] | None = None, delay_s: float = 0.0, retry_after: str | None = None, log_path: str | None = None, port: int = 0,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, stream_delay_s: float = 0.002):
         self.script = list(script or [])
+        self.stream_delay_s = stream_delay_s
+        self.streams: list[tuple[int, int]] = []
         self.max_model_len = max_model_len
         self.tokenize_calls = 0
         self.delay_s = delay_s
@@ -126,6 +133,9 @@ class FakeOpenAIServer:
             time.sleep(self.delay_s)
         prompt = body["messages"][-1]["content"]
         text = reply_for(prompt)
+        if body.get("stream"):
+            self.stream(h, text, len(prompt) // 4, (body.get("stream_options") or {}).get("include_usage", False))
+            return
         h._send(
             200,
             {
@@ -136,6 +146,31 @@ class FakeOpenAIServer:
                 "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(text) // 4, "total_tokens": len(prompt) // 4 + len(text) // 4},
             },
         )
+
+    def stream(self, h, text: str, prompt_tokens: int, usage: bool) -> None:
+        """``text`` as chat completion chunks, a word each, then the usage chunk (where asked) and [DONE]; a client
+        that closes the stream early ends it (recorded in ``streams``)."""
+        pieces = re.findall(r"\S+\s*|\s+", text)
+        events = [{"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]} for p in pieces]
+        if usage:
+            events.append({"object": "chat.completion.chunk", "choices": [],
+                           "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces), "total_tokens": prompt_tokens + len(pieces)}})
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        h.close_connection = True
+        sent = 0
+        try:
+            for e in [*(json.dumps(e) for e in events), "[DONE]"]:
+                h.wfile.write(f"data: {e}\n\n".encode())
+                h.wfile.flush()
+                sent += 1
+                time.sleep(self.stream_delay_s)
+        except OSError:  # the client closed the stream
+            pass
+        with self.lock:
+            self.streams.append((min(sent, len(pieces)), len(pieces)))
 
     def __enter__(self) -> "FakeOpenAIServer":
         self.thread.start()

@@ -181,3 +181,18 @@ def test_single_pass_through_the_server(server, tmp_path):
         assert len(r.p_yes) == 1 and 0.0 <= r.p_yes[0] <= 1.0 and r.answers == [r.p_yes[0] > 0.5]
         assert r.completion_tokens <= 1 and r.prompt_tokens > 50
     assert res[0].p_yes[0] > res[3].p_yes[0]  # "about a building?": the Eiffel Tower more than the recipe
+
+
+def test_a_question_list_that_loops_is_closed_there_through_the_server(server):
+    """A stop_on_loop request is streamed from the real server and closed at its loop; the same request asked whole
+    (stop_loops: false) runs on to its end and begins with what the stream kept."""
+    loop = Request([{"role": "user", "content": "Write a numbered list of 12 items. Items 1, 3, 5, 7, 9, 11 are 'Is it red?' and items 2, 4, "
+                                                "6, 8, 10, 12 are 'Is it blue?'."}], max_tokens=90, stop_on_loop=True)
+    llm = server_llm(server["base_url"])
+    with OpenAIBackend(llm) as b:
+        streamed = b.complete([loop])[0]
+    with OpenAIBackend(llm.model_copy(update={"openai": llm.openai.model_copy(update={"stop_loops": False})})) as b:
+        whole = b.complete([loop])[0]
+    assert streamed.error is None and whole.error is None
+    assert streamed.text == "1. Is it red?\n2. Is it blue?\n3. Is it red?\n4. Is it blue?\n"
+    assert whole.text.startswith(streamed.text) and whole.completion_tokens > streamed.completion_tokens + 20 > 20

@@ -1,14 +1,15 @@
 """OpenAI-compatible backend: request bodies, response parsing, and a misbehaving local server."""
 
 import math
+import re
 
 import pytest
 
 from cqg_ray.config import LLMConfig, OpenAIConfig
 from cqg_ray.llm.base import BackendError, Request, answer_gbnf
 from cqg_ray.llm.ledger import Ledger
-from cqg_ray.llm.engines.openai import OpenAIBackend, OpenAIError, backoff_delay, chat_body, completion_from_json
-from cqg_ray.llm.parse import parse_answers
+from cqg_ray.llm.engines.openai import OpenAIBackend, OpenAIError, backoff_delay, chat_body, completion_from_json, sse_data, streamed_completion
+from cqg_ray.llm.parse import parse_answers, parse_questions
 from cqg_ray.llm.prompts import answer_messages
 from cqg_ray.llm.runner import run_requests
 from cqg_ray.rundir import RunDir
@@ -284,3 +285,50 @@ def test_single_pass_body_and_reply():
     assert c.p_yes == [pytest.approx(0.125)] and c.cached_tokens == 64 and c.error is None
     bare = completion_from_json({"choices": [{"message": {"content": "No"}}], "usage": {}}, req, False)
     assert bare.p_yes is None and "without yes/no logprobs" in bare.error
+
+
+# ----------------------------------------------------------------------------- question lists streamed, loops closed
+
+
+def chunk(content=None, usage=None):
+    return {"choices": [] if content is None else [{"index": 0, "delta": {"content": content}}], **({"usage": usage} if usage else {})}
+
+
+def test_a_streamed_list_is_read_until_it_loops():
+    lines = ["1. Is it red?\n", "2. Is it blue?\n", "3. Is it red?\n", "4. Is it blue?\n", "5. Is it red?\n"]
+    words = [w for line in lines for w in re.findall(r"\S+\s*", line)]  # "1. " "Is " "it " "red?\n": 4 a line
+    looped = streamed_completion(iter([chunk("Here:\n"), *map(chunk, words), chunk(usage={"prompt_tokens": 9})]))
+    assert (looped.text, looped.prompt_tokens, looped.completion_tokens) == ("Here:\n" + "".join(lines[:4]), 0, 1 + 16)
+    plain = streamed_completion(iter([chunk("1. Is it red?\n"), chunk("2. Is it blue?"), chunk(usage={"prompt_tokens": 9, "completion_tokens": 12})]))
+    assert (plain.text, plain.prompt_tokens, plain.completion_tokens, plain.error) == ("1. Is it red?\n2. Is it blue?", 9, 12, None)
+    no_usage = streamed_completion(iter([chunk("1. Is it red?"), chunk(None), chunk("")]))
+    assert (no_usage.text, no_usage.prompt_tokens, no_usage.completion_tokens) == ("1. Is it red?", 0, 1)
+    assert "malformed chat completion stream" in streamed_completion(iter([{"choices": [{"delta": {"content": 3}}]}])).error
+    assert "malformed" in streamed_completion(sse_data(["data: {not json"])).error
+    assert list(sse_data([": comment", "", "event: x", 'data: {"a": 1}', "data: [DONE]", 'data: {"b": 2}'])) == [{"a": 1}]
+
+
+def test_a_question_list_is_streamed_and_closed_where_it_loops():
+    """A stop_on_loop request is streamed and the stream closed at its loop (the server stops sending); its tokens are
+    the usage chunk's where the stream ends; other requests, and stop_loops: false, ask for one JSON reply as before."""
+    loop = Request([{"role": "user", "content": "Write questions. LOOP"}], max_tokens=400, stop_on_loop=True)
+    fine = Request([{"role": "user", "content": "Write questions."}], max_tokens=400, stop_on_loop=True)
+    with FakeOpenAIServer(script=["500"]) as srv:
+        with OpenAIBackend(llm_for(srv.base_url), sleep=lambda s: None) as b:
+            outs = b.complete([loop])  # the 500 first: a stream is retried like any call
+            outs += b.complete([fine, areq()])
+            assert (b.http_calls, b.http_retries) == (4, 1)
+        with OpenAIBackend(llm_for(srv.base_url, stop_loops=False)) as b:
+            whole = b.complete([loop])[0]
+    assert outs[0].text == "1. Is the text about a movie?\n2. Is the text about a comedy?\n3. Is the text about a movie?\n4. Is the text about a comedy?\n"
+    assert list(parse_questions(outs[0].text)) == ["Is the text about a movie?", "Is the text about a comedy?"]
+    assert outs[0].error is None and outs[0].completion_tokens == 28  # the words read, a chunk each
+    assert outs[1].text == reply_for("Write questions.") and outs[1].prompt_tokens == len("Write questions.") // 4 > 0
+    assert outs[1].completion_tokens == 21 and len(parse_answers(outs[2].text, 3)) == 3
+    asked = [(r["messages"][-1]["content"][:16], r.get("stream"), r.get("stream_options")) for r in srv.requests]
+    streamed = ("Write questions.", True, {"include_usage": True})
+    assert asked[:2] == [("Write questions.", True, {"include_usage": True})] * 2 and asked[4] == ("Write questions.", None, None)
+    assert sorted(asked[2:4], key=str) == sorted([streamed, (areq().messages[0]["content"][:16], None, None)], key=str)
+    (sent, total), (all_sent, _) = sorted(srv.streams, key=lambda s: -s[1])
+    assert total == 60 * 7 and sent < total // 2 and all_sent == 21  # the looping stream was closed early; the other ran out
+    assert whole.text == reply_for("Write questions. LOOP") and len(srv.requests) == 5

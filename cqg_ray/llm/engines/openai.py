@@ -16,6 +16,10 @@
   with no success between them mean the endpoint refuses everything: ``OpenAIError``.
 - A 200 whose body is not a chat completion comes back as a ``Completion`` with ``error`` set (the runner
   retries it like an unreadable answer).
+- A question list (``Request.stop_on_loop``) is streamed (``stream: true``, usage asked with ``stream_options``) and the
+  stream closed at the newline where the list loops (``parse.loops``), as the embedded engines stop it (the server,
+  vLLM's included, aborts a request whose client went away); its tokens are the server's usage where it sends one,
+  else the content chunks counted, and a prompt's tokens 0. ``OpenAIConfig.stop_loops: false`` asks as any other.
 - Constrained answers: ``send_grammar`` adds a llama.cpp GBNF ``grammar``; ``send_structured_outputs`` adds
   vLLM's ``structured_outputs: {regex: ...}``; ``extra_body`` is merged into every request body.
 - With ``LLMConfig.logprobs``, answer requests ask for ``logprobs`` + ``top_logprobs=5`` and P(yes) per line
@@ -26,17 +30,18 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import httpx
 
 from cqg_ray.config import LLMConfig
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_gbnf, answer_regex
-from cqg_ray.llm.parse import p_yes_from_tokens, p_yes_from_top
+from cqg_ray.llm.parse import loops, p_yes_from_tokens, p_yes_from_top
 
 MAX_BACKOFF_S = 60.0
 TOP_LOGPROBS = 5
@@ -124,6 +129,39 @@ def _completion(data: Any, req: Request, want_p_yes: bool) -> Completion:
         if tokens:
             p_yes = p_yes_from_tokens(tokens, req.n_answers)
     return Completion(text, prompt, completion, p_yes, cached_tokens=cached)
+
+
+def sse_data(lines: Iterable[str]) -> Iterator[Any]:
+    """The JSON of each ``data:`` line of a server-sent event stream, up to ``data: [DONE]``."""
+    for line in lines:
+        if not line.startswith("data:"):
+            continue  # blank separators, comments, event names
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        yield json.loads(payload)
+
+
+def streamed_completion(events: Iterable[Any]) -> Completion:
+    """A ``Completion`` from a streamed chat completion's chunks, read until the content loops (``parse.loops``, checked
+    at each newline) or the stream ends; tokens from its usage chunk where one came before that, else the content
+    chunks counted. ``error`` set when a chunk is not a chat completion chunk."""
+    text, chunks, usage = "", 0, None
+    try:
+        for event in events:
+            usage = event.get("usage") or usage
+            for choice in event.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content") or ""
+                if not isinstance(piece, str):
+                    raise TypeError(f"content is {type(piece).__name__}, not text")
+                text, chunks = text + piece, chunks + bool(piece)
+                if "\n" in piece and loops(text):
+                    return Completion(text, 0, chunks)
+    except (ValueError, TypeError, AttributeError) as e:  # json.JSONDecodeError is a ValueError
+        return Completion("", error=f"malformed chat completion stream ({type(e).__name__}: {e})")
+    if usage:
+        return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or chunks))
+    return Completion(text, 0, chunks)
 
 
 def backoff_delay(attempt: int, base_s: float, retry_after: str | None = None) -> float:
@@ -218,12 +256,22 @@ class OpenAIBackend(Backend):
         if self._fatal:
             raise OpenAIError(self._fatal)
         body = chat_body(self.llm, req, self.temperature(req))
+        stream = req.stop_on_loop and cfg.stop_loops
+        if stream:
+            body.update({"stream": True, "stream_options": {"include_usage": True}})
         last = ""
         for attempt in range(cfg.max_retries + 1):
             retry_after = None
             self.http_calls += 1
             try:
-                r = self.client.post(self.url, json=body)
+                if stream:
+                    with self.client.stream("POST", self.url, json=body) as r:
+                        if r.status_code == 200:
+                            self._4xx_in_a_row = 0
+                            return streamed_completion(sse_data(r.iter_lines()))  # leaving the block closes the stream
+                        r.read()  # an error's body, for the handling below
+                else:
+                    r = self.client.post(self.url, json=body)
             except httpx.TransportError as e:  # refused, reset, timed out, protocol error
                 last = f"{type(e).__name__}: {e}"
             else:
