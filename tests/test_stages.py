@@ -37,6 +37,8 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # Labels when label got model (null: the llm's, as before), prompt ("answer": the labelling prompt, as before) and
 # yes_above (0.5, as before): the same requests, so a run built before relabels from its ledger and retrains, asking
 # nothing again.
+# Evaluation when the openai section got stop_loops (true: question lists streamed and closed where they loop; the
+# judge's and labeller's requests are no lists, so the same requests; 2026-12-07).
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
@@ -44,7 +46,7 @@ DEMO_HASHES = {
     "questions": "548a3b8f72f0f082",
     "labels": "4df86b66d5d050f3",
     "model": "de762e3ea17f1d29",
-    "evaluation": "0dcb76217360a95c",
+    "evaluation": "d9429957bcfd38b5",
 }
 DEFAULT_HASHES = {
     "prepare": "a32071158441a1dc",
@@ -53,7 +55,7 @@ DEFAULT_HASHES = {
     "questions": "79845cec2a4834de",
     "labels": "f1b11134e9021234",
     "model": "b3bab030d5c3377c",
-    "evaluation": "a584d2fcb471eac2",
+    "evaluation": "49b97edba56b36de",
 }
 
 
