@@ -299,7 +299,8 @@ def test_submit_pipeline_until_cluster(head, until_cluster):
 def test_submit_failing_stage_fails_the_job_with_a_clear_message(head, until_cluster, tmp_path, corpus_file):
     run_dir = tmp_path / "run"
     shutil.copytree(until_cluster[0] / "prepare", run_dir / "prepare")  # the same corpus section: prepare is skipped
-    cfgf = tiny_config(tmp_path / "tiny.yaml", run_dir, corpus_file, encode={"model": str(tmp_path / "no-such-encoder")})
+    (tmp_path / "not-an-encoder").mkdir()  # a folder that holds no model: it passes the config's path check, the stage's actors fail
+    cfgf = tiny_config(tmp_path / "tiny.yaml", run_dir, corpus_file, encode={"model": str(tmp_path / "not-an-encoder")})
     sid = head.submit(runtime_env(), *RUN, "--config", str(cfgf), "--until", "encode")
     status = head.wait(sid, timeout=600)
     logs = head.logs(sid)
