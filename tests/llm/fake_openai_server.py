@@ -10,7 +10,8 @@ without a reply); "garbage" (200 with a body that is not a chat completion). Ans
 for an A.3 prompt with n questions, "i. yes|no" lines from a hash of the prompt; a prompt with "LOOP" in it, a list
 of two questions repeated 30 times; otherwise three questions. A request with ``stream: true`` is answered as a
 server-sent event stream, a chunk a word (``stream_delay_s`` apart), then the usage where ``stream_options`` asks;
-``streams`` records (chunks sent, chunks in the reply) per stream, sent < all where the client closed it early.
+``streams`` records (chunks sent, chunks in the reply) per stream, sent < all where the client closed it early;
+"nostream" answers one JSON reply all the same, "cut" stops a stream halfway (no finish_reason, no [DONE]).
 With ``max_model_len`` set it also answers like vLLM's ``GET /v1/models`` (the model's ``max_model_len``) and
 ``POST /tokenize`` (``count``: prompt characters / 4 + 10); without it both are 404, as on a server without them.
 Also runnable as a script for subprocess tests: ``python fake_openai_server.py PORT_FILE LOG_FILE [DELAY_S]``.
@@ -133,8 +134,8 @@ class FakeOpenAIServer:
             time.sleep(self.delay_s)
         prompt = body["messages"][-1]["content"]
         text = reply_for(prompt)
-        if body.get("stream"):
-            self.stream(h, text, len(prompt) // 4, (body.get("stream_options") or {}).get("include_usage", False))
+        if body.get("stream") and action != "nostream":
+            self.stream(h, text, len(prompt) // 4, (body.get("stream_options") or {}).get("include_usage", False), cut=action == "cut")
             return
         h._send(
             200,
@@ -147,12 +148,16 @@ class FakeOpenAIServer:
             },
         )
 
-    def stream(self, h, text: str, prompt_tokens: int, usage: bool) -> None:
-        """``text`` as chat completion chunks, a word each, then the usage chunk (where asked) and [DONE]; a client
-        that closes the stream early ends it (recorded in ``streams``)."""
+    def stream(self, h, text: str, prompt_tokens: int, usage: bool, cut: bool = False) -> None:
+        """``text`` as chat completion chunks, a word each (the last with finish_reason stop), then the usage chunk
+        (where asked) and [DONE]; a client that closes the stream early ends it (recorded in ``streams``); ``cut``:
+        the first half of the chunks only."""
         pieces = re.findall(r"\S+\s*|\s+", text)
         events = [{"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]} for p in pieces]
-        if usage:
+        events[-1]["choices"][0]["finish_reason"] = "stop"
+        if cut:
+            events = events[: len(events) // 2]
+        if usage and not cut:
             events.append({"object": "chat.completion.chunk", "choices": [],
                            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces), "total_tokens": prompt_tokens + len(pieces)}})
         h.send_response(200)
@@ -162,7 +167,7 @@ class FakeOpenAIServer:
         h.close_connection = True
         sent = 0
         try:
-            for e in [*(json.dumps(e) for e in events), "[DONE]"]:
+            for e in [*(json.dumps(e) for e in events), *([] if cut else ["[DONE]"])]:
                 h.wfile.write(f"data: {e}\n\n".encode())
                 h.wfile.flush()
                 sent += 1

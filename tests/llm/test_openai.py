@@ -299,13 +299,17 @@ def test_a_streamed_list_is_read_until_it_loops():
     words = [w for line in lines for w in re.findall(r"\S+\s*", line)]  # "1. " "Is " "it " "red?\n": 4 a line
     looped = streamed_completion(iter([chunk("Here:\n"), *map(chunk, words), chunk(usage={"prompt_tokens": 9})]))
     assert (looped.text, looped.prompt_tokens, looped.completion_tokens) == ("Here:\n" + "".join(lines[:4]), 0, 1 + 16)
-    plain = streamed_completion(iter([chunk("1. Is it red?\n"), chunk("2. Is it blue?"), chunk(usage={"prompt_tokens": 9, "completion_tokens": 12})]))
+    plain = streamed_completion(iter([chunk("1. Is it red?\n"), chunk("2. Is it blue?"), chunk(usage={"prompt_tokens": 9, "completion_tokens": 12}), None]))
     assert (plain.text, plain.prompt_tokens, plain.completion_tokens, plain.error) == ("1. Is it red?\n2. Is it blue?", 9, 12, None)
-    no_usage = streamed_completion(iter([chunk("1. Is it red?"), chunk(None), chunk("")]))
-    assert (no_usage.text, no_usage.prompt_tokens, no_usage.completion_tokens) == ("1. Is it red?", 0, 1)
+    no_usage = streamed_completion(iter([chunk("1. Is it red?"), chunk(None), chunk(""), None]))
+    assert (no_usage.text, no_usage.prompt_tokens, no_usage.completion_tokens, no_usage.error) == ("1. Is it red?", 0, 1, None)
+    finished = {"choices": [{"index": 0, "delta": {"content": "?"}, "finish_reason": "length"}]}
+    assert streamed_completion(iter([chunk("1. Is it red"), finished])).text == "1. Is it red?"  # a finish_reason ends it too
+    cut = streamed_completion(iter([chunk("1. Is it red?\n"), chunk("2. Is")]))  # neither: the stream broke off
+    assert cut.text == "" and "stopped before its end" in cut.error
     assert "malformed chat completion stream" in streamed_completion(iter([{"choices": [{"delta": {"content": 3}}]}])).error
     assert "malformed" in streamed_completion(sse_data(["data: {not json"])).error
-    assert list(sse_data([": comment", "", "event: x", 'data: {"a": 1}', "data: [DONE]", 'data: {"b": 2}'])) == [{"a": 1}]
+    assert list(sse_data([": comment", "", "event: x", 'data: {"a": 1}', "data: [DONE]", 'data: {"b": 2}'])) == [{"a": 1}, None]
 
 
 def test_a_question_list_is_streamed_and_closed_where_it_loops():
@@ -332,3 +336,14 @@ def test_a_question_list_is_streamed_and_closed_where_it_loops():
     (sent, total), (all_sent, _) = sorted(srv.streams, key=lambda s: -s[1])
     assert total == 60 * 7 and sent < total // 2 and all_sent == 21  # the looping stream was closed early; the other ran out
     assert whole.text == reply_for("Write questions. LOOP") and len(srv.requests) == 5
+
+
+def test_a_stream_cut_short_is_asked_again_and_a_server_that_does_not_stream_is_read_whole():
+    fine = Request([{"role": "user", "content": "Write questions."}], max_tokens=400, stop_on_loop=True)
+    with FakeOpenAIServer(script=["cut", "nostream"]) as srv:
+        with OpenAIBackend(llm_for(srv.base_url)) as b:
+            cut = b.complete([fine])[0]
+            whole = b.complete([fine])[0]
+    assert cut.text == "" and "stopped before its end" in cut.error  # the runner asks again, as for an unreadable reply
+    assert whole.error is None and whole.text == reply_for("Write questions.") and whole.prompt_tokens > 0
+    assert [r.get("stream") for r in srv.requests] == [True, True] and srv.streams == [(10, 21)]

@@ -19,7 +19,9 @@
 - A question list (``Request.stop_on_loop``) is streamed (``stream: true``, usage asked with ``stream_options``) and the
   stream closed at the newline where the list loops (``parse.loops``), as the embedded engines stop it (the server,
   vLLM's included, aborts a request whose client went away); its tokens are the server's usage where it sends one,
-  else the content chunks counted, and a prompt's tokens 0. ``OpenAIConfig.stop_loops: false`` asks as any other.
+  else the content chunks counted, and a prompt's tokens 0; a stream that stops before its end (no finish_reason, no
+  [DONE]) is that request's error, asked again; a JSON reply to it is read as one. ``OpenAIConfig.stop_loops: false``
+  asks as any other.
 - Constrained answers: ``send_grammar`` adds a llama.cpp GBNF ``grammar``; ``send_structured_outputs`` adds
   vLLM's ``structured_outputs: {regex: ...}``; ``extra_body`` is merged into every request body.
 - With ``LLMConfig.logprobs``, answer requests ask for ``logprobs`` + ``top_logprobs=5`` and P(yes) per line
@@ -132,12 +134,13 @@ def _completion(data: Any, req: Request, want_p_yes: bool) -> Completion:
 
 
 def sse_data(lines: Iterable[str]) -> Iterator[Any]:
-    """The JSON of each ``data:`` line of a server-sent event stream, up to ``data: [DONE]``."""
+    """The JSON of each ``data:`` line of a server-sent event stream; None for ``data: [DONE]``, its end."""
     for line in lines:
         if not line.startswith("data:"):
             continue  # blank separators, comments, event names
         payload = line[5:].strip()
         if payload == "[DONE]":
+            yield None
             return
         yield json.loads(payload)
 
@@ -145,12 +148,17 @@ def sse_data(lines: Iterable[str]) -> Iterator[Any]:
 def streamed_completion(events: Iterable[Any]) -> Completion:
     """A ``Completion`` from a streamed chat completion's chunks, read until the content loops (``parse.loops``, checked
     at each newline) or the stream ends; tokens from its usage chunk where one came before that, else the content
-    chunks counted. ``error`` set when a chunk is not a chat completion chunk."""
-    text, chunks, usage = "", 0, None
+    chunks counted. ``error`` set when a chunk is not a chat completion chunk, or when the stream stopped before its
+    end (no finish_reason, no [DONE]: the runner asks again)."""
+    text, chunks, usage, ended = "", 0, None, False
     try:
         for event in events:
+            if event is None:  # [DONE]
+                ended = True
+                break
             usage = event.get("usage") or usage
             for choice in event.get("choices") or []:
+                ended = ended or choice.get("finish_reason") is not None
                 piece = (choice.get("delta") or {}).get("content") or ""
                 if not isinstance(piece, str):
                     raise TypeError(f"content is {type(piece).__name__}, not text")
@@ -159,6 +167,8 @@ def streamed_completion(events: Iterable[Any]) -> Completion:
                     return Completion(text, 0, chunks)
     except (ValueError, TypeError, AttributeError) as e:  # json.JSONDecodeError is a ValueError
         return Completion("", error=f"malformed chat completion stream ({type(e).__name__}: {e})")
+    if not ended:
+        return Completion("", error=f"the stream stopped before its end (no finish_reason, no [DONE]) after {chunks} chunks")
     if usage:
         return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or chunks))
     return Completion(text, 0, chunks)
@@ -266,10 +276,10 @@ class OpenAIBackend(Backend):
             try:
                 if stream:
                     with self.client.stream("POST", self.url, json=body) as r:
-                        if r.status_code == 200:
+                        if r.status_code == 200 and r.headers.get("content-type", "").startswith("text/event-stream"):
                             self._4xx_in_a_row = 0
                             return streamed_completion(sse_data(r.iter_lines()))  # leaving the block closes the stream
-                        r.read()  # an error's body, for the handling below
+                        r.read()  # an error's body, or one JSON reply from a server that does not stream: handled below
                 else:
                     r = self.client.post(self.url, json=body)
             except httpx.TransportError as e:  # refused, reset, timed out, protocol error
