@@ -92,5 +92,5 @@ def add_commands(sub) -> None:
     p.add_argument("--lift", type=float, help="rank lift: the share of the mean taken off (0 < lift <= 1; default 0.5)")
     p.add_argument("--stats", metavar="TEXTS", help="measure the mean probabilities on these training texts (JSONL with a text field, or TSV)")
     p.add_argument("--n", type=int, default=20_000, help="texts sampled from --stats (seeded; default 20000)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the --stats sample (default 0)")
     p.set_defaults(func=cmd_budget)

@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measure", action="store_true",
                    help="take the LLM rates from this machine's embedded engines, as the config sets them up (the writer's "
                         "reading and writing for generation, the answerer's reading for probes and labels): measured in "
-                        "~30 s, or reused from an earlier measurement on this machine (the demo's); sizes a CPU build "
+                        "~20-80 s with the models' loads, or reused from an earlier measurement on this machine (the demo's); sizes a CPU build "
                         "such as --config reference --preset cpu on the machine that runs it")
     p.add_argument("--prompt-tokens-per-text", type=_above_zero(float), default=Workload.prompt_tokens_per_text,
                    help="mean tokens of a corpus text (default 128)")
