@@ -677,9 +677,14 @@ def stage_hash(cfg: PipelineConfig, stage: str) -> str:
     values = []
     for path in s.hashed:
         value = config_value(cfg, path)
-        left_out = {u[len(path) + 1:] for u in s.unhashed if u.startswith(path + ".")}
+        left_out = [u[len(path) + 1:].split(".") for u in s.unhashed if u.startswith(path + ".")]
         if left_out:
-            value = {k: v for k, v in value.model_dump(mode="json").items() if k not in left_out}
+            value = value.model_dump(mode="json")
+            for keys in left_out:  # a field of the section, or of a section inside it
+                node = value
+                for key in keys[:-1]:
+                    node = node[key]
+                del node[keys[-1]]
         values.append(value)
     return hash_sections(*values)
 

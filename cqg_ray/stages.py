@@ -26,7 +26,7 @@ class Stage:
     function: str  # "module:function" that runs it, called as function(section or config, ctx); imported when it runs
     takes: str  # the config section that function takes ("" for the whole PipelineConfig)
     help: str
-    unhashed: tuple[str, ...] = ()  # dotted paths inside `hashed` sections that never change the output (left out)
+    unhashed: tuple[str, ...] = ()  # dotted paths inside `hashed` sections left out of the hash (never change the output, or hashed by a part)
 
     def load_function(self) -> Callable[[Any, Any], None]:
         """The stage function, imported now."""
@@ -55,8 +55,11 @@ STAGES: tuple[Stage, ...] = (
     Stage("model", "train", ("labels", "encode", "questions"), ("train",), "cqg_ray.mbqa.stage:run_train", "",
           "train the MBQA heads (one Ray task, or Ray Train for several workers: train.trainer) and save the model folder (train.*: alpha tau)",
           unhashed=("train.trainer",)),  # one Ray task or Ray Train's one worker: the same heads to the bit (tested)
-    Stage("evaluation", "evaluate-run", ("model",), ("evaluate",), "cqg_ray.evaluate.stage:run_evaluation", "",
-          "evaluate the run's model (evaluate.*)"),
+    Stage("evaluation", "evaluate-run", ("model",),
+          ("evaluate", *(f"evaluate.faithfulness.{llm}.{part}" for llm in ("judge", "labeller") for part in ("identity", "answer_mode"))),
+          "cqg_ray.evaluate.stage:run_evaluation", "",
+          "evaluate the run's model (evaluate.*)",
+          unhashed=("evaluate.faithfulness.judge", "evaluate.faithfulness.labeller")),  # their identity only, as llm for the LLM stages
 )
 
 NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)

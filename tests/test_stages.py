@@ -38,7 +38,9 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # yes_above (0.5, as before): the same requests, so a run built before relabels from its ledger and retrains, asking
 # nothing again.
 # Evaluation when the openai section got stop_loops (true: question lists streamed and closed where they loop; the
-# judge's and labeller's requests are no lists, so the same requests; 2026-12-07).
+# judge's and labeller's requests are no lists, so the same requests; 2026-12-07). Evaluation, the last time for an LLM
+# section's new field, when the judge's and labeller's sections were hashed by what decides their answers (identity
+# and answer mode) instead of whole (2026-12-07).
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
@@ -46,7 +48,7 @@ DEMO_HASHES = {
     "questions": "548a3b8f72f0f082",
     "labels": "4df86b66d5d050f3",
     "model": "de762e3ea17f1d29",
-    "evaluation": "d9429957bcfd38b5",
+    "evaluation": "eb73af1ebcab47dd",
 }
 DEFAULT_HASHES = {
     "prepare": "a32071158441a1dc",
@@ -55,7 +57,7 @@ DEFAULT_HASHES = {
     "questions": "79845cec2a4834de",
     "labels": "f1b11134e9021234",
     "model": "b3bab030d5c3377c",
-    "evaluation": "49b97edba56b36de",
+    "evaluation": "532b8342797e733d",
 }
 
 
@@ -95,9 +97,10 @@ def test_every_hashed_path_and_section_exists():
             config_value(cfg, path)  # AttributeError for a path that does not exist
         if s.takes:
             assert s.takes in PipelineConfig.model_fields
-        for path in s.unhashed:  # a field right inside a hashed section
+        for path in s.unhashed:  # a field of a hashed section, or of a section inside one
             section, _, key = path.rpartition(".")
-            assert section in s.hashed and key in type(config_value(cfg, section)).model_fields, path
+            assert any(section == h or section.startswith(h + ".") for h in s.hashed), path
+            assert key in type(config_value(cfg, section)).model_fields, path
 
 
 def test_the_trainer_leaves_the_model_stage_hash_as_it_was():
@@ -108,6 +111,31 @@ def test_the_trainer_leaves_the_model_stage_hash_as_it_was():
         other = cfg.model_copy(update={"train": cfg.train.model_copy(update={"trainer": trainer})})
         assert stage_hash(other, "model") == stage_hash(cfg, "model") == DEFAULT_HASHES["model"]
     assert stage_hash(cfg.model_copy(update={"train": cfg.train.model_copy(update={"epochs": 7})}), "model") != DEFAULT_HASHES["model"]
+
+
+def test_the_evaluation_hash_takes_what_decides_the_judges_and_labellers_answers_only():
+    """A judge's timeout, concurrency or ledger shards leave a finished evaluation done; its model, temperature,
+    backend or answer mode make it stale, as for the LLM stages; the rest of evaluate is hashed as before."""
+    cfg = PipelineConfig()
+    base = stage_hash(cfg, "evaluation")
+
+    def with_faithfulness(**update):
+        f = cfg.evaluate.faithfulness.model_copy(update=update)
+        return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"faithfulness": f})})
+
+    judge, lab = cfg.evaluate.faithfulness.judge, cfg.evaluate.faithfulness.labeller
+    same = [judge.model_copy(update={"flush_s": 5.0, "max_attempts": 9}),
+            judge.model_copy(update={"openai": judge.openai.model_copy(update={"timeout_s": 9.0, "stop_loops": False})})]
+    for j in same:
+        assert stage_hash(with_faithfulness(judge=j), "evaluation") == base
+    assert stage_hash(with_faithfulness(labeller=lab.model_copy(update={"flush_every": 7})), "evaluation") == base
+    stale = [{"judge": judge.model_copy(update={"temperature": 0.5})},
+             {"judge": judge.model_copy(update={"llamacpp": judge.llamacpp.model_copy(update={"model": "bundled:qwen2.5-coder-0.5b"})})},
+             {"judge": judge.model_copy(update={"answer_mode": "packed"})},
+             {"labeller": lab.model_copy(update={"backend": "openai"})},
+             {"labeller": lab.model_copy(update={"answer_mode": "packed"})},
+             {"n": 7}]
+    assert len({stage_hash(with_faithfulness(**u), "evaluation") for u in stale} | {base}) == len(stale) + 1
 
 
 def test_every_stage_function_imports_and_is_callable():
