@@ -208,3 +208,12 @@ def test_a_missing_local_model_path_is_refused_for_the_stages_that_load_it(tmp_p
     with pytest.raises(ConfigError, match=r"^no such file or folder: llm.openai.tokenizer=./no-tokenizer \(a local path"):
         check_model_paths(tok, ["labels"])
     check_model_paths(load_config(None, ["llm.backend=vllm", "llm.vllm.model=/on/the/gpu/nodes"]), list(stages.NAMES))
+    judged = ["evaluate.tasks=[sts,faithfulness]", "evaluate.faithfulness.judge.llamacpp.model=./no-judge.gguf",
+              "evaluate.faithfulness.labeller.backend=openai", "evaluate.faithfulness.labeller.openai.tokenizer=/no/tok"]
+    with pytest.raises(ConfigError, match=re.escape("no such file or folder: evaluate.faithfulness.judge.llamacpp.model=./no-judge.gguf; "
+                                                    "evaluate.faithfulness.labeller.openai.tokenizer=/no/tok (a local path")):
+        check_model_paths(load_config(None, judged), ["model", "evaluation"])
+    check_model_paths(load_config(None, judged), ["prepare", "model"])  # evaluation not run
+    check_model_paths(load_config(None, judged[1:]), ["evaluation"])  # faithfulness not asked for
+    with pytest.raises(ConfigError, match=r"^no such file or folder: evaluate.faithfulness.judge.llamacpp.model=./no-judge.gguf \(a"):
+        check_model_paths(load_config(None, judged + ["evaluate.faithfulness.links=false"]), ["evaluation"])  # no labeller asked
