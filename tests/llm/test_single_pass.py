@@ -173,12 +173,21 @@ def test_generation_reads_the_prompts_common_prefix_once(small_backend):
     # the 0.5B on 5 such prompts: 4 identical over 24 tokens, the fifth another sensible list; an empty or unshared cache
     # parts all)
     assert sum(once[i] == whole[i] for i in range(len(tokens))) >= 2
-    # more prompts than slots: a slot taking its next prompt gets the prefix copied again, with the same replies
+    # more prompts than slots: a slot taking its next prompt gets the prefix copied again, with the same replies; a
+    # prompt counts as handed (and its own tokens as planned) when it takes a slot, not while it waits in the queue
     engine_seqs, engine.gen_seqs = engine.gen_seqs, 2
+    assert len(tokens) > 2
     try:
-        again = dict(engine.generate(tokens, [16] * len(tokens)))
+        c0, again, handed_at_first = progress.snapshot(), {}, None
+        for i, out in engine.generate(tokens, [16] * len(tokens)):
+            again[i] = out
+            c = progress.snapshot()
+            handed_at_first = c["handed"] - c0["handed"] if handed_at_first is None else handed_at_first
     finally:
         engine.gen_seqs = engine_seqs
+    c = progress.snapshot()
+    assert handed_at_first == 2 and c["handed"] - c0["handed"] == len(tokens)
+    assert c["planned"] - c0["planned"] == shared + sum(len(t) - shared for t in tokens)
     assert sum(again[i] == once[i] for i in range(len(tokens))) >= 2
     before = progress.snapshot()["read"]
     list(engine.generate([tokens[0][:40]], [1]))  # one prompt: nothing to share

@@ -280,7 +280,7 @@ class BatchEngine:
         self._clear(ctx)
         mem = lc.llama_get_memory(ctx)
         shared = shared_prefix(prompts) if share_prefix else 0
-        progress.add(handed=len(prompts), planned=shared + sum(len(p) - shared for p in prompts))
+        progress.add(planned=shared)  # each prompt is handed as it takes a slot: one queued is no half-written reply (llm_eta)
         budget = self.n_ubatch  # prompt tokens per decode call (llama.cpp's micro-batch: a call per chunk costs nothing more)
         for c0 in range(0, shared, budget):
             t0 = time.perf_counter()
@@ -293,6 +293,7 @@ class BatchEngine:
                 if s not in slots and queue:
                     i = queue.pop()
                     slots[s] = _Slot(i, list(prompts[i]), int(max_tokens[i]), fed=shared)
+                    progress.add(handed=1, planned=len(prompts[i]) - shared)
                     if shared:  # the whole prefix stream copied (cross-stream copies take whole streams)
                         lc.llama_memory_seq_cp(mem, holder, s, -1, -1)
             entries: list[tuple[int, int, Sequence[int], bool]] = []
