@@ -1,4 +1,4 @@
-"""The docs stay true to the code: their tables stay readable, and every command line they give still parses (the
+"""The docs stay true to the code: their tables stay readable, and every command line they (and the CLI's help) give still parses (the
 ``cqg-ray`` ones by the real CLI parser, the bench/ and scripts/ ones by the files and flags those scripts have)."""
 
 import argparse
@@ -160,7 +160,7 @@ def cli_problem(strict: argparse.ArgumentParser, relaxed: argparse.ArgumentParse
     none of its positional arguments is a mention of that command (``cqg-ray embed``, ``cqg-ray run --help``), and
     only its flags must parse."""
     args = [a for a in args if a not in ("-h", "--help")]
-    while args and args[-1] == "...":
+    while args and args[-1] == "..." and not (len(args) > 1 and args[-2].startswith("-")):  # (--tasks ...: a value)
         args = args[:-1]
     if not args:  # cqg-ray --help
         return None
@@ -186,6 +186,32 @@ def test_every_cqg_ray_line_in_the_docs_parses():
     problems = [f"{where}: cqg-ray {shlex.join(args)}: {problem}" for where, args in lines
                 if (problem := cli_problem(strict, relaxed, args))]
     assert len(lines) > 150  # the docs give ~200; far fewer means the collection broke
+    assert problems == []
+
+
+def help_commands() -> list[tuple[str, list[str]]]:
+    """Every command line the CLI's own help gives (``cqg-ray X --help``: descriptions, epilogs, option help), as
+    ("cqg-ray X --help", words): a code span, or a line's text from ``cqg-ray`` on (its # comment dropped)."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    out = []
+    for name, command in [("", parser), *sub.choices.items()]:
+        where = f"cqg-ray {name} --help".replace("  ", " ")
+        for line in command.format_help().splitlines():
+            if line.lstrip().startswith("usage:"):
+                continue
+            spans = re.findall(r"`([^`]+)`", line)
+            texts = spans or [m.group(1) for m in [re.search(r"(?:^|\s)(cqg-ray \S.*)", line)] if m]
+            out += [(where, words) for text in texts for words in shell_commands(text) if words]
+    return out
+
+
+def test_every_cqg_ray_line_in_the_clis_help_parses():
+    strict, relaxed = build_parser(), relaxed_parser()
+    lines = [(where, args) for where, words in help_commands() if (args := cli_args(words)) is not None]
+    problems = [f"{where}: cqg-ray {shlex.join(args)}: {problem}" for where, args in lines
+                if (problem := cli_problem(strict, relaxed, args))]
+    assert len(lines) > 10  # the help gives ~15; far fewer means the collection broke
     assert problems == []
 
 
