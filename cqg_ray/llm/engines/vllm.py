@@ -15,6 +15,8 @@ and becomes a ``Completion`` with ``error`` set (the runner retries it), instead
 
 Constrained answers use vLLM structured outputs: ``sampling_params["structured_outputs"] = {"regex": ...}``
 (Ray turns it into ``vllm.sampling_params.StructuredOutputsParams``; vLLM >= 0.12 removed ``guided_*``).
+A question list (``Request.stop_on_loop``) ends at the newline where it loops: ``extra_args`` ask the engine's logits
+processor ``vllm_loops.LoopStop`` (registered in ``engine_kwargs["logits_processors"]``) to end it there.
 
 vllm itself is imported only by Ray's engine stage on the workers; everything in this module up to
 ``VLLMBackend.stream`` is plain Python and is unit-tested without vllm.
@@ -27,6 +29,7 @@ from typing import Any, Iterator, Sequence
 
 from cqg_ray.config import LLMConfig, RayConfig, VLLMConfig
 from cqg_ray.llm.base import Backend, BackendError, Completion, Request, answer_regex, p_yes_read, request_of, vllm_dtype
+from cqg_ray.llm.engines.vllm_loops import EXTRA_ARG, PROCESSOR
 from cqg_ray.llm.parse import p_yes_from_tokens, p_yes_from_top
 from cqg_ray.pools import declared, pool_range
 
@@ -53,7 +56,8 @@ def tokenize_stages(cfg: VLLMConfig) -> bool:
 
 def processor_config_kwargs(cfg: VLLMConfig, concurrency: tuple[int, int] | None = None) -> dict[str, Any]:
     """Keyword arguments for ``ray.data.llm.vLLMEngineProcessorConfig`` (pure; unit-tested); ``concurrency``: (min,
-    max) engines, default `engine_concurrency` with nothing declared."""
+    max) engines, default `engine_concurrency` with nothing declared. The loop stop's logits processor joins the
+    ``logits_processors`` that ``engine_kwargs`` name (none where they set ``speculative_config``)."""
     engine = {
         "tensor_parallel_size": cfg.tensor_parallel_size,
         "pipeline_parallel_size": cfg.pipeline_parallel_size,
@@ -77,6 +81,8 @@ def processor_config_kwargs(cfg: VLLMConfig, concurrency: tuple[int, int] | None
     if dtype is not None:
         engine["dtype"] = dtype
     engine.update(cfg.engine_kwargs)
+    if not engine.get("speculative_config"):  # vLLM refuses custom logits processors beside speculative decoding
+        engine["logits_processors"] = [*[p for p in engine.get("logits_processors") or () if p != PROCESSOR], PROCESSOR]
     kwargs["engine_kwargs"] = engine
     return kwargs
 
@@ -89,6 +95,8 @@ def sampling_params(llm: LLMConfig, req: Request, temperature: float) -> dict[st
     if req.yes_no:  # single-pass: one token; P(yes) from its top logprobs (prefix caching reuses the shared text)
         params.update({"max_tokens": 1, "logprobs": TOP_LOGPROBS_SINGLE})
         return params
+    if req.stop_on_loop:
+        params["extra_args"] = {EXTRA_ARG: True}
     if llm.constrained and req.n_answers is not None:
         params["structured_outputs"] = {"regex": answer_regex(req.n_answers)}
     if llm.logprobs and req.n_answers is not None:
@@ -177,8 +185,9 @@ def completion_from_row(row: dict[str, Any]) -> tuple[int, Completion]:
 def shared_shape(params: dict[str, Any]) -> dict[str, Any]:
     """``params`` with the int keys other requests of a job may hold: ``logprobs`` 0 where none were asked (the sampled
     token's own; `postprocess` reads P(yes) only where `p_yes_read` says) and ``seed`` 0 where decoding is greedy
-    (unused). An unseeded request at temperature > 0 keeps no seed: one would fix its samples."""
-    out = {"logprobs": 0, **params}
+    (unused), ``extra_args`` ``{"cqg_stop_on_loop": False}`` where the loop stop was not asked. An unseeded request at temperature
+    > 0 keeps no seed: one would fix its samples."""
+    out = {"logprobs": 0, "extra_args": {EXTRA_ARG: False}, **params}
     if not out.get("temperature"):
         out.setdefault("seed", 0)
     return out
