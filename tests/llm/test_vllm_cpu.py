@@ -67,7 +67,12 @@ def test_vllm_backend_on_cpu(tmp_path):
         assert r["p_yes"] is not None and len(r["p_yes"]) == 3
     gen = res["first"][2]
     assert gen["ok"] and gen["answers"] is None and "?" in gen["text"]
-    assert len(res["first"]) == 3 and res["second_cached"] == [True] * 3
+    assert len(res["first"]) == 5 and res["second_cached"] == [True] * 5
+    # the list that loops: stopped at the newline after its second repeat (vllm_loops.LoopStop); its text then the
+    # end-of-sequence token, where the same list without stop_on_loop runs on (69 tokens against 25 when measured)
+    free, stopped = res["first"][3:]
+    assert stopped["text"] == "1. Is it red?\n2. Is it blue?\n3. Is it red?\n4. Is it blue?\n"
+    assert free["text"].startswith(stopped["text"]) and free["completion_tokens"] > stopped["completion_tokens"] + 20, (free, stopped)
     # single-pass, answered as a streaming plan in one Ray Data job: one token, P(yes) from its top logprobs
     single = res["job"]
     assert res["job_sent"] == 6 and len(single) == 6 and [r["text_row"] for r in single] == list(range(6))

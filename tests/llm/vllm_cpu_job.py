@@ -2,9 +2,10 @@
 
     python vllm_cpu_job.py MODEL_DIR RUN_DIR      (prints one JSON line: the results)
 
-Builds the same Request objects the pipeline builds. The packed answers (constrained, with logprobs) and a question
-generation go through ``run_requests`` with the ``vllm`` backend (``ray.data.llm`` + vLLM engine on CPU; the two shapes of
-sampling params in one job, ``sampling_groups``), twice: the second run must come from the ledger. The single-pass requests (the labels' default) go
+Builds the same Request objects the pipeline builds. The packed answers (constrained, with logprobs), a question
+generation and a list that loops (as it is and with ``stop_on_loop``) go through ``run_requests`` with the ``vllm``
+backend (``ray.data.llm`` + vLLM engine on CPU; the shapes of sampling params in one job, ``sampling_groups``),
+twice: the second run must come from the ledger. The single-pass requests (the labels' default) go
 as a streaming stage's plan (``cqg_ray.llm.stream``), answered in one Ray Data job (``VLLMBackend.job``: plan ->
 request rows -> ray.data.llm processor -> ledger rows written by workers), twice: the second sends nothing. Each
 vLLM job starts its own engine (~35 s on 2 cores of the faster hosts, ~75 s on the slow AVX2 EPYC), so the script
@@ -53,6 +54,11 @@ if __name__ == "__main__":
     ]
     reqs = [Request(answer_messages(t, qs), max_tokens=40, n_answers=3, meta={"t": i}) for i, t in enumerate(texts)]
     reqs.append(Request(cqg_messages(["Whales use echolocation."], ["Sharks smell blood."], n_questions=3), max_tokens=40, meta={"gen": True}))
+    # a list that loops (greedy, this model): decoded to its end, and stopped where it loops (vllm_loops.LoopStop);
+    # max_tokens differ so that the two have keys of their own (stop_on_loop is not part of the key)
+    looping = [{"role": "user", "content": "Write a numbered list of 12 items. Items 1, 3, 5, 7, 9, 11 are 'Is it red?' and items 2, 4, "
+                                           "6, 8, 10, 12 are 'Is it blue?'."}]
+    reqs += [Request(looping, max_tokens=89), Request(looping, max_tokens=90, stop_on_loop=True)]
     first = run_requests(reqs, llm, RunDir(run_dir), "labels", progress=False)
     second = run_requests(reqs, llm, RunDir(run_dir), "labels", progress=False)
 
