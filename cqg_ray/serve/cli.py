@@ -114,18 +114,22 @@ def cmd_serve(args) -> int:
     from cqg_ray.pipeline import init_ray, ray_address
 
     cfg = serve_config(args)
+    address = ray_address(args.address, None)
+    try:  # --num-cpus too, before the model loads and Ray starts
+        ray_cfg = RayConfig(address=address, num_cpus=args.num_cpus)
+    except ValidationError as e:
+        raise ConfigError(format_errors(e, "the Ray options")) from None
     if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
         print(f"error: --api-key-env {cfg.api_key_env}: that environment variable is not set", file=sys.stderr)
         return 2
     InterpretableEmbedder.load(args.model, load_encoder=False, device="cpu")  # a bad folder fails before Ray starts
-    address = ray_address(args.address, None)
     if address is None:  # a local Ray: its proxy listens on this machine
         if (why := port_taken(cfg.host, cfg.port)) is not None:
             advice = "choose another --host" if why.startswith("--host") else "choose another --port"
             print(f"error: cannot serve on {why}; {advice}", file=sys.stderr)
             return 2
         use_throughput_env()
-    init_ray(RayConfig(address=address, num_cpus=args.num_cpus))
+    init_ray(ray_cfg)
     url = start(args.model, cfg, name=args.name)
     print(f"serving {args.model} at {url}/ui  (application {args.name!r}; API: {url}/embed, {url}/explain, {url}/questions, "
           f"{url}/v1/embeddings)", flush=True)
