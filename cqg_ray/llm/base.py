@@ -44,7 +44,7 @@ class Request:
     meta: dict[str, Any] = field(default_factory=dict)
     temperature: float | None = None  # None = LLMConfig.temperature
     seed: int | None = None
-    stop_on_loop: bool = False  # a question list: the embedded engines stop decoding it once it loops (``parse.loops``)
+    stop_on_loop: bool = False  # a question list: every engine stops decoding it once it loops (``parse.loops``)
 
     @property
     def expected_tokens(self) -> float:

@@ -134,8 +134,8 @@ LOOP_REPEATS = 2  # items in a row that repeat earlier ones: the reply has begun
 
 def loops(text: str) -> bool:
     """Whether a question list has begun to loop: its last ``LOOP_REPEATS`` items, among its complete lines (up to
-    the last newline), each repeat an earlier question (what ``parse_questions`` drops as "duplicate"). The embedded
-    engines stop decoding a ``Request.stop_on_loop`` reply there, where greedy decoding would repeat to ``max_tokens``."""
+    the last newline), each repeat an earlier question (what ``parse_questions`` drops as "duplicate"). The engines
+    (embedded, OpenAI-compatible servers, vLLM) stop decoding a ``Request.stop_on_loop`` reply there, where greedy decoding would repeat to ``max_tokens``."""
     items = [dropped for _, dropped in _items(text[: text.rfind("\n") + 1])]
     return len(items) >= LOOP_REPEATS and all(d == "duplicate" for d in items[-LOOP_REPEATS:])
 
