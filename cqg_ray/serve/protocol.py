@@ -139,6 +139,7 @@ class QuestionsResponse(BaseModel):
     model: str
     m: int
     tau: float = ModelTau
+    budget: str = Field(description="the model's budget: which questions are active per text")
     yes_rate_source: Literal["model", "served"] = Field(
         description="model: the yes_rate field of the model's questions.json; served: the texts this replica has embedded")
     texts_seen: int

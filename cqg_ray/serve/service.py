@@ -146,7 +146,7 @@ class EmbeddingService:
         qs = [QuestionInfo(index=i, id=str(q.get("id", i)), text=q["text"], yes_rate=r, precision=q.get("precision"), recall=q.get("recall"),
                            n_heldout=q.get("n_heldout"))
               for i, (q, r) in enumerate(zip(self.model.question_records, rates))]
-        return QuestionsResponse(model=self.cfg.model_name, m=self.model.m, tau=self.model.tau, yes_rate_source=source,
+        return QuestionsResponse(model=self.cfg.model_name, m=self.model.m, tau=self.model.tau, budget=self.model.budget.name, yes_rate_source=source,
                                  texts_seen=self.texts_seen, questions=qs)
 
     def models(self) -> ModelList:

@@ -268,3 +268,23 @@ def test_serve_yaml_is_valid():
     assert app.import_path == "cqg_ray.serve.app:app_builder"
     assert schema.http_options.host == "127.0.0.1"
     ServeConfig.model_validate(app.args["serve"])
+
+
+def test_the_page_reads_only_fields_the_answers_have():
+    """Each `r.<field>` that the page's script reads from /questions and /explain is a field of that answer's schema
+    (the page showed 'budget undefined' when /questions had no budget)."""
+    import importlib.resources
+    import re
+
+    from cqg_ray.serve.protocol import ExplainResponse, QuestionsResponse
+
+    page = importlib.resources.files("cqg_ray.serve").joinpath("static/index.html").read_text(encoding="utf-8")
+    for function, schema in (("loadQuestions", QuestionsResponse), ("compare", ExplainResponse)):
+        body = page.split(f"async function {function}()")[1].split("\n}\n")[0]
+        read = set(re.findall(r"\br\.(\w+)", body))
+        assert read and read <= set(schema.model_fields), (function, read - set(schema.model_fields))
+
+
+def test_questions_name_the_models_budget(api, model):
+    body = api.get("/questions").json()
+    assert body["budget"] == model.budget.name and body["m"] == 32

@@ -41,7 +41,7 @@ def browser():
 def test_compare_two_texts(server, browser, model):
     browser.goto(server.url + "/ui")
     browser.wait_for("document.body.dataset.ready === '1'")
-    assert "m = 32 questions" in browser.eval("document.getElementById('model-info').textContent")
+    assert browser.eval("document.getElementById('model-info').textContent") == f"cqg-mbqa \u00b7 m = 32 questions \u00b7 budget {model.budget.name}"
 
     browser.type_into("#text-a", A)
     browser.type_into("#text-b", B)
