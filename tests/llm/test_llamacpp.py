@@ -159,7 +159,8 @@ LOOPING = [{"role": "user", "content": "Write a numbered list of 12 items. Items
 @pytest.mark.parametrize("engine", ["llamacpp", "torch-float32"])
 def test_a_question_list_that_loops_stops_at_its_second_repeat(engine):
     """A ``stop_on_loop`` reply ends at the newline after two items in a row that repeat earlier ones, on both
-    engines that decode generation prompts in batches; a request without it decodes to its end as before."""
+    engines that decode generation prompts in batches; a request without it decodes to its end as before (one at a
+    time: the next test)."""
     from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
 
     cfg = qwen_config()
@@ -175,3 +176,20 @@ def test_a_question_list_that_loops_stops_at_its_second_repeat(engine):
     assert list(parse_questions(stopped[0].text)) == ["Is it red?", "Is it blue?"]
     assert free[0].text.startswith(stopped[0].text) and free[0].completion_tokens > stopped[0].completion_tokens + 20
     assert stopped[1].text == plain[0].text and stopped[1].completion_tokens == plain[0].completion_tokens  # no loop: decoded as before
+
+
+def test_a_list_that_loops_stops_one_at_a_time_too():
+    """llama.cpp's one-at-a-time ``create_chat_completion`` (batch_generate 1, a retry at a temperature) streams a
+    ``stop_on_loop`` reply and closes the stream where it loops: the same text as the batched engines stop at, the
+    prompt's tokens as the unstreamed reply's usage counts them."""
+    from cqg_ray.llm.engines.llamacpp import LlamaCppBackend
+
+    cfg = qwen_config()
+    b = LlamaCppBackend(cfg.model_copy(update={"llamacpp": cfg.llamacpp.model_copy(update={"generate_engine": "llamacpp", "batch_generate": 1})}))
+    try:
+        free, stopped = (b.complete_one(Request(LOOPING, max_tokens=90, stop_on_loop=stop)) for stop in (False, True))
+    finally:
+        b.close()
+    assert stopped.error is None and stopped.text == "1. Is it red?\n2. Is it blue?\n3. Is it red?\n4. Is it blue?\n"
+    assert free.text.startswith(stopped.text) and free.completion_tokens > stopped.completion_tokens + 20
+    assert stopped.prompt_tokens == free.prompt_tokens and 20 <= stopped.completion_tokens <= 26

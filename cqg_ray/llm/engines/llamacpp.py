@@ -326,7 +326,7 @@ class LlamaCppBackend(Backend):
             kwargs["logits_processor"] = LogitsProcessorList([recorder])
         t0 = time.perf_counter()
         try:
-            out = self.model.create_chat_completion(**kwargs)
+            out = self.streamed_until_loop(req, kwargs) if req.stop_on_loop else self.model.create_chat_completion(**kwargs)
         except ValueError as e:  # e.g. the prompt does not fit in n_ctx
             return Completion("", error=f"llama.cpp: {e}")
         text = out["choices"][0]["message"].get("content") or ""
@@ -337,6 +337,21 @@ class LlamaCppBackend(Backend):
         if recorder is not None and recorder.steps:
             p_yes = p_yes_from_tokens(self._recorded_tokens(recorder), req.n_answers)  # type: ignore[arg-type]
         return Completion(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), p_yes)
+
+    def streamed_until_loop(self, req: Request, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``create_chat_completion(**kwargs)`` streamed, and closed (decoding ends) at the newline where the list loops
+        (``parse.loops``): its text and usage (the prompt's tokens as ``prompt_tokens`` counts them, the content
+        chunks as the tokens written: llama.cpp streams a chunk a token)."""
+        chunks, text, written = self.model.create_chat_completion(**kwargs, stream=True), "", 0
+        try:
+            for chunk in chunks:
+                delta = chunk["choices"][0]["delta"].get("content") or ""
+                text, written = text + delta, written + bool(delta)
+                if "\n" in delta and loops(text):
+                    break
+        finally:
+            chunks.close()
+        return {"choices": [{"message": {"content": text}}], "usage": {"prompt_tokens": len(self.prompt_tokens(req)), "completion_tokens": written}}
 
     def complete_torch(self, req: Request) -> Completion:
         """One request on the torch generator: greedy at temperature 0, else sampled with its seed."""
