@@ -49,6 +49,7 @@ from cqg_ray.serve.protocol import (
     Health,
     ModelList,
     QuestionsResponse,
+    json_type,
 )
 from cqg_ray.serve.service import EmbeddingService
 
@@ -188,10 +189,6 @@ def unreadable_body(cause: BaseException | None) -> ApiError:
     if isinstance(cause, RecursionError):
         return ApiError(400, "request body is not usable JSON: nested too deeply", code="invalid_json")
     return ApiError(400, "request body is not usable JSON", code="invalid_json")
-
-
-def json_type(obj) -> str:
-    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}.get(type(obj), type(obj).__name__)
 
 
 # --------------------------------------------------------------------------------------------- routes

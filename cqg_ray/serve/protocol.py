@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class ErrorInfo(BaseModel):
@@ -35,6 +35,12 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return ErrorResponse(error=ErrorInfo(message=self.message, type=self.type, code=self.code, param=self.param)).model_dump()
+
+
+def json_type(obj) -> str:
+    """The JSON name of a parsed JSON value's type (array, object, string, number, boolean, null)."""
+    return {list: "array", dict: "object", str: "string", int: "number", float: "number", bool: "boolean",
+            type(None): "null"}.get(type(obj), type(obj).__name__)
 
 
 class Strict(BaseModel):
@@ -172,14 +178,20 @@ class EmbeddingsRequest(BaseModel):
     dimensions: int | None = None
     user: str | None = None
 
-    @model_validator(mode="before")
+    @field_validator("input", mode="before")
     @classmethod
-    def _no_token_arrays(cls, data):
-        if isinstance(data, dict):
-            x = data.get("input")
-            if isinstance(x, list) and x and all(isinstance(t, int) or (isinstance(t, list) and all(isinstance(u, int) for u in t)) for t in x):
-                raise ValueError("input as token ids is not supported: send the text (a string or a list of strings)")
-        return data
+    def _text_input(cls, x):
+        """A string or a list of strings, else one message naming what came (not pydantic's one per union member,
+        whose `input.str` and `input.list[str]` are no field of the request); token ids are refused."""
+        if isinstance(x, str):
+            return x
+        if not isinstance(x, list):
+            raise ValueError(f"must be a string or a list of strings, got a JSON {json_type(x)}")
+        if x and all(isinstance(t, int) or (isinstance(t, list) and all(isinstance(u, int) for u in t)) for t in x):
+            raise ValueError("token ids are not supported: send the text (a string or a list of strings)")
+        if (bad := next((i for i, t in enumerate(x) if not isinstance(t, str)), None)) is not None:
+            raise ValueError(f"item {bad} must be a string, got a JSON {json_type(x[bad])}")
+        return x
 
 
 class EmbeddingObject(BaseModel):

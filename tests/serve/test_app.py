@@ -288,3 +288,10 @@ def test_the_page_reads_only_fields_the_answers_have():
 def test_questions_name_the_models_budget(api, model):
     body = api.get("/questions").json()
     assert body["budget"] == model.budget.name and body["m"] == 32
+
+
+def test_a_bad_openai_input_names_the_input_field(api):
+    """Not input.str or input.list[str] (pydantic's union members) and not the whole body."""
+    for bad in (5, None, {"a": 1}, ["a", 1], [1, 2], [[1, 2]]):
+        err = error_of(api.post("/v1/embeddings", json={"model": "cqg-mbqa", "input": bad}), 422)
+        assert err["param"] == "input" and err["message"].startswith("input: ") and "more problem" not in err["message"], (bad, err)
