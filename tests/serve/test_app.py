@@ -295,3 +295,15 @@ def test_a_bad_openai_input_names_the_input_field(api):
     for bad in (5, None, {"a": 1}, ["a", 1], [1, 2], [[1, 2]]):
         err = error_of(api.post("/v1/embeddings", json={"model": "cqg-mbqa", "input": bad}), 422)
         assert err["param"] == "input" and err["message"].startswith("input: ") and "more problem" not in err["message"], (bad, err)
+
+
+def test_the_route_table_names_every_request_field():
+    """docs/serving.md's route table lists each field the request schemas accept (it left out dimensions and user)."""
+    from pathlib import Path
+
+    from cqg_ray.serve.protocol import EmbeddingsRequest, EmbedRequest, ExplainRequest
+
+    doc = (Path(__file__).parents[2] / "docs" / "serving.md").read_text(encoding="utf-8")
+    for route, schema in (("POST /embed", EmbedRequest), ("POST /explain", ExplainRequest), ("POST /v1/embeddings", EmbeddingsRequest)):
+        cell = next(line for line in doc.splitlines() if line.startswith(f"| `{route}` |")).split(" | ")[1]
+        assert [f for f in schema.model_fields if f'"{f}"' not in cell and f"`{f}`" not in cell] == [], route
