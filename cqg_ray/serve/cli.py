@@ -103,8 +103,16 @@ def start(model: str, cfg: ServeConfig, name: str = "cqg-mbqa") -> str:
     InterpretableEmbedder.load(model, load_encoder=False, device="cpu")  # a bad folder fails here, not in a replica
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"enable_access_log": False})
     serve.run(build_app(model, cfg), name=name, route_prefix=cfg.route_prefix, logging_config={"enable_access_log": False})
-    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
-    return f"http://{host}:{cfg.port}{cfg.route_prefix.rstrip('/')}"
+    return base_url(cfg.host, cfg.port, cfg.route_prefix)
+
+
+def base_url(host: str, port: int, route_prefix: str = "/") -> str:
+    """The URL a client on this machine reaches a server bound to host:port at: 127.0.0.1 for the any-address binds,
+    an IPv6 address in brackets (RFC 3986: http://[::1]:8000, where http://::1:8000 is no URL)."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    if ":" in host:
+        host = "[" + host.replace("%", "%25") + "]"  # a zone id's % escaped (RFC 6874)
+    return f"http://{host}:{port}{route_prefix.rstrip('/')}"
 
 
 def cmd_serve(args) -> int:

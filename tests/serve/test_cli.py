@@ -147,3 +147,14 @@ def test_cqg_ray_serve_command(toy_model):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_the_printed_url_is_a_url_for_every_host():
+    from cqg_ray.serve.cli import base_url
+
+    assert base_url("127.0.0.1", 8000) == "http://127.0.0.1:8000"
+    assert base_url("0.0.0.0", 8000, "/api/") == "http://127.0.0.1:8000/api"
+    assert base_url("::", 8000) == "http://127.0.0.1:8000"
+    assert base_url("::1", 8001) == "http://[::1]:8001"
+    assert base_url("fe80::1%eth0", 80, "/x") == "http://[fe80::1%25eth0]:80/x"
+    assert base_url("localhost", 8000) == "http://localhost:8000"
