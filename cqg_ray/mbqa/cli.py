@@ -78,7 +78,47 @@ def cmd_budget(args) -> int:
     return 0
 
 
+EXPLAIN_HELP = """\
+Embed two texts with a model and show their similarity (the cosine of their budgeted vectors), their cognitive load
+(the questions both answer yes), the shared questions surest first and those only one text answers yes, each with
+both probabilities and its labeller precision (InterpretableEmbedder.explain; over HTTP: POST /explain).
+
+    cqg-ray explain cqg-minilm-ref "A man is playing a guitar." "Someone plays music on stage."
+    cqg-ray explain runs/demo/model "first text" "second text" --k 32 --json
+"""
+
+
+def cmd_explain(args) -> int:
+    """`cqg-ray explain MODEL TEXT_A TEXT_B`: `InterpretableEmbedder.explain` on the command line."""
+    import json
+
+    from cqg_ray.explain import format_explanation
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+    if args.rows < 1:
+        raise ConfigError(f"explain: --rows must be at least 1, got {args.rows}")
+    model = InterpretableEmbedder.load(args.model, load_encoder=False)  # the encoder loads once the texts and budget pass
+    try:
+        ex = model.explain(args.text_a, args.text_b, args.tau, k=args.k)
+    except ValueError as e:  # an empty text, a k or --tau out of range, both
+        why = str(e).replace("threshold", "--tau").replace("k must", "--k must").replace("or k (top-k)", "or --k (top-k)")
+        raise ConfigError(f"explain: {why}") from None
+    print(json.dumps(ex.to_dict(), indent=2) if args.json else format_explanation(ex, args.text_a, args.text_b, args.rows))
+    return 0
+
+
 def add_commands(sub) -> None:
+    e = sub.add_parser("explain", help="why two texts are similar: the questions both answer yes, and those only one does",
+                       description=EXPLAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("model", help="model folder or shipped model name")
+    e.add_argument("text_a")
+    e.add_argument("text_b")
+    e.add_argument("--k", type=int, help="at most k active questions per text (default: the model's budget)")
+    e.add_argument("--tau", type=float, help="the paper's rule instead: yes when p > tau, tau in (0, 1)")
+    e.add_argument("--rows", type=int, default=8, help="questions shown per list (default 8; --json shows all)")
+    e.add_argument("--json", action="store_true", help="print the explanation as JSON (the fields of POST /explain but m)")
+    e.set_defaults(func=cmd_explain)
+
     p = sub.add_parser("budget", help="show or set a model's load budget (which questions are active per text)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="model folder or shipped model name")

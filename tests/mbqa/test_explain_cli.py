@@ -1,0 +1,42 @@
+"""`cqg-ray explain MODEL TEXT_A TEXT_B`: the explanation that `InterpretableEmbedder.explain` gives, printed."""
+
+import json
+
+import pytest
+
+from cqg_ray.cli import main
+from cqg_ray.explain import format_explanation
+from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+A, B = "Aspirin relieves headaches and fever.", "A doctor prescribes medicine for migraines."
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> str:
+    from cqg_ray.mbqa.toy import build_toy_model
+
+    return build_toy_model(str(tmp_path_factory.mktemp("toy") / "model"))
+
+
+def test_explain_prints_the_models_explanation(toy, capsys):
+    model = InterpretableEmbedder.load(toy, device="cpu")
+    assert main(["explain", toy, A, B]) == 0
+    assert capsys.readouterr().out == format_explanation(model.explain(A, B), A, B) + "\n"
+    assert main(["explain", toy, A, B, "--k", "2", "--json"]) == 0
+    got, want = json.loads(capsys.readouterr().out), model.explain(A, B, k=2).to_dict()
+    assert got.keys() == want.keys() and got["budget"] == want["budget"] == "top2>0.5"
+    assert got["cognitive_load"] == want["cognitive_load"] and [q["id"] for q in got["shared_yes"]] == [q["id"] for q in want["shared_yes"]]
+    assert got["cosine"] == pytest.approx(want["cosine"], abs=1e-6)
+
+
+@pytest.mark.parametrize("args,says", [
+    (["", B], "explain: text_a is empty or only whitespace: there is nothing to explain"),
+    (["a", "b", "--k", "0"], "explain: --k must be an integer from 1 to m=32, got 0"),
+    (["a", "b", "--tau", "1.5"], "explain: --tau must be a number in (0, 1), got 1.5"),
+    (["a", "b", "--tau", "0.5", "--k", "3"], "explain: give --tau (the tau rule) or --k (top-k), not both"),
+    (["a", "b", "--rows", "0"], "explain: --rows must be at least 1, got 0"),
+])
+def test_explain_refuses_bad_input_in_one_line(toy, capsys, args, says):
+    assert main(["explain", toy, *args]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {says}\n" in err and "Traceback" not in err
