@@ -63,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def serve_config(args) -> ServeConfig:
+    for s in args.set:  # load_config's own message names the prefixed key and section.key=value
+        if "=" not in s:
+            raise ConfigError(f"--set {s}: give KEY=VALUE, a key of the serve section, e.g. --set max_batch_size=64")
     overrides = [f"serve.{s}" for s in args.set]
     cfg = load_config(args.config, overrides).serve
     flags = {"host": args.host, "port": args.port, "route_prefix": args.route_prefix, "api_key_env": args.api_key_env,
