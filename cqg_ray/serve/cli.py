@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `cqg-ray serve`."""
     p.add_argument("model", help="model folder (local path or URI reachable from the replicas) or a shipped model's name")
     p.add_argument("--config", "-c", help="pipeline YAML whose `serve` section to use")
-    p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a serve value, e.g. max_batch_size=64")
+    p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a serve value, e.g. max_batch_size=64 (or serve.max_batch_size=64)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument("--replicas", help="number of replicas, or 'auto' for autoscaling between min_replicas and max_replicas (default 1)")
@@ -66,7 +67,7 @@ def serve_config(args) -> ServeConfig:
     for s in args.set:  # load_config's own message names the prefixed key and section.key=value
         if "=" not in s:
             raise ConfigError(f"--set {s}: give KEY=VALUE, a key of the serve section, e.g. --set max_batch_size=64")
-    overrides = [f"serve.{s}" for s in args.set]
+    overrides = [s if s.startswith("serve.") else f"serve.{s}" for s in args.set]  # serve.KEY as cqg-ray run's --set writes it
     cfg = load_config(args.config, overrides).serve
     flags = {"host": args.host, "port": args.port, "route_prefix": args.route_prefix, "api_key_env": args.api_key_env,
              "num_gpus_per_replica": args.gpus_per_replica}

@@ -27,6 +27,8 @@ def test_serve_cli_config(tmp_path):
     y.write_text("serve:\n  port: 9000\n  max_batch_size: 8\n")
     cfg = serve_config(p.parse_args(["m", "-c", str(y), "--replicas", "auto", "--set", "max_batch_size=64", "--port", "9100"]))
     assert (cfg.port, cfg.num_replicas, cfg.max_batch_size) == (9100, "auto", 64)
+    cfg = serve_config(p.parse_args(["m", "--set", "serve.max_batch_size=48", "-s", "batch_wait_timeout_s=0.01"]))  # serve. optional
+    assert (cfg.max_batch_size, cfg.batch_wait_timeout_s) == (48, 0.01)
 
 
 def test_throughput_env_keeps_the_users_values():
