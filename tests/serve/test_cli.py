@@ -64,11 +64,14 @@ def test_serve_flags_are_checked_before_ray_starts(toy_model, capsys):
         assert says in err and "Traceback" not in err, (flags, err)
 
 
-def test_serve_refuses_a_missing_token_variable(toy_model, capsys):
+def test_serve_refuses_a_missing_token_variable(toy_model, capsys, monkeypatch):
     from cqg_ray.cli import main
 
     assert main(["serve", toy_model, "--api-key-env", "CQG_RAY_SURELY_UNSET_VARIABLE"]) == 2
     assert "CQG_RAY_SURELY_UNSET_VARIABLE" in capsys.readouterr().err
+    monkeypatch.setenv("CQG_RAY_BLANK_TOKEN", "  \t")  # the replicas would refuse it after Ray started: a traceback
+    assert main(["serve", toy_model, "--api-key-env", "CQG_RAY_BLANK_TOKEN"]) == 2
+    assert "CQG_RAY_BLANK_TOKEN: that environment variable is not set or holds only whitespace" in capsys.readouterr().err
 
 
 def test_serve_refuses_a_port_in_use_and_a_host_that_does_not_resolve(toy_model, capsys, monkeypatch):
