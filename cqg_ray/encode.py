@@ -102,15 +102,6 @@ def keep_units_of(run: RunDir, folder: str, cfg: EncodeConfig) -> None:
     run.write_json(f"{folder}/{UNITS_SETTINGS}", settings)
 
 
-def unit_whole(run: RunDir, folder: str, unit: dict) -> bool:
-    """Whether a unit's file opens as Parquet and holds the unit's rows: one damaged behind the manifest (the fix that
-    `cqg-ray status` gives: `cqg-ray encode --force`) is encoded again, not resumed."""
-    try:
-        return pq.ParquetFile(run.path(folder, unit["name"]), filesystem=run.fs).metadata.num_rows == unit["stop"] - unit["start"]
-    except Exception:  # truncated, or not Parquet
-        return False
-
-
 def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, progress: bool = True,
            cluster: RayConfig | None = None) -> None:
     """Encode every prepared document; the actor pool starts with the actors that fit the cluster now and grows to
@@ -127,8 +118,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     shards = [(p, pq.ParquetFile(p, filesystem=run.fs).metadata.num_rows) for p in corpus_shards(run)]
     units = split_units(shards, unit_rows or cfg.unit_rows)
     keep_units_of(run, ctx.stage, cfg)
-    pending = {u["name"] for u in pending_units(run, ctx.stage, units)}  # names: a set, not a scan of the list per unit
-    todo = [u for u in units if u["name"] in pending or not unit_whole(run, ctx.stage, u)]
+    todo = pending_units(run, ctx.stage, units)  # a unit file damaged behind the manifest is encoded again, not resumed
     cluster = cluster or RayConfig()
     now = ray.cluster_resources()
     pool, gpus = actor_pool_size(cfg, now, declared(now, cluster.max_cpus, cluster.max_gpus), units=len(todo))

@@ -49,14 +49,26 @@ def split_units(shards: list[tuple[str, int]], unit_rows: int = UNIT_ROWS) -> li
     return units
 
 
+def unit_whole(run: RunDir, folder: str, unit: dict) -> bool:
+    """Whether a unit's file opens as Parquet and holds the unit's rows."""
+    try:
+        return pq.ParquetFile(run.path(folder, unit["name"]), filesystem=run.fs).metadata.num_rows == unit["stop"] - unit["start"]
+    except Exception:  # truncated, or not Parquet
+        return False
+
+
 def pending_units(run: RunDir, folder: str, units: list[dict]) -> list[dict]:
-    """The units whose file is not written yet; unit files of another plan (other unit size or inputs) and the temp
-    files of interrupted writes are removed."""
+    """The units whose file is not written yet, or is damaged (`unit_whole`: written again, not resumed); unit files of
+    another plan (other unit size or inputs) and the temp files of interrupted writes are removed."""
     run.remove_partial(folder)
     have = {n for n in run.ls(folder, suffix=".parquet") if n.startswith("emb-")}
     for stray in have - {u["name"] for u in units}:
         run.rm(folder, stray)
-    return [u for u in units if u["name"] not in have]
+    damaged = {u["name"] for u in units if u["name"] in have and not unit_whole(run, folder, u)}
+    for name in sorted(damaged):
+        log.warning("unit file %s is damaged (not Parquet, or not its rows): written again", run.path(folder, name))
+        run.rm(folder, name)
+    return [u for u in units if u["name"] not in have - damaged]
 
 
 def limit_cpu_threads(threads: int) -> None:

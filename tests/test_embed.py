@@ -104,17 +104,22 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
     clear = np.abs(p - 0.5) > 1e-3
     assert (bits == (p > 0.5))[clear].all()
 
-    # resume: lose a unit file and the manifest (as a kill leaves it), plus a half-written temp file
+    # resume: lose a unit file and the manifest (as a kill leaves it), plus a half-written temp file, and one unit file
+    # damaged (cut short): both units are embedded again, the damaged one not taken as done
     run = RunDir(out)
     units = [n for n in run.ls(suffix=".parquet") if n.startswith("emb-")]
     lost = pq.ParquetFile(run.path(units[2])).metadata.num_rows
+    damaged = pq.ParquetFile(run.path(units[4])).metadata.num_rows
     run.rm(units[2])
+    run.write_bytes(units[4], run.read_bytes(units[4])[:200])
     run.rm("_manifest.json")
     run.write_bytes("emb-part-000000-000000999.parquet.tmp-dead", b"partial")
     with pytest.raises(ArtifactError, match="unfinished"):
         read_embed_output(out)
-    m2 = embed(toy_model, [str(mixed_corpus)], out, cfg, progress=False)
-    assert m2["counts"]["embedded_now"] == lost == 60 and m2["counts"]["units_resumed"] == 8
+    with caplog.at_level("WARNING", logger="cqg_ray"):
+        m2 = embed(toy_model, [str(mixed_corpus)], out, cfg, progress=False)
+    assert f"unit file {run.path(units[4])} is damaged (not Parquet, or not its rows): written again" in caplog.text
+    assert m2["counts"]["embedded_now"] == lost + damaged == 120 and m2["counts"]["units_resumed"] == 7
     ids2, packed2, _ = read_embed_output(out)
     assert ids2.tolist() == ids.tolist() and np.array_equal(packed2, packed)
     assert embed(toy_model, [str(mixed_corpus)], out, cfg, progress=False) == m2  # finished with these settings: skipped
