@@ -180,12 +180,17 @@ def cli_problem(strict: argparse.ArgumentParser, relaxed: argparse.ArgumentParse
     return error if given else None
 
 
-def test_every_cqg_ray_line_in_the_docs_parses():
+def cli_problems(commands: list[tuple[str, list[str]]]) -> tuple[int, list[str]]:
+    """How many of ``commands`` (where, words) are ``cqg-ray`` lines, and each one's problem ("where: line: why")."""
     strict, relaxed = build_parser(), relaxed_parser()
-    lines = [(where, args) for where, words in doc_commands() if (args := cli_args(words)) is not None]
-    problems = [f"{where}: cqg-ray {shlex.join(args)}: {problem}" for where, args in lines
-                if (problem := cli_problem(strict, relaxed, args))]
-    assert len(lines) > 150  # the docs give ~200; far fewer means the collection broke
+    lines = [(where, args) for where, words in commands if (args := cli_args(words)) is not None]
+    return len(lines), [f"{where}: cqg-ray {shlex.join(args)}: {problem}" for where, args in lines
+                        if (problem := cli_problem(strict, relaxed, args))]
+
+
+def test_every_cqg_ray_line_in_the_docs_parses():
+    lines, problems = cli_problems(doc_commands())
+    assert lines > 150  # the docs give ~200; far fewer means the collection broke
     assert problems == []
 
 
@@ -207,11 +212,8 @@ def help_commands() -> list[tuple[str, list[str]]]:
 
 
 def test_every_cqg_ray_line_in_the_clis_help_parses():
-    strict, relaxed = build_parser(), relaxed_parser()
-    lines = [(where, args) for where, words in help_commands() if (args := cli_args(words)) is not None]
-    problems = [f"{where}: cqg-ray {shlex.join(args)}: {problem}" for where, args in lines
-                if (problem := cli_problem(strict, relaxed, args))]
-    assert len(lines) > 10  # the help gives ~15; far fewer means the collection broke
+    lines, problems = cli_problems(help_commands())
+    assert lines > 10  # the help gives ~20; far fewer means the collection broke
     assert problems == []
 
 
