@@ -142,7 +142,13 @@ def cmd_serve(args) -> int:
             return 2
         use_throughput_env()
     init_ray(ray_cfg)
-    url = start(args.model, cfg, name=args.name)
+    try:
+        url = start(args.model, cfg, name=args.name)
+    except RuntimeError as e:  # Serve's "Deploying application ... failed": a replica's constructor raised
+        why = deploy_failure(args.name) or str(e)
+        serve.delete(args.name) if address is not None else serve.shutdown()
+        print(f"error: the application did not start: {why}", file=sys.stderr)
+        return 1
     print(f"serving {args.model} at {url}/ui  (application {args.name!r}; API: {url}/embed, {url}/explain, {url}/questions, "
           f"{url}/v1/embeddings)", flush=True)
     if address is not None and not args.wait:
@@ -153,6 +159,22 @@ def cmd_serve(args) -> int:
     finally:
         serve.delete(args.name) if address is not None else serve.shutdown()
     return 0
+
+
+def deploy_failure(name: str) -> str | None:
+    """Why application ``name`` failed to deploy, from Serve's status: the last line of a deployment's message (the
+    replica's exception, e.g. "ModelError: cannot load the encoder ..."), else None."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications.get(name)
+    except Exception:  # the controller is gone: Serve's own message will do
+        return None
+    for d in (app.deployments.values() if app else []):
+        lines = [line.strip() for line in (d.message or "").splitlines() if line.strip()]
+        if lines:
+            return lines[-1]
+    return None
 
 
 def wait_for_stop(ready: str) -> None:

@@ -164,3 +164,39 @@ def test_the_printed_url_is_a_url_for_every_host():
     assert base_url("::1", 8001) == "http://[::1]:8001"
     assert base_url("fe80::1%eth0", 80, "/x") == "http://[fe80::1%25eth0]:80/x"
     assert base_url("localhost", 8000) == "http://localhost:8000"
+
+
+def test_a_failed_deploy_is_told_by_the_replicas_exception(monkeypatch):
+    from types import SimpleNamespace
+
+    from ray import serve
+
+    from cqg_ray.serve.cli import deploy_failure
+
+    message = ("The deployment failed to start 3 times in a row.\nTraceback (most recent call last):\n  File \"app.py\", line 1\n"
+               "cqg_ray.mbqa.embedder.ModelError: cannot load the encoder '/x' the model names\n\n")
+    status = SimpleNamespace(applications={"cqg-mbqa": SimpleNamespace(deployments={"EmbedderServer": SimpleNamespace(message=message)})})
+    monkeypatch.setattr(serve, "status", lambda: status)
+    assert deploy_failure("cqg-mbqa") == "cqg_ray.mbqa.embedder.ModelError: cannot load the encoder '/x' the model names"
+    assert deploy_failure("other") is None
+    monkeypatch.setattr(serve, "status", lambda: (_ for _ in ()).throw(ConnectionError("gone")))
+    assert deploy_failure("cqg-mbqa") is None
+
+
+@pytest.mark.slow
+def test_a_replica_that_cannot_start_is_one_error_line(toy_model, tmp_path):
+    """A model whose encoder is missing loads without it in the CLI's check, and its replicas fail: one line that says
+    why, exit 1, Serve shut down; it was a RuntimeError traceback that named no cause."""
+    import json
+    import shutil
+
+    bad = tmp_path / "model"
+    shutil.copytree(toy_model, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "encoder": str(tmp_path / "no-encoder")}))
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": ""}
+    r = subprocess.run([sys.executable, "-m", "cqg_ray.cli", "serve", str(bad), "--port", str(free_port()), "--num-cpus", "1",
+                        "--set", "num_cpus_per_replica=0.5"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert f"error: the application did not start: cqg_ray.mbqa.embedder.ModelError: cannot load the encoder '{tmp_path / 'no-encoder'}'" in r.stderr
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
