@@ -29,6 +29,8 @@ def test_serve_cli_config(tmp_path):
     assert (cfg.port, cfg.num_replicas, cfg.max_batch_size) == (9100, "auto", 64)
     cfg = serve_config(p.parse_args(["m", "--set", "serve.max_batch_size=48", "-s", "batch_wait_timeout_s=0.01"]))  # serve. optional
     assert (cfg.max_batch_size, cfg.batch_wait_timeout_s) == (48, 0.01)
+    # Ray Serve refuses a trailing / (and wildcards) in serve.run, after Ray has started
+    assert [serve_config(p.parse_args(["m", "--route-prefix", r])).route_prefix for r in ("/api/", "/api//", "/", "//")] == ["/api", "/api", "/", "/"]
 
 
 def test_throughput_env_keeps_the_users_values():
@@ -56,6 +58,7 @@ def test_serve_flags_are_checked_before_ray_starts(toy_model, capsys):
                         (["--port", "70000"], "port: Input should be less than or equal to 65535"),
                         (["--gpus-per-replica", "-1"], "num_gpus_per_replica: Input should be greater than or equal to 0"),
                         (["--route-prefix", "noslash"], "route_prefix: String should match pattern '^/'"),
+                        (["--route-prefix", "/{name}"], "route_prefix '/{name}': Ray Serve's prefixes take no { or } (wildcards)"),
                         (["--num-cpus", "0"], "num_cpus: Input should be greater than or equal to 1 (got 0)"),
                         (["--set", "port"], "--set port: give KEY=VALUE, a key of the serve section, e.g. --set max_batch_size=64"),
                         (["--set", "min_replicas=5"], "min_replicas (5) is above max_replicas (4)")]:
