@@ -251,7 +251,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not parse the body
         return error_response(unreadable_body(exc.__cause__))
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    msg = {404: f"no route {request.url.path}: see GET /ui, GET /questions, POST /embed, POST /explain, POST /v1/embeddings",
+    at = request.scope.get("root_path", "").rstrip("/")  # the route prefix, under which the routes are
+    msg = {404: f"no route {request.url.path}: see GET {at}/ui, GET {at}/questions, POST {at}/embed, POST {at}/explain, POST {at}/v1/embeddings",
            405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
     return JSONResponse(ApiError(exc.status_code, msg, code=code).body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
 

@@ -307,3 +307,9 @@ def test_the_route_table_names_every_request_field():
     for route, schema in (("POST /embed", EmbedRequest), ("POST /explain", ExplainRequest), ("POST /v1/embeddings", EmbeddingsRequest)):
         cell = next(line for line in doc.splitlines() if line.startswith(f"| `{route}` |")).split(" | ")[1]
         assert [f for f in schema.model_fields if f'"{f}"' not in cell and f"`{f}`" not in cell] == [], route
+
+
+def test_an_unknown_route_names_the_routes_under_the_prefix(model):
+    with TestClient(build_api(EmbeddingService(model, ServeConfig(**TEST_CFG))), root_path="/api") as c:
+        err = error_of(c.get("/api/nowhere"), 404)
+    assert err["message"] == "no route /api/nowhere: see GET /api/ui, GET /api/questions, POST /api/embed, POST /api/explain, POST /api/v1/embeddings"

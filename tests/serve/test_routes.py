@@ -190,6 +190,9 @@ def test_bearer_token_app(server):
         auth = {"Authorization": f"Bearer {server.token}"}
         assert c.post("/embed", json={"texts": [A]}, headers=auth).status_code == 200
         assert c.get("/questions", headers=auth).json()["m"] == 32
+        lost = c.get("/nowhere", headers=auth).json()["error"]["message"]  # the routes named under the app's prefix
+        assert lost == ("no route /secure/nowhere: see GET /secure/ui, GET /secure/questions, POST /secure/embed, POST /secure/explain, "
+                        "POST /secure/v1/embeddings")
     openai = pytest.importorskip("openai")
     oa = openai.OpenAI(base_url=server.secure_url + "/v1", api_key=server.token, max_retries=0)
     assert len(oa.embeddings.create(model="cqg-mbqa", input=A).data[0].embedding) == 32
