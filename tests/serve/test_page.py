@@ -99,4 +99,9 @@ def test_question_list_search_and_sort(server, client, browser, model):
     values = [float(r.rstrip("%")) for r in rates if r != "n/a"]
     assert values == sorted(values, reverse=True) and len(values) == 32
     assert "texts this server replica has embedded" in browser.eval("document.getElementById('rate-source').textContent")
+    # ids sort as numbers where they are numbers (the shipped model's "0".."267"), not "1", "10", "100", "2"
+    browser.eval("questions = ['10', '2', '1', 'q2', '100'].map((id, index) => ({index, id, text: 'Is it ' + id + '?', yes_rate: null, "
+                 "precision: null, n_heldout: null})); renderQuestions(); document.querySelector('th[data-key=id]').click()")
+    ids = browser.eval("[...document.querySelectorAll('#question-table tbody tr')].map(tr => tr.cells[1].textContent)")
+    assert ids == ["1", "2", "10", "100", "q2"]
     browser.screenshot(str(ARTIFACTS / "serve_page_questions.png"))
