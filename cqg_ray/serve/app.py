@@ -176,10 +176,12 @@ def invalid_body(exc: RequestValidationError, body: bytes, content_type: str | N
     loc = tuple(first["loc"][1:]) if first["loc"][:1] == ("body",) else tuple(first["loc"])
     if not loc and first["type"] in ("missing", "model_type", "model_attributes_type", "dict_type"):
         return ApiError(422, f"request body must be a JSON object, got a JSON {json_type(json.loads(body))}", code="invalid_type")
-    where = ".".join(str(p) for p in loc) or "body"
+    where = ".".join(str(p) for p in loc)
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
     msg = first["msg"].removeprefix("Value error, ")
-    return ApiError(422, f"{where}: {msg}{more}", code="invalid_value", param=where if loc else None)
+    if not loc:  # a check across fields (k and tau, packed and output): its message names them
+        return ApiError(422, f"{msg}{more}", code="invalid_value")
+    return ApiError(422, f"{where}: {msg}{more}", code="invalid_value", param=where)
 
 
 def unreadable_body(cause: BaseException | None) -> ApiError:

@@ -313,3 +313,10 @@ def test_an_unknown_route_names_the_routes_under_the_prefix(model):
     with TestClient(build_api(EmbeddingService(model, ServeConfig(**TEST_CFG))), root_path="/api") as c:
         err = error_of(c.get("/api/nowhere"), 404)
     assert err["message"] == "no route /api/nowhere: see GET /api/ui, GET /api/questions, POST /api/embed, POST /api/explain, POST /api/v1/embeddings"
+
+
+def test_a_check_across_fields_is_told_without_a_body_prefix(api):
+    err = error_of(api.post("/embed", json={"texts": ["a"], "k": 3, "tau": 0.5}), 422)
+    assert (err["message"], err["param"]) == ("give tau (the paper's rule) or k (top-k), not both", None)
+    err = error_of(api.post("/embed", json={"texts": ["a"], "output": "sparse", "packed": True}), 422)
+    assert err["message"] == "packed applies to output 'bits' only"
