@@ -100,6 +100,31 @@ def port_taken(host: str, port: int) -> str | None:
     return None
 
 
+def local_shortfall(cfg: ServeConfig, num_cpus: int | None, num_gpus: int | None = None) -> str | None:
+    """Why a local Ray of ``num_cpus`` CPUs (None: this machine's, as Ray counts them) and ``num_gpus`` GPUs (None: torch's
+    count) cannot hold the replicas Serve must start (num_replicas, or at least one of min_replicas for auto), or None.
+    Serve would wait for them without end, and say nothing."""
+    replicas = max(cfg.min_replicas, 1) if cfg.num_replicas == "auto" else cfg.num_replicas
+    if num_cpus is None:
+        try:
+            from ray._private.utils import get_num_cpus  # Ray's own count (cgroup limits included)
+            num_cpus = get_num_cpus()
+        except Exception:
+            num_cpus = os.cpu_count() or 1
+    if num_gpus is None and cfg.num_gpus_per_replica:
+        import torch
+
+        num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for need, have, what, flag in ((replicas * cfg.num_cpus_per_replica, num_cpus, "CPU", "num_cpus_per_replica"),
+                                   (replicas * cfg.num_gpus_per_replica, num_gpus or 0, "GPU", "--gpus-per-replica")):
+        if need > have + 1e-9:
+            each = getattr(cfg, f"num_{what.lower()}s_per_replica")
+            who = f"{replicas} replicas of {each:g} {what} each need" if replicas > 1 else f"1 replica of {each:g} {what} needs"
+            advice = " (--set num_cpus_per_replica=0.5), or raise --num-cpus" if what == "CPU" else ""
+            return f"{who} {need:g} {what}{'s' if need != 1 else ''}; this local Ray has {have:g}: lower --replicas or {flag}{advice}"
+    return None
+
+
 def start(model: str, cfg: ServeConfig, name: str = "cqg-mbqa") -> str:
     """Start Serve's HTTP proxy on cfg.host:cfg.port and deploy the app; returns the base URL (Ray must be up)."""
     from ray import serve
@@ -144,6 +169,8 @@ def cmd_serve(args) -> int:
             advice = "choose another --host" if why.startswith("--host") else "choose another --port"
             print(f"error: cannot serve on {why}; {advice}", file=sys.stderr)
             return 2
+        if (why := local_shortfall(cfg, args.num_cpus)) is not None:
+            raise ConfigError(why)
         use_throughput_env()
     init_ray(ray_cfg)
     try:

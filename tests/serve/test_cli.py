@@ -13,6 +13,8 @@ import time
 import httpx
 import pytest
 
+from cqg_ray.config import ServeConfig
+
 from tests.ports import free_port
 
 
@@ -203,3 +205,26 @@ def test_a_replica_that_cannot_start_is_one_error_line(toy_model, tmp_path):
     assert r.returncode == 1, r.stderr[-3000:]
     assert f"error: the application did not start: cqg_ray.mbqa.embedder.ModelError: cannot load the encoder '{tmp_path / 'no-encoder'}'" in r.stderr
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+def test_replicas_that_a_local_ray_cannot_hold_are_refused(toy_model, capsys, monkeypatch):
+    """Serve would wait for them without end and say nothing (cqg-ray serve --replicas 3 on 2 CPUs hung)."""
+    import cqg_ray.pipeline
+    from cqg_ray.cli import main
+    from cqg_ray.serve.cli import local_shortfall
+
+    cfg = ServeConfig()
+    assert local_shortfall(cfg, 2, 0) is None and local_shortfall(cfg.model_copy(update={"num_replicas": 2}), 2, 0) is None
+    assert local_shortfall(cfg.model_copy(update={"num_replicas": 3}), 2, 0) == (
+        "3 replicas of 1 CPU each need 3 CPUs; this local Ray has 2: lower --replicas or num_cpus_per_replica "
+        "(--set num_cpus_per_replica=0.5), or raise --num-cpus")
+    assert local_shortfall(cfg.model_copy(update={"num_replicas": 4, "num_cpus_per_replica": 0.5}), 2, 0) is None
+    assert local_shortfall(cfg.model_copy(update={"num_replicas": "auto", "min_replicas": 0}), 1, 0) is None  # one must fit
+    assert local_shortfall(cfg.model_copy(update={"num_replicas": "auto", "min_replicas": 2}), 1, 0).startswith("2 replicas of 1 CPU")
+    assert local_shortfall(cfg.model_copy(update={"num_gpus_per_replica": 1.0}), 4, 0) == (
+        "1 replica of 1 GPU needs 1 GPU; this local Ray has 0: lower --replicas or --gpus-per-replica")
+    monkeypatch.setattr(cqg_ray.pipeline, "init_ray", lambda *a, **k: pytest.fail("Ray started"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a local Ray, which the check is for
+    assert main(["serve", toy_model, "--replicas", "3", "--num-cpus", "2", "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert "error: 3 replicas of 1 CPU each need 3 CPUs; this local Ray has 2" in err and "Traceback" not in err
