@@ -173,6 +173,7 @@ def cmd_serve(args) -> int:
             raise ConfigError(why)
         use_throughput_env()
     init_ray(ray_cfg)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # not Ray's stack dump while the replicas start
     try:
         url = start(args.model, cfg, name=args.name)
     except RuntimeError as e:  # Serve's "Deploying application ... failed": a replica's constructor raised
@@ -180,6 +181,12 @@ def cmd_serve(args) -> int:
         serve.delete(args.name) if address is not None else serve.shutdown()
         print(f"error: the application did not start: {why}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM before it served (the CLI's own line would say to run it again to resume)
+        print("stopped before the application was up", file=sys.stderr, flush=True)
+        serve.delete(args.name) if address is not None else serve.shutdown()
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     print(f"serving {args.model} at {url}/ui  (application {args.name!r}; API: {url}/embed, {url}/explain, {url}/questions, "
           f"{url}/v1/embeddings)", flush=True)
     if address is not None and not args.wait:

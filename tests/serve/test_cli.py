@@ -228,3 +228,23 @@ def test_replicas_that_a_local_ray_cannot_hold_are_refused(toy_model, capsys, mo
     assert main(["serve", toy_model, "--replicas", "3", "--num-cpus", "2", "--port", str(free_port())]) == 2
     err = capsys.readouterr().err
     assert "error: 3 replicas of 1 CPU each need 3 CPUs; this local Ray has 2" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_the_replicas_start_shuts_serve_down(toy_model, capsys, monkeypatch, sig):
+    """Ctrl-C or SIGTERM before the application is up: Serve shut down, exit 130, and not the CLI's 'run the same command
+    again to resume' (there is nothing to resume)."""
+    from ray import serve
+
+    import cqg_ray.pipeline
+    import cqg_ray.serve.cli as serve_cli
+    from cqg_ray.cli import main
+
+    stopped = []
+    monkeypatch.setattr(cqg_ray.pipeline, "init_ray", lambda *a, **k: None)
+    monkeypatch.setattr(serve_cli, "start", lambda *a, **k: os.kill(os.getpid(), sig) or time.sleep(5) or pytest.fail("not stopped"))
+    monkeypatch.setattr(serve, "shutdown", lambda: stopped.append(True))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main(["serve", toy_model, "--port", str(free_port()), "--num-cpus", "1"]) == 130
+    assert capsys.readouterr().err == "stopped before the application was up\n" and stopped == [True]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
