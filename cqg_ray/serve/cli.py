@@ -83,6 +83,14 @@ def serve_config(args) -> ServeConfig:
     return cfg.model_copy(update={"route_prefix": cfg.route_prefix.rstrip("/") or "/"})  # /api/ is /api
 
 
+def open_to_others(cfg: ServeConfig) -> str | None:
+    """A warning when the server would answer other machines (a --host other than loopback) with no bearer key, else None."""
+    if cfg.api_key_env or cfg.host in ("localhost", "::1") or cfg.host.startswith("127."):
+        return None
+    return (f"warning: serving on {cfg.host} without --api-key-env: anyone who can reach port {cfg.port} can use the API "
+            "(set a key, or bind 127.0.0.1)")
+
+
 def port_taken(host: str, port: int) -> str | None:
     """Why a local server cannot listen on host:port (the name does not resolve, or the address is in use or not this
     machine's), or None. A plain bind, without SO_REUSEPORT: Ray Serve's proxy sets that option, so a second proxy
@@ -172,6 +180,8 @@ def cmd_serve(args) -> int:
         if (why := local_shortfall(cfg, args.num_cpus)) is not None:
             raise ConfigError(why)
         use_throughput_env()
+    if warning := open_to_others(cfg):  # once the address is known to be usable here
+        print(warning, file=sys.stderr, flush=True)
     init_ray(ray_cfg)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # not Ray's stack dump while the replicas start
     try:

@@ -248,3 +248,12 @@ def test_a_stop_while_the_replicas_start_shuts_serve_down(toy_model, capsys, mon
     assert main(["serve", toy_model, "--port", str(free_port()), "--num-cpus", "1"]) == 130
     assert capsys.readouterr().err == "stopped before the application was up\n" and stopped == [True]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_server_open_to_other_machines_without_a_key_is_warned_of():
+    from cqg_ray.serve.cli import open_to_others
+
+    assert [open_to_others(ServeConfig(host=h)) for h in ("127.0.0.1", "127.0.1.1", "localhost", "::1")] == [None] * 4
+    assert open_to_others(ServeConfig(host="0.0.0.0", api_key_env="CQG_RAY_API_KEY")) is None
+    assert open_to_others(ServeConfig(host="0.0.0.0", port=9000)) == (
+        "warning: serving on 0.0.0.0 without --api-key-env: anyone who can reach port 9000 can use the API (set a key, or bind 127.0.0.1)")
