@@ -36,6 +36,7 @@ import logging
 import os
 import shutil
 import threading
+import unicodedata
 
 import numpy as np
 
@@ -335,6 +336,16 @@ def unicode_error(text: str, name: str) -> str | None:
     except UnicodeEncodeError as e:
         return f"{name} is not valid Unicode (an unpaired surrogate at character {e.start})"
     return None
+
+
+BLANK = "empty, or only whitespace and characters no encoder reads"  # what `blank` means, for messages
+
+
+def blank(text: str) -> bool:
+    """Whether a text holds nothing to read: empty, or only whitespace, control and format characters (NUL, zero-width
+    spaces and joiners, a BOM, soft hyphens: what a tokenizer drops) and U+FFFD, the mark of undecodable bytes. Such a
+    text answers no to every question. Stops at the first other character: a normal text costs a character or two."""
+    return all(c.isspace() or c == "\ufffd" or unicodedata.category(c) in ("Cc", "Cf") for c in text)
 
 
 def default_batch_size(device: str) -> int:

@@ -33,6 +33,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import pyarrow.parquet as pq
 
+from cqg_ray.encoder import BLANK, blank
 from cqg_ray.explain import reliability_note
 from cqg_ray.artifacts import (HEADS_FILES, EMBED_MANIFEST, embed_manifest, embed_output_files, embed_output_texts, embedding_matrix,
                                model_fingerprint, read_embed_output)
@@ -256,8 +257,8 @@ def search(model, index: "SparseIndex | BinaryIndex", query: str, k: int = 10) -
     """Embed `query` with the model (under the index's budget) and return the top-k hits with their shared questions."""
     if model.m != index.m:
         raise ValueError(f"the model has m={model.m} questions but the embeddings have m={index.m}")
-    if not query.strip():
-        raise ValueError("the query is empty or only whitespace: it answers no question, so nothing is like it")
+    if blank(query):
+        raise ValueError(f"the query is {BLANK}: it answers no question, so nothing is like it")
     if isinstance(index, SparseIndex):
         q = model.encode([query], output="sparse", budget=index.budget, progress=False).toarray()[0]
     else:
@@ -279,8 +280,8 @@ def cmd_search(args) -> int:
         raise ConfigError(f"search: -k must be at least 1 (hits to show), got {args.k}")
     if args.tau is not None and not 0 < args.tau < 1:
         raise ConfigError(f"search: --tau must lie in (0, 1), got {args.tau}")
-    if not args.query.strip():
-        raise ConfigError("search: the query is empty or only whitespace: it answers no question, so nothing is like it")
+    if blank(args.query):
+        raise ConfigError(f"search: the query is {BLANK}: it answers no question, so nothing is like it")
     meta = embed_manifest(args.embeddings)  # before the model loads: a wrong folder is said at once
     model = InterpretableEmbedder.load(args.model)
     if meta["m"] != model.m:

@@ -21,6 +21,8 @@ def cfg(**kw):
 def test_clean_text():
     assert clean_text("  a b  ") == "a b"
     assert clean_text("   ") is None
+    assert clean_text(" \u200b\ufeff\x00 ") is None and clean_text("\ufffd\u00ad") is None  # nothing an encoder reads
+    assert clean_text("\u200bword") == "\u200bword"
     assert clean_text(None) is None
     assert clean_text(5) is None
     assert clean_text("abcdef", max_chars=3) == "abc"
@@ -77,8 +79,10 @@ def test_unpaired_surrogates_follow_the_invalid_utf8_rule(tmp_path):
                           f"{f}:4: 'text' is not valid Unicode (an unpaired surrogate at character 2); row rejected"]
     assert rows_table(rej, "s.jsonl", dedup=False).num_rows == 1
     arr = tmp_path / "s.json"  # a JSON array of objects, and MEDI2 lines, go through the same rule
-    arr.write_text('[{"text": "\\ud800"}, {"text": "ok"}]')
-    assert parse_file(read_bytes(str(arr)), "jsonl", str(arr), cfg()).texts == ["\ufffd", "ok"]
+    arr.write_text('[{"text": "\\ud800 x"}, {"text": "ok"}, {"text": "\\ud800"}]')
+    parsed = parse_file(read_bytes(str(arr)), "jsonl", str(arr), cfg())
+    assert parsed.texts == ["\ufffd x", "ok"]  # the third, U+FFFD alone once replaced, holds nothing to read: dropped as empty
+    assert parsed.dropped == {"utf8_replaced": 2, "empty": 1}
     medi2 = parse_file(b'{"pos": [["instr", "p \\ud800"]], "neg": [["instr", "n"]]}\n', "medi2", "m", cfg(invalid_utf8="reject"))
     assert medi2.texts == ["n"] and medi2.dropped == {"invalid_utf8": 1}
 

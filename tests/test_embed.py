@@ -380,10 +380,10 @@ def test_embed_sparse_parquet_round_trip_and_search(ray_local, toy_model, model,
     assert main(["search", toy_model, out, query, "-k", "3", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert [h["doc_id"] for h in printed["hits"]] == [ids[i] for i in brute[:3]] and printed["budget"] == "top5>0.5"
-    with pytest.raises(ValueError, match="the query is empty or only whitespace"):
+    with pytest.raises(ValueError, match="the query is empty, or only whitespace and characters no encoder reads"):
         search(model, index, " ")
     assert main(["search", toy_model, out, "  "]) == 2
-    assert "search: the query is empty or only whitespace" in capsys.readouterr().err
+    assert "search: the query is empty, or only whitespace and characters no encoder reads" in capsys.readouterr().err
     for tau in ("2", "0", "nan"):  # a probability's bound: said, not a traceback
         assert main(["search", toy_model, out, query, "--tau", tau]) == 2
         assert capsys.readouterr().err == f"error: search: --tau must lie in (0, 1), got {float(tau)}\n"

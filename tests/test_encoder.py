@@ -451,3 +451,10 @@ def test_texts_tokenized_in_another_process_give_encode_bit_for_bit(backend, tmp
                    for idx in batch_plan(MIXED, 8, enc.st_order)]
         np.testing.assert_array_equal(enc.encode_tokens(len(MIXED), batches), enc.encode(MIXED, batch_size=8))
     assert enc.encode_tokens(0, []).shape == (0, enc.dim)
+
+
+def test_blank_is_a_text_with_nothing_an_encoder_reads():
+    from cqg_ray.encoder import blank
+
+    texts = ["", " \n\t", "\u200b", "\ufeff\x00", "\ufffd", "\u00ad\u200d", "a", " \u200bx", "\U0001f600", "\ue000", "\u3000!"]
+    assert [blank(t) for t in texts] == [True] * 6 + [False] * 5

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from cqg_ray.encoder import blank
+
 
 def text_hash(text: str) -> str:
     """The first 16 hex digits of sha1(text): a text's id when no id column is named, and its dedup key."""
@@ -54,11 +56,11 @@ def sample_cut(keys_in_bin: np.ndarray, limit: int, below: int) -> float:
 
 
 def clean_text(text: Any, min_chars: int = 1, max_chars: int | None = None) -> str | None:
-    """Strip; None if empty/too short or not a string; truncate to max_chars."""
+    """Strip; None if blank (`encoder.blank`), too short or not a string; truncate to max_chars."""
     if not isinstance(text, str):
         return None
     text = text.replace("\x00", "").strip()
-    if len(text) < min_chars:
+    if len(text) < min_chars or blank(text):
         return None
     if max_chars is not None and len(text) > max_chars:
         text = text[:max_chars]

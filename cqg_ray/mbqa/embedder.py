@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cqg_ray.encoder import batch_plan, length_order, unicode_error
+from cqg_ray.encoder import BLANK, batch_plan, blank, length_order, unicode_error
 from cqg_ray.explain import Explanation, explanation
 from cqg_ray.mbqa.budget import Budget, apply_budget
 from cqg_ray.mbqa.budget_torch import join_parts, output_part, zero_rows
@@ -328,7 +328,8 @@ class InterpretableEmbedder:
         encoder batches them by `batch_size`); their embeddings stay on the device, the heads and the budget run there
         too, and only the output leaves it (device memory bounded by a chunk, not by the number of texts).
         progress: texts encoded, a bar or a log line every 25 s (None = when > chunk_size texts).
-        A text that is empty or only whitespace answers no to every question: its row is zeros (probabilities too).
+        A blank text (`encoder.blank`: empty, or only whitespace and invisible characters) answers no to every question:
+        its row is zeros (probabilities too).
         binary / packed: the old flags (deprecated): binary=False is output="probs", packed=True is output="packed".
         """
         output = _output(output, binary, packed)
@@ -353,7 +354,7 @@ class InterpretableEmbedder:
                 chunk = [texts[j] for j in order[i : i + chunk_size]]
                 parts += self._parts(enc.encode_tensor(chunk, batch_size=batch_size, normalize=self.normalize), output, b)
                 add_progress(texts=len(chunk))
-        return zero_rows(join_parts(parts, output, self.m, order), np.flatnonzero([not t.strip() for t in texts]), output)
+        return zero_rows(join_parts(parts, output, self.m, order), np.flatnonzero([blank(t) for t in texts]), output)
 
     def encode_tokens(self, chunks, output: str = "bits", *, budget: Budget | None = None):
         """`encode` of texts tokenized beforehand (the CPU stage of `cqg-ray embed`): ``chunks`` as `chunk_plan` cuts
@@ -371,8 +372,8 @@ class InterpretableEmbedder:
         probabilities; those only one answers; and the cosine of the two budgeted vectors."""
         if not isinstance(text_a, str) or not isinstance(text_b, str):
             raise TypeError(f"explain takes two texts (str), got {type(text_a).__name__} and {type(text_b).__name__}")
-        if not text_a.strip() or not text_b.strip():
-            raise ValueError(f"{'text_a' if not text_a.strip() else 'text_b'} is empty or only whitespace: there is nothing to explain")
+        if blank(text_a) or blank(text_b):
+            raise ValueError(f"{'text_a' if blank(text_a) else 'text_b'} is {BLANK}: there is nothing to explain")
         if problem := unicode_error(text_a, "text_a") or unicode_error(text_b, "text_b"):
             raise ValueError(problem)
         b = self.budget_for(threshold, k, budget)

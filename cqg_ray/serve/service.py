@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cqg_ray.config import ServeConfig
-from cqg_ray.encoder import unicode_error
+from cqg_ray.encoder import BLANK, blank, unicode_error
 from cqg_ray.mbqa.embedder import InterpretableEmbedder
 from cqg_ray.serve.protocol import (
     ApiError,
@@ -92,8 +92,8 @@ class EmbeddingService:
                            code="too_many_texts", param=field)
         for i, t in enumerate(texts):
             name = f"{field}[{i}]" if len(texts) > 1 or field == "texts" else field
-            if not t.strip():
-                raise ApiError(422, f"{name} is empty or only whitespace", code="empty_text", param=name)
+            if blank(t):
+                raise ApiError(422, f"{name} is {BLANK}", code="empty_text", param=name)
             if len(t) > self.cfg.max_chars_per_text:
                 raise ApiError(413, f"{name} has {len(t)} characters; at most {self.cfg.max_chars_per_text}", code="text_too_long", param=name)
             if problem := unicode_error(t, name):

@@ -193,7 +193,8 @@ def test_limits_checked_before_the_model(model):
     svc = EmbeddingService(model, ServeConfig(max_texts_per_request=2, max_chars_per_text=5))
     assert error_of(svc.check_texts, ["a", "b", "c"], "texts").code == "too_many_texts"
     assert error_of(svc.check_texts, ["abcdef"], "texts").message == "texts[0] has 6 characters; at most 5"
-    assert error_of(svc.check_texts, [" "], "input").message == "input is empty or only whitespace"
+    assert error_of(svc.check_texts, [" "], "input").message == "input is empty, or only whitespace and characters no encoder reads"
+    assert error_of(svc.check_texts, ["\u200b\ufeff"], "input").code == "empty_text"
     assert error_of(svc.check_texts, [], "input").status == 422
     assert svc.texts_seen == 0
 
