@@ -125,6 +125,8 @@ class InterpretableEmbedder:
         self.eval_report = eval_report
         self.normalize = normalize
         self.device = device if device is not None else "cuda" if torch.cuda.is_available() else "cpu"
+        if str(self.device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device={self.device!r}, but torch {torch.__version__} sees no CUDA GPU here; leave device out, or 'cpu'")
         self.backend = backend  # the encoder backend (cqg_ray.encoder); the heads stay torch
         self.path: str | None = None  # the folder it was loaded from
         self.loaded_config: dict = {}  # its config.json: keys this version does not write, and the versions, survive a save

@@ -1,6 +1,7 @@
 """The model folder and the Python API, with the real bundled MiniLM encoder and small seeded heads."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -258,6 +259,13 @@ def test_an_empty_text_answers_no_to_every_question_and_is_not_explained(saved, 
     for a, b, name in [("", TEXTS[0], "text_a"), (TEXTS[0], "  ", "text_b"), (TEXTS[0], "\u200b", "text_b")]:
         with pytest.raises(ValueError, match=f"{name} is empty, or only whitespace and characters no encoder reads"):
             model.explain(a, b)
+
+
+def test_a_cuda_device_without_a_gpu_is_said_in_one_line(saved, encoder):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    with pytest.raises(ValueError, match=rf"^device='cuda', but torch {re.escape(torch.__version__)} sees no CUDA GPU here; leave device out, or 'cpu'$"):
+        InterpretableEmbedder.load(str(saved), device="cuda", encoder=encoder)
 
 
 def test_a_text_with_an_unpaired_surrogate_is_named_as_the_server_names_it(saved, encoder):
