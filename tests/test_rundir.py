@@ -189,17 +189,20 @@ def test_remove_partial_deletes_only_interrupted_writes(tmp_path):
     run.remove_partial("missing")  # no folder: nothing to do
 
 
-def test_pending_units_skips_written_and_clears_strays_and_partial_writes(tmp_path):
+def test_pending_units_skips_written_and_clears_strays_damaged_and_partial_writes(tmp_path):
     from cqg_ray.units import pending_units, split_units
 
     run = RunDir(str(tmp_path))
     units = split_units([("prepare/part-0.parquet", 25)], unit_rows=10)
     assert [u["name"] for u in units] == ["emb-part-0-000000000.parquet", "emb-part-0-000000010.parquet", "emb-part-0-000000020.parquet"]
-    run.write_bytes("encode/emb-part-0-000000000.parquet", b"x")  # written
+    run.write_table("encode/emb-part-0-000000000.parquet", pa.table({"doc_id": [str(i) for i in range(10)]}))  # written
     run.write_bytes("encode/emb-part-0-000000005.parquet", b"x")  # another plan's unit
     (tmp_path / "encode" / "emb-part-0-000000010.parquet.tmp-1a2b3c4d").write_bytes(b"half")  # interrupted
+    run.write_bytes("encode/emb-part-0-000000020.parquet", b"x")  # damaged: not Parquet
     assert [u["name"] for u in pending_units(run, "encode", units)] == ["emb-part-0-000000010.parquet", "emb-part-0-000000020.parquet"]
     assert run.ls("encode") == ["emb-part-0-000000000.parquet"]
+    run.write_table("encode/emb-part-0-000000010.parquet", pa.table({"doc_id": ["a", "b"]}))  # other rows than its unit's 10
+    assert [u["name"] for u in pending_units(run, "encode", units)] == ["emb-part-0-000000010.parquet", "emb-part-0-000000020.parquet"]
 
 
 def _units(n_files, rows=5):
