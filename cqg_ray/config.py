@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from cqg_ray import stages
 from cqg_ray.configs import config_file, packaged
@@ -383,7 +383,8 @@ class ServeConfig(Section):
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    route_prefix: str = Field("/", pattern=r"^/", description="the path the application answers under (starts with /)")
+    route_prefix: str = Field("/", pattern=r"^/", description="the path the application answers under (starts with /; a trailing / "
+                              "is dropped, /api/ is /api; no { or }, which Ray Serve refuses)")
     num_replicas: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(4, ge=1)
@@ -405,6 +406,14 @@ class ServeConfig(Section):
     encoder_backend: EncoderBackend = Field("auto", description=BACKEND_HELP)
     encoder_batch_size: int | None = Field(None, ge=1, description="texts per encoder forward inside a served batch (None = 64 on GPU; on CPU 32 "
                                            "for openvino/onnx with AVX-512, else 8; texts are sorted by length first)")
+
+    @field_validator("route_prefix")
+    @classmethod
+    def _ray_route_prefix(cls, v: str) -> str:
+        """Ray Serve's rule, said with the config (serve.run refuses it once Ray has started)."""
+        if "{" in v or "}" in v:
+            raise ValueError("Ray Serve's prefixes take no { or } (wildcards)")
+        return v.rstrip("/") or "/"
 
     @model_validator(mode="after")
     def _replica_range(self) -> "ServeConfig":
@@ -584,7 +593,7 @@ def format_errors(err: ValidationError, source: str) -> str:
         elif not e["loc"]:  # a cross-section check: the message says it all
             lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"  {loc}: {e['msg']} (got {e.get('input')!r})")
+            lines.append(f"  {loc}: {e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})")  # (a field validator's)
     return "\n".join(lines)
 
 

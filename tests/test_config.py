@@ -217,3 +217,12 @@ def test_a_missing_local_model_path_is_refused_for_the_stages_that_load_it(tmp_p
     check_model_paths(load_config(None, judged[1:]), ["evaluation"])  # faithfulness not asked for
     with pytest.raises(ConfigError, match=r"^no such file or folder: evaluate.faithfulness.judge.llamacpp.model=./no-judge.gguf \(a"):
         check_model_paths(load_config(None, judged + ["evaluate.faithfulness.links=false"]), ["evaluation"])  # no labeller asked
+
+
+def test_the_serve_route_prefix_follows_ray_serves_rule_wherever_it_is_given():
+    """A YAML or dict config gets what `cqg-ray serve --route-prefix` gets: a trailing / dropped, braces refused (Ray
+    Serve refuses both in serve.run, once Ray has started)."""
+    assert [config_from_dict({"serve": {"route_prefix": r}}).serve.route_prefix for r in ("/api/", "/", "//", "/a/b")] == ["/api", "/", "/", "/a/b"]
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"serve": {"route_prefix": "/{x}"}}, "my.yaml")
+    assert str(e.value) == "invalid configuration in my.yaml:\n  serve.route_prefix: Ray Serve's prefixes take no { or } (wildcards) (got '/{x}')"

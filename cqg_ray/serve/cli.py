@@ -74,13 +74,9 @@ def serve_config(args) -> ServeConfig:
     if args.replicas is not None:
         flags["num_replicas"] = args.replicas
     try:  # flags checked as the config's own keys are, before Ray starts
-        cfg = ServeConfig.model_validate({**cfg.model_dump(), **{k: v for k, v in flags.items() if v is not None}})
-    except ValidationError as e:
+        return ServeConfig.model_validate({**cfg.model_dump(), **{k: v for k, v in flags.items() if v is not None}})
+    except ValidationError as e:  # (route_prefix: Ray Serve's rule, which serve.run would say with a traceback)
         raise ConfigError(format_errors(e, "the serve options")) from None
-    # Ray Serve refuses a prefix with a trailing / or braces in serve.run, once Ray has started: a traceback
-    if "{" in cfg.route_prefix or "}" in cfg.route_prefix:
-        raise ConfigError(f"route_prefix {cfg.route_prefix!r}: Ray Serve's prefixes take no {{ or }} (wildcards)")
-    return cfg.model_copy(update={"route_prefix": cfg.route_prefix.rstrip("/") or "/"})  # /api/ is /api
 
 
 def open_to_others(cfg: ServeConfig) -> str | None:

@@ -60,7 +60,7 @@ def test_serve_flags_are_checked_before_ray_starts(toy_model, capsys):
                         (["--port", "70000"], "port: Input should be less than or equal to 65535"),
                         (["--gpus-per-replica", "-1"], "num_gpus_per_replica: Input should be greater than or equal to 0"),
                         (["--route-prefix", "noslash"], "route_prefix: String should match pattern '^/'"),
-                        (["--route-prefix", "/{name}"], "route_prefix '/{name}': Ray Serve's prefixes take no { or } (wildcards)"),
+                        (["--route-prefix", "/{name}"], "route_prefix: Ray Serve's prefixes take no { or } (wildcards) (got '/{name}')"),
                         (["--num-cpus", "0"], "num_cpus: Input should be greater than or equal to 1 (got 0)"),
                         (["--set", "port"], "--set port: give KEY=VALUE, a key of the serve section, e.g. --set max_batch_size=64"),
                         (["--set", "min_replicas=5"], "min_replicas (5) is above max_replicas (4)")]:
