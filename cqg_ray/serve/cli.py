@@ -152,9 +152,14 @@ def base_url(host: str, port: int, route_prefix: str = "/") -> str:
     return f"http://{host}:{port}{route_prefix.rstrip('/')}"
 
 
-def cmd_serve(args) -> int:
+def take_down(name: str, on_cluster: bool) -> None:
+    """Remove the application: on a cluster's Serve its own (others stay), on this process's local Ray all of Serve."""
     from ray import serve
 
+    serve.delete(name) if on_cluster else serve.shutdown()
+
+
+def cmd_serve(args) -> int:
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
     from cqg_ray.pipeline import init_ray, ray_address
 
@@ -184,12 +189,12 @@ def cmd_serve(args) -> int:
         url = start(args.model, cfg, name=args.name)
     except RuntimeError as e:  # Serve's "Deploying application ... failed": a replica's constructor raised
         why = deploy_failure(args.name) or str(e)
-        serve.delete(args.name) if address is not None else serve.shutdown()
+        take_down(args.name, on_cluster=address is not None)
         print(f"error: the application did not start: {why}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM before it served (the CLI's own line would say to run it again to resume)
         print("stopped before the application was up", file=sys.stderr, flush=True)
-        serve.delete(args.name) if address is not None else serve.shutdown()
+        take_down(args.name, on_cluster=address is not None)
         return 130
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
@@ -201,7 +206,7 @@ def cmd_serve(args) -> int:
         wait_for_stop("Ctrl-C stops")
         print("stopping", flush=True)
     finally:
-        serve.delete(args.name) if address is not None else serve.shutdown()
+        take_down(args.name, on_cluster=address is not None)
     return 0
 
 
