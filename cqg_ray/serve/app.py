@@ -147,14 +147,24 @@ async def require_key(request: Request) -> None:
     check_bearer(request.headers.get("authorization"), request.app.state.api_key)
 
 
+def key_problem(key: str) -> str | None:
+    """Why `key` (stripped) cannot be a bearer token, or None: empty, or not printable ASCII (HTTP clients send header
+    values as ASCII, so no client could present it)."""
+    if not key:
+        return "is not set or holds only whitespace"
+    if not (key.isascii() and key.isprintable()):
+        return "holds characters other than printable ASCII, which an Authorization header cannot carry"
+    return None
+
+
 def read_api_key(cfg: ServeConfig) -> str | None:
     """The bearer key from the environment variable named by `api_key_env` (None = no authentication)."""
     if cfg.api_key_env is None:
         return None
     key = os.environ.get(cfg.api_key_env, "").strip()
-    if not key:
-        raise RuntimeError(f"serve.api_key_env={cfg.api_key_env!r} but that environment variable is empty or unset "
-                           "in the replica: set it (runtime_env env_vars on a cluster) or drop api_key_env")
+    if (why := key_problem(key)) is not None:
+        raise RuntimeError(f"serve.api_key_env={cfg.api_key_env!r}: that environment variable {why} in the replica: "
+                           "set it (runtime_env env_vars on a cluster) or drop api_key_env")
     return key
 
 

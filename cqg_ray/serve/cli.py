@@ -162,6 +162,7 @@ def take_down(name: str, on_cluster: bool) -> None:
 def cmd_serve(args) -> int:
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
     from cqg_ray.pipeline import init_ray, ray_address
+    from cqg_ray.serve.app import key_problem
 
     cfg = serve_config(args)
     address = ray_address(args.address, None)
@@ -169,8 +170,8 @@ def cmd_serve(args) -> int:
         ray_cfg = RayConfig(address=address, num_cpus=args.num_cpus)
     except ValidationError as e:
         raise ConfigError(format_errors(e, "the Ray options")) from None
-    if cfg.api_key_env and not os.environ.get(cfg.api_key_env, "").strip():  # as the replicas read it (app.read_api_key)
-        print(f"error: --api-key-env {cfg.api_key_env}: that environment variable is not set or holds only whitespace", file=sys.stderr)
+    if cfg.api_key_env and (why := key_problem(os.environ.get(cfg.api_key_env, "").strip())) is not None:  # as the replicas read it
+        print(f"error: --api-key-env {cfg.api_key_env}: that environment variable {why}", file=sys.stderr)
         return 2
     InterpretableEmbedder.load(args.model, load_encoder=False, device="cpu")  # a bad folder fails before Ray starts
     if address is None:  # a local Ray: its proxy listens on this machine

@@ -227,6 +227,12 @@ def test_check_bearer_and_read_api_key(monkeypatch):
     monkeypatch.delenv("CQG_TEST_KEY")
     with pytest.raises(RuntimeError, match="CQG_TEST_KEY"):
         read_api_key(ServeConfig(api_key_env="CQG_TEST_KEY"))
+    monkeypatch.setenv("CQG_TEST_KEY", "k\u00e9y")
+    with pytest.raises(RuntimeError, match="CQG_TEST_KEY'?: that environment variable holds characters other than printable ASCII"):
+        read_api_key(ServeConfig(api_key_env="CQG_TEST_KEY"))
+    monkeypatch.setenv("CQG_TEST_KEY", "k\x01y")
+    with pytest.raises(RuntimeError, match="other than printable ASCII"):
+        read_api_key(ServeConfig(api_key_env="CQG_TEST_KEY"))
 
 
 def test_deployment_options():

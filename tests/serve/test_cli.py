@@ -77,6 +77,10 @@ def test_serve_refuses_a_missing_token_variable(toy_model, capsys, monkeypatch):
     monkeypatch.setenv("CQG_RAY_BLANK_TOKEN", "  \t")  # the replicas would refuse it after Ray started: a traceback
     assert main(["serve", toy_model, "--api-key-env", "CQG_RAY_BLANK_TOKEN"]) == 2
     assert "CQG_RAY_BLANK_TOKEN: that environment variable is not set or holds only whitespace" in capsys.readouterr().err
+    monkeypatch.setenv("CQG_RAY_ACCENT_TOKEN", "clé-secrète")  # no HTTP client can send it: every request would be a 401
+    assert main(["serve", toy_model, "--api-key-env", "CQG_RAY_ACCENT_TOKEN"]) == 2
+    assert ("error: --api-key-env CQG_RAY_ACCENT_TOKEN: that environment variable holds characters other than printable ASCII, "
+            "which an Authorization header cannot carry") in capsys.readouterr().err
 
 
 def test_serve_refuses_a_port_in_use_and_a_host_that_does_not_resolve(toy_model, capsys, monkeypatch):
