@@ -79,6 +79,23 @@ def test_empty_text_shows_a_message(server, browser):
     assert browser.wait_for("document.getElementById('compare-error').textContent") == "Paste a text into both boxes."
 
 
+def test_key_of_a_secure_server(server, browser):
+    """A server with a key: the page shows the 401 until the key is typed, then the model; the key is kept for the
+    tab only (sessionStorage), never in localStorage, which outlives the browser session."""
+    browser.goto(server.secure_url + "/ui")
+    browser.wait_for("document.body.dataset.ready === '1'")
+    assert browser.eval("document.getElementById('questions-error').textContent").startswith("missing Authorization header")
+    browser.type_into("#api-key", server.token)
+    browser.eval("document.getElementById('api-key').dispatchEvent(new Event('change'))")
+    assert browser.wait_for("document.getElementById('model-info').textContent").startswith("cqg-mbqa \u00b7 m = 32 questions")
+    assert browser.eval("document.getElementById('questions-error').textContent") == ""
+    assert browser.eval("[sessionStorage.getItem('cqg-ray-api-key'), localStorage.getItem('cqg-ray-api-key')]") == [server.token, None]
+    browser.goto(server.secure_url + "/ui")  # a reload in the same tab keeps it
+    browser.wait_for("document.body.dataset.ready === '1'")
+    assert browser.eval("document.getElementById('api-key').value") == server.token
+    assert browser.eval("document.getElementById('model-info').textContent").startswith("cqg-mbqa")
+
+
 def test_question_list_search_and_sort(server, client, browser, model):
     client.post("/embed", json={"texts": [A, B]})  # served yes-rates need texts seen
     browser.goto(server.url + "/ui")
