@@ -73,7 +73,8 @@ def error_response(e: ApiError) -> JSONResponse:
 
 
 class RequestLimits:
-    """ASGI middleware: 431 for request headers over `max_header_bytes`, 413 for a body over `max_body_bytes`
+    """ASGI middleware: 431 for request headers over `max_header_bytes`, 415 for a compressed body (Content-Encoding
+    other than identity), 413 for a body over `max_body_bytes`
     (by its Content-Length, else as it arrives; 400 for a Content-Length that is not a number), 408 for a body
     that has not arrived whole within `body_timeout_s`. The body is read here, within the limits, and handed on
     unchanged."""
@@ -107,6 +108,9 @@ class RequestLimits:
         size = sum(len(k) + len(v) for k, v in headers)
         if size > self.max_header_bytes:
             raise ApiError(431, f"request headers of {size} bytes; at most {self.max_header_bytes}", code="headers_too_large")
+        encoding = next((v.decode("latin-1").strip() for k, v in headers if k == b"content-encoding"), "")
+        if encoding.lower() not in ("", "identity"):  # a compressed body would otherwise be read as JSON: "not UTF-8"
+            raise ApiError(415, f"Content-Encoding {encoding!r} is not supported: send the body uncompressed", code="unsupported_encoding")
         declared = next((v.decode("latin-1") for k, v in headers if k == b"content-length"), None)
         if declared is not None and not (declared.isascii() and declared.isdigit()):  # "²" is a digit to isdigit
             raise ApiError(400, f"invalid Content-Length {declared!r}", code="bad_content_length")

@@ -1,6 +1,7 @@
 """Bad requests of many kinds, sent to a real Serve app: each answered 4xx with a clear message in OpenAI's error
 shape (never 5xx), and the server keeps serving. test_app.py sends the same requests to the app without Ray."""
 
+import gzip
 import json
 
 import pytest
@@ -57,6 +58,8 @@ BAD = [
     ("unknown field", "POST", "/embed", raw({"texts": ["a"], "text": "b"}), J, 422, "text: Extra inputs are not permitted"),
     ("wrong content type", "POST", "/embed", raw({"texts": ["a"]}), {"content-type": "text/plain"}, 415, "Content-Type must be application/json"),
     ("form content type", "POST", "/embed", b"texts=a", {"content-type": "application/x-www-form-urlencoded"}, 415, "application/json"),
+    ("gzip body", "POST", "/embed", gzip.compress(raw({"texts": ["a"]})), {**J, "content-encoding": "gzip"}, 415,
+     "Content-Encoding 'gzip' is not supported: send the body uncompressed"),
     ("unpaired surrogate", "POST", "/embed", b'{"texts": ["bad \\ud800 text"]}', J, 422, "unpaired surrogate"),
     ("invalid UTF-8 bytes", "POST", "/embed", b'{"texts": ["\xff\xfe"]}', J, 400, "not UTF-8"),
     ("deeply nested JSON", "POST", "/embed", b"[" * 9_000 + b"]" * 9_000, J, 400, "nested too deeply"),
