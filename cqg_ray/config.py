@@ -556,34 +556,6 @@ def local_path(value: str | None) -> str | None:
     return os.path.expanduser(value)
 
 
-def check_model_paths(cfg: PipelineConfig, stage_names: list[str] | tuple[str, ...]) -> None:
-    """ConfigError naming each model setting that these stages load in this process (the encoder, an embedded LLM's
-    GGUF, an OpenAI server's local tokenizer; the faithfulness judge's and labeller's where evaluation runs that task)
-    and that names a local path where nothing is: said before Ray starts, not by the stage's actors (nor, for the
-    judge, after the stages before it). vLLM's model is left alone: its engines load it on the GPU nodes."""
-    names, llm, settings = set(stage_names), cfg.llm, {}
-    if names & {"encode", "questions", "evaluation"}:  # questions dedups with the encoder; evaluation loads the model's
-        settings["encode.model"] = cfg.encode.model
-    if llm.backend == "llamacpp" and "questions" in names:  # the writer, and the probes' answerer
-        settings.update({"cqg.writer_model": cfg.cqg.writer_model, "llm.llamacpp.model": llm.llamacpp.model})
-    if llm.backend == "llamacpp" and "labels" in names:
-        settings.update({"label.model": cfg.label.model} if cfg.label.model else {"llm.llamacpp.model": llm.llamacpp.model})
-    if llm.backend == "openai" and names & {"questions", "labels"}:  # the prompt-length guard's tokenizer
-        settings["llm.openai.tokenizer"] = llm.openai.tokenizer
-    faith = cfg.evaluate.faithfulness
-    if "evaluation" in names and "faithfulness" in cfg.evaluate.tasks:  # the judge, and the links' labeller where given
-        for name, section in [("judge", faith.judge)] + ([("labeller", faith.labeller)] if faith.links else []):
-            key = f"evaluate.faithfulness.{name}"
-            if section.backend == "llamacpp":
-                settings[f"{key}.llamacpp.model"] = section.llamacpp.model
-            if section.backend == "openai":
-                settings[f"{key}.openai.tokenizer"] = section.openai.tokenizer
-    missing = [f"{key}={value}" for key, value in settings.items() if (path := local_path(value)) and not os.path.exists(path)]
-    if missing:
-        raise ConfigError(f"no such file or folder: {'; '.join(missing)} (a local path; give one that exists, or a hub or "
-                          "bundled: name)")
-
-
 def format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration in {source}:"]
     for e in err.errors():

@@ -13,6 +13,7 @@ that writes it (cqg, label, train, evaluate-run). Wherever a stage is named (--u
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -27,6 +28,7 @@ class Stage:
     takes: str  # the config section that function takes ("" for the whole PipelineConfig)
     help: str
     unhashed: tuple[str, ...] = ()  # dotted paths inside `hashed` sections left out of the hash (never change the output, or hashed by a part)
+    models: Callable[[Any], dict[str, str | None]] = lambda cfg: {}  # the model settings it loads in the driver's reach: {dotted path: value}
 
     def load_function(self) -> Callable[[Any, Any], None]:
         """The stage function, imported now."""
@@ -38,20 +40,57 @@ class Stage:
         self.load_function()(getattr(cfg, self.takes) if self.takes else cfg, ctx)
 
 
+def encoder_model(cfg) -> dict[str, str | None]:
+    return {"encode.model": cfg.encode.model}
+
+
+def question_models(cfg) -> dict[str, str | None]:
+    """The encoder (questions dedups with it), and the writer's and the probes' answerer's GGUF or the OpenAI server's
+    local tokenizer (the prompt-length guard's)."""
+    llm, models = cfg.llm, encoder_model(cfg)
+    if llm.backend == "llamacpp":
+        models.update({"cqg.writer_model": cfg.cqg.writer_model, "llm.llamacpp.model": llm.llamacpp.model})
+    if llm.backend == "openai":
+        models["llm.openai.tokenizer"] = llm.openai.tokenizer
+    return models
+
+
+def label_models(cfg) -> dict[str, str | None]:
+    llm = cfg.llm
+    if llm.backend == "llamacpp":
+        return {"label.model": cfg.label.model} if cfg.label.model else {"llm.llamacpp.model": llm.llamacpp.model}
+    return {"llm.openai.tokenizer": llm.openai.tokenizer} if llm.backend == "openai" else {}
+
+
+def evaluation_models(cfg) -> dict[str, str | None]:
+    """The encoder the model loads, and where faithfulness is asked for, its judge's and (with links) its labeller's
+    GGUF or local tokenizer."""
+    models, faith = encoder_model(cfg), cfg.evaluate.faithfulness
+    if "faithfulness" in cfg.evaluate.tasks:
+        for name, section in [("judge", faith.judge)] + ([("labeller", faith.labeller)] if faith.links else []):
+            key = f"evaluate.faithfulness.{name}"
+            if section.backend == "llamacpp":
+                models[f"{key}.llamacpp.model"] = section.llamacpp.model
+            if section.backend == "openai":
+                models[f"{key}.openai.tokenizer"] = section.openai.tokenizer
+    return models
+
+
 STAGES: tuple[Stage, ...] = (
     Stage("prepare", "prepare", (), ("corpus",), "cqg_ray.corpus:prepare", "corpus",
           "read, clean, dedup and shard the corpus (corpus.*)"),
     Stage("encode", "encode", ("prepare",), ("encode.model", "encode.dtype", "encode.max_seq_length"),
           "cqg_ray.encode:run_encode", "",
-          "encode every document with the frozen sentence encoder (encode.*)"),
+          "encode every document with the frozen sentence encoder (encode.*)", models=encoder_model),
     Stage("cluster", "cluster", ("encode",), ("cluster",), "cqg_ray.cluster:cluster", "cluster",
           "faiss k-means, assignments and centroid neighbours (cluster.*: k)"),
     Stage("questions", "cqg", ("cluster", "prepare", "encode"), ("cqg", "llm.identity", "encode.model", "llm.answer_mode"),
           "cqg_ray.cqg.stage:run_cqg", "",
-          "contrastive question generation, probing, selection, dedup (cqg.*: n_p n_h n_e p_p p_h p_e t theta)"),
+          "contrastive question generation, probing, selection, dedup (cqg.*: n_p n_h n_e p_p p_h p_e t theta)", models=question_models),
     Stage("labels", "label", ("questions", "cluster", "prepare"), ("label", "llm.identity", "llm.answer_mode"),
           "cqg_ray.mbqa.label:run_labels", "",
-          "LLM answers for MBQA training: one (text, question) a prompt, P(yes) read without decoding, or the paper's 20 a prompt (llm.answer_mode; label.*)"),
+          "LLM answers for MBQA training: one (text, question) a prompt, P(yes) read without decoding, or the paper's 20 a prompt (llm.answer_mode; label.*)",
+          models=label_models),
     Stage("model", "train", ("labels", "encode", "questions"), ("train",), "cqg_ray.mbqa.stage:run_train", "",
           "train the MBQA heads (one Ray task, or Ray Train for several workers: train.trainer) and save the model folder (train.*: alpha tau)",
           unhashed=("train.trainer",)),  # one Ray task or Ray Train's one worker: the same heads to the bit (tested)
@@ -59,7 +98,8 @@ STAGES: tuple[Stage, ...] = (
           ("evaluate", *(f"evaluate.faithfulness.{llm}.{part}" for llm in ("judge", "labeller") for part in ("identity", "answer_mode"))),
           "cqg_ray.evaluate.stage:run_evaluation", "",
           "evaluate the run's model (evaluate.*)",
-          unhashed=("evaluate.faithfulness.judge", "evaluate.faithfulness.labeller")),  # their identity only, as llm for the LLM stages
+          unhashed=("evaluate.faithfulness.judge", "evaluate.faithfulness.labeller"),  # their identity only, as llm for the LLM stages
+          models=evaluation_models),
 )
 
 NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
@@ -77,3 +117,16 @@ def get(name_or_command: str) -> Stage:
     if stage is None:
         raise ValueError(f"unknown stage {name_or_command!r}; stages: {', '.join(COMMANDS)}")
     return stage
+
+
+def check_model_paths(cfg: Any, stage_names: list[str] | tuple[str, ...]) -> None:
+    """ConfigError naming each model setting that these stages load (``Stage.models``) and that names a local path
+    where nothing is: said before the lease and Ray, not by a stage's actors (nor after the stages before it). vLLM's
+    model is no stage's to check: its engines load it on the GPU nodes."""
+    from cqg_ray.config import ConfigError, local_path
+
+    settings = {key: value for name in stage_names for key, value in get(name).models(cfg).items()}
+    missing = [f"{key}={value}" for key, value in settings.items() if (path := local_path(value)) and not os.path.exists(path)]
+    if missing:
+        raise ConfigError(f"no such file or folder: {'; '.join(missing)} (a local path; give one that exists, or a hub or "
+                          "bundled: name)")
