@@ -44,6 +44,9 @@ def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
         local_ray_env()
     kwargs = {"include_dashboard": cfg.include_dashboard, "log_to_driver": not quiet, "configure_logging": True,
               "logging_level": logging.WARNING if quiet else logging.INFO}
+    joining = cfg.address or os.environ.get("RAY_ADDRESS")
+    if joining and (why := head_unreachable(joining)) is not None:  # else ray.init retries for minutes, printing warnings
+        raise ConfigError(why)
     if cfg.address:
         ray.init(address=cfg.address, **kwargs)
     elif os.environ.get("RAY_ADDRESS"):  # RAY_ADDRESS still decides
@@ -62,6 +65,39 @@ def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
         ctx.enable_operator_progress_bars = False  # one overall bar is enough
     except AttributeError:
         pass
+
+
+JOIN_WAIT_S = 15.0  # how long a Ray head to join may take to accept a connection (one that is still starting)
+
+
+def head_unreachable(address: str, wait_s: float | None = None) -> str | None:
+    """Why nothing accepts a TCP connection at a Ray address (host:port, or ray://host:port for Ray Client) within
+    `wait_s` (JOIN_WAIT_S), or None: it does, or the address is not a host and port ("auto", "local", a URL of another
+    kind), which Ray resolves itself."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if "://" in address and not address.startswith("ray://"):
+        return None
+    try:
+        parts = urlsplit(address if "://" in address else "ray://" + address)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not host or port is None:
+        return None
+    wait_s = JOIN_WAIT_S if wait_s is None else wait_s
+    deadline, error = time.monotonic() + wait_s, None
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(0.1, min(3.0, deadline - time.monotonic()))).close()
+            return None
+        except OSError as e:
+            error = e.strerror or type(e).__name__
+        if time.monotonic() >= deadline:
+            return (f"no Ray head answers at {host}:{port} ({error}, for {wait_s:g} s): check --address or RAY_ADDRESS "
+                    "(`ray status` on the head prints its address)")
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 RAY_START_TRIES = 3  # Ray gives a new node's raylet 30 s (fixed) to register: a busy 2-core machine can take longer

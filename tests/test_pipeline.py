@@ -1,10 +1,12 @@
 """The pipeline runner's pure parts: which Ray to join, argument checks, the status against the saved config."""
 
 import os
+import socket
+import time
 
 import pytest
 
-from cqg_ray.config import PipelineConfig, dump_config, stage_hash
+from cqg_ray.config import ConfigError, PipelineConfig, dump_config, stage_hash
 from cqg_ray.pipeline import ray_address, run_pipeline, run_status
 from cqg_ray.rundir import RunDir, run_stage
 
@@ -118,10 +120,47 @@ def test_no_address_starts_a_new_local_ray_even_where_a_ray_start_cluster_runs(m
     for key, value in {"MALLOC_ARENA_MAX": "2", **LOCAL_TRAIN_ENV}.items():  # what init_ray sets for a local Ray: restored after
         monkeypatch.setenv(key, value)
     init_ray(RayConfig(num_cpus=3))
-    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
-    init_ray(RayConfig(num_cpus=3))
+    with socket.create_server(("127.0.0.1", 0)) as head:  # a head that accepts connections (init_ray checks first)
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{head.getsockname()[1]}")
+        init_ray(RayConfig(num_cpus=3))
     init_ray(RayConfig(address="auto"))
     assert calls == [("local", 3), (None, 3), ("auto", None)]
+
+
+def test_an_address_where_no_head_answers_is_said_in_seconds(tmp_path, monkeypatch, capsys):
+    """ray.init retries an address where nothing listens for minutes (over 6 here), printing Ray's warnings; init_ray
+    says so once nothing has accepted a connection for JOIN_WAIT_S, and `cqg-ray run` exits 2 with that line."""
+    import ray
+
+    import cqg_ray.pipeline
+    from cqg_ray.cli import main
+    from cqg_ray.config import RayConfig
+    from cqg_ray.pipeline import head_unreachable, init_ray
+
+    with socket.create_server(("127.0.0.1", 0)) as head:
+        port = head.getsockname()[1]
+        assert [head_unreachable(a, wait_s=0.2) for a in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}")] == [None, None]
+    closed = f"127.0.0.1:{port}"  # nothing listens there now
+    t0 = time.monotonic()
+    assert head_unreachable(closed, wait_s=0.5) == (f"no Ray head answers at 127.0.0.1:{port} (Connection refused, for 0.5 s): "
+                                                    "check --address or RAY_ADDRESS (`ray status` on the head prints its address)")
+    assert 0.5 <= time.monotonic() - t0 < 3
+    assert head_unreachable(f"ray://[::1]:{port}", wait_s=0).startswith(f"no Ray head answers at ::1:{port} (")
+    assert [head_unreachable(a, wait_s=0) for a in ("auto", "local", "http://127.0.0.1:1", "no-port", "h:notaport")] == [None] * 5
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: pytest.fail("ray.init was called"))
+    monkeypatch.setattr(cqg_ray.pipeline, "JOIN_WAIT_S", 0.3)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigError, match=f"^no Ray head answers at 127.0.0.1:{port}"):
+        init_ray(RayConfig(address=closed))
+    monkeypatch.setenv("RAY_ADDRESS", closed)
+    with pytest.raises(ConfigError, match=f"^no Ray head answers at 127.0.0.1:{port}"):
+        init_ray(RayConfig())
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert main(["run", "--address", closed, "--set", f"run_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: could not start or join Ray (address {closed}): ConfigError: no Ray head answers at 127.0.0.1:{port}" in err
 
 
 @pytest.mark.ray
