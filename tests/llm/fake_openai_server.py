@@ -11,7 +11,8 @@ for an A.3 prompt with n questions, "i. yes|no" lines from a hash of the prompt;
 of two questions repeated 30 times; otherwise three questions. A request with ``stream: true`` is answered as a
 server-sent event stream, a chunk a word (``stream_delay_s`` apart), then the usage where ``stream_options`` asks;
 ``streams`` records (chunks sent, chunks in the reply) per stream, sent < all where the client closed it early;
-"nostream" answers one JSON reply all the same, "cut" stops a stream halfway (no finish_reason, no [DONE]).
+"nostream" answers one JSON reply all the same, "cut" stops a stream halfway (no finish_reason, no [DONE]),
+"streamerror" fails it halfway as vLLM's server does when its engine fails after the 200 (an ``error`` event, then [DONE]).
 With ``max_model_len`` set it also answers like vLLM's ``GET /v1/models`` (the model's ``max_model_len``) and
 ``POST /tokenize`` (``count``: prompt characters / 4 + 10); without it both are 404, as on a server without them.
 Also runnable as a script for subprocess tests: ``python fake_openai_server.py PORT_FILE LOG_FILE [DELAY_S]``.
@@ -135,7 +136,8 @@ class FakeOpenAIServer:
         prompt = body["messages"][-1]["content"]
         text = reply_for(prompt)
         if body.get("stream") and action != "nostream":
-            self.stream(h, text, len(prompt) // 4, (body.get("stream_options") or {}).get("include_usage", False), cut=action == "cut")
+            self.stream(h, text, len(prompt) // 4, (body.get("stream_options") or {}).get("include_usage", False), cut=action == "cut",
+                        error=action == "streamerror")
             return
         h._send(
             200,
@@ -148,16 +150,20 @@ class FakeOpenAIServer:
             },
         )
 
-    def stream(self, h, text: str, prompt_tokens: int, usage: bool, cut: bool = False) -> None:
+    def stream(self, h, text: str, prompt_tokens: int, usage: bool, cut: bool = False, error: bool = False) -> None:
         """``text`` as chat completion chunks, a word each (the last with finish_reason stop), then the usage chunk
         (where asked) and [DONE]; a client that closes the stream early ends it (recorded in ``streams``); ``cut``:
-        the first half of the chunks only."""
+        the first half of the chunks only; ``error``: the first half, then vLLM's error event (its words, from vLLM
+        0.32 with its engine core killed mid-stream) and [DONE]."""
         pieces = re.findall(r"\S+\s*|\s+", text)
         events = [{"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]} for p in pieces]
         events[-1]["choices"][0]["finish_reason"] = "stop"
-        if cut:
+        if cut or error:
             events = events[: len(events) // 2]
-        if usage and not cut:
+        if error:
+            events.append({"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                                     "type": "InternalServerError", "param": None, "code": 500}})
+        if usage and not (cut or error):
             events.append({"object": "chat.completion.chunk", "choices": [],
                            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces), "total_tokens": prompt_tokens + len(pieces)}})
         h.send_response(200)

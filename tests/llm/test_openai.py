@@ -347,3 +347,16 @@ def test_a_stream_cut_short_is_asked_again_and_a_server_that_does_not_stream_is_
     assert cut.text == "" and "stopped before its end" in cut.error  # the runner asks again, as for an unreadable reply
     assert whole.error is None and whole.text == reply_for("Write questions.") and whole.prompt_tokens > 0
     assert [r.get("stream") for r in srv.requests] == [True, True] and srv.streams == [(10, 21)]
+
+
+def test_an_error_event_in_a_stream_is_that_requests_error_and_asked_again(tmp_path):
+    """vLLM's server, its engine failing after the 200 (its engine core killed mid-stream, measured with vLLM 0.32),
+    sends ``data: {"error": {...}}`` then ``data: [DONE]``: the reply so far is not the answer (it was read as one, a
+    list cut short recorded as finished); the runner asks again."""
+    failed = streamed_completion(iter([chunk("1. Is it red?\n"), chunk("2. Is"), {"error": {"message": "engine died", "code": 500}}, None]))
+    assert failed.text == "" and failed.error == 'the server reported an error in the stream after 2 chunks: {"message": "engine died", "code": 500}'
+    fine = Request([{"role": "user", "content": "Write questions."}], max_tokens=400, stop_on_loop=True)
+    with FakeOpenAIServer(script=["streamerror"]) as srv:
+        res = run_requests([fine], llm_for(srv.base_url, max_attempts=3), RunDir(str(tmp_path)), "cqg-generate", progress=False)[0]
+    assert res.ok and res.text == reply_for("Write questions.") and res.attempts == 2
+    assert len(srv.requests) == 2 and srv.streams == [(12, 21), (21, 21)]  # ten words, the error and [DONE]; then all 21

@@ -20,7 +20,8 @@
   stream closed at the newline where the list loops (``parse.loops``), as the embedded engines stop it (the server,
   vLLM's included, aborts a request whose client went away); its tokens are the server's usage where it sends one,
   else the content chunks counted, and a prompt's tokens 0; a stream that stops before its end (no finish_reason, no
-  [DONE]) is that request's error, asked again; a JSON reply to it is read as one. ``OpenAIConfig.stop_loops: false``
+  [DONE]) or that carries an error event (vLLM's way to fail a request after its 200) is that request's error, asked
+  again; a JSON reply to it is read as one. ``OpenAIConfig.stop_loops: false``
   asks as any other.
 - Constrained answers: ``send_grammar`` adds a llama.cpp GBNF ``grammar``; ``send_structured_outputs`` adds
   vLLM's ``structured_outputs: {regex: ...}``; ``extra_body`` is merged into every request body.
@@ -148,14 +149,17 @@ def sse_data(lines: Iterable[str]) -> Iterator[Any]:
 def streamed_completion(events: Iterable[Any]) -> Completion:
     """A ``Completion`` from a streamed chat completion's chunks, read until the content loops (``parse.loops``, checked
     at each newline) or the stream ends; tokens from its usage chunk where one came before that, else the content
-    chunks counted. ``error`` set when a chunk is not a chat completion chunk, or when the stream stopped before its
-    end (no finish_reason, no [DONE]: the runner asks again)."""
+    chunks counted. ``error`` set when a chunk is not a chat completion chunk, when the stream stopped before its
+    end (no finish_reason, no [DONE]), or when an event is an error (vLLM's server sends one, then [DONE], when its
+    engine fails after the 200): the runner asks again."""
     text, chunks, usage, ended = "", 0, None, False
     try:
         for event in events:
             if event is None:  # [DONE]
                 ended = True
                 break
+            if event.get("error") is not None:  # vLLM's server, its engine failing after the 200: this event, then [DONE]
+                return Completion("", error=f"the server reported an error in the stream after {chunks} chunks: {json.dumps(event['error'])[:500]}")
             usage = event.get("usage") or usage
             for choice in event.get("choices") or []:
                 ended = ended or choice.get("finish_reason") is not None
