@@ -150,8 +150,10 @@ class OpenAIConfig(Section):
     timeout_s: float = Field(120.0, gt=0)
     max_retries: int = Field(5, ge=0)
     backoff_s: float = Field(1.0, ge=0)
-    send_grammar: bool = Field(False, description="send a llama.cpp GBNF grammar in extra_body (llama.cpp server)")
-    send_structured_outputs: bool = Field(False, description="send vLLM structured_outputs regex in extra_body (vLLM serve)")
+    send_grammar: bool = Field(False, description="send a llama.cpp GBNF grammar in extra_body (llama.cpp server; vLLM's server ignores "
+                               "the field without a word, answers unconstrained: send_structured_outputs there)")
+    send_structured_outputs: bool = Field(False, description="send vLLM's structured_outputs: {regex} in extra_body (vLLM serve >= 0.12, "
+                                          "where it replaced guided_regex)")
     stop_loops: bool = Field(True, description="stream question lists (stream: true) and close the stream where a list loops (parse.loops), "
                              "as the embedded engines stop it; false: one JSON reply each, decoded to max_tokens")
     extra_body: dict[str, Any] = Field(default_factory=dict,
