@@ -18,7 +18,7 @@ import time
 import traceback
 
 from cqg_ray import stages
-from cqg_ray.config import ConfigError, PipelineConfig, load_config, override_value
+from cqg_ray.config import ConfigError, PipelineConfig, check_model_paths, load_config, override_value
 from cqg_ray.corpus import CorpusError
 from cqg_ray.lease import LeaseHeld, LeaseLost, lease_lost, take_lease
 from cqg_ray.log import setup_logging
@@ -117,7 +117,7 @@ def cmd_stage(args) -> int:
     if not run.exists():  # a mistyped run directory: its first input is said missing before the lease and config.yaml make it
         for name in stage.reads:
             run.require(name)
-    stages.check_model_paths(cfg, [stage.name])  # a missing local model: said before the lease and Ray
+    check_model_paths(cfg, [stage.name])  # a missing local model: said before the lease and Ray
     with take_lease(cfg.run_dir, f"cqg-ray {stage.command}", args.break_lease):
         init_ray(cfg.ray)
         m = run_one(cfg, args.stage, force=args.force)
@@ -137,7 +137,7 @@ def cmd_run(args) -> int:
         after = [f for group in args.force for f in group if until and stages.NAMES.index(stages.get(f).name) > stages.NAMES.index(until)]
         if after:
             raise ConfigError(f"--force {' '.join(after)}: after --until {args.until}, so it would not run; drop it or move --until")
-    stages.check_model_paths(cfg, stages.NAMES[: stages.NAMES.index(until) + 1] if until else stages.NAMES)  # before the lease and Ray
+    check_model_paths(cfg, stages.NAMES[: stages.NAMES.index(until) + 1] if until else stages.NAMES)  # before the lease and Ray
     address = ray_address(args.address, cfg.ray.address)
     run = RunDir(cfg.run_dir)
     with take_lease(cfg.run_dir, "cqg-ray run", args.break_lease):  # LeaseHeld: main() says who holds it (exit 3)

@@ -558,6 +558,17 @@ def local_path(value: str | None) -> str | None:
     return os.path.expanduser(value)
 
 
+def check_model_paths(cfg: PipelineConfig, stage_names: list[str] | tuple[str, ...]) -> None:
+    """ConfigError naming each model setting that these stages load (``stages.Stage.models``) and that names a local
+    path where nothing is: said before the lease and Ray, not by a stage's actors (nor after the stages before it).
+    vLLM's model is no stage's to check: its engines load it on the GPU nodes."""
+    settings = {key: value for name in stage_names for key, value in stages.get(name).models(cfg).items()}
+    missing = [f"{key}={value}" for key, value in settings.items() if (path := local_path(value)) and not os.path.exists(path)]
+    if missing:
+        raise ConfigError(f"no such file or folder: {'; '.join(missing)} (a local path; give one that exists, or a hub or "
+                          "bundled: name)")
+
+
 def format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration in {source}:"]
     for e in err.errors():

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from cqg_ray.config import PipelineConfig, load_config
+from cqg_ray.config import PipelineConfig, check_model_paths, load_config
 
 if TYPE_CHECKING:
     from cqg_ray.llm.rates import Rates
@@ -304,7 +304,7 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, brea
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
     from cqg_ray.pipeline import run_pipeline, run_status
     from cqg_ray.rundir import RunDir
-    from cqg_ray.stages import NAMES, check_model_paths
+    from cqg_ray.stages import NAMES
 
     overrides = list(overrides or [])
     cfg = load_config(config or DEFAULT_CONFIG, overrides)

@@ -13,7 +13,6 @@ that writes it (cqg, label, train, evaluate-run). Wherever a stage is named (--u
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -117,16 +116,3 @@ def get(name_or_command: str) -> Stage:
     if stage is None:
         raise ValueError(f"unknown stage {name_or_command!r}; stages: {', '.join(COMMANDS)}")
     return stage
-
-
-def check_model_paths(cfg: Any, stage_names: list[str] | tuple[str, ...]) -> None:
-    """ConfigError naming each model setting that these stages load (``Stage.models``) and that names a local path
-    where nothing is: said before the lease and Ray, not by a stage's actors (nor after the stages before it). vLLM's
-    model is no stage's to check: its engines load it on the GPU nodes."""
-    from cqg_ray.config import ConfigError, local_path
-
-    settings = {key: value for name in stage_names for key, value in get(name).models(cfg).items()}
-    missing = [f"{key}={value}" for key, value in settings.items() if (path := local_path(value)) and not os.path.exists(path)]
-    if missing:
-        raise ConfigError(f"no such file or folder: {'; '.join(missing)} (a local path; give one that exists, or a hub or "
-                          "bundled: name)")

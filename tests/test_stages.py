@@ -1,6 +1,5 @@
 """The stage registry: names, commands, inputs, config hashes and stage functions (no Ray)."""
 
-import re
 import sys
 import types
 
@@ -162,38 +161,3 @@ def test_run_hands_the_function_its_section_or_the_whole_config(monkeypatch):
     stages.Stage("x", "x", (), ("cluster",), "fake_stage_module:fn", "cluster", "").run(cfg, "ctx")
     stages.Stage("y", "y", (), ("cluster",), "fake_stage_module:fn", "", "").run(cfg, "ctx")
     assert calls[0][0] is cfg.cluster and calls[1][0] is cfg and calls[0][1] == calls[1][1] == "ctx"
-
-
-def test_a_missing_local_model_path_is_refused_for_the_stages_that_load_it(tmp_path, monkeypatch):
-    check_model_paths = stages.check_model_paths
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "enc").mkdir()
-    (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    here = load_config(None, ["encode.model=./enc", f"llm.llamacpp.model={tmp_path / 'm.gguf'}", "cqg.writer_model=sentence/name"])
-    check_model_paths(here, list(stages.NAMES))  # paths that exist and names that are not paths: as before
-    check_model_paths(load_config(None, ["encode.model=sentence-transformers/all-MiniLM-L6-v2"]), list(stages.NAMES))
-    gone = load_config(None, ["encode.model=/nonexistent/dir"])
-    with pytest.raises(ConfigError) as e:
-        check_model_paths(gone, ["prepare", "encode"])
-    assert str(e.value) == ("no such file or folder: encode.model=/nonexistent/dir (a local path; give one that exists, or a hub or "
-                            "bundled: name)")
-    check_model_paths(gone, ["prepare", "cluster", "labels", "model"])  # stages that do not load the encoder
-    llm = load_config(None, ["llm.llamacpp.model=../no.gguf", "cqg.writer_model=~/no-writer.gguf", "label.model=./no-labeller.gguf"])
-    for names, said in [(["questions"], "cqg.writer_model=~/no-writer.gguf; llm.llamacpp.model=../no.gguf"),
-                        (["labels"], "label.model=./no-labeller.gguf")]:
-        with pytest.raises(ConfigError, match=f"^no such file or folder: {re.escape(said)} \\(a local path"):
-            check_model_paths(llm, names)
-    check_model_paths(llm.model_copy(update={"llm": llm.llm.model_copy(update={"backend": "fake"})}), list(stages.NAMES))
-    tok = load_config(None, ["llm.backend=openai", "llm.openai.tokenizer=./no-tokenizer", "llm.openai.model=/srv/models/on-the-server"])
-    with pytest.raises(ConfigError, match=r"^no such file or folder: llm.openai.tokenizer=./no-tokenizer \(a local path"):
-        check_model_paths(tok, ["labels"])
-    check_model_paths(load_config(None, ["llm.backend=vllm", "llm.vllm.model=/on/the/gpu/nodes"]), list(stages.NAMES))
-    judged = ["evaluate.tasks=[sts,faithfulness]", "evaluate.faithfulness.judge.llamacpp.model=./no-judge.gguf",
-              "evaluate.faithfulness.labeller.backend=openai", "evaluate.faithfulness.labeller.openai.tokenizer=/no/tok"]
-    with pytest.raises(ConfigError, match=re.escape("no such file or folder: evaluate.faithfulness.judge.llamacpp.model=./no-judge.gguf; "
-                                                    "evaluate.faithfulness.labeller.openai.tokenizer=/no/tok (a local path")):
-        check_model_paths(load_config(None, judged), ["model", "evaluation"])
-    check_model_paths(load_config(None, judged), ["prepare", "model"])  # evaluation not run
-    check_model_paths(load_config(None, judged[1:]), ["evaluation"])  # faithfulness not asked for
-    with pytest.raises(ConfigError, match=r"^no such file or folder: evaluate.faithfulness.judge.llamacpp.model=./no-judge.gguf \(a"):
-        check_model_paths(load_config(None, judged + ["evaluate.faithfulness.links=false"]), ["evaluation"])  # no labeller asked
