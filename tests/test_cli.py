@@ -65,6 +65,25 @@ def test_a_stage_on_a_run_directory_that_does_not_exist_makes_none(tmp_path, cap
     assert not run.exists()
 
 
+def test_a_stage_or_run_on_a_model_folder_or_a_file_is_refused_and_writes_nothing_into_it(tmp_path, capsys):
+    """A model folder given as --run-dir got the lease's lock and a config.yaml (then looked like a run directory);
+    a file as --run-dir was a FileExistsError traceback from the lease."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (tmp_path / "file.txt").write_text("x")
+    for argv in (["train", "-r", str(model)], ["label", "--set", f"run_dir={model}"], ["run", "-r", str(model)]):
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err == (f"error: {model} is not a cqg-ray run directory (a model folder (config.json)): give a "
+                                           "run directory (--run-dir), or a new folder to start one\n")
+    assert sorted(p.name for p in model.iterdir()) == ["config.json"]
+    for argv in (["train", "-r", str(tmp_path / "file.txt")], ["run", "-r", str(tmp_path / "file.txt")]):
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err == (f"error: {tmp_path / 'file.txt'} is not a cqg-ray run directory (a file): give a "
+                                           "run directory (--run-dir), or a new folder to start one\n")
+    assert (tmp_path / "file.txt").read_text() == "x"
+
+
 def test_a_missing_local_model_path_is_a_config_error_before_the_lease_and_ray(tmp_path, capsys, monkeypatch):
     """encode.model=/nonexistent/dir: said in one line (exit 2) before anything is made, not by the encoder actors' deaths."""
     import cqg_ray.pipeline as pipeline
