@@ -126,6 +126,7 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
     (``evaluation/``) are kept."""
     import shutil
     import uuid
+    from pathlib import Path
 
     import yaml
 
@@ -141,6 +142,9 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
         raise ArtifactError(f"{out} is a file: give a folder to export the model to")
     if run.local and os.path.isdir(out) and os.path.samefile(run.path("model"), out):
         raise ArtifactError(f"{out} is the run's own model folder: export to another folder")
+    if run.local and os.path.isdir(out) and (os.path.realpath(run.root) + os.sep).startswith(os.path.realpath(out).rstrip(os.sep) + os.sep):
+        # the swap would copy the whole run (or every run under OUT) and leave model files beside its stages
+        raise ArtifactError(f"{out} is the run directory or a folder that holds it: export to a folder outside the run")
     if os.path.exists(os.path.join(out, "config.json")) and not overwrite:
         raise ArtifactError(f"{out} already holds a model (config.json); pass --overwrite to replace it")
     try:
@@ -166,6 +170,13 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
 
     base = os.path.normpath(out)
     part, old = f"{base}{NEW}{uuid.uuid4().hex[:8]}", f"{base}{REPLACED}{uuid.uuid4().hex[:8]}"
+    parent = os.path.dirname(base) or "."
+    try:  # OUT's folder: a file on its path is said here, before anything is written
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        above = next((p for p in (parent, *map(str, Path(parent).parents)) if os.path.exists(p)), parent)
+        why = f"{above} is a file" if os.path.isfile(above) else f"cannot make {parent}: {e.strerror or e}"
+        raise ArtifactError(f"{why}: give a folder path to export the model to") from None
     try:
         if os.path.isdir(out):  # what export does not write stays (an evaluation/ folder)
             shutil.copytree(out, part, ignore=lambda d, names: [n for n in names if d == out and (n in made or n in MODEL_FILES)])

@@ -176,3 +176,35 @@ def test_an_export_killed_during_its_swap_is_put_right_by_the_next(trained_model
     assert main(["export", str(run), str(out), "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "shipped"]
     assert (out / "evaluation" / "report.md").read_text() == "kept"
+
+
+def test_export_into_the_run_directory_or_a_folder_above_it_is_refused_and_writes_nothing(tmp_path, toy_encoder, capsys):
+    """`cqg-ray export RUN RUN` copied the whole run into RUN.export-*, swapped it in and left the model's files
+    beside the stages (a folder above the run: every run under it copied)."""
+    from tests.conftest import toy_run
+
+    run = tmp_path / "runs" / "r"
+    toy_run(run, toy_encoder)
+    capsys.readouterr()
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    for out in (run, f"{run}/", tmp_path / "runs"):
+        assert main(["export", str(run), str(out), "--overwrite"]) == 2
+        assert capsys.readouterr().err == (f"error: {out} is the run directory or a folder that holds it: export to a folder "
+                                           "outside the run\n")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+    assert main(["export", str(run), str(run / "shipped")]) == 0  # a folder inside the run is not refused
+    assert (run / "shipped" / "config.json").is_file()
+
+
+def test_export_under_a_file_is_one_line_and_writes_nothing(tmp_path, toy_encoder, capsys):
+    """OUT below a file was a NotADirectoryError traceback from making OUT.export-*."""
+    from tests.conftest import toy_run
+
+    run = tmp_path / "r"
+    toy_run(run, toy_encoder)
+    capsys.readouterr()
+    (tmp_path / "notes.txt").write_text("x")
+    for out in (tmp_path / "notes.txt" / "m", tmp_path / "notes.txt" / "a" / "m"):
+        assert main(["export", str(run), str(out)]) == 2
+        assert capsys.readouterr().err == f"error: {tmp_path / 'notes.txt'} is a file: give a folder path to export the model to\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "r"]
