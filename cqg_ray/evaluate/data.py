@@ -377,6 +377,9 @@ def load_clustering(
     if not texts:
         raise DataError(f"{uri}: no rows")
     keep = sample_indices(len(texts), max_docs, seed)
+    if len({labels[i] for i in keep}) < 2:  # k-means on one group scores nothing; said before any text is encoded
+        sample = f" in the {len(keep)} texts sampled (max_docs {max_docs})" if len(keep) < len(texts) else ""
+        raise DataError(f"{uri}: clustering needs at least two distinct {label_field!r} values; found one{sample}")
     base = name or dataset_name(uri)
     return ClusteringData(
         name=base if field == "text" else f"{base}-{field}",

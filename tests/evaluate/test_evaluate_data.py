@@ -156,6 +156,21 @@ def test_load_clustering_plain_and_gz_and_errors(tmp_path):
         load_clustering(str(plain), field="subject")
 
 
+def test_load_clustering_of_one_label_is_a_data_error(tmp_path):
+    """One distinct label (or a --max-docs sample of one) was a ValueError traceback from k-means, after the encoding."""
+    one = tmp_path / "one.jsonl"
+    one.write_text("\n".join(json.dumps({"text": f"t{i}", "label": "x"}) for i in range(3)) + "\n")
+    with pytest.raises(DataError) as e:
+        load_clustering(str(one))
+    assert str(e.value) == f"{one}: clustering needs at least two distinct 'label' values; found one"
+    two = tmp_path / "two.jsonl"
+    two.write_text("\n".join(json.dumps({"text": f"t{i}", "label": i % 2}) for i in range(4)) + "\n")
+    with pytest.raises(DataError) as e:
+        load_clustering(str(two), max_docs=1)
+    assert str(e.value) == f"{two}: clustering needs at least two distinct 'label' values; found one in the 1 texts sampled (max_docs 1)"
+    assert load_clustering(str(two)).n_labels == 2
+
+
 def test_default_datasets_lists_existing_standard_sets(data_path):
     root = data_path("sts").rsplit("/", 1)[0]
     d = default_datasets(root)
