@@ -172,6 +172,8 @@ def load_sts(uri: str, max_pairs: int | None = None, seed: int = 0, name: str | 
             score = float(fields[cols[2]])
         except ValueError:
             raise DataError(f"{uri}:{i}: score {fields[cols[2]]!r} is not a number") from None
+        if not np.isfinite(score):  # a NaN made the whole file's Spearman n/a, an inf ranked as the highest score
+            raise DataError(f"{uri}:{i}: score {fields[cols[2]]!r} is not a finite number")
         s1.append(fields[cols[0]])
         s2.append(fields[cols[1]])
         scores.append(score)
@@ -272,8 +274,8 @@ def read_qrels(uri: str) -> dict[str, dict[str, int]]:
             raise DataError(f"{uri}:{i}: expected query-id, corpus-id, score")
         try:
             rel = int(float(fields[2]))
-        except ValueError:
-            raise DataError(f"{uri}:{i}: relevance {fields[2]!r} is not a number") from None
+        except (ValueError, OverflowError):  # int(inf) overflows
+            raise DataError(f"{uri}:{i}: relevance {fields[2]!r} is not a finite number") from None
         qrels.setdefault(fields[0], {})[fields[1]] = rel
     return qrels
 

@@ -76,6 +76,13 @@ def test_load_sts_headerless_and_errors(tmp_path):
     with pytest.raises(DataError, match=r"bad.tsv:2: score 'not-a-number'"):
         load_sts(str(bad))
 
+    for i, score in enumerate(("nan", "NaN", "inf", "-Infinity")):  # the file's Spearman was n/a, or inf ranked first
+        nan = tmp_path / f"nan{i}.tsv"
+        nan.write_text(f"sentence1\tsentence2\tscore\na\tb\t1\nx\ty\t{score}\n")
+        with pytest.raises(DataError) as e:
+            load_sts(str(nan))
+        assert str(e.value) == f"{nan}:3: score {score!r} is not a finite number"
+
     nocol = tmp_path / "nocol.tsv"
     nocol.write_text("left\tright\tgold\nx\ty\tz\n")
     with pytest.raises(DataError, match="must name sentence1, sentence2, score"):
@@ -120,6 +127,11 @@ def test_load_beir_layout_errors_and_title_join(tmp_path):
     (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "", "text": ""}\n{"_id": "d2", "body": "x"}\n')
     with pytest.raises(DataError, match=r"corpus.jsonl: document 'd2' has neither a string text nor a string title \(keys: \['_id', 'body'\]\)"):
         load_beir(str(tmp_path))  # an empty text is kept (d1, as MTEB keeps it); a row with no text at all is not
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\tinf\n")  # an OverflowError traceback
+    with pytest.raises(DataError) as e:
+        load_beir(str(tmp_path))
+    assert str(e.value) == f"{tmp_path}/qrels/test.tsv:2: relevance 'inf' is not a finite number"
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
     (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n')
     (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": null}\n')
     with pytest.raises(DataError, match="every query needs an _id and a string text"):
