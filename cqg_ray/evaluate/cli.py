@@ -141,9 +141,12 @@ def cmd_evaluate(args) -> int:
         primary.budget = parse_budget(args.budget, primary.budget)
     models = {args.name or model_name(primary): primary}
     for item in args.compare:
-        if "=" not in item:
+        name, sep, path = item.partition("=")
+        if not (sep and name and path):
             raise ConfigError(f"--compare {item!r} must look like NAME=PATH")
-        name, path = item.split("=", 1)
+        if name in models:  # a second row of that name replaced the first: the model evaluated was not the one named
+            raise ConfigError(f"--compare {item!r}: {name!r} already names a row (MODEL's, by --name or its own name, or an "
+                              "earlier --compare); give another NAME")
         models[name] = load_model(path)
     out = args.out or evaluation_folder(args.model)
     try:

@@ -193,6 +193,28 @@ def test_sweeps_outside_their_range_stop_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "ev").exists()
 
 
+def test_compare_refuses_a_row_name_already_taken(tmp_path, capsys):
+    """--compare NAME=PATH under the first model's name replaced that model in the table, silently."""
+    from cqg_ray.cli import main
+    from cqg_ray.mbqa.toy import build_toy_model
+
+    from cqg_ray.evaluate.models import load_model, model_name
+
+    toy = build_toy_model(str(tmp_path / "toy"))
+    name = model_name(load_model(toy))
+    for argv, item, taken in ((["--compare", f"{name}={toy}"], f"{name}={toy}", name),
+                              (["--name", "A", "--compare", f"A={toy}"], f"A={toy}", "A"),
+                              (["--compare", f"B={toy}", f"B={toy}"], f"B={toy}", "B")):
+        assert main(["evaluate", toy, *argv, "--out", str(tmp_path / "ev")]) == 2, argv
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"error: --compare {item!r}: {taken!r} already names a row (MODEL's, by --name or its own name, or an earlier "
+            "--compare); give another NAME")
+    for item in ("=x", "B=", "B"):
+        assert main(["evaluate", toy, "--compare", item, "--out", str(tmp_path / "ev")]) == 2, item
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: --compare {item!r} must look like NAME=PATH"
+    assert not (tmp_path / "ev").exists()
+
+
 @pytest.mark.slow
 def test_evaluate_full_text_20ng_and_scifact(make_rp_model, minilm, data_path, tmp_path):
     """Whole texts, read by the full-length encoder: 20 Newsgroups posts (up to 256 tokens) and SciFact abstracts, 20
