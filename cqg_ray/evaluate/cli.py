@@ -94,6 +94,12 @@ def config_from_args(args) -> EvaluateConfig:
         raise ConfigError(f"invalid evaluate options: {e}") from None
 
 
+def check_seed(seed: int) -> None:
+    """--seed as every seeded library takes it (numpy's generators refuse a negative one with a traceback)."""
+    if not 0 <= seed <= 2**31 - 1:
+        raise ConfigError(f"--seed must be in [0, 2147483647], got {seed}")
+
+
 def parse_budget(items: list[str], base):
     """A Budget from KEY=VALUE items over ``base`` (``--budget rule=top_k k=64``)."""
     changes = {}
@@ -128,6 +134,9 @@ def cmd_evaluate(args) -> int:
     from cqg_ray.evaluate.report import evaluate_model
 
     cfg = config_from_args(args)
+    if args.max_queries is not None and args.max_queries < 1:  # 0 scored no query (n/a), a negative one was a traceback
+        raise ConfigError(f"--max-queries must be at least 1, got {args.max_queries}")
+    check_seed(args.seed)
     primary = load_model(args.model)
     m = getattr(primary, "m", None)
     if cfg.m_sweep and m is not None:  # before any text is encoded

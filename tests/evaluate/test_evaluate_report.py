@@ -193,6 +193,19 @@ def test_sweeps_outside_their_range_stop_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "ev").exists()
 
 
+def test_max_queries_and_seed_out_of_range_stop_before_any_work(tmp_path, capsys):
+    """--max-queries 0 scored no query (n/a), a negative one and a negative --seed were numpy tracebacks."""
+    from cqg_ray.cli import main
+
+    for argv, says in ((["--max-queries", "0"], "--max-queries must be at least 1, got 0"),
+                       (["--max-queries", "-1"], "--max-queries must be at least 1, got -1"),
+                       (["--seed", "-1"], "--seed must be in [0, 2147483647], got -1"),
+                       (["--seed", str(2**31)], "--seed must be in [0, 2147483647], got 2147483648")):
+        assert main(["evaluate", str(tmp_path / "no-model"), *argv, "--out", str(tmp_path / "ev")]) == 2, argv
+        assert capsys.readouterr().err == f"error: {says}\n"
+    assert not (tmp_path / "ev").exists()
+
+
 def test_compare_refuses_a_row_name_already_taken(tmp_path, capsys):
     """--compare NAME=PATH under the first model's name replaced that model in the table, silently."""
     from cqg_ray.cli import main

@@ -66,6 +66,7 @@ def test_budget_stats_that_cannot_be_measured_are_refused_and_the_folder_is_kept
     (tmp_path / "latin1.jsonl").write_bytes(b'{"text": "caf\xe9"}\n')
     for args, says in [(["--stats", str(CORPUS), "--n", "0"], "--n must be at least 1"),
                        (["--stats", str(CORPUS), "--n", "-3"], "--n must be at least 1"),
+                       (["--stats", str(CORPUS), "--seed", "-1"], "error: --seed must be in [0, 2147483647], got -1"),  # a traceback
                        (["--stats", str(tmp_path / "empty.jsonl")], "budget --stats: "),
                        (["--stats", str(tmp_path / "latin1.jsonl")], "budget --stats: "),
                        (["--stats", str(tmp_path / "missing.jsonl")], "budget --stats: ")]:
