@@ -320,6 +320,8 @@ def load_beir(
             raise DataError(f"{corpus_uri}: document {row['_id']!r} has neither a string text nor a string title (keys: {sorted(row)[:8]})")
         doc_ids.append(str(row["_id"]))
         docs.append(doc_text(row))
+    if not doc_ids:  # every query scored 0.00, as if the model had ranked badly
+        raise DataError(f"{corpus_uri}: no documents")
 
     full = max_docs is None or max_docs >= len(doc_ids)
     if not full:

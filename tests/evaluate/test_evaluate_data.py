@@ -124,6 +124,10 @@ def test_load_beir_layout_errors_and_title_join(tmp_path):
     (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "T", "text": "body"}\n{"_id": "d2", "text": "only"}\n')
     d = load_beir(str(tmp_path))
     assert d.query_ids == ["q1"] and d.docs == ["T body", "only"] and d.qrels == {"q1": {"d1": 1}}
+    (tmp_path / "corpus.jsonl").write_text("\n")  # every query scored 0.00
+    with pytest.raises(DataError) as e:
+        load_beir(str(tmp_path))
+    assert str(e.value) == f"{tmp_path}/corpus.jsonl: no documents"
     (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "", "text": ""}\n{"_id": "d2", "body": "x"}\n')
     with pytest.raises(DataError, match=r"corpus.jsonl: document 'd2' has neither a string text nor a string title \(keys: \['_id', 'body'\]\)"):
         load_beir(str(tmp_path))  # an empty text is kept (d1, as MTEB keeps it); a row with no text at all is not
