@@ -257,12 +257,16 @@ def test_cli_impossible_figures_are_refused(capsys):
                               ("--dim", "1.5", "argument --dim: '1.5' is not a whole number"),
                               ("--questions-per-cluster", "0", "argument --questions-per-cluster: must be above 0, got 0"),
                               ("--parse-rate", "0", "argument --parse-rate: must be above 0, got 0"),
-                              ("--filter-survival", "1.5", "argument --filter-survival: a share lies in (0, 1], got 1.5")):
+                              ("--filter-survival", "1.5", "argument --filter-survival: a share lies in (0, 1], got 1.5"),
+                              ("--usd-per-m-tokens", "-1 0.3", "argument --usd-per-m-tokens: a price is 0 or more, got -1"),  # was -412 USD
+                              ("--usd-per-m-tokens", "0.1 nan", "argument --usd-per-m-tokens: a price is 0 or more, got nan"),
+                              ("--usd-per-m-tokens", "0.1 x", "argument --usd-per-m-tokens: 'x' is not a number")):
         with pytest.raises(SystemExit) as e:
-            main(["plan", flag, value])
+            main(["plan", flag, *value.split()])
         assert e.value.code == 2
         assert capsys.readouterr().err.strip().splitlines()[-1].endswith(says), (flag, value)
     assert main(["plan", "--docs", "1M", "--parse-rate", "1", "--encoder-texts-per-s", "2500", "--json"]) == 0
+    assert main(["plan", "--docs", "1M", "--usd-per-m-tokens", "0", "0.3"]) == 0  # a free prompt side is a price
 
 
 def test_demo_config_plan():

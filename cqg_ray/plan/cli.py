@@ -36,6 +36,17 @@ def _share(s: str) -> float:
     return v
 
 
+def _price(s: str) -> float:
+    """An argparse type: a price in USD, 0 or more (a negative one priced the run below nothing)."""
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"a price is 0 or more, got {s}")
+    return v
+
+
 def _count_arg(s: str) -> int:
     try:
         return parse_count(s)
@@ -81,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--simulate", action="store_true",
                    help="also run the real labelling planner on a synthetic balanced clustering "
                    "(exact packing counts; seconds to a minute, ~30 bytes per pair)")
-    p.add_argument("--usd-per-m-tokens", type=float, nargs=2, metavar=("PROMPT", "OUTPUT"),
+    p.add_argument("--usd-per-m-tokens", type=_price, nargs=2, metavar=("PROMPT", "OUTPUT"),
                    help="price an LLM API: USD per million prompt and output tokens (GPT-4o-mini batch, the paper's: 0.075 0.3)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
