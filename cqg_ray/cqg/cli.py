@@ -52,6 +52,11 @@ def cmd_questions(args) -> int:
         from cqg_ray.mbqa.embedder import shipped_models
 
         raise ConfigError(f"questions: no run directory or model at {args.run_dir} (shipped models: {', '.join(shipped_models()) or 'none'})")
+    if not _is_model(args.run_dir):
+        from cqg_ray.artifacts import not_a_run
+
+        if what := not_a_run(RunDir(args.run_dir)):  # a file, an embed output: not "stage 'questions' has not finished"
+            raise ConfigError(f"questions: {args.run_dir} is not a run directory or a model ({what})")
     if args.quality:
         import json
 

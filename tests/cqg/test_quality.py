@@ -141,3 +141,17 @@ def test_a_models_questions_are_listed_and_searched_as_a_runs_are(capsys):
     assert "error: questions: no run directory or model at cqg-minilm-reff (shipped models: cqg-minilm-ref" in capsys.readouterr().err
     assert main(["questions", "cqg-minilm-reff", "--quality"]) == 2  # the quality measures too
     assert "error: questions: no run directory or model at cqg-minilm-reff (shipped models: cqg-minilm-ref" in capsys.readouterr().err
+
+
+def test_questions_of_a_file_or_an_embed_output_say_what_it_is(tmp_path, capsys):
+    """A file was 'stage 'questions' has not finished in FILE: run `cqg-ray cqg ...` first'."""
+    from cqg_ray.artifacts import EMBED_SETTINGS
+    from cqg_ray.cli import main
+
+    (tmp_path / "pairs.tsv").write_text("a\tb\t1\n")
+    (tmp_path / "emb").mkdir()
+    (tmp_path / "emb" / EMBED_SETTINGS).write_text("{}")
+    for name, what in (("pairs.tsv", "a file"), ("emb", f"an output of cqg-ray embed ({EMBED_SETTINGS})")):
+        for extra in ([], ["--quality"]):
+            assert main(["questions", str(tmp_path / name), *extra]) == 2, (name, extra)
+            assert capsys.readouterr().err == f"error: questions: {tmp_path / name} is not a run directory or a model ({what})\n"
