@@ -100,6 +100,22 @@ def check_seed(seed: int) -> None:
         raise ConfigError(f"--seed must be in [0, 2147483647], got {seed}")
 
 
+def check_out_folder(out: str) -> None:
+    """--out on a local path that is a file, or below one: said before any work (the report's first write failed with a
+    traceback once every text was encoded)."""
+    import os
+
+    from cqg_ray.rundir import RunDir
+
+    if not RunDir(out).local:
+        return
+    path = os.path.abspath(out)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise ConfigError(f"--out {out}: {path} is a file; give a folder for the report (--out)")
+
+
 def parse_budget(items: list[str], base):
     """A Budget from KEY=VALUE items over ``base`` (``--budget rule=top_k k=64``)."""
     changes = {}
@@ -137,6 +153,8 @@ def cmd_evaluate(args) -> int:
     if args.max_queries is not None and args.max_queries < 1:  # 0 scored no query (n/a), a negative one was a traceback
         raise ConfigError(f"--max-queries must be at least 1, got {args.max_queries}")
     check_seed(args.seed)
+    if args.out:  # the default (MODEL/evaluation) is checked once MODEL has loaded
+        check_out_folder(args.out)
     primary = load_model(args.model)
     m = getattr(primary, "m", None)
     if cfg.m_sweep and m is not None:  # before any text is encoded
@@ -158,6 +176,7 @@ def cmd_evaluate(args) -> int:
                               "earlier --compare); give another NAME")
         models[name] = load_model(path)
     out = args.out or evaluation_folder(args.model)
+    check_out_folder(out)
     try:
         evaluate_model(models, cfg, out, data_root=args.data_root, max_queries=args.max_queries,
                        clustering_field=args.clustering_field, seed=args.seed, print_table=True)

@@ -193,15 +193,20 @@ def test_sweeps_outside_their_range_stop_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "ev").exists()
 
 
-def test_max_queries_and_seed_out_of_range_stop_before_any_work(tmp_path, capsys):
+def test_max_queries_seed_and_out_that_cannot_work_stop_before_any_work(tmp_path, capsys):
     """--max-queries 0 scored no query (n/a), a negative one and a negative --seed were numpy tracebacks."""
     from cqg_ray.cli import main
+
+    (tmp_path / "f.txt").write_text("x")
 
     for argv, says in ((["--max-queries", "0"], "--max-queries must be at least 1, got 0"),
                        (["--max-queries", "-1"], "--max-queries must be at least 1, got -1"),
                        (["--seed", "-1"], "--seed must be in [0, 2147483647], got -1"),
-                       (["--seed", str(2**31)], "--seed must be in [0, 2147483647], got 2147483648")):
-        assert main(["evaluate", str(tmp_path / "no-model"), *argv, "--out", str(tmp_path / "ev")]) == 2, argv
+                       (["--seed", str(2**31)], "--seed must be in [0, 2147483647], got 2147483648"),
+                       (["--out", str(tmp_path / "f.txt")], f"--out {tmp_path / 'f.txt'}: {tmp_path / 'f.txt'} is a file; give a folder for the report (--out)"),
+                       (["--out", str(tmp_path / "f.txt" / "a" / "b")],  # was a traceback once every text was encoded
+                        f"--out {tmp_path / 'f.txt' / 'a' / 'b'}: {tmp_path / 'f.txt'} is a file; give a folder for the report (--out)")):
+        assert main(["evaluate", str(tmp_path / "no-model"), "--out", str(tmp_path / "ev"), *argv]) == 2, argv
         assert capsys.readouterr().err == f"error: {says}\n"
     assert not (tmp_path / "ev").exists()
 
