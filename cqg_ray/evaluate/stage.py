@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from cqg_ray.config import PipelineConfig
+from cqg_ray.config import ConfigError, PipelineConfig
 from cqg_ray.rundir import StageContext
 
 
@@ -24,10 +24,14 @@ def summary_counts(results: dict) -> dict[str, Any]:
 
 
 def run_evaluation(cfg: PipelineConfig, ctx: StageContext) -> None:
+    from cqg_ray.evaluate.data import DataError
     from cqg_ray.evaluate.report import evaluate_model
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
     # the heads read embeddings made as the run's encode stage made them: the same encoder backend
     model = InterpretableEmbedder.load(ctx.run.uri("model"), backend=cfg.encode.backend)
-    results = evaluate_model(model, cfg.evaluate, ctx.uri, seed=cfg.seed, print_table=True)
+    try:
+        results = evaluate_model(model, cfg.evaluate, ctx.uri, seed=cfg.seed, print_table=True)
+    except DataError as e:  # a set named in evaluate.* that cannot be read: the config's to fix (exit 2), not a stage crash
+        raise ConfigError(f"the evaluation stage's data (evaluate.*): {e}") from None
     ctx.counts.update(summary_counts(results))
