@@ -269,6 +269,14 @@ def test_cli_impossible_figures_are_refused(capsys):
     assert main(["plan", "--docs", "1M", "--usd-per-m-tokens", "0", "0.3"]) == 0  # a free prompt side is a price
 
 
+def test_simulate_refuses_a_k_whose_neighbour_draw_does_not_fit(capsys):
+    """--simulate at k = 1M asked numpy for a 1M x 1M float64 matrix: a MemoryError traceback (7.3 TiB)."""
+    assert main(["plan", "--docs", "2M", "--clusters", "1M", "--simulate"]) == 2
+    assert capsys.readouterr().err == ("error: --simulate draws a k x (k - 1) matrix for the neighbour lists, 7,451 GiB at k = "
+                                       "1,000,000: simulate at k <= 16,384, or leave --simulate out (the estimate needs no draw)\n")
+    assert main(["plan", "--docs", "2M", "--clusters", "1M", "--json"]) == 0  # the estimate alone
+
+
 def test_demo_config_plan():
     # the embedded demo's scale knobs are honoured: its corpus sample, questions for only cqg.max_clusters clusters,
     # n_cluster + n_neighbor + n_random texts per question; and the plan uses the throughput it was given
