@@ -269,12 +269,15 @@ def test_cli_impossible_figures_are_refused(capsys):
     assert main(["plan", "--docs", "1M", "--usd-per-m-tokens", "0", "0.3"]) == 0  # a free prompt side is a price
 
 
-def test_simulate_refuses_a_k_whose_neighbour_draw_does_not_fit(capsys):
-    """--simulate at k = 1M asked numpy for a 1M x 1M float64 matrix: a MemoryError traceback (7.3 TiB)."""
+def test_simulate_refuses_a_k_or_a_corpus_whose_draw_does_not_fit(capsys):
+    """--simulate at k = 1M asked numpy for a 1M x 1M float64 matrix, at 1e12 texts for 1e12 int64s: MemoryError tracebacks."""
     assert main(["plan", "--docs", "2M", "--clusters", "1M", "--simulate"]) == 2
     assert capsys.readouterr().err == ("error: --simulate draws a k x (k - 1) matrix for the neighbour lists, 7,451 GiB at k = "
                                        "1,000,000: simulate at k <= 16,384, or leave --simulate out (the estimate needs no draw)\n")
     assert main(["plan", "--docs", "2M", "--clusters", "1M", "--json"]) == 0  # the estimate alone
+    assert main(["plan", "--docs", "1e12", "--simulate"]) == 2
+    assert capsys.readouterr().err == ("error: --simulate draws every text's cluster, 14,901 GiB at 1,000,000,000,000 texts: simulate "
+                                       "at --docs <= 100,000,000, or leave --simulate out (the estimate needs no draw)\n")
 
 
 def test_demo_config_plan():

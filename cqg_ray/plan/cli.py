@@ -91,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dim", type=_above_zero(int), help="embedding size (default: from the encoder name, else 1024)")
     p.add_argument("--simulate", action="store_true",
                    help="also run the real labelling planner on a synthetic balanced clustering "
-                   "(exact packing counts; seconds to a minute, ~30 bytes per pair; k up to 16,384)")
+                   "(exact packing counts; seconds to a minute, ~30 bytes per pair; k up to 16,384, texts up to 100M)")
     p.add_argument("--usd-per-m-tokens", type=_price, nargs=2, metavar=("PROMPT", "OUTPUT"),
                    help="price an LLM API: USD per million prompt and output tokens (GPT-4o-mini batch, the paper's: 0.075 0.3)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -99,17 +99,22 @@ def label_packing_estimate(n_docs: int, k: int, m: int, per_cluster: int, label:
 
 
 SIMULATE_MAX_K = 16_384  # the neighbour draw's k x (k - 1) random float64s: 2 GiB here
+SIMULATE_MAX_DOCS = 100_000_000  # every text's cluster, drawn as a permutation: ~1.6 GB of int64s here
 
 
 def simulate_label_packing(n_docs: int, k: int, m: int, per_cluster: int, label: LabelConfig, seed: int = 0) -> dict:
     """Run the real ``make_label_plan`` on a synthetic balanced clustering (random neighbour lists, Binomial questions per
     cluster rescaled to exactly m): exact counts of our packing for that layout. Memory ~ 30 bytes per pair, and
-    8 k (k - 1) bytes for the neighbour lists' draw (k above ``SIMULATE_MAX_K`` is a ValueError)."""
+    8 k (k - 1) bytes for the neighbour lists' draw and 16 bytes a text (k above ``SIMULATE_MAX_K`` or texts above
+    ``SIMULATE_MAX_DOCS`` is a ValueError)."""
     from cqg_ray.mbqa.label_plan import make_label_plan
 
     if k > SIMULATE_MAX_K:  # was a MemoryError traceback (7.3 TiB at k = 1M), or the machine swapping
         raise ValueError(f"--simulate draws a k x (k - 1) matrix for the neighbour lists, {8 * k * (k - 1) / 2**30:,.0f} GiB at "
                          f"k = {k:,}: simulate at k <= {SIMULATE_MAX_K:,}, or leave --simulate out (the estimate needs no draw)")
+    if n_docs > SIMULATE_MAX_DOCS:  # was a MemoryError traceback (7.3 TiB at 1e12 texts)
+        raise ValueError(f"--simulate draws every text's cluster, {16 * n_docs / 2**30:,.0f} GiB at {n_docs:,} texts: simulate at "
+                         f"--docs <= {SIMULATE_MAX_DOCS:,}, or leave --simulate out (the estimate needs no draw)")
     rng = np.random.default_rng(seed)
     assignments = rng.permutation(np.arange(n_docs) % k)
     J = max(1, min(label.neighbor_clusters, k - 1))
