@@ -71,7 +71,7 @@ def _join(folder: str, *parts: str) -> str:
 
 def read_text_lines(uri: str) -> list[str]:
     try:
-        text = read_bytes(uri).decode("utf-8")
+        text = read_bytes(uri).decode("utf-8-sig")  # a byte-order mark (Excel's, Notepad's "UTF-8") is not the header's text
     except UnicodeDecodeError as e:
         raise DataError(f"{uri} is not UTF-8: {e}") from None
     return text.splitlines()

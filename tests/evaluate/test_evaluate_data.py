@@ -83,6 +83,13 @@ def test_load_sts_headerless_and_errors(tmp_path):
             load_sts(str(nan))
         assert str(e.value) == f"{nan}:3: score {score!r} is not a finite number"
 
+    bom = tmp_path / "bom.tsv"  # a UTF-8 byte-order mark: the header's 'sentence1' was missing, a JSONL's first line broken
+    bom.write_bytes(b"\xef\xbb\xbfsentence1\tsentence2\tscore\na\tb\t1\nc\td\t2\n")
+    assert load_sts(str(bom)).sentence1 == ["a", "c"]
+    bom_jsonl = tmp_path / "bom.jsonl"
+    bom_jsonl.write_bytes(b'\xef\xbb\xbf{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n')
+    assert load_clustering(str(bom_jsonl)).texts == ["a", "b"]
+
     nocol = tmp_path / "nocol.tsv"
     nocol.write_text("left\tright\tgold\nx\ty\tz\n")
     with pytest.raises(DataError, match="must name sentence1, sentence2, score"):
