@@ -137,6 +137,8 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
     if (what := not_a_run(run)) is not None:
         raise ArtifactError(f"{run_dir} is not a cqg-ray run directory ({what}): export takes a run that trained a model")
     run.require("model")
+    if "://" in out:  # the folder is written with local file calls: s3://b/m became ./s3:/b/m, said as exported to s3://b/m
+        raise ArtifactError(f"{out}: export writes a local folder; give a local path, and copy the folder to {out} afterwards")
     recover_interrupted(out)
     if os.path.isfile(out):
         raise ArtifactError(f"{out} is a file: give a folder to export the model to")
@@ -212,7 +214,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="copy a run's trained model to a folder to ship, with its config, build record and model card",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", help="run directory with a trained model (local path or URI)")
-    p.add_argument("out", help="folder to write, e.g. models/my-model")
+    p.add_argument("out", help="local folder to write, e.g. models/my-model (not a URI: copy the folder there afterwards)")
     p.add_argument("--name", help="the model's name in its README (default: the folder name)")
     p.add_argument("--overwrite", action="store_true", help="replace a model already in OUT")
     p.set_defaults(func=cmd_export)

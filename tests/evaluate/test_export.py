@@ -208,3 +208,17 @@ def test_export_under_a_file_is_one_line_and_writes_nothing(tmp_path, toy_encode
         assert main(["export", str(run), str(out)]) == 2
         assert capsys.readouterr().err == f"error: {tmp_path / 'notes.txt'} is a file: give a folder path to export the model to\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "r"]
+
+
+def test_export_to_a_uri_is_refused_and_makes_no_local_folder(tmp_path, toy_encoder, capsys, monkeypatch):
+    """OUT s3://bucket/m was written to ./s3:/bucket/m and reported as exported to s3://bucket/m."""
+    from tests.conftest import toy_run
+
+    run = tmp_path / "r"
+    toy_run(run, toy_encoder)
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    for out in ("s3://bucket/models/m", "file:///tmp/m"):
+        assert main(["export", str(run), out]) == 2
+        assert capsys.readouterr().err == f"error: {out}: export writes a local folder; give a local path, and copy the folder to {out} afterwards\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
