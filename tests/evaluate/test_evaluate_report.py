@@ -203,7 +203,8 @@ def test_max_queries_seed_and_out_that_cannot_work_stop_before_any_work(tmp_path
                        (["--max-queries", "-1"], "--max-queries must be at least 1, got -1"),
                        (["--seed", "-1"], "--seed must be in [0, 2147483647], got -1"),
                        (["--seed", str(2**31)], "--seed must be in [0, 2147483647], got 2147483648"),
-                       (["--out", str(tmp_path / "f.txt")], f"--out {tmp_path / 'f.txt'}: {tmp_path / 'f.txt'} is a file; give a folder for the report (--out)"),
+                       (["--out", str(tmp_path / "f.txt")],
+                        f"--out {tmp_path / 'f.txt'}: {tmp_path / 'f.txt'} is a file; give a folder for the report (--out)"),
                        (["--out", str(tmp_path / "f.txt" / "a" / "b")],  # was a traceback once every text was encoded
                         f"--out {tmp_path / 'f.txt' / 'a' / 'b'}: {tmp_path / 'f.txt'} is a file; give a folder for the report (--out)")):
         assert main(["evaluate", str(tmp_path / "no-model"), "--out", str(tmp_path / "ev"), *argv]) == 2, argv
