@@ -257,12 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--force", nargs="*", action="append", choices=STAGE_CHOICES, metavar="STAGE",
                    help="run these stages again even if done (repeatable); --force alone: every stage")
     r.add_argument("--address", help="Ray address to join (default: $RAY_ADDRESS, else the config's ray.address, else a local Ray)")
-    r.set_defaults(func=cmd_run)
+    r.set_defaults(func=cmd_run, resumes=True)
 
     for s in stages.STAGES:
         p_stage = sub.add_parser(s.command, help=s.help, description=s.help)
         _common(p_stage)
-        p_stage.set_defaults(func=cmd_stage, stage=s.name)
+        p_stage.set_defaults(func=cmd_stage, stage=s.name, resumes=True)
 
     st = sub.add_parser("status", help="show each stage of a run: done / stale / missing, with counts and timings",
                         description="Show each stage of a run directory: done, stale (its config changed since) or missing, "
@@ -287,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     except (LeaseHeld, LeaseLost) as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
-    except KeyboardInterrupt:
-        print("interrupted: run the same command again to resume", file=sys.stderr)
+    except KeyboardInterrupt:  # only the commands that resume (resumes=True: run, the stages, embed, demo) say so
+        print("interrupted: run the same command again to resume" if getattr(args, "resumes", False) else "interrupted", file=sys.stderr)
         return 130
 
 

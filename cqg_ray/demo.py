@@ -374,7 +374,7 @@ def add_commands(sub) -> None:
                         f"{MIN_QUESTIONS} questions (it writes for more clusters where they came out fewer); decided once per "
                         f"run directory ({SIZED}), --set keys win; 0: no sizing "
                         "(the config as it is: questions for all its clusters)")
-    p.set_defaults(func=lambda a: run_demo(a.config, a.set, a.break_lease, a.minutes))
+    p.set_defaults(func=lambda a: run_demo(a.config, a.set, a.break_lease, a.minutes), resumes=True)
 
 
 if __name__ == "__main__":

@@ -408,4 +408,4 @@ def add_commands(sub) -> None:
                                    "ray job submit --working-dir . -- python -m cqg_ray.cli embed MODEL CORPUS OUT "
                                    "(MODEL, CORPUS and OUT reachable from every node: shared disk or s3://, gs://).")
     add_arguments(p)
-    p.set_defaults(func=lambda args: 0 if run_from_args(args) else 1)
+    p.set_defaults(func=lambda args: 0 if run_from_args(args) else 1, resumes=True)

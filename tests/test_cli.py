@@ -252,3 +252,26 @@ def test_kill_inside_encode_then_resume(tmp_path, corpus_file):
     assert abs(ref - x[:8]).max() < 1e-4
     st = cli("status", str(run_dir))
     assert "encode       done" in st.stdout
+
+
+def test_ctrl_c_says_run_it_again_only_for_the_commands_that_resume(monkeypatch, capsys):
+    """Ctrl-C: the commands that resume (run, the stages, embed, demo) say to run them again; evaluate, export, budget
+    and the rest start over, so they only say they were interrupted."""
+    import cqg_ray.evaluate.cli
+    import cqg_ray.export
+    from cqg_ray.cli import build_parser, main
+
+    def interrupt(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cqg_ray.evaluate.cli, "cmd_evaluate", interrupt)
+    monkeypatch.setattr(cqg_ray.export, "cmd_export", interrupt)
+    assert main(["evaluate", "some-model"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    assert main(["export", "run", "out"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    parser = build_parser()
+    resuming = {argv[0] for argv in (["run"], ["prepare"], ["label"], ["embed", "m", "c", "o"], ["demo"], ["evaluate", "m"], ["export", "r", "o"],
+                                     ["budget", "m"], ["plan"], ["search", "m", "o", "q"], ["status", "r"], ["questions", "r"], ["explain", "m", "a", "b"])
+                if getattr(parser.parse_args(argv), "resumes", False)}
+    assert resuming == {"run", "prepare", "label", "embed", "demo"}
