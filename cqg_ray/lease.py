@@ -120,9 +120,8 @@ def well_formed(lease: object) -> bool:
 
 def describe(lease: dict) -> str:
     h = lease.get("holder", {})
-    age = time.time() - float(lease.get("heartbeat_at", 0))
-    return (f"`{h.get('command', '?')}` (pid {h.get('pid', '?')} on {h.get('host', '?')}, started {h.get('started_at', '?')}, "
-            f"last heartbeat {age:.0f} s ago)")
+    beat = "no heartbeat" if lease.get("heartbeat_at") is None else f"last heartbeat {time.time() - float(lease['heartbeat_at']):.0f} s ago"
+    return f"`{h.get('command', '?')}` (pid {h.get('pid', '?')} on {h.get('host', '?')}, started {h.get('started_at', '?')}, {beat})"
 
 
 def holder_gone(lease: dict) -> bool:
@@ -147,6 +146,8 @@ def stale_reason(lease: dict, ttl: float | None = None, now: float | None = None
     """Why a lease no longer protects its holder (None while it is live)."""
     if holder_gone(lease):
         return "its process is gone"
+    if lease.get("heartbeat_at") is None:  # a damaged or foreign file, read as {}: its age would be counted from 1970
+        return "its lease file holds no heartbeat (damaged, or not written by cqg-ray)"
     age = (time.time() if now is None else now) - float(lease.get("heartbeat_at", 0))
     limit = float(lease.get("ttl_s") or (ttl_s() if ttl is None else ttl))
     if age > limit:

@@ -87,6 +87,8 @@ def test_a_damaged_lease_file_is_stale_and_taken_over(tmp_path):
         (tmp_path / L.LEASE).write_bytes(body)
         lease = L.acquire(str(tmp_path), "cqg-ray run")
         lease.release()
+    assert L.stale_reason({}) == L.stale_reason({"holder": {}}) == "its lease file holds no heartbeat (damaged, or not written by cqg-ray)"
+    assert L.describe({}) == "`?` (pid ? on ?, started ?, no heartbeat)"
     future = {**rec, "heartbeat_at": time.time() + 3600}
     assert L.stale_reason(future, ttl=60).startswith("its heartbeat is 3600 s in the future")
     assert L.stale_reason({**rec, "heartbeat_at": time.time() + 5}, ttl=60) is None  # a few seconds of clock skew: live
