@@ -479,3 +479,22 @@ def test_the_demo_refuses_a_missing_local_model_before_its_lease(tmp_path, capsy
     assert capsys.readouterr().err == ("error: no such file or folder: llm.llamacpp.model=/nonexistent/model.gguf (a local path; give "
                                        "one that exists, or a hub or bundled: name)\n")
     assert not run.exists()
+
+
+def test_the_demo_refuses_a_file_or_a_model_folder_as_its_run_directory(tmp_path, capsys):
+    """A run directory that is a file, or a model folder, is said (exit 2) before the lease and config.yaml go into it;
+    before, a file was a FileExistsError traceback and a model folder became a run directory."""
+    from cqg_ray.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("hi\n")
+    assert main(["demo", "--set", f"run_dir={afile}"]) == 2
+    assert capsys.readouterr().err == (f"error: {afile} is not a cqg-ray run directory (a file): give a run directory "
+                                       "(--set run_dir=DIR), or a new folder to start one\n")
+    model = tmp_path / "model"  # what not_a_run reads as a model folder: a config.json and no config.yaml
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert main(["demo", "--set", f"run_dir={model}"]) == 2
+    assert capsys.readouterr().err == (f"error: {model} is not a cqg-ray run directory (a model folder (config.json)): give a run "
+                                       "directory (--set run_dir=DIR), or a new folder to start one\n")
+    assert sorted(p.name for p in model.iterdir()) == ["config.json"]
