@@ -366,6 +366,20 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, brea
     return 0
 
 
+def budget_minutes(s: str) -> float:
+    """An argparse type: --minutes, 0 or more (inf: no limit); NaN and a negative budget are refused, where NaN sized the
+    demo to its floor and a negative one ran it unsized as '--minutes 0'."""
+    import argparse
+
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"a time budget is 0 or more minutes (0: no sizing), got {s}")
+    return v
+
+
 def add_commands(sub) -> None:
     p = sub.add_parser("demo", help="run the embedded demo end to end (resumes) and print explanations",
                        description=__doc__.split("\n\n")[0])
@@ -373,7 +387,7 @@ def add_commands(sub) -> None:
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (repeatable), e.g. cqg.max_clusters=8 or run_dir=runs/demo2; wins over the sizing")
     p.add_argument("--break-lease", action="store_true", help="take the run directory even if another live run holds its lease")
-    p.add_argument("--minutes", type=float, default=BUDGET_MIN,
+    p.add_argument("--minutes", type=budget_minutes, default=BUDGET_MIN,
                    help=f"time budget after set-up (default {BUDGET_MIN:g}): a new run directory measures this machine's LLM rates "
                         "(or reuses earlier ones) and sizes the clusters written for and the probes to fit, at least "
                         f"{MIN_QUESTIONS} questions (it writes for more clusters where they came out fewer); decided once per "

@@ -498,3 +498,23 @@ def test_the_demo_refuses_a_file_or_a_model_folder_as_its_run_directory(tmp_path
     assert capsys.readouterr().err == (f"error: {model} is not a cqg-ray run directory (a model folder (config.json)): give a run "
                                        "directory (--set run_dir=DIR), or a new folder to start one\n")
     assert sorted(p.name for p in model.iterdir()) == ["config.json"]
+
+
+@pytest.mark.parametrize("minutes", ["nan", "-1", "-inf"])
+def test_the_demo_refuses_a_budget_that_is_nan_or_below_zero(minutes, tmp_path, capsys):
+    """--minutes NaN sized the demo to its floor ('does not fit; this is the floor (nan min; ...)') and a negative
+    budget ran it unsized, said as '--minutes 0': both are refused (exit 2) before anything runs."""
+    from cqg_ray.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["demo", f"--minutes={minutes}", "--set", f"run_dir={tmp_path / 'run'}"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith(f"cqg-ray demo: error: argument --minutes: a time budget is 0 or more minutes (0: no "
+                                            f"sizing), got {minutes}\n")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_demo_budget_takes_zero_a_fraction_and_inf():
+    from cqg_ray.demo import budget_minutes
+
+    assert [budget_minutes(s) for s in ("0", "0.5", "600", "inf")] == [0.0, 0.5, 600.0, float("inf")]
