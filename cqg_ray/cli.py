@@ -20,7 +20,7 @@ import traceback
 from cqg_ray import stages
 from cqg_ray.config import ConfigError, PipelineConfig, check_model_paths, load_config, override_value
 from cqg_ray.corpus import CorpusError
-from cqg_ray.lease import LeaseHeld, LeaseLost, lease_lost, take_lease
+from cqg_ray.lease import LEASE, LeaseHeld, LeaseLost, lease_lost, take_lease
 from cqg_ray.log import setup_logging
 from cqg_ray.rundir import ArtifactError, RunDir
 
@@ -126,7 +126,9 @@ def cmd_stage(args) -> int:
     cfg = resolve_config(args)
     refuse_what_is_not_a_run(cfg.run_dir)
     stage, run = stages.get(args.stage), RunDir(cfg.run_dir)
-    if not run.exists():  # a mistyped run directory: its first input is said missing before the lease and config.yaml make it
+    # a mistyped run directory, or a folder no run has written to (an empty one): its first input is said missing before
+    # the lease and config.yaml are made in it (where a run holds it, the lease says so first)
+    if not run.exists() or not (run.exists("config.yaml") or run.exists(LEASE)):
         for name in stage.reads:
             run.require(name)
     check_model_paths(cfg, [stage.name])  # a missing local model: said before the lease and Ray

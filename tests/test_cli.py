@@ -55,6 +55,10 @@ def test_run_refuses_to_force_a_stage_after_until(tmp_path, capsys):
     assert main(["run", "--run-dir", str(run), "--until", "encode", "--force", "cluster", "labels", "--force", "prepare"]) == 2
     assert capsys.readouterr().err == "error: --force cluster labels: after --until encode, so it would not run; drop it or move --until\n"
     assert not run.exists()
+    run.mkdir()  # an empty folder: the same, and it stays empty
+    assert main(["train", "--run-dir", str(run)]) == 2
+    assert capsys.readouterr().err == f"error: stage 'labels' has not finished in {run}: run `cqg-ray label ...` first\n"
+    assert list(run.iterdir()) == []
 
 
 def test_a_stage_on_a_run_directory_that_does_not_exist_makes_none(tmp_path, capsys):
