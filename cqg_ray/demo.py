@@ -125,7 +125,7 @@ def size_demo(cfg: PipelineConfig, rates: Rates, budget_s: float, fixed: frozens
     long_read = f" ({read_speed:g} of it on long prompts)" if read_speed != 1 else ""
     reason = (f"{n} of {cfg.cluster.k} clusters, probes {probes[0]}/{probes[1]}/{probes[2]} a question, {negatives[0]} + "
               f"{negatives[1]} negatives a prompt, {sum(labels)} texts labelled a question: about {expected / 60:.1f} min "
-              f"expected{spent}, {fit} ({budget_s / 60:.0f} min; writer {rates.read:.0f} prompt tokens/s read{long_read}, {rates.write:.1f} "
+              f"expected{spent}, {fit} ({budget_s / 60:g} min; writer {rates.read:.0f} prompt tokens/s read{long_read}, {rates.write:.1f} "
               f"written{f' by {rates.write_batch} sequences together' if (rates.write_batch or 1) > 1 else ''}; answerer {rates.pairs:.1f} pairs/s"
               f"{host_note(rates.host_speed)})")
     return {k: v for k, v in sized.items() if k not in fixed}, reason

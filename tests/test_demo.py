@@ -518,3 +518,14 @@ def test_the_demo_budget_takes_zero_a_fraction_and_inf():
     from cqg_ray.demo import budget_minutes
 
     assert [budget_minutes(s) for s in ("0", "0.5", "600", "inf")] == [0.0, 0.5, 600.0, float("inf")]
+
+
+def test_the_reason_names_a_budget_under_a_minute_as_given():
+    """--minutes 0.5 was said as '(0 min; ...)' beside 'does not fit; this is the floor'."""
+    from cqg_ray.config import load_config
+    from cqg_ray.demo import size_demo
+    from cqg_ray.llm.rates import Rates
+
+    cfg = load_config("demo")
+    assert "does not fit; this is the floor (0.5 min; writer 5000 prompt tokens/s read" in size_demo(cfg, Rates(read=5000, write=500, pairs=500), 30)[1]
+    assert "fits (12.5 min; writer" in size_demo(cfg, Rates(read=5000, write=500, pairs=500), 750)[1]
