@@ -317,11 +317,15 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, brea
                             "(--set run_dir=DIR), or a new folder to start one")
     with take_lease(cfg.run_dir, "cqg-ray demo", break_lease):  # LeaseHeld: the CLI says who holds it (exit 3)
         print(f"cqg-ray demo: run directory {cfg.run_dir} (interrupt any time; the same command resumes)", flush=True)
-        if not run.exists(SIZED):  # the stages before the questions first: the sizing counts their time
+        kept = run.exists(SIZED)
+        if not kept:  # the stages before the questions first: the sizing counts their time
             run_pipeline(cfg, until=stages_before_questions()[-1])
         sizing = demo_sizing(cfg, overrides, minutes)
         print(f"demo sizing: {sizing['reason']}" + (f" [{', '.join(f'{k}={v}' for k, v in sizing['overrides'].items())}]"
                                                      if sizing["overrides"] else ""), flush=True)
+        if kept and sizing.get("minutes", minutes) != minutes:  # a resume keeps its sizing, whatever --minutes says now
+            print(f"demo sizing: kept from this run directory's first demo (--minutes {sizing['minutes']:g}); --minutes {minutes:g} "
+                  f"sizes a new run directory (--set run_dir=DIR)", flush=True)
         def sized(record: dict) -> PipelineConfig:  # the sizing's keys, then --set's (which win)
             return load_config(config or DEFAULT_CONFIG, [f"{k}={v}" for k, v in record["overrides"].items()] + overrides)
 

@@ -529,3 +529,31 @@ def test_the_reason_names_a_budget_under_a_minute_as_given():
     cfg = load_config("demo")
     assert "does not fit; this is the floor (0.5 min; writer 5000 prompt tokens/s read" in size_demo(cfg, Rates(read=5000, write=500, pairs=500), 30)[1]
     assert "fits (12.5 min; writer" in size_demo(cfg, Rates(read=5000, write=500, pairs=500), 750)[1]
+
+
+def test_a_resume_with_another_budget_says_it_keeps_its_sizing(tmp_path, monkeypatch, capsys):
+    """A run directory sized at --minutes 10 and resumed with --minutes 3 keeps its sizing, and says so; before, the
+    new budget was dropped without a word. Resumed with its own budget it says nothing more."""
+    import cqg_ray.demo as demo
+    import cqg_ray.llm.rates as rates
+
+    monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None, answer_read=True: rates.Rates(
+        read=50, write=10, pairs=6, write_batch=4, writer_load=10, answerer_load=5, host_speed=1.0))
+
+    def pipeline(cfg, until=None, **kwargs):  # the stages themselves are not run: the demo stops after the sizing
+        if until == "cluster":
+            return {}
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cqg_ray.pipeline, "run_pipeline", pipeline)
+    sets = [f"run_dir={tmp_path / 'run'}"]
+    for minutes in (10, 3, 10):
+        with pytest.raises(SystemExit):
+            demo.run_demo("demo", sets, minutes=minutes)
+    out = capsys.readouterr().out
+    sizing = [line for line in out.splitlines() if " of 30 clusters, probes " in line]
+    assert len(sizing) == 3 and len(set(sizing)) == 1  # the sizing line, each time the same
+    assert out.count("demo sizing: kept from this run directory's first demo") == 1
+    assert ("demo sizing: kept from this run directory's first demo (--minutes 10); --minutes 3 sizes a new run directory "
+            "(--set run_dir=DIR)\n") in out
