@@ -249,7 +249,7 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
 
     run = RunDir(cfg.run_dir)
     if run.exists(SIZED):
-        return run.read_json(SIZED)
+        return read_sizing(run)
     fixed = frozenset(o.split("=", 1)[0].strip() for o in overrides)
     written = run.manifest("questions") is not None
     if minutes <= 0 or cfg.llm.backend != "llamacpp" or written or fixed >= set(SIZED_KEYS):
@@ -274,6 +274,21 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
         record = {"overrides": sized, "reason": reason, "rates": asdict(rates), "rates_from": source, "minutes": minutes,
                   "sizing_s": round(time.perf_counter() - t0, 1), "spent_s": round(spent, 1)}
     run.write_json(SIZED, record)
+    return record
+
+
+def read_sizing(run) -> dict:
+    """The run directory's sizing (SIZED); ArtifactError, saying what to do, where it is damaged or not a sizing."""
+    from cqg_ray.rundir import ArtifactError
+
+    try:
+        record = run.read_json(SIZED)
+    except ArtifactError as e:
+        raise ArtifactError(f"{e}: delete it, and the same command sizes the run again") from None
+    if not (isinstance(record, dict) and isinstance(record.get("overrides"), dict) and isinstance(record.get("reason"), str)
+            and isinstance(record.get("minutes", 0), (int, float))):
+        raise ArtifactError(f"{run.uri(SIZED)} is not a demo sizing (an object with its overrides, reason and minutes): "
+                            "delete it, and the same command sizes the run again")
     return record
 
 

@@ -557,3 +557,21 @@ def test_a_resume_with_another_budget_says_it_keeps_its_sizing(tmp_path, monkeyp
     assert out.count("demo sizing: kept from this run directory's first demo") == 1
     assert ("demo sizing: kept from this run directory's first demo (--minutes 10); --minutes 3 sizes a new run directory "
             "(--set run_dir=DIR)\n") in out
+
+
+def test_a_damaged_sizing_is_said_with_what_to_do(tmp_path, capsys):
+    """A demo_sizing.json that is not JSON, or JSON that is not a sizing (here a list), is an error (exit 2) that says
+    to delete it; before, the second was a TypeError traceback (exit 1)."""
+    from cqg_ray.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for text, what in (('{"overrides": {', "corrupt JSON artifact {path}: Expecting property name enclosed in double quotes: line 2 "
+                                              "column 1 (char 16)"),
+                       ("[1, 2]\n", "{path} is not a demo sizing (an object with its overrides, reason and minutes)"),
+                       ('{"overrides": {}, "reason": "r", "minutes": "ten"}', "{path} is not a demo sizing (an object with its "
+                                                                              "overrides, reason and minutes)")):
+        (run / "demo_sizing.json").write_text(text + "\n" if text.startswith("{") else text)
+        assert main(["demo", "--set", f"run_dir={run}"]) == 2
+        err = capsys.readouterr().err
+        assert err == "error: " + what.format(path=run / "demo_sizing.json") + ": delete it, and the same command sizes the run again\n"
