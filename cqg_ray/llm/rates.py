@@ -11,6 +11,7 @@ as resolved (``auto`` changes with the CPU) and the threads.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, replace
@@ -209,12 +210,15 @@ def machine_rates(writer: LLMConfig, answerer: LLMConfig, say: Callable[[str], N
         known = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
+    if not isinstance(known, dict):  # JSON, but not the rates by key: measured again, and the file rewritten
+        known = {}
     if isinstance(known.get(key), dict):
         try:
             rates = Rates(**known[key])
         except TypeError:
             rates = None
-        if (rates is not None and None not in (rates.write_batch, rates.writer_load, rates.answerer_load)
+        if (rates is not None and all(isinstance(v, (int, float)) and 0 < v < math.inf for v in (rates.read, rates.write, rates.pairs))
+                and None not in (rates.write_batch, rates.writer_load, rates.answerer_load)
                 and not (answer_read and rates.answer_read is None) and not (keep and rates.host_speed is None)
                 and not (pace is not None and rates.pace is None)):
             now = at_pace(rates, pace)

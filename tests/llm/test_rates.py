@@ -190,3 +190,23 @@ def test_machine_rates_keep_the_pace_they_were_measured_at_and_say_when_they_tak
     assert rates.machine_rates(answerer, answerer, keep=lambda m: None, answer_read=False)[1].startswith("measured earlier")
     again, source = rates.machine_rates(answerer, answerer, keep=lambda m: None, answer_read=False, pace=35_000.0)
     assert source == "measured now" and again.pace == 35_000.0
+
+
+def test_kept_rates_that_are_not_rates_are_measured_again(monkeypatch, tmp_path):
+    """A demo-rates.json that is JSON but not rates by key (a list), or whose rates are not positive finite numbers (0,
+    a string, NaN, Infinity), is measured again and rewritten; before, a list was an AttributeError traceback and a
+    zero rate a ZeroDivisionError in the demo's sizing."""
+    measured = []
+    monkeypatch.setattr(rates, "measure_rates", lambda w, a, keep=None, answer_read=True: measured.append(1) or rates.Rates(
+        read=400.0, write=24.0, pairs=50.0, write_batch=4, writer_load=6.3, answerer_load=3.0, host_speed=1.0))
+    answerer = LLMConfig()
+    answerer.llamacpp.cache_dir = str(tmp_path)
+    path = tmp_path / "demo-rates.json"
+    path.write_text("[1, 2]\n")
+    assert rates.machine_rates(answerer, answerer, answer_read=False)[1] == "measured now" and measured == [1]
+    good = json.loads(path.read_text())
+    assert rates.machine_rates(answerer, answerer, answer_read=False)[1].startswith("measured earlier") and measured == [1]
+    for bad in ({"read": 0.0}, {"write": "fast"}, {"pairs": float("nan")}, {"read": float("inf")}):
+        path.write_text(json.dumps({k: {**v, **bad} for k, v in good.items()}))
+        assert rates.machine_rates(answerer, answerer, answer_read=False)[1] == "measured now"
+    assert measured == [1] * 5 and json.loads(path.read_text()) == good
