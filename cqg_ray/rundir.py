@@ -142,6 +142,9 @@ MANIFEST_TYPES = {"stage": str, "config_hash": str, "fingerprint": str, "inputs"
                   "outputs": dict}  # what readers of a manifest rely on
 
 
+WARNED_MANIFESTS: set[tuple[str, str]] = set()  # (manifest, why) said once a process
+
+
 def manifest_problem(m: Any) -> str | None:
     """Why ``m`` is not a stage manifest as ``write_manifest`` writes one (a field of another type), or None."""
     if not isinstance(m, dict):
@@ -281,7 +284,9 @@ class RunDir:
             return None
         wrong = manifest_problem(m)
         if wrong:
-            log.warning("%s is not a stage manifest (%s): the stage counts as not done", self.uri(stage, MANIFEST), wrong)
+            if (self.uri(stage, MANIFEST), wrong) not in WARNED_MANIFESTS:  # status reads it once a stage that reads it
+                WARNED_MANIFESTS.add((self.uri(stage, MANIFEST), wrong))
+                log.warning("%s is not a stage manifest (%s): the stage counts as not done", self.uri(stage, MANIFEST), wrong)
             return None
         return m
 

@@ -77,6 +77,7 @@ def test_a_manifest_of_another_shape_means_not_done_and_status_still_prints(tmp_
         assert run.state("prepare", "h").state == "missing", body
         assert f"is not a stage manifest ({says}): the stage counts as not done" in caplog.text
         assert format_status(run, {"prepare": "h"}).splitlines()[2].split() == ["prepare", "missing", "-"]
+        assert run.manifest("prepare") is None and caplog.text.count("is not a stage manifest") == 1  # said once, not at every read
 
 
 def test_manifest_contents(tmp_path):
