@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 
 from cqg_ray import stages
@@ -47,12 +49,15 @@ def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
     joining = cfg.address or os.environ.get("RAY_ADDRESS")
     if joining and (why := head_unreachable(joining)) is not None:  # else ray.init retries for minutes, printing warnings
         raise ConfigError(why)
+    sigterm = signal.getsignal(signal.SIGTERM)  # a command's own (cli.unwinds_on_sigterm), where it set one
     if cfg.address:
         ray.init(address=cfg.address, **kwargs)
     elif os.environ.get("RAY_ADDRESS"):  # RAY_ADDRESS still decides
         ray.init(address=None, num_cpus=cfg.num_cpus, **kwargs)
     else:  # a new local Ray ("local": not a cluster that `ray start` left its address file for)
         start_local_ray(ray.init, address="local", num_cpus=cfg.num_cpus, **kwargs)
+    if callable(sigterm) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, sigterm)  # in place of Ray's, which dumps a stack and aborts the process (exit 134)
     import ray.data
 
     if quiet:  # Ray Data's per-dataset progress log lines; our own bars and logs say what is happening

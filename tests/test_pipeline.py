@@ -127,6 +127,37 @@ def test_no_address_starts_a_new_local_ray_even_where_a_ray_start_cluster_runs(m
     assert calls == [("local", 3), (None, 3), ("auto", None)]
 
 
+def test_init_ray_keeps_a_commands_own_sigterm_handler_over_rays(monkeypatch):
+    """Ray's ray.init puts its own SIGTERM handler in (a stack dump, then the process aborts: exit 134): where the
+    command set one (cli.unwinds_on_sigterm: exit 143, ledgers flushed, lease given back) init_ray puts it back; where
+    none was set, Ray's stays."""
+    import signal
+
+    import ray
+
+    from cqg_ray.config import RayConfig
+    from cqg_ray.pipeline import init_ray
+
+    def rays(signum, frame):
+        pass
+
+    def ours(signum, frame):
+        pass
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: signal.signal(signal.SIGTERM, rays))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        init_ray(RayConfig(num_cpus=1))
+        assert signal.getsignal(signal.SIGTERM) is ours
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        init_ray(RayConfig(num_cpus=1))
+        assert signal.getsignal(signal.SIGTERM) is rays
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_an_address_where_no_head_answers_is_said_in_seconds(tmp_path, monkeypatch, capsys):
     """ray.init retries an address where nothing listens for minutes (over 6 here), printing Ray's warnings; init_ray
     says so once nothing has accepted a connection for JOIN_WAIT_S, and `cqg-ray run` exits 2 with that line."""
