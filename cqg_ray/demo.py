@@ -412,7 +412,20 @@ def add_commands(sub) -> None:
                         f"{MIN_QUESTIONS} questions (it writes for more clusters where they came out fewer); decided once per "
                         f"run directory ({SIZED}), --set keys win; 0: no sizing "
                         "(the config as it is: questions for all its clusters)")
-    p.set_defaults(func=lambda a: run_demo(a.config, a.set, a.break_lease, a.minutes), resumes=True)
+    from cqg_ray.cli import unwinds_on_sigterm
+
+    p.set_defaults(func=unwinds_on_sigterm(cmd_demo), resumes=True)
+
+
+def cmd_demo(args) -> int:
+    """`cqg-ray demo`; stopped by SIGTERM (`kill`), it says how to resume (exit 143: the ledgers flush, the lease goes)."""
+    try:
+        return run_demo(args.config, args.set, args.break_lease, args.minutes)
+    except SystemExit as e:
+        if e.code != 143:
+            raise
+        print("stopped: run the same command again to resume", file=sys.stderr)
+        return 143
 
 
 if __name__ == "__main__":

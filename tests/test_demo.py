@@ -575,3 +575,28 @@ def test_a_damaged_sizing_is_said_with_what_to_do(tmp_path, capsys):
         assert main(["demo", "--set", f"run_dir={run}"]) == 2
         err = capsys.readouterr().err
         assert err == "error: " + what.format(path=run / "demo_sizing.json") + ": delete it, and the same command sizes the run again\n"
+
+
+def test_the_demo_stopped_by_sigterm_says_how_to_resume_and_gives_back_its_lease(tmp_path, monkeypatch, capsys):
+    """`kill` (SIGTERM) stops the demo as it does `cqg-ray run`: exit 143, a line that says to run it again, the lease
+    given back; before, the demo kept Ray's handler: a stack dump and an abort (exit 134), nothing said."""
+    import os
+    import signal
+    import time
+
+    from cqg_ray.cli import main
+    from cqg_ray.lease import take_lease
+
+    def stopped(cfg, until=None, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+        raise AssertionError("SIGTERM did not unwind the demo")
+
+    monkeypatch.setattr(cqg_ray.pipeline, "run_pipeline", stopped)
+    before = signal.getsignal(signal.SIGTERM)
+    run = tmp_path / "run"
+    assert main(["demo", "--set", f"run_dir={run}"]) == 143
+    assert capsys.readouterr().err == "stopped: run the same command again to resume\n"
+    assert signal.getsignal(signal.SIGTERM) is before
+    with take_lease(str(run), "cqg-ray demo"):  # given back: a second writer takes it
+        pass
