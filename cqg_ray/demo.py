@@ -8,6 +8,7 @@ answer yes, the ones they differ on, and the similarity: what the paper's case-s
 
 from __future__ import annotations
 
+import argparse
 import csv
 import math
 import os
@@ -385,11 +386,20 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, brea
     return 0
 
 
+DEMO_EPILOG = f"""\
+The run directory is the config's run_dir: runs/demo under the current folder (--set run_dir=DIR for another).
+It prints each stage's progress (CQG_RAY_PROGRESS=0: no bars or progress lines), the sizing ("demo sizing: ..."),
+the run's status table, the evaluation tables, two STS-B test pairs explained by their questions, and the model folder.
+Interrupted (Ctrl-C, or SIGTERM), the same command resumes: finished stages, finished LLM calls (RUN/llm/ledger/) and
+the sizing (RUN/{SIZED}) are kept; the LLM rates are measured once per machine (demo-rates.json in the model cache).
+Exit status: 0 done, 1 a stage failed, 2 a bad config or input, 3 the run directory is in use by another run, 130/143
+interrupted or stopped.
+"""
+
+
 def budget_minutes(s: str) -> float:
     """An argparse type: --minutes, 0 or more (inf: no limit); NaN and a negative budget are refused, where NaN sized the
     demo to its floor and a negative one ran it unsized as '--minutes 0'."""
-    import argparse
-
     try:
         v = float(s)
     except ValueError:
@@ -401,7 +411,7 @@ def budget_minutes(s: str) -> float:
 
 def add_commands(sub) -> None:
     p = sub.add_parser("demo", help="run the embedded demo end to end (resumes) and print explanations",
-                       description=__doc__.split("\n\n")[0])
+                       description=__doc__.split("\n\n")[0], epilog=DEMO_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", "-c", default=None, help="a packaged config by name or a YAML path (default: demo, i.e. cqg_ray/configs/demo.yaml)")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (repeatable), e.g. cqg.max_clusters=8 or run_dir=runs/demo2; wins over the sizing")

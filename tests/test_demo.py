@@ -600,3 +600,20 @@ def test_the_demo_stopped_by_sigterm_says_how_to_resume_and_gives_back_its_lease
     assert signal.getsignal(signal.SIGTERM) is before
     with take_lease(str(run), "cqg-ray demo"):  # given back: a second writer takes it
         pass
+
+
+def test_the_demo_help_says_where_it_writes_how_it_resumes_and_what_it_prints(capsys):
+    """`cqg-ray demo --help` named none of the run directory, resuming, what the demo prints or its exit status."""
+    from cqg_ray.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for said in ("The run directory is the config's run_dir: runs/demo under the current folder (--set run_dir=DIR for another).",
+                 "Interrupted (Ctrl-C, or SIGTERM), the same command resumes: finished stages, finished LLM calls (RUN/llm/ledger/) "
+                 "and the sizing (RUN/demo_sizing.json) are kept",
+                 "two STS-B test pairs explained by their questions, and the model folder.",
+                 "Exit status: 0 done, 1 a stage failed, 2 a bad config or input, 3 the run directory is in use by another run, "
+                 "130/143 interrupted or stopped."):
+        assert said in out, said
