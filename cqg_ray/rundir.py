@@ -140,8 +140,6 @@ class StageContext:
 
 MANIFEST_TYPES = {"stage": str, "config_hash": str, "fingerprint": str, "inputs": dict, "counts": dict, "seconds": (int, float),
                   "outputs": dict}  # what readers of a manifest rely on
-
-
 WARNED_MANIFESTS: set[tuple[str, str]] = set()  # (manifest, why) said once a process
 
 
@@ -282,13 +280,10 @@ class RunDir:
             m = self.read_json(f"{stage}/{MANIFEST}")
         except ArtifactError:
             return None
-        wrong = manifest_problem(m)
-        if wrong:
-            if (self.uri(stage, MANIFEST), wrong) not in WARNED_MANIFESTS:  # status reads it once a stage that reads it
-                WARNED_MANIFESTS.add((self.uri(stage, MANIFEST), wrong))
-                log.warning("%s is not a stage manifest (%s): the stage counts as not done", self.uri(stage, MANIFEST), wrong)
-            return None
-        return m
+        if (wrong := manifest_problem(m)) and (self.uri(stage, MANIFEST), wrong) not in WARNED_MANIFESTS:  # once, not per reader
+            WARNED_MANIFESTS.add((self.uri(stage, MANIFEST), wrong))
+            log.warning("%s is not a stage manifest (%s): the stage counts as not done", self.uri(stage, MANIFEST), wrong)
+        return None if wrong else m
 
     def fingerprint(self, stage: str) -> str | None:
         m = self.manifest(stage)
