@@ -17,6 +17,7 @@ from cqg_ray.llm.prompts import answer_messages
 from cqg_ray.llm.runner import run_requests
 from cqg_ray.rundir import RunDir
 from tests.conftest import LLM_THREADS
+from tests.llm.servers import stop_server
 from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -49,15 +50,6 @@ def start_server(model, port: int, log_path) -> subprocess.Popen:
             proc.kill()
             pytest.fail(f"llama_cpp.server did not start in 180 s: {open(log_path).read()[-2000:]}")
         time.sleep(0.25)
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def qwen():

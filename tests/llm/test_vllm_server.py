@@ -29,7 +29,8 @@ from cqg_ray.llm.prompts import answer_messages
 from cqg_ray.llm.runner import run_requests
 from cqg_ray.rundir import RunDir
 from tests.conftest import LLM_THREADS
-from tests.llm.test_vllm_cpu import MODEL, PY, setup_failure
+from tests.llm.test_vllm_cpu import MODEL, PY, vllm_missing
+from tests.llm.servers import stop_server
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -74,24 +75,10 @@ def start_server(port: int, log_path, wait_s: float = 600) -> subprocess.Popen:
         time.sleep(0.5)
 
 
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    failed = setup_failure(os.environ.get("CQG_RAY_VLLM_SETUP_STATUS"))
-    if failed:
-        pytest.skip(failed)
-    if not os.path.exists(PY):
-        pytest.skip(f"no vllm-cpu venv at {PY} (bash scripts/setup-vllm-cpu.sh makes it)")
-    if not os.path.exists(os.path.join(MODEL, "config.json")):
-        pytest.skip(f"no dequantised model at {MODEL} (bash scripts/setup-vllm-cpu.sh makes it)")
+    if missing := vllm_missing():
+        pytest.skip(missing)
     port = free_port()
     log_path = tmp_path_factory.mktemp("vllm_server") / "server.log"
     t0 = time.time()
