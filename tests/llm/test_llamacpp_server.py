@@ -5,7 +5,6 @@ import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 
 from cqg_ray.config import LLMConfig, OpenAIConfig
@@ -17,7 +16,7 @@ from cqg_ray.llm.prompts import answer_messages
 from cqg_ray.llm.runner import run_requests
 from cqg_ray.rundir import RunDir
 from tests.conftest import LLM_THREADS
-from tests.llm.servers import stop_server
+from tests.llm.servers import start_server, stop_server
 from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -30,26 +29,11 @@ TEXTS = [
 ]
 
 
-def start_server(model, port: int, log_path) -> subprocess.Popen:
+def start_llamacpp(model, port: int, log_path) -> subprocess.Popen:
     """``python -m llama_cpp.server`` on 127.0.0.1:port, returned once it answers /v1/models."""
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", "local", "--host", "127.0.0.1",
            "--port", str(port), "--n_ctx", "2048", "--n_threads", str(LLM_THREADS)]  # fmt: skip
-    log = open(log_path, "a")  # a file, not a pipe: the server logs a lot and would block on a full pipe
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    t0 = time.time()
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"llama_cpp.server exited: {open(log_path).read()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        if time.time() - t0 > 180:
-            proc.kill()
-            pytest.fail(f"llama_cpp.server did not start in 180 s: {open(log_path).read()[-2000:]}")
-        time.sleep(0.25)
+    return start_server("llama_cpp.server", cmd, port, log_path, wait_s=180)
 
 
 def qwen():
@@ -62,7 +46,7 @@ def qwen():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     port = free_port()
-    proc = start_server(qwen(), port, tmp_path_factory.mktemp("llama_server") / "server.log")
+    proc = start_llamacpp(qwen(), port, tmp_path_factory.mktemp("llama_server") / "server.log")
     yield {"base_url": f"http://127.0.0.1:{port}/v1", "proc": proc}
     stop_server(proc)
 
@@ -106,7 +90,7 @@ def test_runner_rides_out_a_real_server_that_hangs_and_then_dies(tmp_path):
     from cqg_ray.llm.ledger import Ledger
 
     model, port, log_path = qwen(), free_port(), tmp_path / "server.log"
-    proc = start_server(model, port, log_path)
+    proc = start_llamacpp(model, port, log_path)
     run = RunDir(str(tmp_path / "run"))
     base = f"http://127.0.0.1:{port}/v1"
     llm = LLMConfig(
@@ -138,7 +122,7 @@ def test_runner_rides_out_a_real_server_that_hangs_and_then_dies(tmp_path):
         proc.kill()  # dies: connections are refused until it is back
         proc.wait()
         time.sleep(1.5)
-        proc = start_server(model, port, log_path)
+        proc = start_llamacpp(model, port, log_path)
         worker.join(timeout=600)
         assert not worker.is_alive()
     finally:

@@ -30,7 +30,7 @@ from cqg_ray.llm.runner import run_requests
 from cqg_ray.rundir import RunDir
 from tests.conftest import LLM_THREADS
 from tests.llm.test_vllm_cpu import MODEL, PY, vllm_missing
-from tests.llm.servers import stop_server
+from tests.llm.servers import start_server, stop_server
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -53,26 +53,11 @@ def server_command(port: int) -> list[str]:
             "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20), "--enable-prompt-tokens-details"]  # fmt: skip
 
 
-def start_server(port: int, log_path, wait_s: float = 600) -> subprocess.Popen:
+def start_vllm(port: int, log_path, wait_s: float = 600) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(LLM_THREADS),
            # the engine core runs the model itself: no worker process of its own (its start and imports, ~10 s)
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1"}
-    log = open(log_path, "a")  # a file, not a pipe: the server logs a lot and would block on a full pipe
-    proc = subprocess.Popen(server_command(port), stdout=log, stderr=subprocess.STDOUT, env=env)
-    log.close()
-    t0 = time.time()
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"the vLLM server exited with {proc.returncode}: {open(log_path).read()[-3000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        if time.time() - t0 > wait_s:
-            stop_server(proc)
-            pytest.fail(f"the vLLM server did not start in {wait_s:.0f} s: {open(log_path).read()[-3000:]}")
-        time.sleep(0.5)
+    return start_server("the vLLM server", server_command(port), port, log_path, wait_s, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +67,7 @@ def server(tmp_path_factory):
     port = free_port()
     log_path = tmp_path_factory.mktemp("vllm_server") / "server.log"
     t0 = time.time()
-    proc = start_server(port, log_path)
+    proc = start_vllm(port, log_path)
     print(f"vLLM server up in {time.time() - t0:.1f} s")
     yield {"base_url": f"http://127.0.0.1:{port}/v1", "root": f"http://127.0.0.1:{port}", "log": log_path, "pid": proc.pid}
     stop_server(proc)
