@@ -336,6 +336,15 @@ def not_a_run(run: RunDir) -> str | None:
     return "a model folder (config.json)" if run.exists("config.json") and not run.exists("config.yaml") else None
 
 
+def require_run_or_new(run_dir: str, flag: str) -> None:
+    """ArtifactError where ``run_dir`` is a file, a model folder or an embed output: said before a lease and a config.yaml
+    are written into it (a folder that does not exist yet, or an empty one, becomes a run). ``flag``: how the user gave it."""
+    what = not_a_run(RunDir(run_dir))
+    if what is not None and what != "no such folder":
+        raise ArtifactError(f"{run_dir} is not a cqg-ray run directory ({what}): give a run directory ({flag}), "
+                            "or a new folder to start one")
+
+
 def embed_manifest(out: str) -> dict:
     """The manifest of a finished `cqg-ray embed` output folder; ArtifactError saying whether it is unfinished or none."""
     run = RunDir(out)

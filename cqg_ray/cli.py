@@ -108,23 +108,13 @@ def unwinds_on_sigterm(command):
     return run
 
 
-def refuse_what_is_not_a_run(run_dir: str) -> None:
-    """A run directory that is a file, a model folder or a `cqg-ray embed` output is said before the lease and the
-    config.yaml, which would be written into it (a folder that does not exist yet, or an empty one, becomes a run)."""
-    from cqg_ray.artifacts import not_a_run
-
-    what = not_a_run(RunDir(run_dir))
-    if what is not None and what != "no such folder":
-        raise ArtifactError(f"{run_dir} is not a cqg-ray run directory ({what}): give a run directory (--run-dir), "
-                            "or a new folder to start one")
-
-
 @unwinds_on_sigterm
 def cmd_stage(args) -> int:
+    from cqg_ray.artifacts import require_run_or_new
     from cqg_ray.pipeline import init_ray, run_one
 
     cfg = resolve_config(args)
-    refuse_what_is_not_a_run(cfg.run_dir)
+    require_run_or_new(cfg.run_dir, "--run-dir")
     stage, run = stages.get(args.stage), RunDir(cfg.run_dir)
     # a mistyped run directory, or a folder no run has written to (an empty one): its first input is said missing before
     # the lease and config.yaml are made in it (where a run holds it, the lease says so first)
@@ -141,10 +131,11 @@ def cmd_stage(args) -> int:
 
 @unwinds_on_sigterm
 def cmd_run(args) -> int:
+    from cqg_ray.artifacts import require_run_or_new
     from cqg_ray.pipeline import ray_address
 
     cfg = resolve_config(args)
-    refuse_what_is_not_a_run(cfg.run_dir)
+    require_run_or_new(cfg.run_dir, "--run-dir")
     until = stages.get(args.until).name if args.until else None
     force = None
     if args.force is not None:  # --force alone: every stage

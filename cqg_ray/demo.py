@@ -314,23 +314,20 @@ def demo_engines(cfg: PipelineConfig) -> dict | None:
 
 
 def run_demo(config: str | None = None, overrides: list[str] | None = None, break_lease: bool = False, minutes: float = BUDGET_MIN) -> int:
-    from cqg_ray.artifacts import not_a_run
+    from cqg_ray.artifacts import require_run_or_new
     from cqg_ray.explain import format_explanation
     from cqg_ray.llm.backends import release_backends
     from cqg_ray.lease import take_lease
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
     from cqg_ray.pipeline import run_pipeline, run_status
-    from cqg_ray.rundir import ArtifactError, RunDir
+    from cqg_ray.rundir import RunDir
     from cqg_ray.stages import NAMES
 
     overrides = list(overrides or [])
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
     check_model_paths(cfg, NAMES)  # a missing local model: said before the lease and Ray
     run = RunDir(cfg.run_dir)
-    what = not_a_run(run)  # a file, a model folder or an embed output: said before the lease and config.yaml go into it
-    if what is not None and what != "no such folder":
-        raise ArtifactError(f"{cfg.run_dir} is not a cqg-ray run directory ({what}): give a run directory "
-                            "(--set run_dir=DIR), or a new folder to start one")
+    require_run_or_new(cfg.run_dir, "--set run_dir=DIR")
     with take_lease(cfg.run_dir, "cqg-ray demo", break_lease):  # LeaseHeld: the CLI says who holds it (exit 3)
         print(f"cqg-ray demo: run directory {cfg.run_dir} (interrupt any time; the same command resumes)", flush=True)
         kept = run.exists(SIZED)
