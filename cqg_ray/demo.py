@@ -331,8 +331,10 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, brea
     with take_lease(cfg.run_dir, "cqg-ray demo", break_lease):  # LeaseHeld: the CLI says who holds it (exit 3)
         print(f"cqg-ray demo: run directory {cfg.run_dir} (interrupt any time; the same command resumes)", flush=True)
         kept = run.exists(SIZED)
+        checked: list[str] = []  # stages this process ran or found done: not run (nor logged as skipped) again
         if not kept:  # the stages before the questions first: the sizing counts their time
             run_pipeline(cfg, until=stages_before_questions()[-1])
+            checked = stages_before_questions()
         sizing = demo_sizing(cfg, overrides, minutes)
         print(f"demo sizing: {sizing['reason']}" + (f" [{', '.join(f'{k}={v}' for k, v in sizing['overrides'].items())}]"
                                                      if sizing["overrides"] else ""), flush=True)
@@ -347,7 +349,8 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, brea
         writer = demo_engines(cfg)
         try:
             while True:  # the questions first: a run short of MIN_QUESTIONS writes for more clusters (top_up)
-                run_pipeline(cfg, until="questions")
+                run_pipeline(cfg, until="questions", skip=checked)
+                checked = stages_before_questions()  # the sizing changes none of them
                 if (more := top_up(sizing, run.manifest("questions"), cfg.cluster.k)) is None:
                     break
                 n, q = more["topped_up"][-1]["clusters"], more["topped_up"][-1]["questions"]
@@ -357,7 +360,7 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, brea
                 sizing, cfg = more, sized(more)
             if writer is not None:
                 release_backends(writer)  # its questions are written: the labels need the answerer alone
-            manifests = run_pipeline(cfg)
+            manifests = run_pipeline(cfg, skip=[*checked, "questions"])
         finally:
             release_backends()
     # the evaluation stage prints its tables as it finishes; a stage skipped as done printed nothing (a run of it

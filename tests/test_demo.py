@@ -53,6 +53,31 @@ def test_the_demo_prints_the_summary_once_with_a_copy_rate(tmp_path, monkeypatch
     assert ran == [str(tmp_path / "run")] * 2 and manifests[0] == manifests[1]  # the second demo skipped the stage
 
 
+def test_the_demo_asks_each_stage_once(tmp_path, monkeypatch, capsys, toy_encoder):
+    """The demo runs the pipeline in steps (before the sizing, up to the questions, the rest): each stage is run, or
+    found done and logged as skipped, once a demo, not once a step ("questions: done (skipped)" printed twice)."""
+    from cqg_ray.demo import run_demo
+    from cqg_ray.rundir import RunDir
+    from cqg_ray.stages import NAMES
+    from tests.conftest import toy_run
+
+    cfg = toy_run(tmp_path / "run", toy_encoder, {"evaluate": {"tasks": ["sts"], "sts": [], "baselines": []}})
+    (tmp_path / "demo.yaml").write_text(dump_config(cfg))
+    asked = []
+
+    def run_one(cfg, name, force=False):  # Ray is not started; the toy run's stages are done
+        asked.append(name)
+        return RunDir(cfg.run_dir).manifest(name)
+
+    monkeypatch.setattr(cqg_ray.pipeline, "init_ray", lambda ray_cfg: None)
+    monkeypatch.setattr(cqg_ray.pipeline, "run_one", run_one)
+    for attempt in ("first", "resumed"):
+        asked.clear()
+        assert run_demo(str(tmp_path / "demo.yaml")) == 0, attempt
+        assert asked == list(NAMES), (attempt, asked)
+    capsys.readouterr()
+
+
 # ------------------------------------------------------------------ sizing to the machine
 def demo_config(tmp_path, **cqg):
     from cqg_ray.config import load_config
