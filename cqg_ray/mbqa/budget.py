@@ -77,6 +77,10 @@ class Budget:
             return base
         return base + (" by p-mean" if self.rank == "centred" else f" by p-{self.lift:g}mean")
 
+    def name_for(self, m: int) -> str:
+        """``name`` as applied to m questions: a k above m reads as m (``top112`` on 23 questions is ``top23``)."""
+        return self.with_(k=m).name if self.rule == "top_k" and self.k > m >= 1 else self.name
+
     def to_dict(self) -> dict[str, Any]:
         if self.rule == "tau":
             return {"rule": "tau", "tau": self.tau, "value": self.value}

@@ -386,7 +386,7 @@ class InterpretableEmbedder:
         """The explanation of two probability vectors (m,) under ``budget`` (default the model's)."""
         b = self.budget if budget is None else budget
         (ya, yb), (va, vb) = self.apply(np.stack([p_a, p_b]), b)
-        return explanation(p_a, p_b, ya, yb, va, vb, self.question_records, b.name)
+        return explanation(p_a, p_b, ya, yb, va, vb, self.question_records, b.name_for(self.m))
 
     def __repr__(self) -> str:
         return (f"InterpretableEmbedder(encoder={self.encoder_name!r}, d={self.dims}, m={self.m}, budget={self.budget.name!r}, "

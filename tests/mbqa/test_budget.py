@@ -61,6 +61,11 @@ def test_names_dicts_and_checks():
     assert b.name == "top64>0.5 centred"
     assert Budget(rule="tau", tau=0.76).name == "tau=0.76"
     assert Budget(rule="top_k", k=8, floor=None, value="prob").name == "top8 prob"
+    # as applied to m questions: a k above m reads as m (the demo's 112 on 23 questions), the others unchanged
+    top112 = Budget(rule="top_k", k=112, floor=0.5, value="centred", rank="centred")
+    assert (top112.name_for(23), top112.name_for(112), top112.name_for(200)) == (
+        "top23>0.5 centred by p-mean", "top112>0.5 centred by p-mean", "top112>0.5 centred by p-mean")
+    assert Budget(rule="tau", tau=0.76).name_for(3) == "tau=0.76"
     assert b.to_dict() == {"rule": "top_k", "k": 64, "floor": 0.5, "value": "centred", "rank": "prob"}
     assert Budget.from_dict(b.to_dict()) == b
     assert Budget.from_dict({"rule": "tau", "tau": 0.7, "value": "one"}) == Budget(rule="tau", tau=0.7)

@@ -361,6 +361,9 @@ def test_a_budgeted_model_saves_as_version_2_and_every_output_follows_the_budget
             loaded.encode(TEXTS, threshold=bad)
     ex = loaded.explain(TEXTS[0], TEXTS[3])
     assert ex.budget == "top2>0.5 centred" and ex.cognitive_load <= 2
+    wide = InterpretableEmbedder("bundled:all-MiniLM-L6-v2", base.question_records, base.heads, 0.5, None, device="cpu",
+                                 encoder=encoder, budget=budget.with_(k=M + 100), mean=mean)
+    assert wide.explain(TEXTS[0], TEXTS[3]).budget == f"top{M}>0.5 centred"  # the k it can apply, not the config's
 
 
 def test_the_labeller_record_survives_a_save_and_a_bad_one_is_named(encoder, saved, tmp_path):
