@@ -201,12 +201,14 @@ def format_reliability(report: dict) -> str:
     """A few lines for people: the calibration, what was dropped, fidelity before and after."""
     c, q, f = report["calibration"], report["questions"], report["fidelity"]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    n, min_kept = q.get("kept_for_min_kept"), report.get("rules", {}).get("min_kept")
+    back = f", {n} that the rule drops kept to reach min_kept {min_kept}" if n else ""
     return "\n".join([
         f"reliability: calibration {c['method']} (a={c['a']:.3f}, b={c['b']:.3f}); expected calibration error on the report part "
         f"{fmt(c['ece_before'])} -> {fmt(c['ece_after'])} ({c['report_pairs']} pairs)",
-        f"reliability: {q['kept']} of {q['total']} questions kept ({q['dropped_one_class']} with one answer in training, "
-        f"{q['dropped_low_auc']} below min_auc on the select part"
-        f"{f', {n} more kept for min_kept' if (n := q.get('kept_for_min_kept')) else ''}); {q['with_precision_kept']} kept ones have a measured precision",
+        f"reliability: {q['kept']} of {q['total']} questions kept ({q['dropped_one_class']} dropped with one answer in training, "
+        f"{q['dropped_low_auc']} dropped below min_auc on the select part{back}); {q['with_precision_kept']} kept ones have a "
+        "measured precision",
         f"reliability: macro-F1 per question on the report part {fmt(f['macro_f1_per_question_before_drop'])} before the drop "
         f"({f['questions_measured_before']} questions), {fmt(f['macro_f1_per_question_after_drop'])} after "
         f"({f['questions_measured_after']}); yes base rate {fmt(f['yes_base_rate_before'])} -> {fmt(f['yes_base_rate_after'])}",

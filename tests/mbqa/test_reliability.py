@@ -162,5 +162,8 @@ def test_min_kept_keeps_the_dropped_questions_with_the_highest_select_auc():
                                  5: "one answer in training"}
     assert np.flatnonzero(kept(5).keep).tolist() == [0, 1, 2, 3, 4]  # every low-AUC one before the one-class q5
     assert kept(9).keep.all() and kept(9).report["questions"]["kept_for_min_kept"] == 4
-    assert "1 more kept for min_kept" in format_reliability(three.report)
-    assert "more kept" not in format_reliability(kept(0).report)
+    assert ("reliability: 3 of 6 questions kept (1 dropped with one answer in training, 2 dropped below min_auc on the select "
+            "part, 1 that the rule drops kept to reach min_kept 3); ") in format_reliability(three.report)
+    assert "(0 dropped with one answer in training, 0 dropped below min_auc on the select part, 4 that the rule drops kept to " \
+           "reach min_kept 9)" in format_reliability(kept(9).report)  # all kept: it read "(0 ..., 0 ..., 4 more kept for min_kept)"
+    assert "min_kept" not in format_reliability(kept(0).report)
