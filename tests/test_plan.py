@@ -250,6 +250,20 @@ def test_cli_bad_count_is_a_clear_error(capsys):
     assert "cannot read 'lots' as a count" in capsys.readouterr().err
 
 
+def test_counts_past_a_trillion_are_refused_and_huge_hours_stay_in_their_column(capsys):
+    from cqg_ray.plan.format import hours
+
+    for flag, named in (("--docs", "--docs"), ("--clusters", "--clusters/-k"), ("--embed-docs", "--embed-docs")):
+        with pytest.raises(SystemExit) as e:
+            main(["plan", flag, "1e30"])  # it printed 24-digit hours
+        assert e.value.code == 2 and capsys.readouterr().err.strip().endswith(f"argument {named}: at most 1T (10^12), got 1e30")
+    assert (hours(0.904), hours(99999.994), hours(185185.19), hours(1.39e10), hours(2.8e17)) == (
+        "0.90", "99999.99", "185k", "13.9B", "2.8e+17")
+    assert main(["plan", "--docs", "1T", "--encoder-texts-per-s", "1e-9"]) == 0  # a tiny rate: 2.8e+17 encoder hours
+    table = capsys.readouterr().out.split("\n\n")[1].splitlines()
+    assert table[1].split()[-2:] == ["2.8e+17", "2.8e+17"] and len({len(row) for row in table}) == 1, table
+
+
 def test_cli_impossible_figures_are_refused(capsys):
     for flag, value, says in (("--encoder-texts-per-s", "-1", "argument --encoder-texts-per-s: must be above 0, got -1"),
                               ("--llm-tokens-per-s", "0", "argument --llm-tokens-per-s: must be above 0, got 0"),

@@ -47,11 +47,17 @@ def _price(s: str) -> float:
     return v
 
 
+MAX_COUNT = 10**12  # a trillion texts or clusters: beyond any corpus (1e30 printed 24-digit hours)
+
+
 def _count_arg(s: str) -> int:
     try:
-        return parse_count(s)
+        n = parse_count(s)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+    if n > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"at most 1T (10^12), got {s}")
+    return n
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

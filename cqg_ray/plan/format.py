@@ -32,6 +32,11 @@ def human(n: float) -> str:
     return f"{n:.3g}" if isinstance(n, float) and n != int(n) else str(int(n))
 
 
+def hours(h: float) -> str:
+    """Hours for a table cell: 0.90, 15.35; 100,000 and over as ``human`` does (185k, 3.7e+17 where a rate was tiny)."""
+    return f"{h:.2f}" if h < 1e5 else human(h) if h < 1e15 else f"{h:.2g}"
+
+
 def format_plan(p: dict) -> str:
     i, c, tp, t = p["inputs"], p["counts"], p["throughput"], p["totals"]
     lines = [
@@ -45,20 +50,20 @@ def format_plan(p: dict) -> str:
         return "-" if v is None else fmt.format(v)
 
     for r in p["stages"]:
-        dev = "cpu" if r["cpu_core_hours"] is not None else f"{r['device_hours']:.2f}"
+        dev = "cpu" if r["cpu_core_hours"] is not None else hours(r["device_hours"])
         lines.append(f"{r['stage']:<13} {cell(r['llm_requests']):>13} {cell(r['prompt_tokens'] and human(r['prompt_tokens']), '{}'):>11} "
                      f"{cell(r['completion_tokens'] and human(r['completion_tokens']), '{}'):>11} "
                      f"{cell(r['texts_encoded'] and human(r['texts_encoded']), '{}'):>10} "
-                     f"{dev:>9} {r['wall_hours']:>8.2f}")
+                     f"{dev:>9} {hours(r['wall_hours']):>8}")
     lines.append(f"{'total':<13} {t['llm_requests']:>13,} {human(t['prompt_tokens']):>11} {human(t['completion_tokens']):>11} "
-                 f"{human(t['texts_encoded']):>10} {t['gpu_hours']:>9.2f} {t['wall_hours']:>8.2f}")
+                 f"{human(t['texts_encoded']):>10} {hours(t['gpu_hours']):>9} {hours(t['wall_hours']):>8}")
     if p.get("memory"):
         from cqg_ray.plan.memory import format_memory
 
         lines += ["", *format_memory(p["memory"])]
     lines += [
         "",
-        f"k-means runs on the CPU: {p['stages'][1]['cpu_core_hours']:.2f} core-hours (from our faiss benchmark's flop rate)",
+        f"k-means runs on the CPU: {hours(p['stages'][1]['cpu_core_hours'])} core-hours (from our faiss benchmark's flop rate)",
         f"questions: {c['clusters_generated']:,} clusters x {c['prompts_per_cluster']} prompt(s) x {i['questions_per_cluster']} = "
         f"{c['candidates']:,} candidates -> filters ({c['filter_survival']:.4g} kept) {c['eligible']:,} -> top t: "
         f"{c['selected_top_t']:,} -> after dedup ({c['dedup_survival']:.4f} kept): m = {c['questions']:,}",
