@@ -537,6 +537,13 @@ class PipelineConfig(Section):
         return self
 
 
+def check_seed(seed: int) -> None:
+    """--seed in ``Seed``'s range, as every seeded library takes it (numpy's generators refuse a negative one with a
+    traceback): the commands that take a seed on the command line check it here."""
+    if not 0 <= seed <= 2**31 - 1:
+        raise ConfigError(f"--seed must be in [0, 2147483647], got {seed}")
+
+
 def check_corpus_size(cfg: PipelineConfig, n_docs: int) -> None:
     """Checks that need the corpus size (known only after `prepare`); raise ConfigError when impossible."""
     problems = []

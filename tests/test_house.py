@@ -1,6 +1,7 @@
 """The house rules the code keeps: no module over 450 lines unless its docstring's first line says why ("long"), and
-no import circle between cqg_ray's modules, imports inside functions counted; neither the package nor the benches and
-scripts import the tests."""
+no import circle between cqg_ray's modules, imports inside functions counted; no package imports another package's
+command-line module (stages share only what lives below them); neither the package nor the benches and scripts import
+the tests."""
 
 import ast
 from pathlib import Path
@@ -77,6 +78,18 @@ def test_no_import_circle_in_cqg_ray():
     graph = {m: imports(m, p, set(mods)) for m, p in mods.items()}
     assert graph["cqg_ray.llm.stream"] >= {"cqg_ray.llm.plan_work", "cqg_ray.llm.ledger"}  # the walk sees real imports
     assert cycles(graph) == []
+
+
+def test_no_package_imports_another_packages_command_line_module():
+    """A helper two stages' commands share lives below both (cqg_ray.config, cqg_ray.artifacts), not in one stage's cli."""
+    mods = modules()
+    crossing = []
+    for name, p in mods.items():
+        for dep in sorted(imports(name, p, set(mods))):
+            parts = dep.split(".")
+            if len(parts) == 3 and parts[2] == "cli" and name.split(".")[:2] != parts[:2]:
+                crossing.append(f"{name} imports {dep}")
+    assert crossing == []
 
 
 def test_no_module_over_450_lines_without_saying_why():

@@ -17,7 +17,7 @@ import sys
 
 from pydantic import ValidationError
 
-from cqg_ray.config import ConfigError, EvaluateConfig, format_errors, load_config
+from cqg_ray.config import ConfigError, EvaluateConfig, check_seed, format_errors, load_config
 
 
 def add_commands(sub) -> None:
@@ -92,12 +92,6 @@ def config_from_args(args) -> EvaluateConfig:
         raise ConfigError(format_errors(e, "the evaluate options")) from None
     except ValueError as e:
         raise ConfigError(f"invalid evaluate options: {e}") from None
-
-
-def check_seed(seed: int) -> None:
-    """--seed as every seeded library takes it (numpy's generators refuse a negative one with a traceback)."""
-    if not 0 <= seed <= 2**31 - 1:
-        raise ConfigError(f"--seed must be in [0, 2147483647], got {seed}")
 
 
 def check_out_folder(out: str) -> None:
