@@ -199,6 +199,21 @@ def top_up(record: dict, questions: dict | None, k: int) -> dict | None:
             "reason": f"{record['reason']}; topped up to {more} clusters ({q} questions from {n}, under {MIN_QUESTIONS})"}
 
 
+def short_note(record: dict, questions: dict | None, k: int, fixed: frozenset[str]) -> str | None:
+    """The line said where the questions stage ended under MIN_QUESTIONS and `top_up` adds nothing: why no more
+    clusters are written for (None where there are enough questions, or no questions stage)."""
+    if questions is None or (q := questions["counts"]["questions"]) >= MIN_QUESTIONS:
+        return None
+    n = questions["counts"]["clusters"]
+    if "cqg.max_clusters" in fixed:
+        why = "cqg.max_clusters is set (--set), which the sizing leaves as it is"
+    elif "rates" not in record:
+        why = record["reason"].split(":")[0]  # not sized (--minutes 0 | the openai backend | ...): the config as it is
+    else:
+        why = "every cluster there is was written for"  # all k, or fewer than asked: the clustering left no more
+    return f"demo sizing: {q} questions from {n} clusters, under the floor of {MIN_QUESTIONS}, and no more are written: {why}"
+
+
 def example_pairs(sts_file: str) -> list[tuple[str, str, float]]:
     """The highest- and lowest-scored pairs among the first 200 rows of an STS TSV file."""
     rows = []
@@ -251,7 +266,7 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
     run = RunDir(cfg.run_dir)
     if run.exists(SIZED):
         return read_sizing(run)
-    fixed = frozenset(o.split("=", 1)[0].strip() for o in overrides)
+    fixed = set_keys(overrides)
     written = run.manifest("questions") is not None
     if minutes <= 0 or cfg.llm.backend != "llamacpp" or written or fixed >= set(SIZED_KEYS):
         why = ("--minutes 0" if minutes <= 0 else f"the {cfg.llm.backend} backend" if cfg.llm.backend != "llamacpp"
@@ -276,6 +291,11 @@ def demo_sizing(cfg: PipelineConfig, overrides: list[str], minutes: float) -> di
                   "sizing_s": round(time.perf_counter() - t0, 1), "spent_s": round(spent, 1)}
     run.write_json(SIZED, record)
     return record
+
+
+def set_keys(overrides: list[str]) -> frozenset[str]:
+    """The config keys --set names (``cqg.p_e=1`` -> ``cqg.p_e``)."""
+    return frozenset(o.split("=", 1)[0].strip() for o in overrides)
 
 
 def read_sizing(run) -> dict:
@@ -352,6 +372,8 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, brea
                 run_pipeline(cfg, until="questions", skip=checked)
                 checked = stages_before_questions()  # the sizing changes none of them
                 if (more := top_up(sizing, run.manifest("questions"), cfg.cluster.k)) is None:
+                    if note := short_note(sizing, run.manifest("questions"), cfg.cluster.k, set_keys(overrides)):
+                        print(note, flush=True)
                     break
                 n, q = more["topped_up"][-1]["clusters"], more["topped_up"][-1]["questions"]
                 print(f"demo sizing: {q} questions from {n} clusters, under the floor of {MIN_QUESTIONS}: writing for "

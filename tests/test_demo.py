@@ -371,6 +371,22 @@ def test_top_up_writes_for_the_clusters_that_give_the_floor_at_the_runs_own_yiel
     assert top_up({"overrides": {"cqg.max_clusters": 16}, "reason": "not sized (its questions were written before)"}, made(16, 5), 30) is None
 
 
+def test_a_demo_left_under_the_floor_says_why_no_more_clusters_are_written():
+    from cqg_ray.demo import short_note
+
+    sized = {"overrides": {"cqg.max_clusters": 10}, "reason": "10 of 30 clusters", "rates": {"read": 50}}
+    made = lambda n, q: {"counts": {"clusters": n, "questions": q}}  # noqa: E731  a questions manifest
+    assert short_note(sized, made(10, 20), 30, frozenset()) is None and short_note(sized, None, 30, frozenset()) is None
+    assert short_note({**sized, "overrides": {}}, made(4, 6), 30, frozenset({"cqg.max_clusters"})) == (
+        "demo sizing: 6 questions from 4 clusters, under the floor of 20, and no more are written: cqg.max_clusters is set "
+        "(--set), which the sizing leaves as it is")  # it went on without a word
+    assert short_note(sized, made(30, 12), 30, frozenset()).endswith(": every cluster there is was written for")
+    assert short_note({**sized, "overrides": {"cqg.max_clusters": 30}}, made(28, 12), 30, frozenset()).endswith(
+        ": every cluster there is was written for")  # the clustering left 28 of the 30 asked for
+    unsized = {"overrides": {}, "reason": "not sized (--minutes 0): the config as it is"}
+    assert short_note(unsized, made(8, 12), 30, frozenset()).endswith("no more are written: not sized (--minutes 0)")
+
+
 def test_the_demo_tops_up_its_clusters_until_the_floor_and_a_resume_keeps_them(tmp_path, monkeypatch, capsys):
     """A demo whose questions stage ends under MIN_QUESTIONS writes for more clusters (here a stand-in for the stage
     gives 1.5 questions a cluster: 10 clusters 15 questions, then 14 give 21), records it in demo_sizing.json and
