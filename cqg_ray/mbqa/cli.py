@@ -64,7 +64,7 @@ def cmd_budget(args) -> int:
         try:
             model.budget = model.budget.with_(**updates)
         except ValueError as e:
-            raise ConfigError(f"budget: {e}") from None
+            raise ConfigError(str(e)) from None  # "budget lift must lie in (0, 1], got 2.0" (it read "budget: budget lift ...")
         if model.budget.rule == "top_k" and model.budget.k > model.m:
             raise ConfigError(f"budget: k must be at most the model's m={model.m}, got {model.budget.k}")
         model.versioned_budget = changed = True

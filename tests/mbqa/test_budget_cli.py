@@ -44,7 +44,8 @@ def test_budget_sets_the_rule_measures_the_means_and_refuses_centred_values_with
     assert json.loads((tmp_path / "model" / "config.json").read_text())["budget"] == {
         "rule": "top_k", "k": 3, "floor": 0.5, "value": "prob", "rank": "lift", "lift": 0.75}
     assert InterpretableEmbedder.load(path, encoder=encoder).budget == Budget(rule="top_k", k=3, floor=0.5, value="prob", rank="lift", lift=0.75)
-    assert main(["budget", path, "--lift", "2"]) == 2 and "lift must lie in (0, 1]" in capsys.readouterr().err
+    assert main(["budget", path, "--lift", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: budget lift must lie in (0, 1], got 2.0"  # not "budget: budget lift"
     before = (tmp_path / "model" / "config.json").read_bytes()
     for args, says in ((["--tau", "2"], "budget tau would not be used"), (["--rule", "tau", "--k", "5"], "budget k would not be used"),
                        (["--rank", "prob", "--lift", "0.3"], "budget lift would not be used"),
