@@ -312,6 +312,25 @@ def test_a_streamed_list_is_read_until_it_loops():
     assert list(sse_data([": comment", "", "event: x", 'data: {"a": 1}', "data: [DONE]", 'data: {"b": 2}'])) == [{"a": 1}, None]
 
 
+def test_a_list_closed_at_its_loop_counts_its_prompt_with_the_servers_tokenize():
+    """The usage chunk comes at a stream's end, so a list closed at its loop had 0 prompt tokens (against vLLM too):
+    they are now the server's /tokenize count, asked once for that reply; a server without /tokenize leaves 0 and is
+    not asked again; a list that ends normally keeps its usage's count."""
+    content = "Write questions. LOOP"
+    loop = Request([{"role": "user", "content": content}], max_tokens=400, stop_on_loop=True)
+    fine = Request([{"role": "user", "content": "Write questions."}], max_tokens=400, stop_on_loop=True)
+    with FakeOpenAIServer(max_model_len=4096) as srv:
+        with OpenAIBackend(llm_for(srv.base_url)) as b:
+            looped, ended = b.complete([loop])[0], b.complete([fine])[0]
+        assert (looped.prompt_tokens, looped.completion_tokens) == (len(content) // 4 + 10, 28) and srv.tokenize_calls == 1
+        assert ended.prompt_tokens == len("Write questions.") // 4 and srv.tokenize_calls == 1  # its usage chunk's
+    with FakeOpenAIServer() as srv:  # no /tokenize (404)
+        with OpenAIBackend(llm_for(srv.base_url)) as b:
+            first, second = b.complete([loop])[0], b.complete([loop])[0]
+            assert b._no_tokenize
+    assert (first.prompt_tokens, second.prompt_tokens, first.error, second.text) == (0, 0, None, first.text)
+
+
 def test_a_question_list_is_streamed_and_closed_where_it_loops():
     """A stop_on_loop request is streamed and the stream closed at its loop (the server stops sending); its tokens are
     the usage chunk's where the stream ends; other requests, and stop_loops: false, ask for one JSON reply as before."""

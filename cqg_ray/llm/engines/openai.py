@@ -19,7 +19,7 @@
 - A question list (``Request.stop_on_loop``) is streamed (``stream: true``, usage asked with ``stream_options``) and the
   stream closed at the newline where the list loops (``parse.loops``), as the embedded engines stop it (the server,
   vLLM's included, aborts a request whose client went away); its tokens are the server's usage where it sends one,
-  else the content chunks counted, and a prompt's tokens 0; a stream that stops before its end (no finish_reason, no
+  else the content chunks counted, and the prompt's from the server's ``/tokenize`` (vLLM; 0 without it); a stream that stops before its end (no finish_reason, no
   [DONE]) or that carries an error event (vLLM's way to fail a request after its 200) is that request's error, asked
   again; a JSON reply to it is read as one. ``OpenAIConfig.stop_loops: false``
   asks as any other.
@@ -38,6 +38,7 @@ import math
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import httpx
@@ -258,6 +259,7 @@ class OpenAIBackend(Backend):
         self.http_request_errors = 0  # 4xx answered for one request (recorded as that request's error)
         self._4xx_in_a_row = 0
         self._fatal: str | None = None  # once set, every request queued behind it fails without being sent
+        self._no_tokenize = False  # the server answered no /tokenize: a list closed at its loop keeps 0 prompt tokens
 
     def counters(self) -> dict[str, int]:
         return {"http_calls": self.http_calls, "http_retries": self.http_retries, "http_request_errors": self.http_request_errors}
@@ -279,11 +281,15 @@ class OpenAIBackend(Backend):
             self.http_calls += 1
             try:
                 if stream:
+                    streamed = None
                     with self.client.stream("POST", self.url, json=body) as r:
                         if r.status_code == 200 and r.headers.get("content-type", "").startswith("text/event-stream"):
                             self._4xx_in_a_row = 0
-                            return streamed_completion(sse_data(r.iter_lines()))  # leaving the block closes the stream
-                        r.read()  # an error's body, or one JSON reply from a server that does not stream: handled below
+                            streamed = streamed_completion(sse_data(r.iter_lines()))  # leaving the block closes the stream
+                        else:
+                            r.read()  # an error's body, or one JSON reply from a server that does not stream: handled below
+                    if streamed is not None:
+                        return self.prompt_counted(streamed, req)
                 else:
                     r = self.client.post(self.url, json=body)
             except httpx.TransportError as e:  # refused, reset, timed out, protocol error
@@ -314,6 +320,15 @@ class OpenAIBackend(Backend):
             self.http_retries += 1
             self.sleep(backoff_delay(attempt, cfg.backoff_s, retry_after))
         raise BackendError(f"{self.url}: no answer after {cfg.max_retries + 1} tries; last error: {last}")
+
+    def prompt_counted(self, c: Completion, req: Request) -> Completion:
+        """A streamed reply closed at its loop, before the usage chunk: its prompt tokens from the server's /tokenize
+        (vLLM), asked once more; left 0 on a server without it (not asked again)."""
+        if c.error is not None or c.prompt_tokens or self._no_tokenize:
+            return c
+        n = server_count(self.llm, req)
+        self._no_tokenize = n is None
+        return c if n is None else replace(c, prompt_tokens=n)
 
     def complete(self, requests: Sequence[Request]) -> list[Completion]:
         out: list[Completion | None] = [None] * len(requests)
