@@ -146,7 +146,8 @@ class OpenAIConfig(Section):
     base_url: str = "http://127.0.0.1:8000/v1"
     model: str = "local"
     api_key_env: str | None = Field(None, description="environment variable holding the key; None = no key")
-    max_concurrency: int = Field(8, ge=1)
+    max_concurrency: int = Field(8, ge=1, description="requests in flight at a time (threads and connections); the server batches "
+                                 "those, so a GPU vLLM server wants more than the default (not measured here)")
     timeout_s: float = Field(120.0, gt=0)
     max_retries: int = Field(5, ge=0)
     backoff_s: float = Field(1.0, ge=0)
