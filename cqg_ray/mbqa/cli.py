@@ -99,12 +99,17 @@ def cmd_explain(args) -> int:
 
     if args.rows < 1:
         raise ConfigError(f"explain: --rows must be at least 1, got {args.rows}")
+    if args.tau is not None and args.k is not None:
+        raise ConfigError("explain: give --tau (the tau rule) or --k (top-k), not both")
+    if args.tau is not None and not 0 < args.tau < 1:
+        raise ConfigError(f"explain: --tau must be a number in (0, 1), got {args.tau!r}")
     model = InterpretableEmbedder.load(args.model, load_encoder=False)  # the encoder loads once the texts and budget pass
+    if args.k is not None and not 1 <= args.k <= model.m:
+        raise ConfigError(f"explain: --k must be an integer from 1 to m={model.m}, got {args.k!r}")
     try:
         ex = model.explain(args.text_a, args.text_b, args.tau, k=args.k)
-    except ValueError as e:  # an empty text, a k or --tau out of range, both
-        why = str(e).replace("threshold", "--tau").replace("k must", "--k must").replace("or k (top-k)", "or --k (top-k)")
-        raise ConfigError(f"explain: {why}") from None
+    except ValueError as e:  # an empty text, a text that is not valid Unicode
+        raise ConfigError(f"explain: {e}") from None
     print(json.dumps(ex.to_dict(), indent=2) if args.json else format_explanation(ex, args.text_a, args.text_b, args.rows))
     return 0
 

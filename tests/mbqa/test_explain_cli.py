@@ -32,7 +32,9 @@ def test_explain_prints_the_models_explanation(toy, capsys):
 @pytest.mark.parametrize("args,says", [
     (["", B], "explain: text_a is empty, or only whitespace and characters no encoder reads: there is nothing to explain"),
     (["a", "b", "--k", "0"], "explain: --k must be an integer from 1 to m=32, got 0"),
+    (["a", "b", "--k", "33"], "explain: --k must be an integer from 1 to m=32, got 33"),
     (["a", "b", "--tau", "1.5"], "explain: --tau must be a number in (0, 1), got 1.5"),
+    (["a", "b", "--tau", "nan"], "explain: --tau must be a number in (0, 1), got nan"),
     (["a", "b", "--tau", "0.5", "--k", "3"], "explain: give --tau (the tau rule) or --k (top-k), not both"),
     (["a", "b", "--rows", "0"], "explain: --rows must be at least 1, got 0"),
 ])
