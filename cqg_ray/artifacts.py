@@ -20,6 +20,7 @@ return numpy / Arrow.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -343,6 +344,19 @@ def require_run_or_new(run_dir: str, flag: str) -> None:
     if what is not None and what != "no such folder":
         raise ArtifactError(f"{run_dir} is not a cqg-ray run directory ({what}): give a run directory ({flag}), "
                             "or a new folder to start one")
+
+
+def file_on_path(path: str) -> str | None:
+    """The file that stands where a local folder ``path`` would go, or None: ``path`` itself when it is a file, else the
+    nearest existing folder above it when that is a file (``notes.txt/a/b`` -> ``notes.txt``), named as ``path`` names
+    it. What a command writing a folder checks before any work (making it would fail with NotADirectoryError)."""
+    p = os.path.normpath(path)
+    while not os.path.exists(p):
+        up = os.path.dirname(p)
+        if up in ("", p):
+            return None
+        p = up
+    return None if os.path.isdir(p) else p
 
 
 def embed_manifest(out: str) -> dict:

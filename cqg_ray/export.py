@@ -126,11 +126,10 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
     (``evaluation/``) are kept."""
     import shutil
     import uuid
-    from pathlib import Path
 
     import yaml
 
-    from cqg_ray.artifacts import not_a_run, run_config_text
+    from cqg_ray.artifacts import file_on_path, not_a_run, run_config_text
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
     run = RunDir(run_dir)
@@ -173,12 +172,12 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
     base = os.path.normpath(out)
     part, old = f"{base}{NEW}{uuid.uuid4().hex[:8]}", f"{base}{REPLACED}{uuid.uuid4().hex[:8]}"
     parent = os.path.dirname(base) or "."
-    try:  # OUT's folder: a file on its path is said here, before anything is written
+    if (above := file_on_path(parent)) is not None:  # OUT's folder: a file on its path is said before anything is written
+        raise ArtifactError(f"{above} is a file: give a folder path to export the model to")
+    try:
         os.makedirs(parent, exist_ok=True)
     except OSError as e:
-        above = next((p for p in (parent, *map(str, Path(parent).parents)) if os.path.exists(p)), parent)
-        why = f"{above} is a file" if os.path.isfile(above) else f"cannot make {parent}: {e.strerror or e}"
-        raise ArtifactError(f"{why}: give a folder path to export the model to") from None
+        raise ArtifactError(f"cannot make {parent}: {e.strerror or e}: give a folder path to export the model to") from None
     try:
         if os.path.isdir(out):  # what export does not write stays (an evaluation/ folder)
             shutil.copytree(out, part, ignore=lambda d, names: [n for n in names if d == out and (n in made or n in MODEL_FILES)])

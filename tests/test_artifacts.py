@@ -15,6 +15,7 @@ from cqg_ray.artifacts import (
     embed_output_texts,
     embedding_matrix,
     embeddings_table,
+    file_on_path,
     load_corpus,
     load_doc_ids,
     load_embeddings,
@@ -153,3 +154,18 @@ def test_embed_output_readers(tmp_path):
         run.rm(f)
     ids, packed, _ = read_embed_output(out)
     assert ids.tolist() == [] and packed.shape == (0, 1) and packed.dtype == np.uint8
+
+
+def test_file_on_path_names_the_file_that_stands_where_a_folder_would_go(tmp_path, monkeypatch):
+    """The one walk that evaluate's --out check and export's OUT check share: the path itself or the nearest existing
+    folder above it, when that is a file, named as the path names it."""
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "d").mkdir()
+    assert file_on_path(str(tmp_path / "notes.txt")) == str(tmp_path / "notes.txt")
+    assert file_on_path(str(tmp_path / "notes.txt" / "a" / "b")) == str(tmp_path / "notes.txt")
+    assert file_on_path(str(tmp_path / "d")) is None
+    assert file_on_path(str(tmp_path / "d" / "new" / "deeper")) is None
+    monkeypatch.chdir(tmp_path)
+    assert file_on_path("notes.txt/a/") == "notes.txt"
+    assert file_on_path("./d/../notes.txt/a") == "notes.txt"
+    assert file_on_path("new/folder") is None

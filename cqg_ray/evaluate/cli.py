@@ -97,16 +97,10 @@ def config_from_args(args) -> EvaluateConfig:
 def check_out_folder(out: str) -> None:
     """--out on a local path that is a file, or below one: said before any work (the report's first write failed with a
     traceback once every text was encoded)."""
-    import os
-
+    from cqg_ray.artifacts import file_on_path
     from cqg_ray.rundir import RunDir
 
-    if not RunDir(out).local:
-        return
-    path = os.path.abspath(out)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    if not os.path.isdir(path):
+    if RunDir(out).local and (path := file_on_path(out)) is not None:
         raise ConfigError(f"--out {out}: {path} is a file; give a folder for the report (--out)")
 
 
