@@ -50,6 +50,8 @@ def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
     if joining and (why := head_unreachable(joining)) is not None:  # else ray.init retries for minutes, printing warnings
         raise ConfigError(why)
     sigterm = signal.getsignal(signal.SIGTERM)  # a command's own (cli.unwinds_on_sigterm), where it set one
+    if quiet:
+        logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(quiet_default_auth)
     if cfg.address:
         ray.init(address=cfg.address, **kwargs)
     elif os.environ.get("RAY_ADDRESS"):  # RAY_ADDRESS still decides
@@ -70,6 +72,12 @@ def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
         ctx.enable_operator_progress_bars = False  # one overall bar is enough
     except AttributeError:
         pass
+
+
+def quiet_default_auth(record: logging.LogRecord) -> bool:
+    """A logging filter: Ray's line that a new local Ray has token authentication on (its default), which invites
+    setting RAY_AUTH_MODE=disabled, is not shown; every other line is (docs/cluster.md: token authentication)."""
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster.")
 
 
 JOIN_WAIT_S = 15.0  # how long a Ray head to join may take to accept a connection (one that is still starting)

@@ -24,6 +24,43 @@ def test_address_choice(monkeypatch):
     assert ray_address(None, None) == "auto"
 
 
+def test_rays_default_token_auth_line_is_not_shown_and_its_other_lines_are(monkeypatch):
+    """Ray's own warnings, logged through its own logger: the one announcing the default token authentication (which
+    suggests RAY_AUTH_MODE=disabled) is filtered out once init_ray has run quietly, the one for a cluster without it is
+    kept."""
+    import logging
+
+    from ray._private.authentication import authentication_token_setup as setup
+
+    import cqg_ray.pipeline
+    from cqg_ray.config import RayConfig
+    from cqg_ray.pipeline import quiet_default_auth
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(cqg_ray.pipeline, "start_local_ray", lambda init, **kwargs: None)  # Ray itself is not started
+    cqg_ray.pipeline.init_ray(RayConfig())
+    assert quiet_default_auth in logging.getLogger(setup.__name__).filters
+
+    class Kept(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    logger, kept = logging.getLogger(setup.__name__), Kept()
+    logger.addFilter(quiet_default_auth)  # as init_ray(quiet=True) adds it
+    logger.addHandler(kept)
+    try:
+        setup._warn_token_auth_enabled()
+        setup._warn_token_auth_disabled()
+    finally:
+        logger.removeFilter(quiet_default_auth)
+        logger.removeHandler(kept)
+    assert [line[:45] for line in kept.lines] == ["Token authentication is disabled for this Ray"]
+
+
 def test_unknown_stage_names_fail_before_ray_starts(tmp_path):
     cfg = PipelineConfig(run_dir=str(tmp_path / "r"))
     for kwargs in ({"until": "evaluate"}, {"force": ["nope"]}, {"skip": ["questionz"]}):
