@@ -89,6 +89,19 @@ def sts_spearman(E1: Matrix, E2: Matrix, gold: np.ndarray) -> float:
     return 100.0 * spearman(cosine_pairs(E1, E2), gold)
 
 
+def sts_na_reason(E1: Matrix, E2: Matrix, gold: np.ndarray) -> str | None:
+    """Why ``sts_spearman`` of these pairs is undefined (NaN, n/a in the report), or None where it is defined: one
+    pair, every gold score equal, or every similarity the embeddings give equal (e.g. all-zero vectors)."""
+    gold = np.asarray(gold, dtype=np.float64)
+    if len(gold) < 2:
+        return "one pair"
+    if np.ptp(gold) == 0:
+        return "all gold scores equal"
+    if np.ptp(cosine_pairs(E1, E2)) == 0:
+        return "all model scores equal"
+    return None
+
+
 def cognitive_load_pairs(U: Matrix, V: Matrix) -> np.ndarray:
     """The number of dimensions nonzero in both u_i and v_i, per pair: <u_i, v_i> of binary embeddings (paper Eq. 5),
     and the count of active questions two texts share for budgeted (valued) ones."""

@@ -81,7 +81,9 @@ def evaluate_model(
     whose id is the query's (every other set drops it, as BEIR does). ``max_queries``: retrieval queries per set;
     ``clustering_field``: the JSONL field clustered (20 Newsgroups: ``text`` or ``subject``); ``seed``: the subset
     samples.
-    Returns the dict written to results.json: scores[task][method][dataset], sweeps[model]["m"|"tau"|"budget"],
+    Returns the dict written to results.json: scores[task][method][dataset] (null where undefined, and then
+    na_reasons[task][method][dataset] says why: "one pair", "all gold scores equal", "all model scores equal"),
+    sweeps[model]["m"|"tau"|"budget"],
     question_quality[model] (``cqg-ray questions --quality``; None for a model not loaded from a folder),
     faithfulness[model][dataset] (with ``evaluate.tasks`` containing "faithfulness"), methods, datasets, seconds,
     config, protocol.
@@ -95,6 +97,7 @@ def evaluate_model(
     methods = build_methods(models, baselines, list(cfg.tasks), cfg.bag_of_tokens_weights)
 
     scores: dict[str, dict[str, dict[str, float]]] = {t: {} for t in [*datasets, *(["cognitive_load"] if "sts" in datasets else [])]}
+    na_reasons: dict[str, dict[str, dict[str, str]]] = {}  # beside a null score: why it is undefined
     seconds: dict[str, dict[str, float]] = {m.name: {} for m in methods}
     sts_probs: dict[str, list[StsProbs]] = {m.name: [] for m in methods if m.kind == "interpretable"}
     task_sweeps: dict[str, list[tuple[str, Any, dict]]] = {m.name: [] for m in methods if m.kind == "interpretable"}
@@ -107,12 +110,15 @@ def evaluate_model(
             for name, r in SCORERS[task](d, methods, curves).items():
                 for key, value in r.scores.items():
                     scores[key].setdefault(name, {})[d.name] = value
+                for key, why in (r.na or {}).items():
+                    na_reasons.setdefault(key, {}).setdefault(name, {})[d.name] = why
                 seconds[name][f"{task}/{d.name}"] = r.seconds
                 if r.sts_probs is not None:
                     sts_probs[name].append(r.sts_probs)
                 if r.sweep is not None:
                     task_sweeps[name].append((task, d, r.sweep))
-                log.info("%s %s %s: %s (%.1fs)", task, d.name, name, ", ".join(f"{k} {v:.2f}" for k, v in r.scores.items()), r.seconds)
+                shown = [f"{k} {v:.2f}" if math.isfinite(v) else f"{k} {_fmt(None, k, (r.na or {}).get(k))}" for k, v in r.scores.items()]
+                log.info("%s %s %s: %s (%.1fs)", task, d.name, name, ", ".join(shown), r.seconds)
 
     sweeps = {}
     for m in (m for m in methods if m.kind == "interpretable"):
@@ -140,6 +146,7 @@ def evaluate_model(
 
     results = {
         "scores": scores,
+        "na_reasons": na_reasons,
         "sweeps": sweeps,
         "question_quality": quality,
         "faithfulness": faith,
@@ -224,10 +231,17 @@ def table_rows(results: dict, task: str) -> tuple[list[str], list[tuple[str, lis
     return columns + (["Avg."] if len(columns) > 1 else []), rows
 
 
-def _fmt(v: float | None, task: str) -> str:
+def _fmt(v: float | None, task: str, why: str | None = None) -> str:
     if v is None:
-        return "n/a"
+        return f"n/a ({why})" if why else "n/a"
     return f"{v:.1f}" if task == "cognitive_load" else f"{v:.2f}"
+
+
+def table_cells(results: dict, task: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """``table_rows`` as text: a null score as n/a, with its reason where ``results["na_reasons"]`` gives one."""
+    cols, rows = table_rows(results, task)
+    why = results.get("na_reasons", {}).get(task, {})
+    return cols, [(name, [_fmt(v, task, why.get(name, {}).get(c)) for v, c in zip(vals, cols)]) for name, vals in rows]
 
 
 def format_tables(results: dict) -> str:
@@ -236,12 +250,12 @@ def format_tables(results: dict) -> str:
     for task in ("sts", "retrieval", "clustering", "cognitive_load"):
         if not results["scores"].get(task):
             continue
-        cols, rows = table_rows(results, task)
+        cols, rows = table_cells(results, task)
         width = max(len(r[0]) for r in rows) + 2
-        cw = [max(len(c), 7) + 2 for c in cols]
+        cw = [max(len(c), 7, *(len(cells[j]) for _, cells in rows)) + 2 for j, c in enumerate(cols)]
         lines = [TASK_TITLES[task], " " * width + "".join(c.rjust(w) for c, w in zip(cols, cw))]
-        for name, vals in rows:
-            lines.append(name.ljust(width) + "".join(_fmt(v, task).rjust(w) for v, w in zip(vals, cw)))
+        for name, cells in rows:
+            lines.append(name.ljust(width) + "".join(cell.rjust(w) for cell, w in zip(cells, cw)))
         blocks.append("\n".join(lines))
     for name, q in results.get("question_quality", {}).items():
         if q and "error" not in q:
@@ -288,8 +302,8 @@ def render_markdown(results: dict) -> str:
     for task in ("sts", "retrieval", "clustering", "cognitive_load"):
         if not results["scores"].get(task):
             continue
-        cols, rows = table_rows(results, task)
-        out += [f"## {TASK_TITLES[task]}", "", markdown_table(["Model", *cols], [[n, *[_fmt(v, task) for v in vals]] for n, vals in rows]), ""]
+        cols, cells = table_cells(results, task)
+        out += [f"## {TASK_TITLES[task]}", "", markdown_table(["Model", *cols], [[n, *row] for n, row in cells]), ""]
         if task == "retrieval":
             out += [_identical_ids_note(name, info) for name, info in results["datasets"]["retrieval"].items()] + [""]
     for name, sw in results["sweeps"].items():

@@ -44,6 +44,7 @@ from cqg_ray.evaluate.metrics import (
     kmeans_v_measure,
     ndcg_at_k,
     ranking_from_indices,
+    sts_na_reason,
     sts_spearman,
     top_k_cosine,
 )
@@ -169,13 +170,15 @@ def evaluate_clustering(encoder: Any, data: ClusteringData) -> float:
 
 @dataclass
 class Scored:
-    """One method on one dataset: its scores (keys of ``results["scores"]``), seconds, STS probabilities, and for an
-    interpretable model on retrieval or clustering the budget sweep's scores ({rule: [score per k]})."""
+    """One method on one dataset: its scores (keys of ``results["scores"]``), seconds, STS probabilities, for an
+    interpretable model on retrieval or clustering the budget sweep's scores ({rule: [score per k]}), and why a score
+    is undefined ({key: reason} where it is NaN, e.g. ``{"sts": "one pair"}``)."""
 
     scores: dict[str, float]
     seconds: float
     sts_probs: StsProbs | None = None
     sweep: dict[str, list[float]] | None = None
+    na: dict[str, str] | None = None
 
 
 def score_sts(d: StsData, methods: list[Method], curves: Curves | None = None) -> dict[str, Scored]:
@@ -186,7 +189,9 @@ def score_sts(d: StsData, methods: list[Method], curves: Curves | None = None) -
     for name, (X, probs, secs) in embed_texts(methods, texts).items():
         res = sts_scores(X, d, i1, i2, binary[name])
         scores = {"sts": res["spearman"], **({"cognitive_load": res["cognitive_load"]} if "cognitive_load" in res else {})}
-        out[name] = Scored(scores, secs, None if probs is None else StsProbs(d.name, probs, i1, i2, d.scores))
+        why = sts_na_reason(X[i1], X[i2], d.scores) if np.isnan(res["spearman"]) else None
+        out[name] = Scored(scores, secs, None if probs is None else StsProbs(d.name, probs, i1, i2, d.scores),
+                           na={"sts": why} if why else None)
     return out
 
 
