@@ -118,7 +118,7 @@ def test_cqg_with_scripted_llm(clustered_run, corpus_file):
 
 
 def test_written_for_more_clusters_the_stage_asks_only_for_the_clusters_added(clustered_run, corpus_file, tmp_path):
-    """What the demo's top-up relies on (cqg_ray.demo.top_up): a cluster's samples, prompt and probes depend on that
+    """What the demo's top-up relies on (cqg_ray.sizing.top_up): a cluster's samples, prompt and probes depend on that
     cluster alone, so the stage run again for more clusters finds every earlier answer in the ledger and asks the LLM
     only the added clusters' generation prompts and their candidates' probes: exactly the distinct probes a fresh run for
     4 clusters asks, less those the run for 2 asked (two clusters' candidates can share a question's text and a probe
