@@ -8,7 +8,8 @@ Counters (per process, only ever growing): ``finished`` requests, ``handed`` req
 tokens ``planned`` for them (what the engine will compute: a prefix tree's shared tokens count once), prompt tokens
 ``read`` and tokens ``generated`` with the seconds spent on each (``read_s``, ``generate_s``), ``texts`` encoded.
 A Ray worker's counters reach the driver through a Ray queue: ``relay`` starts a thread that puts what advanced every
-``RELAY_S`` seconds. The view shows a tqdm bar where stderr is a terminal, else one log line every ``every_s`` seconds
+``RELAY_S`` seconds. The view shows a tqdm bar where stderr is a terminal or in a Jupyter notebook (``in_notebook``:
+``tqdm.auto``'s widget where ipywidgets is installed, its text bar otherwise), else one log line every ``every_s`` seconds
 (25 by default, ``CQG_RAY_PROGRESS_EVERY_S``: never more than 30 s of silence): what ``ray job submit`` logs show. It also writes the line to the run
 directory's ``_progress.json``, which ``cqg-ray status`` reads. ``CQG_RAY_PROGRESS=0`` turns bars and lines off.
 """
@@ -100,6 +101,18 @@ def fmt_duration(s: float | None) -> str:
         return "?"
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def in_notebook() -> bool:
+    """Whether this process is an IPython kernel (Jupyter, VS Code, Colab): its stderr is no terminal, yet it shows a
+    bar. Imports nothing: a process that has not imported ipykernel and IPython is none."""
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        shell = sys.modules["IPython"].get_ipython()
+    except Exception:  # no IPython imported, or one without get_ipython
+        return False
+    return getattr(shell, "kernel", None) is not None  # a terminal IPython's shell has no kernel
 
 
 GENERATE_COST = 4.0  # a generated token's time in prompt tokens', before any is generated (CPU engines, batched decoding)
@@ -244,7 +257,7 @@ class View:
                 last_log = time.time()
 
     def __enter__(self) -> "View":
-        if self.show and sys.stderr.isatty():
+        if self.show and (sys.stderr.isatty() or in_notebook()):
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{postfix}]")

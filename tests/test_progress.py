@@ -1,12 +1,16 @@
 """Live progress: counters the engines advance within a batch, the driver's view (log lines, the progress file), the
-relay from workers, the time-left estimate and `cqg-ray status` of a run that is in a stage or was stopped in one."""
+relay from workers, the time-left estimate, `cqg-ray status` of a run that is in a stage or was stopped in one, and
+the bar a Jupyter notebook shows."""
 
+import io
 import json
 import logging
 import os
 import re
+import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -184,3 +188,63 @@ def test_status_shows_the_stage_a_run_is_in_and_a_stopped_one_as_interrupted(tmp
     assert row.split()[:2] == ["questions", "interrupted"] and "5,000 prompt tokens read" in row and "ago)" in row
     os.remove(tmp_path / "run" / LEASE)
     assert next(ln for ln in run_status(run).splitlines() if ln.startswith("questions")).split()[1] == "missing"
+
+
+def fake_kernel(monkeypatch, kernel: object | None = object()) -> None:
+    """What an IPython kernel leaves in sys.modules: ipykernel, and IPython whose shell has a kernel (None: a terminal
+    IPython's shell)."""
+    ipython = types.ModuleType("IPython")
+    ipython.get_ipython = lambda: types.SimpleNamespace(kernel=kernel)
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    monkeypatch.setitem(sys.modules, "IPython", ipython)
+
+
+def test_a_notebook_is_an_ipython_kernel_and_nothing_is_imported_to_tell(monkeypatch):
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)
+    assert progress.in_notebook() is False
+    assert "IPython" not in sys.modules and "ipykernel" not in sys.modules
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))  # ipykernel alone (no IPython)
+    assert progress.in_notebook() is False
+    fake_kernel(monkeypatch, kernel=None)  # a terminal IPython that imported ipykernel
+    assert progress.in_notebook() is False
+    fake_kernel(monkeypatch)
+    assert progress.in_notebook() is True
+
+
+def test_a_notebook_shows_tqdm_autos_bar_where_stderr_is_no_terminal(tmp_path, lines, monkeypatch):
+    """stderr is no terminal in a notebook: the view draws tqdm.auto's bar (a widget where ipywidgets is installed),
+    which the counters advance, and logs no lines; outside a notebook the same view logs lines and draws no bar."""
+    import tqdm.auto
+
+    class Bar(tqdm.auto.tqdm):
+        made: list = []
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, file=io.StringIO(), **kwargs)
+            Bar.made.append(self)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # as a kernel's: isatty() is False
+    fake_kernel(monkeypatch)
+    run = RunDir(str(tmp_path / "run"))
+    with progress.View("encode", "text", 3000, kind="texts", run=run, stage="encode") as view:
+        assert view.bar is Bar.made[0] and len(Bar.made) == 1
+        assert (view.bar.total, view.bar.desc, view.bar.n) == (3000, "encode", 0)
+        progress.add(texts=1024)
+        deadline = time.time() + 5
+        while view.bar.n != 1024 and time.time() < deadline:  # the view's thread refreshes the bar every second
+            time.sleep(0.05)
+        assert view.bar.n == 1024
+        progress.add(texts=976)
+    bar = Bar.made[0]
+    assert bar.n == 2000 and re.fullmatch(r"[\d,.]+ text/s, \d+s elapsed, ~\d+s left", bar.postfix)
+    assert [m for _, m in lines.got if m.startswith("encode:")] == []
+    assert progress.read_progress(run)["line"].startswith("2,000/3,000 text") and progress.read_progress(run)["final"]
+
+    fake_kernel(monkeypatch, kernel=None)  # not a notebook, stderr no terminal: log lines, no bar
+    with progress.View("encode", "text", 10, kind="texts") as view:
+        progress.add(texts=10)
+    assert view.bar is None and len(Bar.made) == 1
+    got = [m for _, m in lines.got if m.startswith("encode:")]
+    assert got[0].startswith("encode: 0/10 text") and got[-1].startswith("encode: 10/10 text")
