@@ -81,7 +81,7 @@ class Hit:
     doc_id: str
     score: float                      # cosine of the binary vectors
     cognitive_load: int               # number of questions both answer yes
-    shared: list[int] = field(default_factory=list)           # their indices
+    shared: list[int] = field(default_factory=list)           # their indices, surest first (bits: in index order)
     questions: list[str] = field(default_factory=list)        # their texts (filled by `search`)
     text: str | None = None
     precision: list[float | None] = field(default_factory=list)  # each shared question's measured precision (None: unmeasured)
@@ -189,6 +189,12 @@ def sparse_cosine_top_k(query: np.ndarray, X_csc, norms: np.ndarray, k: int) -> 
     return top_k(scores, k)
 
 
+def surest_first(questions: np.ndarray, products: np.ndarray) -> list[int]:
+    """Shared questions ranked as ``explain`` ranks them: by the product of the two texts' values (p_a * p_b where the
+    values are probabilities), largest first, ties to the lower index."""
+    return np.asarray(questions)[np.lexsort((questions, -products))].tolist()
+
+
 class SparseIndex:
     """Budgeted value vectors of a corpus as an inverted index (``scipy.sparse.csc_array``): about 8 bytes an
     active question in memory, searched exactly by cosine over the postings of the query's active questions."""
@@ -217,16 +223,18 @@ class SparseIndex:
         return cls(ids, X, meta["m"], stored_budget(meta), out)
 
     def search(self, query: np.ndarray, k: int = 10) -> list[Hit]:
-        """Exact top-k by cosine of the value vectors; ``query``: the query's dense (m,) value vector."""
+        """Exact top-k by cosine of the value vectors; ``query``: the query's dense (m,) value vector. Each hit's shared
+        questions come surest first (``surest_first``: by the product of the two values)."""
         q = np.asarray(query, dtype=np.float32).ravel()
         if len(q) != self.m:
             raise ValueError(f"query has {len(q)} dimensions, the index m={self.m}")
         scores, rows = sparse_cosine_top_k(q, self.postings, self.norms, k)
-        q_active = set(np.flatnonzero(q).tolist())
         hits = []
         for r, (row, score) in enumerate(zip(rows, scores)):
             start, stop = self.rows.indptr[row], self.rows.indptr[row + 1]
-            shared = sorted(i for i in self.rows.indices[start:stop].tolist() if i in q_active)
+            cols, vals = self.rows.indices[start:stop], self.rows.data[start:stop]
+            both = q[cols] != 0
+            shared = surest_first(cols[both], vals[both].astype(np.float64) * q[cols[both]])
             hits.append(Hit(r + 1, str(self.doc_ids[row]), float(score), len(shared), shared))
         return hits
 

@@ -140,7 +140,9 @@ def test_sparse_index_search_equals_brute_force():
             hits = index.search(q, k)
             assert [h.doc_id for h in hits] == [f"d{i}" for i in want]
             assert [h.score for h in hits] == pytest.approx(scores[want].tolist(), abs=1e-6)
-            assert all(h.shared == np.flatnonzero((q != 0) & (dense[int(h.doc_id[1:])] != 0)).tolist() for h in hits[:20])
+            for h in hits[:20]:  # surest first: by q_i * x_i, ties to the lower question
+                x = dense[int(h.doc_id[1:])]
+                assert h.shared == sorted(np.flatnonzero((q != 0) & (x != 0)).tolist(), key=lambda i: (-float(q[i]) * float(x[i]), i))
     assert [h.score for h in index.search(np.zeros(m, np.float32), 3)] == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="m=40"):
         index.search(np.zeros(5), 3)
@@ -163,3 +165,41 @@ def test_search_says_an_unfinished_embed_output_is_one(tmp_path, capsys):
     assert main(["search", model, str(out), "a query"]) == 2
     assert capsys.readouterr().err == (f"error: {out}: unfinished (no _manifest.json); run `cqg-ray embed MODEL CORPUS {out}` (again) "
                                        "first\n")
+
+
+class FakeModel:
+    """What ``search`` asks of a model: m, its question records and a sparse encode (here a fixed value vector per text)."""
+
+    def __init__(self, vectors: dict[str, list[float]]):
+        self.vectors, self.m = vectors, len(next(iter(vectors.values())))
+        self.question_records = [{"text": f"question {i}?"} for i in range(self.m)]
+
+    def encode(self, texts, output, budget=None, progress=None):
+        import scipy.sparse as sp
+
+        assert output == "sparse"
+        return sp.csr_array(np.array([self.vectors[t] for t in texts], np.float32))
+
+
+def test_search_past_the_corpus_gives_its_documents_ranked_with_the_shared_questions_surest_first():
+    """k above the number of documents: each document once, best first, no padding; each hit's shared questions in
+    the order `explain` gives them (by p_query * p_doc, ties to the lower index), their texts alongside."""
+    from cqg_ray.explain import explanation
+    from cqg_ray.search import search
+
+    p = {"query": [0.75, 0.5625, 0.9375, 0, 0.875, 0.625],
+         "a": [0.625, 0, 0.5625, 0.9375, 0.625, 0.875],
+         "b": [0.9375, 0.75, 0, 0, 0, 0],
+         "c": [0, 0, 0, 0.75, 0, 0]}  # shares no question with the query: score 0, still a hit
+    model = FakeModel(p)
+    index = SparseIndex(np.array(["a", "b", "c"]), model.encode(["a", "b", "c"], "sparse"), model.m)
+    hits = search(model, index, "query", k=10)
+    assert [(h.rank, h.doc_id) for h in hits] == [(1, "a"), (2, "b"), (3, "c")]
+    assert hits[0].score > hits[1].score > hits[2].score == 0.0
+    assert [h.shared for h in hits] == [[4, 5, 2, 0], [0, 1], []]  # a: 0.875*0.625 = 0.625*0.875 > 0.9375*0.5625 > 0.75*0.625
+    assert hits[0].questions == ["question 4?", "question 5?", "question 2?", "question 0?"] and hits[0].cognitive_load == 4
+    for h in hits:
+        pq, pd = np.array(p["query"]), np.array(p[h.doc_id])
+        ex = explanation(pq, pd, pq > 0, pd > 0, pq, pd, model.question_records, "prob")
+        assert h.shared == [a.index for a in ex.shared_yes]
+    assert [h.doc_id for h in index.search(np.array(p["query"], np.float32), 3)] == ["a", "b", "c"]
