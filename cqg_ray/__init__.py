@@ -2,7 +2,7 @@
 
     from cqg_ray import InterpretableEmbedder
     model = InterpretableEmbedder.load("runs/demo/model")
-    bits = model.encode(["a text", "another"])          # output="bits" | "packed" | "probs"
+    bits = model.encode(["a text", "another"])          # output="bits" | "packed" | "probs" | "sparse"
     model.explain("text a", "text b")
 """
 
@@ -16,4 +16,8 @@ def __getattr__(name):  # lazy: importing the package must not import torch
         from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
         return InterpretableEmbedder
-    raise AttributeError(name)
+    raise AttributeError(f"module 'cqg_ray' has no attribute {name!r}")
+
+
+def __dir__():  # tab completion lists the lazy name too
+    return sorted({*globals(), *__all__})

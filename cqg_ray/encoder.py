@@ -208,7 +208,7 @@ class Encoder:
         tok = self._ahead_tokenizer()
         if tok is None:  # a tokenizer that cannot run alone: the library's own loop
             out = self.st.encode(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=False, show_progress_bar=progress)
-            return _unit_rows(out.float()) if normalize else out.float()
+            return unit_rows(out.float()) if normalize else out.float()
         # sentence-transformers' own order, mini-batches, tokens and forward (so its embeddings), each mini-batch
         # tokenized ahead on a thread (pinned there on a GPU, so its copy does not wait)
         batches = batch_plan(texts, batch_size, st_order=True)
@@ -246,7 +246,7 @@ class Encoder:
                     out = torch.empty((n, emb.shape[1]), dtype=emb.dtype, device=dev)
                 out[torch.from_numpy(np.asarray(idx)).to(dev)] = emb
         out = torch.zeros((n, self.dim), device=dev) if out is None else out.float()
-        out = _unit_rows(out) if normalize else out
+        out = unit_rows(out) if normalize else out
         return out if tensor else out.cpu().numpy()
 
     def _ahead_tokenizer(self) -> TextTokenizer | None:
@@ -338,6 +338,21 @@ def unicode_error(text: str, name: str) -> str | None:
     return None
 
 
+def text_list(texts) -> list[str]:
+    """``encode``'s texts as a list: any ordered sequence or iterable of str (a list, tuple, numpy array, pandas Series,
+    generator); TypeError for one text, bytes, a set or a dict (no order), or an item that is not a str."""
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"encode takes a list of texts, got one {type(texts).__name__}; wrap a single text in a list")
+    if isinstance(texts, (set, frozenset, dict)):
+        raise TypeError(f"encode takes an ordered sequence of texts (a list), got a {type(texts).__name__}: its rows would follow no order")
+    texts = list(texts)
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        missing = " (a missing value: NaN or None)" if texts[bad] is None or (isinstance(texts[bad], float) and texts[bad] != texts[bad]) else ""
+        raise TypeError(f"texts[{bad}] must be a str, got {type(texts[bad]).__name__}{missing}")
+    return texts
+
+
 BLANK = "empty, or only whitespace and characters no encoder reads"  # what `blank` means, for messages
 
 
@@ -355,7 +370,7 @@ def default_batch_size(device: str) -> int:
     return 128 if str(device).startswith("cuda") else 32
 
 
-def _unit_rows(t):
+def unit_rows(t):
     """A float torch tensor (n, d) with rows scaled to unit L2 norm (zero rows stay zero)."""
     return t / t.norm(dim=1, keepdim=True).clamp_min(1e-12)
 

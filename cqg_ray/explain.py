@@ -61,6 +61,9 @@ class Explanation:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def __str__(self) -> str:  # print(ex): the lines `cqg-ray explain` prints, without the texts
+        return format_explanation(self)
+
 
 def value_cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine of two value vectors, 0 when either is all zeros (for 0/1 vectors it is ``binary_cosine``)."""
@@ -101,10 +104,10 @@ def reliability_note(precision: float | None, n_heldout: int | None) -> str:
     return f"labeller precision {precision:.2f}, {n_heldout} held-out labels"
 
 
-def format_explanation(ex: Explanation, text_a: str, text_b: str, max_rows: int = 8) -> str:
-    """An explanation as plain lines: both texts, cosine and load, then the shared and differing questions."""
-    lines = [f"Text A: {text_a}", f"Text B: {text_b}",
-             f"cosine similarity ({ex.budget}): {ex.cosine:.3f}   cognitive load (questions both answer yes): {ex.cognitive_load}"]
+def format_explanation(ex: Explanation, text_a: str | None = None, text_b: str | None = None, max_rows: int = 8) -> str:
+    """An explanation as plain lines: both texts (where given), cosine and load, then the shared and differing questions."""
+    lines = [f"Text A: {text_a}", f"Text B: {text_b}"] if text_a is not None and text_b is not None else []
+    lines += [f"cosine similarity ({ex.budget}): {ex.cosine:.3f}   cognitive load (questions both answer yes): {ex.cognitive_load}"]
     for label, items in (("both yes", ex.shared_yes), ("only A yes", ex.only_a), ("only B yes", ex.only_b)):
         if items:
             lines.append(f"  {label}:")

@@ -33,59 +33,26 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from pathlib import Path
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from cqg_ray.encoder import BLANK, batch_plan, blank, length_order, unicode_error
+from cqg_ray.encoder import BLANK, batch_plan, blank, length_order, text_list, unicode_error, unit_rows
 from cqg_ray.explain import Explanation, explanation
 from cqg_ray.mbqa.budget import Budget, apply_budget
 from cqg_ray.mbqa.budget_torch import join_parts, output_part, zero_rows
 from cqg_ray.mbqa.heads import StackedHeads
+from cqg_ray.mbqa.shipped import model_dirs, resolve_model, shipped_models
 from cqg_ray.progress import View as progress_view
 from cqg_ray.progress import add as add_progress
 from cqg_ray.rundir import ArtifactError, RunDir, versions
 
 FORMAT = "cqg-ray-mbqa"
 FORMAT_VERSION = 2  # 2: config.json may hold a budget, the folder a stats.safetensors; 1: p > tau only
-MODELS_ENV = "CQG_RAY_MODELS"  # folders (os.pathsep-separated) where models named without a path are looked for
 OUTPUTS = ("bits", "packed", "probs", "sparse")  # active questions 0/1, np.packbits of them, probabilities, csr values
 HEAD_CHUNK = {"cpu": 256, "cuda": 4096}  # texts per heads-and-budget step: device memory is bounded by one chunk's (n, m)
 CHUNK_SIZE = 4096  # texts per encoder call in `encode` (its embeddings stay on the device until the heads have run)
-
-
-def model_dirs() -> list[Path]:
-    """Where a model given by bare name is looked for: $CQG_RAY_MODELS, ./models, the models the wheel carries
-    (cqg_ray/models, see setup.py), then the source checkout's models/."""
-    dirs = [Path(d) for d in os.environ.get(MODELS_ENV, "").split(os.pathsep) if d]
-    here = Path(__file__).resolve().parents[1]
-    dirs += [Path("models"), here / "models", here.parent / "models"]
-    return dirs
-
-
-def shipped_models() -> list[str]:
-    """Names of the model folders found in ``model_dirs()``."""
-    names = {p.parent.name for d in model_dirs() if d.is_dir() for p in d.glob("*/config.json")}
-    return sorted(names)
-
-
-def resolve_model(path_or_name: str) -> str:
-    """The folder of a model: a path or URI as given; a bare name (no '/') that is not a model folder here (a folder
-    with a config.json, or a file) -> models/<name>."""
-    s = str(path_or_name)
-    here = os.path.exists(s) and (not os.path.isdir(s) or os.path.isfile(os.path.join(s, "config.json")))
-    if "://" in s or "/" in s or os.sep in s or here:
-        return s
-    for d in model_dirs():
-        if (d / s / "config.json").is_file():
-            return str(d / s)
-    return s
-
-
-def is_shipped_name(path_or_name: str) -> bool:
-    """Whether a model is named by its shipped name (``resolve_model`` finds it in ``model_dirs()``), not by a path."""
-    return resolve_model(path_or_name) != str(path_or_name)
 
 
 class ModelError(ArtifactError):
@@ -104,6 +71,10 @@ CONFIG_TYPES = (  # config.json's fields: (key, what it must be, the check)
 
 
 class InterpretableEmbedder:
+    """A trained CQG-MBQA model: a frozen sentence encoder and one small head per yes/no question. ``encode`` gives
+    texts' answers (bits, packed, probabilities or sparse values), ``explain`` why two texts are similar; load a folder
+    or a shipped model with ``InterpretableEmbedder.load``."""
+
     def __init__(self, encoder_name: str, questions: list[dict], heads: StackedHeads, tau: float = 0.5,
                  eval_report: dict | None = None, normalize: bool = True, device: str | None = None, encoder=None,
                  backend: str = "auto", budget: Budget | None = None, mean: np.ndarray | None = None):
@@ -112,7 +83,7 @@ class InterpretableEmbedder:
         if not 0 < tau < 1:
             raise ModelError(f"tau must lie in (0, 1), got {tau}")
         self.encoder_name = encoder_name
-        self.question_records = [dict(q) for q in questions]
+        self.question_records = [{"text": q} if isinstance(q, str) else dict(q) for q in questions]  # records, or their texts
         self.tau = float(tau)
         self.budget = Budget(rule="tau", tau=self.tau) if budget is None else budget  # None: format 1, p > tau
         self.versioned_budget = budget is not None or mean is not None  # written to config.json (format 2)
@@ -125,6 +96,10 @@ class InterpretableEmbedder:
         self.eval_report = eval_report
         self.normalize = normalize
         self.device = device if device is not None else "cuda" if torch.cuda.is_available() else "cpu"
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device={self.device!r} is not a torch device: 'cpu', 'cuda' or 'cuda:N' (or leave it out)") from None
         if str(self.device).startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device={self.device!r}, but torch {torch.__version__} sees no CUDA GPU here; leave device out, or 'cpu'")
         self.backend = backend  # the encoder backend (cqg_ray.encoder); the heads stay torch
@@ -180,9 +155,9 @@ class InterpretableEmbedder:
             raise ModelError(f"encoder {self.encoder_name!r} gives {dim} dims but the heads expect d={self.heads.d}")
 
     # ------------------------------------------------------------------ folder
-    def save(self, path: str) -> None:
+    def save(self, path: str | os.PathLike) -> None:
         """Write the model folder; config.json goes last, so a folder with a config.json is complete."""
-        run = RunDir(path)
+        run = RunDir(os.fspath(path))
         run.write_bytes("heads.safetensors", self.heads.to_bytes())
         run.write_json("questions.json", self.question_records)
         if self.eval_report is not None:
@@ -205,6 +180,8 @@ class InterpretableEmbedder:
             cfg["labelled_by"] = self.labelled_by
         kept = {k: v for k, v in self.loaded_config.items() if k not in (*cfg, "budget", "stats", "versions")}
         run.write_json("config.json", {**kept, **cfg, "versions": self.loaded_config.get("versions") or versions()})
+        if self.mean is None and run.exists(STATS):  # saved over a model with stats: they would stay behind, unnamed
+            run.rm(STATS)
 
     @classmethod
     def load(cls, path: str, device: str | None = None, encoder=None, load_encoder: bool = True,
@@ -212,7 +189,11 @@ class InterpretableEmbedder:
         """Load and check a model folder. `encoder`: an already loaded `Encoder` to use instead; `backend`: the
         encoder backend otherwise (cqg_ray.encoder); `load_encoder=False` defers loading the encoder to the first
         `encode` (heads-only use)."""
-        path = resolve_model(path)
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"load takes a model folder, a URI or a shipped model's name (str or path), got {type(path).__name__}")
+        if not os.fspath(path).strip():
+            raise ModelError("no model given: name a model folder, a URI or a shipped model")
+        path = resolve_model(os.fspath(path))
         run = RunDir(path)
         if not run.exists("config.json"):
             what = "a file, not a folder" if os.path.isfile(path) else "folder exists" if run.exists() else "path does not exist"
@@ -280,7 +261,7 @@ class InterpretableEmbedder:
 
     # ------------------------------------------------------------------ the budget
     def budget_for(self, threshold: float | None = None, k: int | None = None, budget: Budget | None = None, output: str = "bits") -> Budget:
-        """The budget of one call: ``budget`` as given; ``threshold``: the tau rule at that tau (values as the model's);
+        """The budget of one call: ``budget`` as given (a ``Budget``, or its dict); ``threshold``: the tau rule at that tau (values as the model's);
         ``k``: the model's budget with k questions (a tau-rule model: top-k with its tau as the floor); else the model's.
         output "probs" is every probability, unbudgeted, so it takes none of the three."""
         if output == "probs" and (threshold is not None or k is not None or budget is not None):
@@ -288,6 +269,10 @@ class InterpretableEmbedder:
         if budget is not None:
             if threshold is not None or k is not None:
                 raise ValueError("give budget, or threshold / k, not both")
+            if isinstance(budget, dict):  # Budget.to_dict()'s form, as config.json holds it
+                return Budget.from_dict(budget)
+            if not isinstance(budget, Budget):
+                raise TypeError(f"budget must be a cqg_ray.mbqa.budget.Budget (or its dict), got {type(budget).__name__}")
             return budget
         if threshold is not None and k is not None:
             raise ValueError("give threshold (the tau rule) or k (top-k), not both")
@@ -310,15 +295,19 @@ class InterpretableEmbedder:
 
     def encode_embeddings(self, emb: np.ndarray, output: str = "bits", threshold: float | None = None, *, k: int | None = None,
                           budget: Budget | None = None, binary: bool | None = None, packed: bool | None = None):
-        """Heads on precomputed encoder embeddings (n, d) (normalised the same way as in training); `output` as in `encode`."""
+        """Heads on precomputed encoder embeddings (n, d), the encoder's outputs; L2-normalised here where the model was
+        trained on normalised ones (its ``normalize``), as ``encode`` does. `output` as in `encode`."""
         output = _output(output, binary, packed)
         b = self.budget_for(threshold, k, budget, output)
         emb = np.asarray(emb, dtype=np.float32)
         if emb.ndim != 2 or emb.shape[1] != self.dims:
             raise ValueError(f"embeddings must be (n, {self.dims}), got shape {emb.shape}")
-        return join_parts(self._parts(torch.from_numpy(emb), output, b), output, self.m)
+        if (bad := np.flatnonzero(~np.isfinite(emb).all(axis=1))).size:
+            raise ValueError(f"embeddings hold NaN or infinity in {bad.size} rows (the first: row {bad[0]})")
+        t = torch.from_numpy(emb)
+        return join_parts(self._parts(unit_rows(t) if self.normalize else t, output, b), output, self.m)
 
-    def encode(self, texts: list[str] | str, output: str = "bits", threshold: float | None = None, batch_size: int = 64,
+    def encode(self, texts: Sequence[str], output: str = "bits", threshold: float | None = None, batch_size: int = 64,
                progress: bool | None = None, chunk_size: int = CHUNK_SIZE, *, k: int | None = None, budget: Budget | None = None,
                binary: bool | None = None, packed: bool | None = None):
         """Embed texts. output: "sparse" (a ``scipy.sparse.csr_array`` (n, m) float32 of the active questions' values),
@@ -336,12 +325,7 @@ class InterpretableEmbedder:
         """
         output = _output(output, binary, packed)
         b = self.budget_for(threshold, k, budget, output)
-        if isinstance(texts, str):
-            raise TypeError("encode takes a list of texts; wrap a single text in a list")
-        texts = list(texts)
-        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
-        if bad is not None:
-            raise TypeError(f"texts[{bad}] must be a str, got {type(texts[bad]).__name__}")
+        texts = text_list(texts)
         if problem := next(filter(None, (unicode_error(t, f"texts[{i}]") for i, t in enumerate(texts))), None):  # a lone surrogate
             raise ValueError(problem)
         if batch_size < 1 or chunk_size < 1:
@@ -390,7 +374,7 @@ class InterpretableEmbedder:
 
     def __repr__(self) -> str:
         return (f"InterpretableEmbedder(encoder={self.encoder_name!r}, d={self.dims}, m={self.m}, budget={self.budget.name!r}, "
-                f"device={self.device!r}, backend={self.backend!r})")
+                f"device={self.device!r}, backend={getattr(self._encoder, 'backend', self.backend)!r})")  # as resolved, once loaded
 
 
 STATS = "stats.safetensors"
@@ -442,6 +426,8 @@ def _output(output: str | bool, binary: bool | None, packed: bool | None) -> str
     """`output`, or what the deprecated flags binary / packed ask for (with a DeprecationWarning)."""
     if isinstance(output, bool):  # the old second positional argument was `binary`
         output, binary = "bits", output
+    if (binary is not None or packed is not None) and output != "bits":
+        raise ValueError(f"give output={output!r}, or the deprecated binary / packed flags, not both")
     if binary is not None or packed is not None:
         warnings.warn("encode(binary=..., packed=...) is deprecated; use output='bits' | 'packed' | 'probs'", DeprecationWarning, stacklevel=3)
         output = "packed" if packed else "bits" if binary in (None, True) else "probs"

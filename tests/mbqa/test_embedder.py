@@ -131,7 +131,7 @@ def test_probabilities_take_no_budget(saved, encoder):
 
 def test_texts_of_the_wrong_kind_are_named(saved, encoder):
     model = InterpretableEmbedder.load(str(saved), device="cpu", encoder=encoder)
-    for texts, says in (([None], "texts[0] must be a str, got NoneType"), (["a", 1], "texts[1] must be a str, got int"),
+    for texts, says in (([None], "texts[0] must be a str, got NoneType (a missing value: NaN or None)"), (["a", 1], "texts[1] must be a str, got int"),
                         ([b"x"], "texts[0] must be a str, got bytes")):
         with pytest.raises(TypeError) as e:
             model.encode(texts)
@@ -295,7 +295,7 @@ def test_a_bare_name_loads_from_the_models_folders(saved, encoder, tmp_path, mon
     shipped = tmp_path / "shipped"
     shutil.copytree(saved, shipped / "my-model")
     monkeypatch.setenv("CQG_RAY_MODELS", str(shipped))
-    from cqg_ray.mbqa.embedder import is_shipped_name, resolve_model, shipped_models
+    from cqg_ray.mbqa.shipped import is_shipped_name, resolve_model, shipped_models
 
     assert resolve_model("my-model") == str(shipped / "my-model")
     assert "my-model" in shipped_models() and is_shipped_name("my-model")
@@ -469,3 +469,78 @@ def test_the_budget_chunk_by_chunk_on_the_heads_device_equals_the_numpy_referenc
     model.mean = mean + 0.05  # a new mean reaches the heads' device copy too
     p_emb = model.encode_embeddings(emb, output="probs")
     assert np.array_equal(model.encode_embeddings(emb, output="sparse").toarray(), apply_budget(p_emb, budget, mean + 0.05)[1])
+
+
+# ------------------------------------------------------------------ what a notebook user meets (the API audit, 2026-12-07)
+def test_odd_inputs_get_a_clear_error_naming_what_to_give(encoder, tmp_path):
+    import pandas as pd
+
+    model = make_model(encoder)
+    for texts, says in (("one text", "encode takes a list of texts, got one str; wrap a single text in a list"),
+                        (b"bytes", "encode takes a list of texts, got one bytes; wrap a single text in a list"),  # was "texts[0] ... got int"
+                        ({"a", "b"}, "encode takes an ordered sequence of texts (a list), got a set: its rows would follow no order"),
+                        ({"a": 1}, "encode takes an ordered sequence of texts (a list), got a dict: its rows would follow no order"),
+                        (pd.Series(["a", None]), "texts[1] must be a str, got float (a missing value: NaN or None)"),  # pandas' NaN
+                        (pd.Series(["a", float("nan")]), "texts[1] must be a str, got float (a missing value: NaN or None)"),
+                        (["a", 3], "texts[1] must be a str, got int")):
+        with pytest.raises(TypeError) as e:
+            model.encode(texts)
+        assert str(e.value) == says
+    with pytest.raises(ValueError, match=r"^give output='sparse', or the deprecated binary / packed flags, not both$"):
+        model.encode(TEXTS, output="sparse", binary=False)  # it gave dense probabilities
+    with pytest.raises(TypeError, match=r"^budget must be a cqg_ray.mbqa.budget.Budget \(or its dict\), got str$"):
+        model.encode(TEXTS, budget="top_k")  # an AttributeError seven frames down
+    as_dict = {"rule": "top_k", "k": 2, "floor": 0.5, "value": "one", "rank": "prob"}
+    assert np.array_equal(model.encode(TEXTS, budget=as_dict), model.encode(TEXTS, k=2))
+    with pytest.raises(ValueError, match=r"^device='tpu' is not a torch device: 'cpu', 'cuda' or 'cuda:N' \(or leave it out\)$"):
+        InterpretableEmbedder("bundled:all-MiniLM-L6-v2", model.questions, model.heads, device="tpu")
+    with pytest.raises(TypeError, match=r"^load takes a model folder, a URI or a shipped model's name \(str or path\), got NoneType$"):
+        InterpretableEmbedder.load(None)
+    with pytest.raises(ModelError, match=r"^no model given: name a model folder, a URI or a shipped model$"):
+        InterpretableEmbedder.load(" ")
+
+
+def test_the_constructor_takes_question_texts_and_save_takes_a_path(encoder, tmp_path):
+    from pathlib import Path
+
+    model = make_model(encoder)
+    plain = InterpretableEmbedder("bundled:all-MiniLM-L6-v2", model.questions, model.heads, device="cpu", encoder=encoder)
+    assert plain.question_records == [{"text": f"Question number {i}?"} for i in range(M)]  # it raised "dictionary update sequence"
+    plain.save(Path(tmp_path / "p"))  # an AttributeError ('PosixPath' has no rstrip) where load took a Path
+    loaded = InterpretableEmbedder.load(Path(tmp_path / "p"), encoder=encoder)
+    assert loaded.questions == model.questions and np.array_equal(loaded.encode(TEXTS), plain.encode(TEXTS))
+    assert "InterpretableEmbedder" in dir(__import__("cqg_ray")) and InterpretableEmbedder.__doc__.startswith("A trained CQG-MBQA model")
+    lazy = InterpretableEmbedder.load(str(tmp_path / "p"), load_encoder=False)
+    assert repr(lazy).endswith("backend='auto')")
+    lazy._encoder = encoder  # loaded: the backend it resolved to
+    assert repr(lazy).endswith(f"backend={encoder.backend!r})") and encoder.backend != "auto"
+
+
+def test_encode_embeddings_normalises_as_the_model_was_trained_and_refuses_nan(encoder):
+    model = make_model(encoder)
+    emb = encoder.encode(TEXTS)
+    np.testing.assert_allclose(model.encode_embeddings(emb * 5, output="probs"), model.encode(TEXTS, output="probs"), rtol=1e-4, atol=1e-6)
+    bad = emb.copy()
+    bad[3, 0] = np.nan
+    with pytest.raises(ValueError, match=r"^embeddings hold NaN or infinity in 1 rows \(the first: row 3\)$"):
+        model.encode_embeddings(bad)  # a zero row came back without a word
+
+
+def test_saving_a_model_without_stats_over_one_with_them_leaves_none_behind(encoder, tmp_path):
+    from cqg_ray.mbqa.budget import Budget
+
+    base = make_model(encoder)
+    with_stats = InterpretableEmbedder("bundled:all-MiniLM-L6-v2", base.question_records, base.heads, 0.5, None, device="cpu",
+                                       encoder=encoder, budget=Budget(rule="top_k", k=2, value="centred"), mean=np.full(M, 0.3, np.float32))
+    with_stats.save(str(tmp_path))
+    assert (tmp_path / "stats.safetensors").exists()
+    base.save(str(tmp_path))
+    assert not (tmp_path / "stats.safetensors").exists() and InterpretableEmbedder.load(str(tmp_path), encoder=encoder).mean is None
+
+
+def test_an_explanation_prints_as_the_command_prints_it(encoder):
+    from cqg_ray.explain import format_explanation
+
+    ex = make_model(encoder).explain(TEXTS[0], TEXTS[3])
+    assert str(ex) == format_explanation(ex) == "\n".join(format_explanation(ex, "a", "b").splitlines()[2:])
+    assert str(ex).startswith(f"cosine similarity ({ex.budget}): ") and "Text A" not in str(ex)  # print(ex) was one 3 KB line
