@@ -21,6 +21,7 @@ top-k with ties) lives in ``cqg_ray.ranking``, below the stages that share it. E
 
     index = load_index("runs/demo/embeddings")                    # the OUT folder of `cqg-ray embed`
     hits = search(model, index, "a query text", k=10)             # Hit(doc_id, score, shared=[question indices], ...)
+    index = SparseIndex(np.array(ids), model.encode(texts, output="sparse"), model.m)   # texts in memory
     cqg-ray search MODEL EMBEDDINGS "a query text" -k 10          # prints hits with their shared active questions
 """
 

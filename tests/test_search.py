@@ -203,3 +203,16 @@ def test_search_past_the_corpus_gives_its_documents_ranked_with_the_shared_quest
         ex = explanation(pq, pd, pq > 0, pd > 0, pq, pd, model.question_records, "prob")
         assert h.shared == [a.index for a in ex.shared_yes]
     assert [h.doc_id for h in index.search(np.array(p["query"], np.float32), 3)] == ["a", "b", "c"]
+
+
+def test_texts_in_memory_are_searched_as_the_docs_show():
+    """docs/serving.md's in-memory search, verbatim, on the shipped model: no embed run, the texts as their own ids."""
+    from cqg_ray import InterpretableEmbedder
+    from cqg_ray.search import search
+
+    model = InterpretableEmbedder.load("cqg-minilm-ref")
+    docs = ["A man is playing a guitar.", "The stock market fell today.", "A dog runs in the park."]
+    index = SparseIndex(np.array(docs), model.encode(docs, output="sparse"), model.m)
+    hits = search(model, index, "Someone plays music.", k=2)
+    assert [h.doc_id for h in hits] == ["A man is playing a guitar.", "The stock market fell today."]
+    assert hits[0].score > hits[1].score > 0 and "Is a musical performance described?" in hits[0].questions
