@@ -11,7 +11,9 @@ Layouts
 - Retrieval (BEIR): a folder with ``corpus.jsonl`` {_id, title, text}, ``queries.test.jsonl`` or ``queries.jsonl``
   {_id, text}, ``qrels/test.tsv`` (header ``query-id corpus-id score``). A document's text is ``title + " " + text``
   (stripped), as MTEB feeds BEIR corpora to encoders. Where a query is also a corpus document under the same id
-  (ArguAna, Quora), that document is left out of the query's ranking unless ``drop_identical_ids=False``.
+  (ArguAna, Quora), that document is left out of the query's ranking unless ``drop_identical_ids=False``. Relevant
+  documents that the qrels name and the corpus lacks count as not retrieved, said once (a warning) and counted
+  (``qrels_docs_missing``); where the corpus has none of them, the set is a DataError.
 - Clustering: JSONL, optionally gzip-compressed, one object per line with a text field (``text`` by default;
   20 Newsgroups also has ``subject``, what MTEB's TwentyNewsgroupsClustering clusters) and ``label``.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +37,7 @@ import pyarrow.fs as pafs
 
 from cqg_ray.rundir import resolve
 
+log = logging.getLogger("cqg_ray")
 
 class DataError(ValueError):
     """Evaluation data that cannot be read: missing file, wrong columns, broken line (with its location)."""
@@ -250,6 +254,8 @@ class RetrievalData:
     qrels: dict[str, dict[str, int]]  # query id -> {doc id: relevance}
     full_corpus: bool = True
     drop_identical_ids: bool = True  # BEIR's ignore_identical_ids: a retrieved doc with the query's own id is not scored
+    qrels_docs: int = 0  # relevant documents the kept queries' qrels name
+    qrels_docs_missing: int = 0  # of them, not in the corpus file: never retrieved, so they lower the score
 
     @property
     def identical_ids(self) -> int:
@@ -322,10 +328,16 @@ def load_beir(
         docs.append(doc_text(row))
     if not doc_ids:  # every query scored 0.00, as if the model had ranked badly
         raise DataError(f"{corpus_uri}: no documents")
+    relevant = {d for q in query_ids for d, r in qrels[q].items() if r > 0}
+    missing = relevant - set(doc_ids)
+    if relevant and missing == relevant:  # every query would score 0.00, as if the model had ranked badly
+        raise DataError(f"{folder}: none of the {len(relevant)} relevant documents that qrels/{split}.tsv names is in "
+                        f"corpus.jsonl (qrels name e.g. {sorted(missing)[:3]}, the corpus has e.g. {doc_ids[:3]})")
+    if missing:
+        log.warning("%s: %s", folder, missing_docs_note(len(missing), len(relevant)))
 
     full = max_docs is None or max_docs >= len(doc_ids)
     if not full:
-        relevant = {d for q in query_ids for d, r in qrels[q].items() if r > 0}
         must = [i for i, d in enumerate(doc_ids) if d in relevant]
         rest = np.array([i for i, d in enumerate(doc_ids) if d not in relevant], dtype=np.int64)
         extra = rest[sample_indices(len(rest), max(max_docs - len(must), 0), seed + 1)]
@@ -342,7 +354,15 @@ def load_beir(
         qrels={q: qrels[q] for q in query_ids},
         full_corpus=full,
         drop_identical_ids=drop_identical_ids,
+        qrels_docs=len(relevant),
+        qrels_docs_missing=len(missing),
     )
+
+
+def missing_docs_note(missing: int, named: int) -> str:
+    """What the log and the report say of relevant documents that a BEIR set's qrels name and its corpus lacks."""
+    return (f"qrels name {missing} relevant document{'s' if missing != 1 else ''} that {'are' if missing != 1 else 'is'} "
+            f"not in the corpus (of {named}): they count as not retrieved")
 
 
 # ----------------------------------------------------------------------------------------- clustering

@@ -46,6 +46,7 @@ from cqg_ray.evaluate.sweeps import (
     with_average,
 )
 from cqg_ray.cqg.quality import format_quality
+from cqg_ray.evaluate.data import missing_docs_note
 from cqg_ray.evaluate.faithfulness import faithfulness, faithfulness_markdown, format_faithfulness
 from cqg_ray.evaluate.markdown import markdown_table
 from cqg_ray.evaluate.tasks import SCORERS, TASKS, dataset_info, load_datasets, load_faithfulness_texts
@@ -305,7 +306,9 @@ def render_markdown(results: dict) -> str:
         cols, cells = table_cells(results, task)
         out += [f"## {TASK_TITLES[task]}", "", markdown_table(["Model", *cols], [[n, *row] for n, row in cells]), ""]
         if task == "retrieval":
-            out += [_identical_ids_note(name, info) for name, info in results["datasets"]["retrieval"].items()] + [""]
+            out += [_identical_ids_note(name, info) for name, info in results["datasets"]["retrieval"].items()]
+            out += [f"- {name}: {missing_docs_note(info['qrels_docs_missing'], info['qrels_docs'])}."
+                    for name, info in results["datasets"]["retrieval"].items() if info.get("qrels_docs_missing")] + [""]
     for name, sw in results["sweeps"].items():
         if "budget" in sw:
             rows = budget_rows(sw["budget"])

@@ -117,7 +117,7 @@ def dataset_info(task: str, d: Any) -> dict:
     if task == "retrieval":
         return {"path": d.path, "queries": len(d.query_ids), "docs": len(d.docs), "full_corpus": d.full_corpus,
                 "qrels": sum(len(v) for v in d.qrels.values()), "identical_ids": d.identical_ids,
-                "identical_ids_dropped": d.drop_identical_ids}
+                "identical_ids_dropped": d.drop_identical_ids, "qrels_docs": d.qrels_docs, "qrels_docs_missing": d.qrels_docs_missing}
     return {"path": d.path, "texts": len(d.texts), "labels": d.n_labels, "field": d.field}
 
 

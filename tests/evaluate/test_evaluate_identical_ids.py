@@ -90,7 +90,7 @@ def test_evaluate_model_every_method_drops_and_keep_option_restores(identical_id
     # the report says what was done, for each retrieval set
     assert drop["datasets"]["retrieval"]["mini-arguana"] == {
         "path": folder, "queries": 3, "docs": 5, "full_corpus": True, "qrels": 3, "identical_ids": 2,
-        "identical_ids_dropped": True}
+        "identical_ids_dropped": True, "qrels_docs": 2, "qrels_docs_missing": 0}
     assert keep["datasets"]["retrieval"]["mini-arguana"]["identical_ids_dropped"] is False
     on_disk = json.loads((tmp_path / "keep" / "results.json").read_text())
     assert on_disk["datasets"]["retrieval"]["mini-arguana"]["identical_ids"] == 2

@@ -61,7 +61,8 @@ def test_evaluate_model_end_to_end_on_real_slices(make_rp_model, short_minilm, d
     assert results["datasets"]["sts"]["STS-B"]["pairs"] == 200
     assert results["datasets"]["retrieval"]["SciFact"] == {
         "path": data_path("retrieval/scifact"), "queries": 50, "docs": 300, "full_corpus": False,
-        "qrels": results["datasets"]["retrieval"]["SciFact"]["qrels"], "identical_ids": 0, "identical_ids_dropped": True}
+        "qrels": results["datasets"]["retrieval"]["SciFact"]["qrels"], "identical_ids": 0, "identical_ids_dropped": True,
+        "qrels_docs": 50, "qrels_docs_missing": 0}  # (SciFact's 50 sampled queries judge 50 documents, all in its corpus)
     assert results["datasets"]["clustering"]["TNG-subject"]["labels"] == 20
     assert set(results["scores"]["sts"]) == {"RP-MBQA", "Dense (all-MiniLM-L6-v2)", "Bag-of-Tokens"}
     assert set(results["scores"]["retrieval"]) == {"RP-MBQA", "Dense (all-MiniLM-L6-v2)", "Bag-of-Tokens", "BM25"}
