@@ -174,7 +174,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     from cqg_ray.corpus import CorpusError, list_files, repeated_id_rows, row_places, unwrap_error
     from cqg_ray.corpus.read import MAX_REPORTED_ERRORS, replaced_utf8_warning
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
-    from cqg_ray.mbqa.shipped import resolve_model
+    from cqg_ray.mbqa.folder import resolve_model
 
     model_path = resolve_model(model_path)  # a shipped model's name -> its folder
     cfg = cfg or EmbedConfig()

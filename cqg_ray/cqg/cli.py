@@ -7,7 +7,7 @@ import os
 
 
 def _is_model(target: str) -> bool:
-    from cqg_ray.mbqa.shipped import is_shipped_name
+    from cqg_ray.mbqa.folder import is_shipped_name
 
     return is_shipped_name(target) or os.path.exists(os.path.join(target, "questions.json"))
 
@@ -49,7 +49,7 @@ def cmd_questions(args) -> int:
     from cqg_ray.rundir import RunDir
 
     if not _is_model(args.run_dir) and not RunDir(args.run_dir).exists():
-        from cqg_ray.mbqa.shipped import shipped_models
+        from cqg_ray.mbqa.folder import shipped_models
 
         raise ConfigError(f"questions: no run directory or model at {args.run_dir} (shipped models: {', '.join(shipped_models()) or 'none'})")
     if not _is_model(args.run_dir):

@@ -174,8 +174,8 @@ def model_quality(model: str, corpus: list[str] | None = None, encoder: Any = No
     import yaml
 
     from cqg_ray.config import config_from_dict
-    from cqg_ray.mbqa.embedder import read_questions
-    from cqg_ray.mbqa.shipped import resolve_model
+    from cqg_ray.mbqa.folder import read_questions
+    from cqg_ray.mbqa.folder import resolve_model
     from cqg_ray.rundir import RunDir
 
     folder = resolve_model(model)

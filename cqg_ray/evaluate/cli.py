@@ -125,7 +125,7 @@ def evaluation_folder(model: str) -> str:
     """Where `cqg-ray evaluate MODEL` writes by default: MODEL/evaluation for a folder or URI; for a shipped model's
     name, evaluation/NAME here, which leaves the shipped model's own published report as it is (name its folder by
     path, models/NAME, to rewrite that)."""
-    from cqg_ray.mbqa.shipped import is_shipped_name
+    from cqg_ray.mbqa.folder import is_shipped_name
 
     if is_shipped_name(model):
         return f"evaluation/{model}"

@@ -28,7 +28,7 @@ def cmd_budget(args) -> int:
     from cqg_ray.config import check_seed
     from cqg_ray.evaluate.data import DataError, load_texts, sample_indices
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
-    from cqg_ray.mbqa.shipped import is_shipped_name, resolve_model
+    from cqg_ray.mbqa.folder import is_shipped_name, resolve_model
 
     if args.n < 1:
         raise ConfigError(f"budget: --n must be at least 1 (texts sampled from --stats), got {args.n}")

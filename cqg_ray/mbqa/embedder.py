@@ -17,7 +17,7 @@ The folder (local path or any URI `cqg_ray.rundir` understands):
 
     config.json        format, format_version, encoder (name or path), dims d, hidden, m, tau, budget, normalize, versions,
                        labelled_by (the LLM that labelled its training texts: backend, model, answer_mode, prompt, yes_above,
-                       score_engine for the embedded backend)
+                       score_engine for the embedded backend), sha256 (the weights files' checksums)
     questions.json     [{"id", "text", "cluster", "quality", "yes_rate", "labels", ...}, ...] in dimension order
     heads.safetensors  the stacked heads (`StackedHeads`), with d/m/hidden in its metadata
     stats.safetensors  ``mean``: each question's mean probability on the training texts (centred values)
@@ -25,7 +25,8 @@ The folder (local path or any URI `cqg_ray.rundir` understands):
 
 Format version 1 has no budget: its rule is p > tau with 0/1 values, exactly as before. A budget (or stats) makes the
 folder version 2, which an older cqg-ray refuses instead of silently using tau.
-Loading checks that the files exist and parse, and that questions, heads, config and encoder agree.
+Loading checks that the files exist and parse, that the weights match their checksums (a folder saved before them has
+none), and that questions, heads, config and encoder agree.
 """
 
 from __future__ import annotations
@@ -43,20 +44,17 @@ from cqg_ray.explain import Explanation, explanation
 from cqg_ray.mbqa.budget import Budget, apply_budget
 from cqg_ray.mbqa.budget_torch import join_parts, output_part, zero_rows
 from cqg_ray.mbqa.heads import StackedHeads
-from cqg_ray.mbqa.shipped import model_dirs, resolve_model, shipped_models
+from cqg_ray.mbqa.folder import (STATS, ModelError, check_digest, model_dirs, read_json, read_questions, read_stats, resolve_model,
+                                 sha256, shipped_models)
 from cqg_ray.progress import View as progress_view
 from cqg_ray.progress import add as add_progress
-from cqg_ray.rundir import ArtifactError, RunDir, versions
+from cqg_ray.rundir import RunDir, versions
 
 FORMAT = "cqg-ray-mbqa"
 FORMAT_VERSION = 2  # 2: config.json may hold a budget, the folder a stats.safetensors; 1: p > tau only
 OUTPUTS = ("bits", "packed", "probs", "sparse")  # active questions 0/1, np.packbits of them, probabilities, csr values
 HEAD_CHUNK = {"cpu": 256, "cuda": 4096}  # texts per heads-and-budget step: device memory is bounded by one chunk's (n, m)
 CHUNK_SIZE = 4096  # texts per encoder call in `encode` (its embeddings stay on the device until the heads have run)
-
-
-class ModelError(ArtifactError):
-    """A missing, corrupt or inconsistent model folder."""
 
 
 _count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
@@ -67,6 +65,7 @@ CONFIG_TYPES = (  # config.json's fields: (key, what it must be, the check)
     ("tau", "a number in (0, 1)", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1),
     ("normalize", "true or false", lambda v: isinstance(v, bool)),
     ("labelled_by", "an object naming a model", lambda v: isinstance(v, dict) and isinstance(v.get("model"), str)),
+    ("sha256", "an object of file names and their checksums", lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values())),
 )
 
 
@@ -158,7 +157,9 @@ class InterpretableEmbedder:
     def save(self, path: str | os.PathLike) -> None:
         """Write the model folder; config.json goes last, so a folder with a config.json is complete."""
         run = RunDir(os.fspath(path))
-        run.write_bytes("heads.safetensors", self.heads.to_bytes())
+        heads = self.heads.to_bytes()
+        digests = {"heads.safetensors": sha256(heads)}  # the weights' checksums, in config.json: `load` checks them
+        run.write_bytes("heads.safetensors", heads)
         run.write_json("questions.json", self.question_records)
         if self.eval_report is not None:
             run.write_json("eval_report.json", self.eval_report)
@@ -173,9 +174,10 @@ class InterpretableEmbedder:
         if self.mean is not None:
             from safetensors.numpy import save
 
-            run.write_bytes(STATS, save({"mean": self.mean}, metadata={"what": "mean probability per question on the training texts",
-                                                                       "source": self.stats_source}))
-            cfg["stats"] = STATS
+            stats = save({"mean": self.mean}, metadata={"what": "mean probability per question on the training texts", "source": self.stats_source})
+            run.write_bytes(STATS, stats)
+            cfg["stats"], digests[STATS] = STATS, sha256(stats)
+        cfg["sha256"] = digests
         if self.labelled_by is not None:
             cfg["labelled_by"] = self.labelled_by
         kept = {k: v for k, v in self.loaded_config.items() if k not in (*cfg, "budget", "stats", "versions")}
@@ -201,7 +203,7 @@ class InterpretableEmbedder:
             if "/" not in path and os.sep not in path:
                 hint = f"; shipped models: {', '.join(shipped_models()) or 'none found'} (looked in {', '.join(map(str, model_dirs()))})"
             raise ModelError(f"not a cqg-ray model: no config.json in {path} ({what}){hint}")
-        cfg = _read_json(run, "config.json")
+        cfg = read_json(run, "config.json")
         if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
             raise ModelError(f"{path}/config.json is not a cqg-ray model config (format {cfg.get('format') if isinstance(cfg, dict) else None!r})")
         missing = [k for k in ("encoder", "dims", "hidden", "m", "tau") if k not in cfg]
@@ -215,16 +217,18 @@ class InterpretableEmbedder:
         questions = read_questions(run, path)
         if not run.exists("heads.safetensors"):
             raise ModelError(f"missing artifact: {path}/heads.safetensors")
+        data = run.read_bytes("heads.safetensors")
         try:
-            heads = StackedHeads.from_bytes(run.read_bytes("heads.safetensors"), source=f"{path}/heads.safetensors")
+            heads = StackedHeads.from_bytes(data, source=f"{path}/heads.safetensors")
         except ValueError as e:
             raise ModelError(str(e)) from None
+        check_digest(data, "heads.safetensors", path, cfg)  # it parses and its weights are finite: the bytes saved?
         if (heads.d, heads.hidden, heads.m) != (cfg["dims"], cfg["hidden"], cfg["m"]):
             raise ModelError(f"{path}: heads.safetensors has d={heads.d}, hidden={heads.hidden}, m={heads.m} "
                              f"but config.json says dims={cfg['dims']}, hidden={cfg['hidden']}, m={cfg['m']}")
         if len(questions) != heads.m:
             raise ModelError(f"{path}: questions.json has {len(questions)} questions but there are {heads.m} heads")
-        report = _read_json(run, "eval_report.json") if run.exists("eval_report.json") else None
+        report = read_json(run, "eval_report.json") if run.exists("eval_report.json") else None
         budget, mean = None, None
         if "budget" in cfg:
             try:
@@ -232,7 +236,7 @@ class InterpretableEmbedder:
             except (TypeError, ValueError) as e:
                 raise ModelError(f"{path}/config.json: bad budget: {e}") from None
         if cfg.get("stats"):
-            mean, source = _read_stats(run, str(cfg["stats"]), path)
+            mean, source = read_stats(run, str(cfg["stats"]), path, cfg)
         try:
             model = cls(cfg["encoder"], questions, heads, cfg["tau"], report, cfg.get("normalize", True), device, encoder, backend,
                         budget=budget, mean=mean)
@@ -377,7 +381,6 @@ class InterpretableEmbedder:
                 f"device={self.device!r}, backend={getattr(self._encoder, 'backend', self.backend)!r})")  # as resolved, once loaded
 
 
-STATS = "stats.safetensors"
 
 
 def chunk_plan(texts: list[str], batch_size: int, st_order: bool, chunk_size: int = CHUNK_SIZE) -> list:
@@ -386,40 +389,6 @@ def chunk_plan(texts: list[str], batch_size: int, st_order: bool, chunk_size: in
     order = length_order(texts)
     return [(rows, batch_plan([texts[j] for j in rows], batch_size, st_order))
             for rows in (order[i : i + chunk_size] for i in range(0, len(texts), chunk_size))]
-
-
-def _read_stats(run: RunDir, name: str, path: str) -> tuple[np.ndarray, str]:
-    """(mean, the source recorded in the file's metadata) of a stats.safetensors."""
-    from cqg_ray.mbqa.heads import safetensors_metadata
-
-    if not run.exists(name):
-        raise ModelError(f"missing artifact: {path}/{name} (config.json names it)")
-    from safetensors.numpy import load
-
-    data = run.read_bytes(name)
-    try:
-        t = load(data)
-        meta = safetensors_metadata(data)
-    except Exception as e:  # safetensors raises its own error types for corrupt bytes
-        raise ModelError(f"{path}/{name} is not a readable safetensors file: {e}") from None
-    if "mean" not in t or t["mean"].ndim != 1:
-        raise ModelError(f"{path}/{name} must hold a 1-d tensor 'mean'")
-    return t["mean"], str(meta.get("source", ""))
-
-
-def read_questions(run: RunDir, path: str) -> list[dict]:
-    """A model folder's questions.json: its question records, checked (a list of objects with a 'text')."""
-    questions = _read_json(run, "questions.json")
-    if not isinstance(questions, list) or not all(isinstance(q, dict) and "text" in q for q in questions):
-        raise ModelError(f"{path}/questions.json must be a list of objects with a 'text'")
-    return questions
-
-
-def _read_json(run: RunDir, name: str):
-    try:
-        return run.read_json(name)
-    except ArtifactError as e:
-        raise ModelError(str(e)) from None
 
 
 def _output(output: str | bool, binary: bool | None, packed: bool | None) -> str:

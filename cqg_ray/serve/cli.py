@@ -134,7 +134,7 @@ def start(model: str, cfg: ServeConfig, name: str = "cqg-mbqa") -> str:
     from ray import serve
 
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
-    from cqg_ray.mbqa.shipped import resolve_model
+    from cqg_ray.mbqa.folder import resolve_model
     from cqg_ray.serve.app import build_app
 
     model = resolve_model(model)  # a shipped model's name -> its folder, so that every replica reads the same one

@@ -295,7 +295,7 @@ def test_a_bare_name_loads_from_the_models_folders(saved, encoder, tmp_path, mon
     shipped = tmp_path / "shipped"
     shutil.copytree(saved, shipped / "my-model")
     monkeypatch.setenv("CQG_RAY_MODELS", str(shipped))
-    from cqg_ray.mbqa.shipped import is_shipped_name, resolve_model, shipped_models
+    from cqg_ray.mbqa.folder import is_shipped_name, resolve_model, shipped_models
 
     assert resolve_model("my-model") == str(shipped / "my-model")
     assert "my-model" in shipped_models() and is_shipped_name("my-model")
@@ -544,3 +544,29 @@ def test_an_explanation_prints_as_the_command_prints_it(encoder):
     ex = make_model(encoder).explain(TEXTS[0], TEXTS[3])
     assert str(ex) == format_explanation(ex) == "\n".join(format_explanation(ex, "a", "b").splitlines()[2:])
     assert str(ex).startswith(f"cosine similarity ({ex.budget}): ") and "Text A" not in str(ex)  # print(ex) was one 3 KB line
+
+
+def test_weights_changed_in_place_are_caught_by_their_checksums(encoder, tmp_path):
+    """Bytes overwritten inside heads.safetensors keep its length and parse: the model loaded and 68 of 714 answers
+    changed (the audit). config.json now records each weights file's sha256, which load checks; a folder saved
+    before the checksums (none recorded) loads as it did."""
+    from cqg_ray.mbqa.budget import Budget
+
+    base = make_model(encoder)
+    model = InterpretableEmbedder("bundled:all-MiniLM-L6-v2", base.question_records, base.heads, 0.5, None, device="cpu",
+                                  encoder=encoder, budget=Budget(rule="top_k", k=2, value="centred"), mean=np.full(M, 0.3, np.float32))
+    model.save(str(tmp_path))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert sorted(cfg["sha256"]) == ["heads.safetensors", "stats.safetensors"] and all(len(v) == 64 for v in cfg["sha256"].values())
+    InterpretableEmbedder.load(str(tmp_path), encoder=encoder)
+    for name in ("heads.safetensors", "stats.safetensors"):
+        good = (tmp_path / name).read_bytes()
+        (tmp_path / name).write_bytes(good[:-4] + bytes(b ^ 0x01 for b in good[-4:]))  # the last weight's bytes, same length
+        with pytest.raises(ModelError, match=rf"/{name} is damaged or was changed after the model was saved: its sha256 is not the one config.json records$"):
+            InterpretableEmbedder.load(str(tmp_path), encoder=encoder)
+        (tmp_path / name).write_bytes(good)
+    del cfg["sha256"]  # as a folder saved before the checksums
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    good = (tmp_path / "heads.safetensors").read_bytes()
+    (tmp_path / "heads.safetensors").write_bytes(good[:-4] + bytes(b ^ 0x01 for b in good[-4:]))
+    assert InterpretableEmbedder.load(str(tmp_path), encoder=encoder).m == M  # nothing recorded: nothing checked

@@ -207,7 +207,7 @@ def test_a_replica_that_cannot_start_is_one_error_line(toy_model, tmp_path):
     r = subprocess.run([sys.executable, "-m", "cqg_ray.cli", "serve", str(bad), "--port", str(free_port()), "--num-cpus", "1",
                         "--set", "num_cpus_per_replica=0.5"], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 1, r.stderr[-3000:]
-    assert f"error: the application did not start: cqg_ray.mbqa.embedder.ModelError: cannot load the encoder '{tmp_path / 'no-encoder'}'" in r.stderr
+    assert f"error: the application did not start: cqg_ray.mbqa.folder.ModelError: cannot load the encoder '{tmp_path / 'no-encoder'}'" in r.stderr
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
 
 
