@@ -19,10 +19,10 @@
 - A question list (``Request.stop_on_loop``) is streamed (``stream: true``, usage asked with ``stream_options``) and the
   stream closed at the newline where the list loops (``parse.loops``), as the embedded engines stop it (the server,
   vLLM's included, aborts a request whose client went away); its tokens are the server's usage where it sends one,
-  else the content chunks counted, and the prompt's from the server's ``/tokenize`` (vLLM; 0 without it); a stream that stops before its end (no finish_reason, no
-  [DONE]) or that carries an error event (vLLM's way to fail a request after its 200) is that request's error, asked
-  again; a JSON reply to it is read as one. ``OpenAIConfig.stop_loops: false``
-  asks as any other.
+  else the content chunks counted, and the prompt's from the server's ``/tokenize`` (vLLM; 0 without it); a stream
+  that stops before its end (no finish_reason, no [DONE]) or that carries an error event (vLLM's way to fail a request
+  after its 200) is that request's error, asked again; a JSON reply to it is read as one. ``OpenAIConfig.stop_loops:
+  false`` asks as any other.
 - Constrained answers: ``send_grammar`` adds a llama.cpp GBNF ``grammar``; ``send_structured_outputs`` adds
   vLLM's ``structured_outputs: {regex: ...}``; ``extra_body`` is merged into every request body.
 - With ``LLMConfig.logprobs``, answer requests ask for ``logprobs`` + ``top_logprobs=5`` and P(yes) per line
