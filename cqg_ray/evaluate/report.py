@@ -12,7 +12,7 @@ clustering points scored on the way (``tasks``); only STS keeps probabilities, f
 
 Written to ``out_dir`` (local path or URI): ``results.json`` (every number, NaN as null), ``report.md`` (tables,
 protocol notes and plots), ``sweep_{m,tau}_<model>.png`` and ``.csv``, ``frontier_<model>.png`` and
-``sweep_budget_<model>.csv``. ``format_tables(results)`` is the short
+``sweep_budget_<model>.csv``; results.json last (``write_report``). ``format_tables(results)`` is the short
 terminal table. Evaluation runs in this process (no Ray): its cost is encoding, which the model does in batches. The rows are
 ``methods``, the per-task scoring ``tasks``; this module runs every task and writes the report.
 """
@@ -392,12 +392,16 @@ def _write_csv(run, name: str, rows: list[dict]) -> None:
 
 
 def write_report(results: dict, out_dir: str) -> None:
-    """results.json, report.md, and one PNG + CSV per sweep, into ``out_dir`` (any filesystem)."""
+    """results.json, report.md, and one PNG + CSV per sweep, into ``out_dir`` (any filesystem), each file atomically and
+    the set as one: results.json is the record, and every other file is made from it (this function rewrites them from
+    a results.json read back), so the old results.json and report.md go first and results.json comes last. A folder
+    with a results.json holds one evaluation's files; one without it, an interrupted write."""
     from cqg_ray.rundir import RunDir
 
     run = RunDir(out_dir)
     run.makedirs("")
-    run.write_json("results.json", results)
+    for name in ("results.json", "report.md"):
+        run.rm(name)
     for name, sw in results["sweeps"].items():
         if "budget" in sw:
             dense = next((v for n, v in results["scores"].get("sts", {}).items() if results["methods"][n]["kind"] == "dense"), None)
@@ -425,4 +429,5 @@ def write_report(results: dict, out_dir: str) -> None:
                 run.write_bytes(f"{stem}.png", plot_faith_sweep(res["budget_sweep"], f"{name} on {dataset}: the judge's yes-rate against load"))
                 _write_csv(run, f"{stem}.csv", res["budget_sweep"]["rows"])
     run.write_bytes("report.md", render_markdown(results).encode())
+    run.write_json("results.json", results)  # last: the record that the files beside it are whole
     log.info("evaluation report written to %s", run.uri("report.md"))

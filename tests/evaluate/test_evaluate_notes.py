@@ -1,6 +1,6 @@
 """What the report says of a set it cannot score as asked: an STS file whose Spearman is undefined (one pair, equal
 gold scores, equal model scores) says why beside its n/a; a retrieval set whose qrels name documents its corpus lacks
-says how many (and none at all is an error)."""
+says how many (and none at all is an error). And the report's files are one set: results.json, the record, comes last."""
 
 import json
 import logging
@@ -10,7 +10,7 @@ import pytest
 
 from cqg_ray.config import EvaluateConfig
 from cqg_ray.evaluate.data import DataError, load_beir
-from cqg_ray.evaluate.report import evaluate_model, format_tables
+from cqg_ray.evaluate.report import evaluate_model, format_tables, render_markdown, write_report
 
 from tests.evaluate.conftest import Lookup
 
@@ -96,3 +96,34 @@ def test_qrels_naming_no_document_of_the_corpus_is_a_data_error(tmp_path, capsys
     assert main(["evaluate", toy, "--tasks", "retrieval", "--retrieval", folder, "--out", str(tmp_path / "ev")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {says}"
     assert not (tmp_path / "ev").exists()
+
+
+def test_an_interrupted_report_write_leaves_no_results_json_beside_files_of_another_evaluation(tmp_path, monkeypatch):
+    """Each file was written atomically, results.json first: a write killed before report.md left the new results.json
+    beside the old report.md."""
+    from cqg_ray.rundir import RunDir
+
+    files = [write_sts(tmp_path / "ok.tsv", [("a", "a", 3), ("a", "b", 2), ("a", "c", 1)])]
+    out = tmp_path / "ev"
+    first = evaluate_model({"Lookup": Lookup(STS_VECTORS)}, EvaluateConfig(tasks=["sts"], sts=files, baselines=[]), str(out),
+                           print_table=False)
+    assert (out / "report.md").read_text() == render_markdown(json.loads((out / "results.json").read_text()))  # made from it
+    second = {**first, "scores": {"sts": {"Lookup": {"ok": 12.5}}}}
+    real = RunDir.write_bytes
+
+    def killed_at(name):
+        def write_bytes(self, rel, data):
+            if rel == name:
+                raise KeyboardInterrupt
+            real(self, rel, data)
+        return write_bytes
+
+    for name in ("report.md", "results.json"):
+        monkeypatch.setattr(RunDir, "write_bytes", killed_at(name))
+        with pytest.raises(KeyboardInterrupt):
+            write_report(second, str(out))
+        assert sorted(p.name for p in out.iterdir()) == (["report.md"] if name == "results.json" else [])
+    monkeypatch.setattr(RunDir, "write_bytes", real)
+    write_report(second, str(out))
+    assert json.loads((out / "results.json").read_text())["scores"] == {"sts": {"Lookup": {"ok": 12.5}}}
+    assert "| Lookup | 12.50 |" in (out / "report.md").read_text()
