@@ -377,8 +377,11 @@ def run_from_args(args) -> dict:
         corpus = CorpusConfig(format=args.format, text_column=args.text_column, id_column=args.id_column)
     except ValidationError as err:
         raise ConfigError(format_errors(err, "the embed options")) from None
-    if os.path.isfile(args.out):
-        raise ConfigError(f"OUT {args.out} is a file: give a folder to write the embeddings to")
+    from cqg_ray.artifacts import file_on_path
+
+    if "://" not in args.out and (above := file_on_path(args.out)) is not None:  # OUT, or a file on its path (notes.txt/emb)
+        where = "is a file" if above == os.path.normpath(args.out) else f"is below the file {above}"
+        raise ConfigError(f"OUT {args.out} {where}: give a folder to write the embeddings to")
     if RunDir(args.out).exists("config.json"):  # embed's lease, manifest and units would lie among the model's files
         raise ConfigError(f"OUT {args.out} is a model folder (config.json): give a folder of its own to write the embeddings to")
     if cfg.k is not None and cfg.tau is not None:

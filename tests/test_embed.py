@@ -245,6 +245,8 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     assert not (tmp_path / "y").exists()
     assert main(["embed", toy_model, str(corpus_file), str(corpus_file)]) == 2
     assert f"OUT {corpus_file} is a file" in capsys.readouterr().err
+    assert main(["embed", toy_model, str(corpus_file), str(corpus_file / "emb")]) == 2  # a file on its path: said before the lease
+    assert f"error: OUT {corpus_file / 'emb'} is below the file {corpus_file}: give a folder to write the embeddings to\n" in capsys.readouterr().err
     blank = tmp_path / "blank.jsonl"
     blank.write_text('{"text": ""}\n{"text": "   "}\n')
     assert main(["embed", toy_model, str(blank), str(tmp_path / "blank-out")]) == 2
