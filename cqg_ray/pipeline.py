@@ -14,7 +14,8 @@ import time
 
 from cqg_ray import stages
 from cqg_ray.config import ConfigError, PipelineConfig, RayConfig, config_data, config_from_dict, dump_config, stage_hash
-from cqg_ray.rundir import ArtifactError, RunDir, format_status, run_stage
+from cqg_ray.rundir import ArtifactError, RunDir, run_stage
+from cqg_ray.status import format_status
 
 log = logging.getLogger("cqg_ray")
 
@@ -146,14 +147,21 @@ def ray_address(cli_address: str | None, config_address: str | None) -> str | No
 
 
 def run_one(cfg: PipelineConfig, stage: str, force: bool = False) -> dict:
-    """Run one stage (by name or command; if not done), after saving the config into the run directory."""
+    """Run one stage (by name or command; if not done), after saving the config into the run directory (put back as it
+    was where the stage refuses the new one before writing anything: `run_stage`)."""
     from cqg_ray.lease import note_stage
 
     s = stages.get(stage)
     run = RunDir(cfg.run_dir)
+    saved = run.read_bytes("config.yaml") if run.exists("config.yaml") else None
     run.write_bytes("config.yaml", dump_config(cfg).encode())
     note_stage(cfg.run_dir, s.name)
-    return run_stage(run, s.name, stage_hash(cfg, s.name), lambda ctx: s.run(cfg, ctx), s.reads, force=force)
+    try:
+        return run_stage(run, s.name, stage_hash(cfg, s.name), lambda ctx: s.run(cfg, ctx), s.reads, force=force)
+    except ValueError:  # refused: where the finished stage kept its manifest (nothing written), the run keeps its config
+        if saved is not None and run.manifest(s.name) is not None:
+            run.write_bytes("config.yaml", saved)
+        raise
 
 
 def run_pipeline(cfg: PipelineConfig, until: str | None = None, force: list[str] | None = None, skip: list[str] | None = None) -> dict[str, dict]:

@@ -12,7 +12,8 @@ The stages and what each reads are in ``cqg_ray.stages``. A stage is *done* when
 its config hash and the fingerprints of the stages it read match; *stale* when the manifest exists but either
 changed (so a config change re-runs the stage and, through the fingerprints, everything downstream); *missing*
 otherwise.
-A stage killed midway has no manifest, so it runs again (expensive stages resume inside, shard by shard).
+A stage killed midway has no manifest, so it runs again (expensive stages resume inside, shard by shard); a finished
+stage whose rerun is refused (a ValueError: a config value, a corpus path) before it writes anything keeps its manifest.
 """
 
 from __future__ import annotations
@@ -194,6 +195,12 @@ class RunDir:
             self.fs.delete_dir(p)
         elif info.type == pafs.FileType.File:
             self.fs.delete_file(p)
+
+    def files(self, *parts: str) -> dict[str, tuple[int, int | None]]:
+        """Every file below a folder but manifests, as {relative path: (size, mtime in ns)}: whether anything was written."""
+        sel = pafs.FileSelector(self.path(*parts), allow_not_found=True, recursive=True)
+        return {i.path: (i.size, i.mtime_ns) for i in self.fs.get_file_info(sel)
+                if i.type == pafs.FileType.File and os.path.basename(i.path) != MANIFEST}
 
     def remove_partial(self, *parts: str) -> None:
         """Delete the temp files of writes (``write_bytes``) that a kill interrupted, directly inside a folder."""
@@ -407,44 +414,17 @@ def run_stage(
         run.require(d)
     if st.state == "stale":
         log.info("%s: stale (%s), running again", stage, st.reason)
+    before = (run.manifest(stage), run.files(stage))  # a finished stage refused before it wrote anything keeps its manifest
     run.invalidate(stage)
     run.makedirs(stage)
     ctx = StageContext(run, stage)
     t0 = time.time()
-    fn(ctx)
+    try:
+        fn(ctx)
+    except ValueError:  # a refusal of the config or the input (ConfigError, CorpusError, DataError)
+        if before[0] is not None and run.files(stage) == before[1]:
+            run.write_json(f"{stage}/{MANIFEST}", before[0])
+        raise
     m = run.write_manifest(stage, config_hash, deps, ctx.counts, time.time() - t0, ctx.extra or None)
     log.info("%s: finished in %.1fs %s", stage, m["seconds"], ctx.counts)
     return m
-
-
-def status_table(run: RunDir, config_hashes: dict[str, str] | None = None) -> list[dict]:
-    """One row per stage: state, reason, counts, seconds. With ``config_hashes`` (stage -> hash of the current
-    config) a stage whose config changed is stale."""
-    rows = []
-    for s in stages.STAGES:
-        st = run.state(s.name, (config_hashes or {}).get(s.name), s.reads)
-        if st.state == "done":
-            try:
-                run.verify(s.name, st.manifest)
-            except ArtifactError as e:  # StageMismatch, or a Parquet file that no longer reads
-                st = StageState(s.name, "changed", "; ".join(e.problems) if isinstance(e, StageMismatch) else str(e), st.manifest)
-        m = st.manifest or {}
-        rows.append({"stage": s.name, "state": st.state, "reason": st.reason, "counts": m.get("counts", {}), "seconds": m.get("seconds")})
-    return rows
-
-
-def format_status(run: RunDir, config_hashes: dict[str, str] | None = None, live: tuple[str, str, str] | None = None) -> str:
-    """The table `cqg-ray status` prints: one line per stage (state, seconds, the first counts, why stale). ``live``:
-    (stage, "running" or "interrupted", its progress) for the stage a run is in, shown in place of missing or stale."""
-    rows, cells = status_table(run, config_hashes), []
-    for r in rows:
-        counts = ", ".join(f"{k}={v}" for k, v in list(r["counts"].items())[:6]) + (f"  ({r['reason']})" if r["state"] in ("stale", "changed") else "")
-        if live is not None and live[0] == r["stage"] and r["state"] != "done":
-            r["state"], counts = live[1], live[2]
-        cells.append((r["stage"], r["state"], f"{r['seconds']:.1f}" if r["seconds"] is not None else "-", counts))
-    w = max(8, *(len(c[1]) for c in cells))  # the state column as wide as its widest word ("interrupted"): the columns line up
-    lines = [f"run: {run.root_uri}", f"{'stage':<12} {'state':<{w}} {'seconds':>9}  counts"]
-    lines += [f"{stage:<12} {state:<{w}} {secs:>9}  {rest}" for stage, state, secs, rest in cells]
-    if any(r["state"] == "changed" for r in rows):
-        lines.append("changed: the stage's folder no longer matches its manifest; " + redo_hint(next(r["stage"] for r in rows if r["state"] == "changed")))
-    return "\n".join(lines)

@@ -61,6 +61,39 @@ def test_rays_default_token_auth_line_is_not_shown_and_its_other_lines_are(monke
     assert [line[:45] for line in kept.lines] == ["Token authentication is disabled for this Ray"]
 
 
+def cluster_stand_in(cfg, ctx):
+    """The cluster stage's own check on k (cqg_ray.cluster), before it writes; then a file as its output."""
+    from cqg_ray.config import ConfigError
+
+    if cfg.k > 400:
+        raise ConfigError(f"cluster.k={cfg.k} is larger than the corpus (400 documents): lower cluster.k")
+    ctx.run.write_json(f"{ctx.stage}/out.json", {"k": cfg.k})
+
+
+def test_a_refused_rerun_keeps_the_finished_stage_and_the_runs_config(tmp_path, monkeypatch):
+    """`cqg-ray cluster --set cluster.k=500` on a run whose cluster stage was done with k=8: it is refused, and the run
+    directory stays as it was (the stage done, config.yaml with k=8), where the stage was shown missing and the refused
+    k saved, so that the next run without --config failed the same way."""
+    from dataclasses import replace
+
+    import cqg_ray.stages
+    from cqg_ray.config import ConfigError, load_config
+    from cqg_ray.pipeline import run_one
+    from cqg_ray.rundir import RunDir
+
+    real = cqg_ray.stages.get("cluster")
+    stand_in = replace(real, reads=(), function="tests.test_pipeline:cluster_stand_in")
+    monkeypatch.setattr(cqg_ray.stages, "get", lambda name: stand_in if name == "cluster" else real)
+    cfg = load_config("demo", [f"run_dir={tmp_path / 'run'}", "cluster.k=8"])
+    run = RunDir(cfg.run_dir)
+    done = run_one(cfg, "cluster")
+    saved = run.read_bytes("config.yaml")
+    with pytest.raises(ConfigError, match="cluster.k=500 is larger than the corpus"):
+        run_one(load_config("demo", [f"run_dir={tmp_path / 'run'}", "cluster.k=500"]), "cluster")
+    assert run.manifest("cluster") == done and run.read_bytes("config.yaml") == saved
+    assert run_one(cfg, "cluster") == done  # done for its own config: skipped
+
+
 def test_unknown_stage_names_fail_before_ray_starts(tmp_path):
     cfg = PipelineConfig(run_dir=str(tmp_path / "r"))
     for kwargs in ({"until": "evaluate"}, {"force": ["nope"]}, {"skip": ["questionz"]}):

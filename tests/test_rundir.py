@@ -1,7 +1,8 @@
 import pyarrow as pa
 import pytest
 
-from cqg_ray.rundir import ArtifactError, RunDir, format_status, run_stage, status_table
+from cqg_ray.rundir import ArtifactError, RunDir, run_stage
+from cqg_ray.status import format_status, status_table
 
 
 def _writer(value):
@@ -24,6 +25,41 @@ def test_done_stale_missing(tmp_path):
     st = run.state("encode", "e1")
     assert st.state == "stale"
     assert st.reason == "input 'prepare' changed"
+
+
+def test_a_finished_stage_refused_before_it_writes_keeps_its_manifest(tmp_path):
+    """A rerun of a finished stage that a ValueError refuses (a config value, a corpus path) before it writes anything
+    leaves the stage as it was: its manifest back (stale against the refused config, done against its own), where the
+    manifest was removed first and the finished work shown as missing. A stage that wrote before failing, or that was
+    interrupted, stays without one."""
+    from cqg_ray.config import ConfigError
+
+    run = RunDir(str(tmp_path / "r"))
+    first = run_stage(run, "prepare", "h1", _writer(1))
+
+    def refused(ctx):
+        raise ConfigError("cluster.k=500 is larger than the corpus (400 documents): lower cluster.k")
+
+    with pytest.raises(ConfigError):
+        run_stage(run, "prepare", "h2", refused)
+    assert run.manifest("prepare") == first and run.state("prepare", "h1").state == "done"
+    assert run.state("prepare", "h2").state == "stale"
+
+    def wrote_then_refused(ctx):
+        ctx.run.write_json(f"{ctx.stage}/out.json", {"v": 2})
+        raise ConfigError("a bad line in the second file")
+
+    with pytest.raises(ConfigError):
+        run_stage(run, "prepare", "h2", wrote_then_refused)
+    assert run.manifest("prepare") is None  # its folder changed: nothing vouches for it
+    run_stage(run, "prepare", "h1", _writer(1))
+
+    def interrupted(ctx):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(run, "prepare", "h2", interrupted)
+    assert run.manifest("prepare") is None
 
 
 def test_skip_when_done(tmp_path):
