@@ -215,14 +215,19 @@ def cmd_status(args) -> int:
     from cqg_ray.pipeline import run_status
     from cqg_ray.progress import PROGRESS_FILE
 
+    if args.run_dir and args.run_dir_flag and args.run_dir != args.run_dir_flag:
+        raise ConfigError(f"status: two run directories given ({args.run_dir} and --run-dir {args.run_dir_flag}): give one")
+    args.run_dir = args.run_dir or args.run_dir_flag
+    if not args.run_dir:
+        raise ConfigError("status: give the run directory (cqg-ray status DIR, or --run-dir DIR as the other commands take it)")
     run = RunDir(args.run_dir)
     if not run.exists():
-        print(f"no run directory at {args.run_dir}", file=sys.stderr)
+        print(f"error: no run directory at {args.run_dir}", file=sys.stderr)
         return 2
     marks = ("config.yaml", LEASE, LOCK, PROGRESS_FILE, *stages.NAMES)  # a run just started holds only its lease
     what = not_a_run(run) or (None if any(run.exists(name) for name in marks) else "no config.yaml and no stage folder")
     if what is not None:  # a model folder too, though `cqg-ray evaluate` gave it an evaluation/ folder
-        print(f"{args.run_dir} is not a cqg-ray run directory ({what})", file=sys.stderr)
+        print(f"error: {args.run_dir} is not a cqg-ray run directory ({what})", file=sys.stderr)
         return 2
     print(run_status(run))
     lease = current(args.run_dir)
@@ -258,9 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
         p_stage.set_defaults(func=cmd_stage, stage=s.name, resumes=True)
 
     st = sub.add_parser("status", help="show each stage of a run: done / stale / missing, with counts and timings",
-                        description="Show each stage of a run directory: done, stale (its config changed since) or missing, "
-                                    "with its counts and timings, and what is running now.")
-    st.add_argument("run_dir", help="the run directory (run_dir of the config), a local path or URI")
+                        description="Show each stage of a run directory: done, stale (its config or an input changed since), "
+                                    "missing, changed (its folder no longer matches its manifest), or running / interrupted "
+                                    "for the stage a run is in, with its counts and timings, and who holds the directory "
+                                    "(its lease). Exit status: 0, or 2 when the path is not a run directory.")
+    st.add_argument("run_dir", nargs="?", help="the run directory (run_dir of the config), a local path or URI")
+    st.add_argument("--run-dir", dest="run_dir_flag", metavar="DIR", help="the same, as the other commands take it")
     st.set_defaults(func=cmd_status)
 
     for module in COMMAND_MODULES:

@@ -186,6 +186,14 @@ def test_set_run_dir_resumes_the_saved_config_as_run_dir_does(tmp_path):
 
 def test_status_of_missing_run(tmp_path, capsys):
     assert main(["status", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err == f"error: no run directory at {tmp_path / 'nothing'}\n"
+    # --run-dir as every other command takes it (it was "unrecognized arguments"); none, or two that differ: one line
+    assert main(["status", "--run-dir", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err == f"error: no run directory at {tmp_path / 'nothing'}\n"
+    assert main(["status"]) == 2
+    assert capsys.readouterr().err == "error: status: give the run directory (cqg-ray status DIR, or --run-dir DIR as the other commands take it)\n"
+    assert main(["status", "a", "--run-dir", "b"]) == 2
+    assert capsys.readouterr().err == "error: status: two run directories given (a and --run-dir b): give one\n"
 
 
 def test_status_of_what_is_not_a_run_directory(tmp_path, capsys):
@@ -195,15 +203,15 @@ def test_status_of_what_is_not_a_run_directory(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     for name, what in (("file.txt", "a file"), ("model", "a model folder (config.json)"), ("empty", "no config.yaml and no stage folder")):
         assert main(["status", str(tmp_path / name)]) == 2
-        assert capsys.readouterr().err == f"{tmp_path / name} is not a cqg-ray run directory ({what})\n"
+        assert capsys.readouterr().err == f"error: {tmp_path / name} is not a cqg-ray run directory ({what})\n"
     (tmp_path / "model" / "evaluation").mkdir()  # `cqg-ray evaluate MODEL` writes it: still a model folder, not a run
     assert main(["status", str(tmp_path / "model")]) == 2
-    assert capsys.readouterr().err == f"{tmp_path / 'model'} is not a cqg-ray run directory (a model folder (config.json))\n"
+    assert capsys.readouterr().err == f"error: {tmp_path / 'model'} is not a cqg-ray run directory (a model folder (config.json))\n"
     (tmp_path / "emb").mkdir()
     for name in ("_settings.json", "_lease.lock"):  # `cqg-ray embed` stopped early: its settings and its lease's lock
         (tmp_path / "emb" / name).write_text("")
     assert main(["status", str(tmp_path / "emb")]) == 2
-    assert capsys.readouterr().err == f"{tmp_path / 'emb'} is not a cqg-ray run directory (an output of cqg-ray embed (_settings.json))\n"
+    assert capsys.readouterr().err == f"error: {tmp_path / 'emb'} is not a cqg-ray run directory (an output of cqg-ray embed (_settings.json))\n"
     (tmp_path / "empty" / "_lease.lock").write_text("")  # a run just started: its lease, nothing else yet
     assert main(["status", str(tmp_path / "empty")]) == 0
     assert "missing" in capsys.readouterr().out
