@@ -510,7 +510,8 @@ class EvaluateConfig(Section):
 class PipelineConfig(Section):
     """The whole pipeline: one section per stage."""
 
-    run_dir: str = "runs/demo"
+    run_dir: str = Field("runs/demo", description="where the run's stages write (a local path or URI); a config file without one: "
+                         "runs/<the file's name> (my.yaml: runs/my), so that it never writes into another config's run")
     seed: Seed = 0
     ray: RayConfig = Field(default_factory=RayConfig)
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
@@ -627,6 +628,8 @@ def load_config(path: str | Path | tuple[str, str] | None = None, overrides: lis
         except IsADirectoryError:
             raise ConfigError(f"{path} is a folder, not a config file") from None
         data = config_data(text, source)
+        if isinstance(data, dict) and "run_dir" not in data:  # its own folder, not the demo's (the default)
+            data["run_dir"] = f"runs/{Path(str(path)).stem}"
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like section.key=value")

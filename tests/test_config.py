@@ -226,3 +226,16 @@ def test_the_serve_route_prefix_follows_ray_serves_rule_wherever_it_is_given():
     with pytest.raises(ConfigError) as e:
         config_from_dict({"serve": {"route_prefix": "/{x}"}}, "my.yaml")
     assert str(e.value) == "invalid configuration in my.yaml:\n  serve.route_prefix: Ray Serve's prefixes take no { or } (wildcards) (got '/{x}')"
+
+
+def test_a_config_file_without_a_run_dir_runs_in_a_folder_of_its_own_name(tmp_path):
+    """A user's my.yaml without run_dir wrote into runs/demo (the default), over the demo's run; now runs/my. The packaged
+    configs, --set run_dir and no config at all are as before."""
+    from cqg_ray.config import load_config
+
+    (tmp_path / "my.yaml").write_text("cluster:\n  k: 8\n")
+    (tmp_path / "empty.yaml").write_text("")
+    assert load_config(str(tmp_path / "my.yaml")).run_dir == "runs/my"
+    assert load_config(str(tmp_path / "empty.yaml")).run_dir == "runs/empty"
+    assert load_config(str(tmp_path / "my.yaml"), ["run_dir=elsewhere"]).run_dir == "elsewhere"
+    assert (load_config("demo").run_dir, load_config("reference").run_dir, load_config().run_dir) == ("runs/demo", "runs/reference", "runs/demo")
