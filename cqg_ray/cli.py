@@ -55,7 +55,9 @@ def _common(p: argparse.ArgumentParser, force: bool = True) -> None:
     p.add_argument("--run-dir", "-r", help="run directory (local path or URI); overrides the config's run_dir, as --set run_dir=DIR does")
     p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. cluster.k=50")
     if force:
-        p.add_argument("--force", action="store_true", help="run again even if the stage is done")
+        p.add_argument("--force", action="store_true", help="run again even if the stage is done; what it keeps of its last run "
+                       "(encode's finished work units, every finished LLM call in RUN/llm/ledger) is read, not recomputed: "
+                       "delete the stage's folder to recompute it")
     p.add_argument("--break-lease", action="store_true", help=LEASE_HELP)
 
 
@@ -253,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(r, force=False)
     r.add_argument("--until", choices=STAGE_CHOICES, metavar="STAGE", help=f"stop after this stage ({', '.join(stages.COMMANDS)})")
     r.add_argument("--force", nargs="*", action="append", choices=STAGE_CHOICES, metavar="STAGE",
-                   help="run these stages again even if done (repeatable); --force alone: every stage")
+                   help="run these stages again even if done (repeatable); --force alone: every stage. Encode's finished "
+                        "work units and every finished LLM call (RUN/llm/ledger) are read, not recomputed")
     r.add_argument("--address", help="Ray address to join (default: $RAY_ADDRESS, else the config's ray.address, else a local Ray)")
     r.set_defaults(func=cmd_run, resumes=True)
 
