@@ -569,13 +569,19 @@ def local_path(value: str | None) -> str | None:
 
 def check_model_paths(cfg: PipelineConfig, stage_names: list[str] | tuple[str, ...]) -> None:
     """ConfigError naming each model setting that these stages load (``stages.Stage.models``) and that names a local
-    path where nothing is: said before the lease and Ray, not by a stage's actors (nor after the stages before it).
+    path where nothing is, or (a local Ray) a hub id that can load neither from the cache nor from the hub
+    (``cqg_ray.hub``): said before the lease and Ray, not by a stage's actors (nor after the stages before it).
     vLLM's model is no stage's to check: its engines load it on the GPU nodes."""
     settings = {key: value for name in stage_names for key, value in stages.get(name).models(cfg).items()}
     missing = [f"{key}={value}" for key, value in settings.items() if (path := local_path(value)) and not os.path.exists(path)]
     if missing:
         raise ConfigError(f"no such file or folder: {'; '.join(missing)} (a local path; give one that exists, or a hub or "
                           "bundled: name)")
+    if not (cfg.ray.address or os.environ.get("RAY_ADDRESS")):  # on a cluster the actors load it, on machines of their own
+        from cqg_ray.hub import HUB_KEYS, hub_problem
+
+        if problems := [p for key in HUB_KEYS if key in settings and (p := hub_problem(key, settings[key]))]:
+            raise ConfigError("; ".join(problems))
 
 
 def format_errors(err: ValidationError, source: str) -> str:

@@ -190,6 +190,9 @@ def test_a_missing_local_model_path_is_refused_for_the_stages_that_load_it(tmp_p
     (tmp_path / "enc").mkdir()
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     here = load_config(None, ["encode.model=./enc", f"llm.llamacpp.model={tmp_path / 'm.gguf'}", "cqg.writer_model=sentence/name"])
+    import cqg_ray.hub
+
+    monkeypatch.setattr(cqg_ray.hub, "cached", lambda repo: True)  # hub names: in the cache here (cqg_ray.hub, its own test)
     check_model_paths(here, list(stages.NAMES))  # paths that exist and names that are not paths: as before
     check_model_paths(load_config(None, ["encode.model=sentence-transformers/all-MiniLM-L6-v2"]), list(stages.NAMES))
     gone = load_config(None, ["encode.model=/nonexistent/dir"])
@@ -239,3 +242,39 @@ def test_a_config_file_without_a_run_dir_runs_in_a_folder_of_its_own_name(tmp_pa
     assert load_config(str(tmp_path / "empty.yaml")).run_dir == "runs/empty"
     assert load_config(str(tmp_path / "my.yaml"), ["run_dir=elsewhere"]).run_dir == "elsewhere"
     assert (load_config("demo").run_dir, load_config("reference").run_dir, load_config().run_dir) == ("runs/demo", "runs/reference", "runs/demo")
+
+
+def test_a_hub_name_that_cannot_load_here_is_said_before_the_lease(monkeypatch):
+    """encode.model=sentence-transformers/all-mpnet-base-v2 on a machine without the hub ran ~90 s, then ~290 lines of
+    Ray and Hugging Face tracebacks from the encode actors; now one line, from the cache and one question to the hub."""
+    import cqg_ray.hub as hub
+
+    cache, hub_says, asked = set(), {}, []
+    monkeypatch.setattr(hub, "cached", lambda repo: repo in cache)
+    monkeypatch.setattr(hub, "on_hub", lambda repo, timeout_s=5.0: asked.append(repo) or hub_says.get(repo))
+    for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "RAY_ADDRESS"):
+        monkeypatch.delenv(v, raising=False)
+    cfg = load_config(None, ["encode.model=all-mpnet-base-v2"])
+    with pytest.raises(ConfigError) as e:  # no answer from the hub (here: no network)
+        check_model_paths(cfg, ["encode"])
+    assert str(e.value) == ("encode.model=all-mpnet-base-v2 is not in the Hugging Face cache here and the hub (huggingface.co) "
+                            "does not answer: download it where it does, or give a local path")
+    assert asked == ["all-mpnet-base-v2", "sentence-transformers/all-mpnet-base-v2"]  # sentence-transformers' own prefix too
+    hub_says.update({"all-mpnet-base-v2": False, "sentence-transformers/all-mpnet-base-v2": False})
+    with pytest.raises(ConfigError, match=r"^encode.model=all-mpnet-base-v2: no such model on the Hugging Face hub \(check the name\)"):
+        check_model_paths(cfg, ["encode"])
+    hub_says["sentence-transformers/all-mpnet-base-v2"] = True
+    check_model_paths(cfg, ["encode"])  # the hub holds it: it downloads as before
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=r"^encode.model=all-mpnet-base-v2 is not in the Hugging Face cache here and the hub is off"):
+        check_model_paths(cfg, ["encode"])
+    cache.add("sentence-transformers/all-mpnet-base-v2")
+    check_model_paths(cfg, ["encode"])  # cached: loads offline
+    asked.clear()
+    cache.clear()
+    check_model_paths(load_config(None, ["encode.model=bundled:all-MiniLM-L6-v2"]), ["encode"])  # not hub ids: not asked
+    check_model_paths(cfg, ["prepare", "cluster"])  # stages that do not load it
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    check_model_paths(cfg, ["encode"])  # a cluster's actors load it on their own machines
+    check_model_paths(load_config(None, ["encode.model=all-mpnet-base-v2", "ray.address=10.0.0.1:6379"]), ["encode"])
+    assert asked == []
