@@ -42,7 +42,7 @@ def on_hub(repo: str, timeout_s: float = TIMEOUT_S) -> bool | None:
         return True
     except RepositoryNotFoundError:
         return False
-    except Exception:  # noqa: BLE001 (httpx's connect and timeout errors, an HTTP 5xx: the hub did not answer)
+    except Exception:  # httpx's connect and timeout errors, an HTTP 5xx: the hub did not answer
         return None
 
 
