@@ -604,12 +604,26 @@ def config_from_dict(data: dict[str, Any] | None, source: str = "<dict>") -> Pip
         raise ConfigError(format_errors(err, source)) from None
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last: a second `cluster:`
+    section replaced the first without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def config_data(text: str, source: str) -> dict[str, Any]:
     """A config file's text as its mapping of sections; ConfigError naming ``source`` when it is not one."""
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.load(text, Loader=UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{source} is not valid YAML: {e}") from None
+        raise ConfigError(f"{source} is not valid YAML: {str(e).replace('<unicode string>', source)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections")
     return data

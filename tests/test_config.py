@@ -278,3 +278,19 @@ def test_a_hub_name_that_cannot_load_here_is_said_before_the_lease(monkeypatch):
     check_model_paths(cfg, ["encode"])  # a cluster's actors load it on their own machines
     check_model_paths(load_config(None, ["encode.model=all-mpnet-base-v2", "ray.address=10.0.0.1:6379"]), ["encode"])
     assert asked == []
+
+
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
+    """PyYAML keeps the last of two equal keys: a second `cluster:` section replaced the first without a word, and plan
+    then blamed cluster.k=5000, a value the user never wrote. YAML errors name the file, not "<unicode string>"."""
+    (tmp_path / "dup.yaml").write_text("cluster:\n  k: 8\ncorpus:\n  limit: 400\ncluster:\n  niter: 5\n")
+    (tmp_path / "dup2.yaml").write_text("cluster:\n  k: 8\n  k: 9\n")
+    (tmp_path / "tab.yaml").write_text("cluster:\n\tk: 8\n")
+    for name, says in (("dup", "the key 'cluster' is given twice\n  in \"{}\", line 5, column 1"),
+                       ("dup2", "the key 'k' is given twice\n  in \"{}\", line 3, column 3"),
+                       ("tab", "while scanning for the next token\nfound character '\\t' that cannot start any token\n  in \"{}\", line 2, column 1")):
+        path = str(tmp_path / f"{name}.yaml")
+        with pytest.raises(ConfigError) as e:
+            load_config(path)
+        assert str(e.value).startswith(f"{path} is not valid YAML: " + says.format(path)), str(e.value)
+    assert load_config(None, ["cluster.k=8"]).cluster.k == 8  # --set values are read as before
