@@ -282,8 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup_logging(args.log_level)
     try:
+        setup_logging(args.log_level)  # $CQG_RAY_LOG: a bad one is a ConfigError, as a bad flag is
         return int(args.func(args) or 0)
     except (ConfigError, ArtifactError, CorpusError) as e:
         print(f"error: {e}", file=sys.stderr)

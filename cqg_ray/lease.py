@@ -77,7 +77,9 @@ class LeaseLost(KeyboardInterrupt):
 
 
 def ttl_s() -> float:
-    return float(os.environ.get("CQG_RAY_LEASE_TTL_S", DEFAULT_TTL_S))
+    from cqg_ray.env import env_seconds
+
+    return env_seconds("CQG_RAY_LEASE_TTL_S", DEFAULT_TTL_S)
 
 
 def _boot_id() -> str:

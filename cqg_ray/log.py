@@ -23,11 +23,18 @@ class DropRayDataTaskErrorNotes(logging.Filter):
                     and record.exc_info is None)
 
 
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
 def setup_logging(level: str | None = None) -> logging.Logger:
     """The cqg_ray logger at ``level`` (else $CQG_RAY_LOG, else INFO), writing to stderr through one console handler
     of its own (added once; other handlers on it are left alone), and not again through the root logger's; Ray Data's
     notes before a task's error dropped (``DropRayDataTaskErrorNotes``)."""
-    level = (level or os.environ.get("CQG_RAY_LOG", "INFO")).upper()
+    level = (level or os.environ.get("CQG_RAY_LOG", "").strip() or "INFO").upper()
+    if level not in LEVELS:
+        from cqg_ray.config import ConfigError
+
+        raise ConfigError(f"CQG_RAY_LOG={os.environ.get('CQG_RAY_LOG')!r}: give one of {', '.join(LEVELS)}")
     logger = logging.getLogger("cqg_ray")
     if not any(type(h) is logging.StreamHandler for h in logger.handlers):
         h = logging.StreamHandler()

@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any
 
+from cqg_ray.env import env_seconds
+
 log = logging.getLogger("cqg_ray")
 
 NAMES = ("finished", "handed", "planned", "read", "read_s", "generated", "generate_s", "texts", "epochs")
@@ -158,7 +160,7 @@ class View:
                  remote: bool = False, gen_per_request: float = 0.0, every_s: float | None = None, show: bool = True):
         self.desc, self.unit, self.total, self.kind = desc, unit, total, kind
         self.run, self.stage, self.gen_per_request = run, stage, gen_per_request
-        self.every_s = float(os.environ.get("CQG_RAY_PROGRESS_EVERY_S", 25)) if every_s is None else every_s
+        self.every_s = env_seconds("CQG_RAY_PROGRESS_EVERY_S", 25) if every_s is None else every_s
         self.show = show and os.environ.get("CQG_RAY_PROGRESS", "1") != "0"
         self.queue: Any = None
         if remote and os.environ.get("CQG_RAY_PROGRESS", "1") != "0":  # a queue actor costs a process: not where progress is off
