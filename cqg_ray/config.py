@@ -41,6 +41,12 @@ AnswerPrompt = Literal["answer", "judge"]  # how a single-pass yes/no is asked: 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def empty_is_defaults(cls, data: Any) -> Any:
+        """A section left empty in YAML (`cluster:` with its keys commented out: None) is its defaults."""
+        return {} if data is None else data
+
     def config_hash(self) -> str:
         """Stable hash of this section's values (used for the stage manifest)."""
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
@@ -75,6 +81,11 @@ class CorpusConfig(Section):
     limit: int | None = Field(None, ge=1, description="keep only the first N documents (a sample, for demos)")
     sample_seed: Seed = 0
     rows_per_shard: int = Field(50_000, ge=1, description="rows per output Parquet shard, at most (the shards are equal, ordered splits)")
+
+    @field_validator("paths", mode="before")
+    @classmethod
+    def one_path_is_a_list(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
 
 
 EncoderBackend = Literal["auto", "torch-float32", "torch-bfloat16", "onnx", "onnx-int8", "openvino"]
@@ -590,6 +601,8 @@ def format_errors(err: ValidationError, source: str) -> str:
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
             lines.append(f"  {loc}: unknown key")
+        elif e["type"] == "model_type":  # `cluster: 8`: a value where a section goes
+            lines.append(f"  {loc}: a section goes here (its keys, indented below it), got {e.get('input')!r}")
         elif not e["loc"]:  # a cross-section check: the message says it all
             lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         else:
@@ -654,6 +667,8 @@ def load_config(path: str | Path | tuple[str, str] | None = None, overrides: lis
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like section.key=value")
         key, value = item.split("=", 1)
+        if not key.strip():
+            raise ConfigError(f"override {item!r} names no key before '=' (section.key=value)")
         node = data
         parts = key.strip().split(".")
         for p in parts[:-1]:

@@ -294,3 +294,17 @@ def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
             load_config(path)
         assert str(e.value).startswith(f"{path} is not valid YAML: " + says.format(path)), str(e.value)
     assert load_config(None, ["cluster.k=8"]).cluster.k == 8  # --set values are read as before
+
+
+def test_an_empty_section_is_its_defaults_and_one_path_is_a_list(tmp_path):
+    """`cluster:` with its keys commented out (None) read "Input should be a valid dictionary or instance of
+    ClusterConfig"; `corpus.paths: a.jsonl` read "Input should be a valid list"; `--set =5` read "(top level): unknown key"."""
+    (tmp_path / "c.yaml").write_text("cluster:\n  # k: 8\ncorpus:\n  paths: data/mine.jsonl\n")
+    cfg = load_config(str(tmp_path / "c.yaml"))
+    assert cfg.cluster == load_config().cluster and cfg.corpus.paths == ["data/mine.jsonl"]
+    assert load_config(None, ["corpus.paths=a.jsonl"]).corpus.paths == ["a.jsonl"]
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["cluster=8"])
+    assert str(e.value).splitlines()[-1] == "  cluster: a section goes here (its keys, indented below it), got 8"
+    with pytest.raises(ConfigError, match=r"^override '=5' names no key before '=' \(section.key=value\)$"):
+        load_config(None, ["=5"])
