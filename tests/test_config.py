@@ -73,10 +73,11 @@ def test_yaml_and_overrides(tmp_path):
     assert cfg.cluster.k == 40
     assert cfg.cqg.t == 2
     assert cfg.corpus.paths == ["a.jsonl", "b.jsonl"]
-    # a value that is not YAML is taken as the text given; a string where a list belongs is then named
+    # a value that is not YAML is taken as the text given; one path where the list of paths goes is a list of one
     assert load_config(p, ["llm.openai.model=*my-model", "corpus.paths=['*.txt']"]).llm.openai.model == "*my-model"
+    assert load_config(p, ["corpus.paths=*.txt"]).corpus.paths == ["*.txt"]
     with pytest.raises(ConfigError, match=r"corpus\.paths: Input should be a valid list"):
-        load_config(p, ["corpus.paths=*.txt"])
+        load_config(p, ["corpus.paths=5"])
 
 
 def test_seeds_are_what_the_seeded_libraries_take():
