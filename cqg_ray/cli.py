@@ -110,6 +110,19 @@ def unwinds_on_sigterm(command):
     return run
 
 
+def check_corpus(cfg: PipelineConfig, names, forced=()) -> None:
+    """The corpus files prepare is to read, where it will run (not done for this config, or forced): a path not found,
+    a glob or folder with no file, or no path at all is a CorpusError (exit 2) before the lease and Ray."""
+    from cqg_ray.config import stage_hash
+    from cqg_ray.corpus.read import list_files
+
+    if "prepare" not in names:
+        return
+    state = RunDir(cfg.run_dir).state("prepare", stage_hash(cfg, "prepare"), stages.get("prepare").reads).state
+    if state != "done" or "prepare" in forced:
+        list_files(cfg.corpus.paths, cfg.corpus.format)
+
+
 @unwinds_on_sigterm
 def cmd_stage(args) -> int:
     from cqg_ray.artifacts import require_run_or_new
@@ -124,6 +137,7 @@ def cmd_stage(args) -> int:
         for name in stage.reads:
             run.require(name)
     check_model_paths(cfg, [stage.name])  # a missing local model: said before the lease and Ray
+    check_corpus(cfg, [stage.name], [stage.name] if args.force else [])
     with take_lease(cfg.run_dir, f"cqg-ray {stage.command}", args.break_lease):
         init_ray(cfg.ray)
         m = run_one(cfg, args.stage, force=args.force)
@@ -145,7 +159,9 @@ def cmd_run(args) -> int:
         after = [f for group in args.force for f in group if until and stages.NAMES.index(stages.get(f).name) > stages.NAMES.index(until)]
         if after:
             raise ConfigError(f"--force {' '.join(after)}: after --until {args.until}, so it would not run; drop it or move --until")
-    check_model_paths(cfg, stages.NAMES[: stages.NAMES.index(until) + 1] if until else stages.NAMES)  # before the lease and Ray
+    names = stages.NAMES[: stages.NAMES.index(until) + 1] if until else stages.NAMES
+    check_model_paths(cfg, names)  # before the lease and Ray
+    check_corpus(cfg, names, [stages.get(f).name for f in force or []])
     address = ray_address(args.address, cfg.ray.address)
     run = RunDir(cfg.run_dir)
     with take_lease(cfg.run_dir, "cqg-ray run", args.break_lease):  # LeaseHeld: main() says who holds it (exit 3)

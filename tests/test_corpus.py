@@ -353,3 +353,36 @@ def test_prepare_sample_is_deterministic_and_rerun_identical(ray_local, tmp_path
     assert len(r1.ls("prepare", suffix=".parquet")) == 3
     again = _prepare(r1, c)  # done: skipped, same manifest
     assert again == m1
+
+
+def test_a_txt_corpus_with_an_id_column_is_one_error(tmp_path):
+    """Every line of a .txt file has no id: with corpus.id_column set each was rejected, with 20 warnings, and then
+    'the corpus is empty after cleaning'; now one error that says what to do."""
+    with pytest.raises(CorpusError) as e:
+        parse_file(b"a text\nanother\n", "txt", "mine.txt", CorpusConfig(id_column="id"))
+    assert str(e.value) == ("mine.txt: a .txt file holds one text a line and no ids: unset corpus.id_column ('id'), or give "
+                            "the ids in a jsonl, csv or parquet file")
+    assert parse_file(b"a text\nanother\n", "txt", "mine.txt", CorpusConfig()).texts == ["a text", "another"]
+
+
+def test_the_corpus_is_checked_before_the_lease_where_prepare_will_run(tmp_path, monkeypatch, capsys):
+    """A corpus path not found was said after the lease, the run folder and Ray's start (15-22 s); now at once, with
+    where a relative path is read from. A finished prepare is not asked again (its corpus may be gone)."""
+    from cqg_ray.cli import check_corpus, main
+    from cqg_ray.config import load_config, stage_hash
+    from cqg_ray.rundir import RunDir, run_stage
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my.yaml").write_text("corpus:\n  paths: [data/nope.jsonl]\n")
+    assert main(["run", "--config", "my.yaml", "--until", "prepare"]) == 2
+    assert capsys.readouterr().err == (f"error: corpus path not found: data/nope.jsonl (a relative path, read from {tmp_path}, "
+                                       "where the command runs)\n")
+    assert not (tmp_path / "runs").exists()  # no run folder, no lease
+    assert main(["prepare", "--config", "my.yaml", "--set", "corpus.paths=[]"]) == 2
+    assert capsys.readouterr().err == "error: corpus.paths is empty: give at least one file or folder\n"
+    cfg = load_config("my.yaml")
+    run_stage(RunDir(cfg.run_dir), "prepare", stage_hash(cfg, "prepare"), lambda ctx: None, deps=[])  # prepare done
+    check_corpus(cfg, ["prepare", "encode"])  # done for this config: its corpus is not read again
+    check_corpus(cfg, ["encode", "cluster"])
+    with pytest.raises(CorpusError, match="corpus path not found: data/nope.jsonl"):
+        check_corpus(cfg, ["prepare"], forced=["prepare"])

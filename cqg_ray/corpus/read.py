@@ -193,6 +193,9 @@ def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseRe
         return res
 
     if fmt == "txt":
+        if cfg.id_column:  # every line would be rejected for its missing id
+            raise CorpusError(f"{source}: a .txt file holds one text a line and no ids: unset corpus.id_column "
+                              f"({cfg.id_column!r}), or give the ids in a jsonl, csv or parquet file")
         for i, line in _decode_lines(data, source, cfg.invalid_utf8, res):
             add(line, None, i)
         return res
@@ -257,7 +260,8 @@ def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
         else:
             info = fs.get_file_info(path)
             if info.type == pafs.FileType.NotFound:
-                raise CorpusError(f"corpus path not found: {p}")
+                where = "" if "://" in p or os.path.isabs(p) else f" (a relative path, read from {os.getcwd()}, where the command runs)"
+                raise CorpusError(f"corpus path not found: {p}{where}")
             if info.type == pafs.FileType.Directory:
                 infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
                 matched = sorted(i.path for i in infos if i.type == pafs.FileType.File and not os.path.basename(i.path).startswith((".", "_")))
