@@ -1,6 +1,7 @@
 """The CLI as users call it: help, config errors, a killed encode that resumes, status."""
 
 import os
+from pathlib import Path
 import re
 import signal
 import subprocess
@@ -123,7 +124,7 @@ def test_a_stage_command_stopped_by_sigterm_unwinds_and_gives_back_its_lease(tmp
     monkeypatch.setattr(pipeline, "run_one", stopped)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as e:
-        main(["prepare", "--run-dir", str(tmp_path / "r")])
+        main(["prepare", "--run-dir", str(tmp_path / "r"), "--set", f"corpus.paths=[{Path(__file__).parent / 'fixtures' / 'corpus_400.jsonl'}]"])
     assert e.value.code == 143 and seen == ["prepare"] and signal.getsignal(signal.SIGTERM) is before
     with take_lease(str(tmp_path / "r"), "cqg-ray prepare"):  # given back: a second writer takes it
         pass
