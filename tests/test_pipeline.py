@@ -3,6 +3,7 @@
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -259,7 +260,8 @@ def test_an_address_where_no_head_answers_is_said_in_seconds(tmp_path, monkeypat
     with pytest.raises(ConfigError, match=f"^no Ray head answers at 127.0.0.1:{port}"):
         init_ray(RayConfig())
     monkeypatch.delenv("RAY_ADDRESS")
-    assert main(["run", "--address", closed, "--set", f"run_dir={tmp_path / 'run'}"]) == 2
+    corpus = Path(__file__).parent / "fixtures" / "corpus_400.jsonl"  # prepare's corpus is listed before the lease
+    assert main(["run", "--address", closed, "--set", f"run_dir={tmp_path / 'run'}", "--set", f"corpus.paths=[{corpus}]"]) == 2
     err = capsys.readouterr().err
     assert f"error: could not start or join Ray (address {closed}): ConfigError: no Ray head answers at 127.0.0.1:{port}" in err
 
