@@ -227,6 +227,23 @@ def _print_status(run: RunDir) -> None:
         print(f"(no status table: {e})", file=sys.stderr)
 
 
+def cmd_config(args) -> int:
+    """`cqg-ray config`: the config a run would use, as YAML, or (--keys) every key with its value and meaning."""
+    from cqg_ray.config import config_keys, dump_config
+
+    cfg = resolve_config(args)
+    if args.keys is None:
+        print(dump_config(cfg), end="")
+        return 0
+    rows = [(k, json.dumps(v), doc) for k, v, doc in config_keys(cfg) if k == args.keys or k.startswith(args.keys.rstrip(".") + ".") or not args.keys]
+    if not rows:
+        raise ConfigError(f"config --keys {args.keys}: no such key or section (sections: {', '.join(type(cfg).model_fields)})")
+    width = min(44, max(len(k) for k, _, _ in rows))
+    for key, value, doc in rows:
+        print(f"{key:<{width}}  {value:<20}  {doc}".rstrip())
+    return 0
+
+
 def cmd_status(args) -> int:
     from cqg_ray.artifacts import not_a_run
     from cqg_ray.lease import LEASE, LOCK, current, describe, stale_reason
@@ -289,6 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("run_dir", nargs="?", help="the run directory (run_dir of the config), a local path or URI")
     st.add_argument("--run-dir", dest="run_dir_flag", metavar="DIR", help="the same, as the other commands take it")
     st.set_defaults(func=cmd_status)
+
+    c = sub.add_parser("config", help="print the config a run would use (--keys: every key, its value and what it means)",
+                       description="Print the config a run or stage command would use here: --config, else the run "
+                                   "directory's config.yaml, else the defaults, with --set over it, as YAML (a file to start "
+                                   "your own from). --keys lists every key instead, with its value and what it means.")
+    c.add_argument("--config", "-c", help="YAML config or a packaged config's name (default: the run directory's config.yaml, else defaults)")
+    c.add_argument("--run-dir", "-r", help="a run directory whose config.yaml to read")
+    c.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. cluster.k=50")
+    c.add_argument("--keys", nargs="?", const="", metavar="SECTION", help="list every key (of SECTION, e.g. cluster or llm.openai), "
+                   "its value and its meaning")
+    c.set_defaults(func=cmd_config)
 
     for module in COMMAND_MODULES:
         importlib.import_module(module).add_commands(sub)

@@ -691,6 +691,20 @@ def dump_config(cfg: PipelineConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
+def config_keys(section: BaseModel, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """Every key of a config, in file order: (dotted key, its value in ``section``, its description, else its
+    section's first docstring line)."""
+    out = []
+    for name, field in type(section).model_fields.items():
+        value = getattr(section, name)
+        if isinstance(value, Section):
+            out += config_keys(value, f"{prefix}{name}.")
+        else:
+            doc = field.description or ""
+            out.append((f"{prefix}{name}", value.model_dump(mode="json") if isinstance(value, BaseModel) else value, doc))
+    return out
+
+
 def llm_model_name(llm: LLMConfig) -> str:
     """The model an LLM section names, for its backend."""
     return {"llamacpp": llm.llamacpp.model, "openai": llm.openai.model, "vllm": llm.vllm.model, "fake": "fake"}[llm.backend]
