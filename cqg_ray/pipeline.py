@@ -66,6 +66,8 @@ def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
     if quiet:  # Ray Data's per-dataset progress log lines; our own bars and logs say what is happening
         for name in ("ray.data", "ray.data._internal", "ray.train", "ray.serve"):
             logging.getLogger(name).setLevel(logging.WARNING)
+        # its warnings that the progress bars we turn off below are off ("Progress bars for operators disabled. To enable...")
+        logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = os.environ.get("CQG_RAY_PROGRESS", "1") != "0"
     ctx.print_on_execution_start = False

@@ -41,6 +41,8 @@ def test_rays_default_token_auth_line_is_not_shown_and_its_other_lines_are(monke
     monkeypatch.setattr(cqg_ray.pipeline, "start_local_ray", lambda init, **kwargs: None)  # Ray itself is not started
     cqg_ray.pipeline.init_ray(RayConfig())
     assert quiet_default_auth in logging.getLogger(setup.__name__).filters
+    # Ray Data's warnings that the bars init_ray turns off are off: not shown
+    assert logging.getLogger("ray.data._internal.progress").getEffectiveLevel() == logging.ERROR
 
     class Kept(logging.Handler):
         def __init__(self):
