@@ -386,3 +386,25 @@ def test_the_corpus_is_checked_before_the_lease_where_prepare_will_run(tmp_path,
     check_corpus(cfg, ["encode", "cluster"])
     with pytest.raises(CorpusError, match="corpus path not found: data/nope.jsonl"):
         check_corpus(cfg, ["prepare"], forced=["prepare"])
+
+
+def test_a_folder_leaves_out_its_files_of_no_corpus_format_and_says_so(tmp_path, caplog):
+    """A corpus folder with a README.md (as a downloaded dataset's has) failed prepare with "cannot tell the format of
+    .../README.md"; its corpus files are now read and the others left out, in one warning. A file named on its own
+    still has to be a corpus format."""
+    import logging
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "data" / "README.md").write_text("# a dataset\n")
+    (tmp_path / "data" / "LICENSE").write_text("MIT\n")
+    with caplog.at_level(logging.WARNING, logger="cqg_ray"):
+        assert list_files([str(tmp_path / "data")], "auto") == [(str(tmp_path / "data" / "a.jsonl"), "jsonl")]
+    assert [r.getMessage() for r in caplog.records] == [
+        "corpus: 2 file(s) of no corpus format left out (LICENSE, README.md): name them .jsonl/.parquet/.csv/.tsv/.txt to read "
+        "them, or set corpus.format"]
+    (tmp_path / "data" / "a.jsonl").unlink()
+    with pytest.raises(CorpusError, match=r"^no corpus files found under .*data \(2 file\(s\) of no corpus format: LICENSE, README.md\)$"):
+        list_files([str(tmp_path / "data")], "auto")
+    with pytest.raises(CorpusError, match="cannot tell the format"):
+        list_files([str(tmp_path / "data" / "README.md")], "auto")

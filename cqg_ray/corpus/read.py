@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import zlib
@@ -28,6 +29,7 @@ from cqg_ray.corpus.clean import clean_text, text_hash
 from cqg_ray.encoder import unicode_error
 from cqg_ray.rundir import resolve
 
+log = logging.getLogger("cqg_ray")
 MAX_REPORTED_ERRORS = 20
 SURROGATE = re.compile("[\ud800-\udfff]")  # a code point that a str may hold (JSON's "\ud800" escape) but UTF-8 cannot
 # CSV fields as long as a text may be (the csv module's default limit is 131,072 characters)
@@ -43,6 +45,14 @@ def replaced_utf8_warning(stage: str, n: int) -> str:
 
 class CorpusError(ValueError):
     """A corpus that cannot be read as configured (missing column, unknown format, no files)."""
+
+
+def known_format(path: str) -> bool:
+    try:
+        detect_format(path)
+        return True
+    except CorpusError:
+        return False
 
 
 def detect_format(path: str) -> str:
@@ -248,6 +258,7 @@ def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
     if not paths:
         raise CorpusError("corpus.paths is empty: give at least one file or folder")
     out: list[tuple[str, str]] = []
+    skipped: list[str] = []  # files of a folder or glob that are no corpus format (a README.md, a LICENSE): left out, said
     for p in paths:
         fs, path = resolve(p)
         prefix = p.split("://")[0] + "://" if "://" in p else ""
@@ -267,16 +278,25 @@ def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
                 matched = sorted(i.path for i in infos if i.type == pafs.FileType.File and not os.path.basename(i.path).startswith((".", "_")))
             else:
                 matched = [path]
+        listed = len(matched) > 1 or matched != [path]  # found in a folder or by a glob, not named
         for m in matched:
             base = os.path.basename(m)
+            if fmt == "auto" and listed and not known_format(m):
+                skipped.append(m)
+                continue
             if fmt == "medi2":
                 if base.startswith("task"):  # paper, Appendix D: files starting with `task` are not corpus material
                     continue
                 out.append((prefix + m if prefix and not m.startswith(prefix) else m, "medi2"))
             else:
                 out.append((prefix + m if prefix and not m.startswith(prefix) else m, detect_format(m) if fmt == "auto" else fmt))
+    if skipped:
+        log.warning("corpus: %d file(s) of no corpus format left out (%s%s): name them .jsonl/.parquet/.csv/.tsv/.txt to read "
+                    "them, or set corpus.format", len(skipped), ", ".join(os.path.basename(m) for m in skipped[:3]),
+                    ", ..." if len(skipped) > 3 else "")
     if not out:
-        raise CorpusError(f"no corpus files found under {paths}")
+        raise CorpusError(f"no corpus files found under {', '.join(paths)}"
+                          + (f" ({len(skipped)} file(s) of no corpus format: {', '.join(os.path.basename(m) for m in skipped[:3])})" if skipped else ""))
     return list(dict.fromkeys(out))  # a file that two paths name (a folder and a glob in it, say) is read once
 
 
