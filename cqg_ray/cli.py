@@ -53,7 +53,9 @@ LEASE_HELP = ("take the run directory even if another live run holds its lease (
 def _common(p: argparse.ArgumentParser, force: bool = True) -> None:
     p.add_argument("--config", "-c", help="YAML config (default: the run directory's config.yaml if present, else defaults)")
     p.add_argument("--run-dir", "-r", help="run directory (local path or URI); overrides the config's run_dir, as --set run_dir=DIR does")
-    p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. cluster.k=50")
+    p.add_argument("--set", "-s", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value (repeatable; the value read as YAML), e.g. cluster.k=50 or "
+                        "'corpus.paths=[a.jsonl, b.jsonl]'")
     if force:
         p.add_argument("--force", action="store_true", help="run again even if the stage is done; what it keeps of its last run "
                        "(encode's finished work units, every finished LLM call in RUN/llm/ledger) is read, not recomputed: "
@@ -294,7 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run, resumes=True)
 
     for s in stages.STAGES:
-        p_stage = sub.add_parser(s.command, help=s.help, description=s.help)
+        reads = f"It reads the stage{'s' if len(s.reads) > 1 else ''} {', '.join(s.reads)} of the run directory, and" if s.reads else "It"
+        p_stage = sub.add_parser(s.command, help=s.help, description=s.help, epilog=(
+            f"{reads} writes RUN/{s.name}/ (its manifest last); done for this config, it is skipped (--force: again). "
+            "The config: --config, else the run directory's config.yaml, else the defaults; --set over it (`cqg-ray config` "
+            "prints it). Exit status: 0 done, 1 the stage failed, 2 a bad config or input, 3 the run directory is in use "
+            "(its lease), 130/143 interrupted or stopped (the same command resumes)."))
         _common(p_stage)
         p_stage.set_defaults(func=cmd_stage, stage=s.name, resumes=True)
 
@@ -320,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     for module in COMMAND_MODULES:
         importlib.import_module(module).add_commands(sub)
+    for command in sub.choices.values():  # after the command too (`status DIR --log-level DEBUG`), as before it
+        command.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                             help="how much to log (as before the command)")
     return p
 
 

@@ -111,8 +111,8 @@ def head_unreachable(address: str, wait_s: float | None = None) -> str | None:
         except OSError as e:
             error = e.strerror or type(e).__name__
         if time.monotonic() >= deadline:
-            return (f"no Ray head answers at {host}:{port} ({error}, for {wait_s:g} s): check --address or RAY_ADDRESS "
-                    "(`ray status` on the head prints its address)")
+            return (f"no Ray head answers at {host}:{port} ({error}, for {wait_s:g} s): check the address given by --address, "
+                    "RAY_ADDRESS or ray.address (`ray status` on the head prints it)")
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 

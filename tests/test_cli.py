@@ -307,3 +307,17 @@ def test_config_prints_the_config_a_run_would_use_and_every_key(tmp_path, capsys
     assert main(["config", "--keys"]) == 0 and len(capsys.readouterr().out.splitlines()) > 250
     assert main(["config", "--keys", "nope"]) == 2
     assert capsys.readouterr().err.startswith("error: config --keys nope: no such key or section (sections: run_dir, seed, ray,")
+
+
+def test_the_stage_commands_help_says_what_they_read_write_and_exit_with(capsys):
+    """The stage commands' help was one line: no folder written, no exit status; --log-level after the command was
+    'unrecognized arguments'; --set did not say its values are YAML."""
+    with pytest.raises(SystemExit):
+        main(["encode", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "It reads the stage prepare of the run directory, and writes RUN/encode/ (its manifest last)" in text
+    assert "Exit status: 0 done, 1 the stage failed, 2 a bad config or input, 3 the run directory is in use" in text
+    assert "the value read as YAML), e.g. cluster.k=50 or 'corpus.paths=[a.jsonl, b.jsonl]'" in text
+    assert build_parser().parse_args(["status", "x", "--log-level", "debug"]).log_level == "DEBUG"
+    assert build_parser().parse_args(["--log-level", "error", "status", "x"]).log_level == "ERROR"  # before it, as before
+    assert build_parser().parse_args(["status", "x"]).log_level is None

@@ -247,7 +247,7 @@ def test_an_address_where_no_head_answers_is_said_in_seconds(tmp_path, monkeypat
     closed = f"127.0.0.1:{port}"  # nothing listens there now
     t0 = time.monotonic()
     assert head_unreachable(closed, wait_s=0.5) == (f"no Ray head answers at 127.0.0.1:{port} (Connection refused, for 0.5 s): "
-                                                    "check --address or RAY_ADDRESS (`ray status` on the head prints its address)")
+                                                    "check the address given by --address, RAY_ADDRESS or ray.address (`ray status` on the head prints it)")
     assert 0.5 <= time.monotonic() - t0 < 3
     assert head_unreachable(f"ray://[::1]:{port}", wait_s=0).startswith(f"no Ray head answers at ::1:{port} (")
     assert [head_unreachable(a, wait_s=0) for a in ("auto", "local", "http://127.0.0.1:1", "no-port", "h:notaport")] == [None] * 5
