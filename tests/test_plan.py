@@ -516,3 +516,14 @@ def test_the_demo_plans_enough_held_out_labels_for_each_question():
     assert c["texts_per_question"] == 40
     assert c["heldout_report_per_question"] == round(40 * 0.55 * 0.6, 1) >= 10 >= cfg.train.min_heldout
     assert c["heldout_select_per_question"] == round(40 * 0.55 * 0.4, 1) and c["train_labels_per_question"] == 18.0
+
+
+def test_the_preset_follows_where_the_configs_llm_runs(capsys):
+    """A config with the embedded llama.cpp LLM was planned on an assumed H100 ("1 x GPU (+ 16 CPU cores)", vLLM's
+    rates); its default preset is now cpu, gpu for the GPU backends, and --preset says otherwise."""
+    for sets, device in (([], "1 x 2-core CPU machine (+ 2 CPU cores"), (["llm.backend=vllm"], "1 x GPU (+ 16 CPU cores"),
+                         (["llm.backend=openai"], "1 x GPU (+ 16 CPU cores")):
+        assert main(["plan", "--docs", "4000", "--clusters", "30", *[a for s in sets for a in ("--set", s)]]) == 0
+        assert device in capsys.readouterr().out.splitlines()[0], sets
+    assert main(["plan", "--docs", "4000", "--clusters", "30", "--preset", "gpu"]) == 0
+    assert "1 x GPU" in capsys.readouterr().out.splitlines()[0]

@@ -73,8 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "measured by --calibrate)")
     p.add_argument("--filter-survival", type=_share, help="share of the parsed questions that no filter (cqg.filters) drops before "
                    "top-t (default 1.0, or measured by --calibrate; docs/questions.md has measured figures)")
-    p.add_argument("--preset", choices=sorted(THROUGHPUTS), default="gpu",
-                   help="throughput figures: gpu (assumed H100-class) or cpu (measured on a 2-core machine)")
+    p.add_argument("--preset", choices=sorted(THROUGHPUTS), default=None,
+                   help="throughput figures: gpu (assumed H100-class) or cpu (measured on a 2-core machine); default: cpu "
+                        "where the config's LLM is the embedded llama.cpp one (llm.backend: llamacpp), else gpu")
     p.add_argument("--llm-prompt-tokens-per-s", type=_above_zero(float), help="LLM prefill tokens/s per device")
     p.add_argument("--llm-completion-tokens-per-s", type=_above_zero(float), help="LLM generated tokens/s per device")
     p.add_argument("--llm-tokens-per-s", type=_above_zero(float), help="one figure for both prompt and generated tokens/s per device")
@@ -107,6 +108,8 @@ def cmd_plan(args) -> int:
     from cqg_ray.config import load_config
 
     cfg = load_config(args.config, args.set)
+    if args.preset is None:  # the hardware the config's LLM runs on: the embedded one on this kind of machine
+        args.preset = "cpu" if cfg.llm.backend == "llamacpp" else "gpu"
     tp = THROUGHPUTS[args.preset]
     if args.calibrate:
         try:
