@@ -527,3 +527,16 @@ def test_the_preset_follows_where_the_configs_llm_runs(capsys):
         assert device in capsys.readouterr().out.splitlines()[0], sets
     assert main(["plan", "--docs", "4000", "--clusters", "30", "--preset", "gpu"]) == 0
     assert "1 x GPU" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_calibrate_says_why_a_resumed_encode_gives_no_rate(tmp_path):
+    """A run whose encode kept every unit from an earlier run timed nothing: calibrate said "no finished encode ...
+    stage" while `cqg-ray status` showed encode done."""
+    from cqg_ray.plan.throughput import THROUGHPUTS, calibrate
+    from cqg_ray.rundir import RunDir
+
+    RunDir(str(tmp_path)).write_manifest("encode", "h", [], {"documents": 400, "units_resumed": 1, "encoded_now": 0}, 0.0)
+    with pytest.raises(ValueError) as e:
+        calibrate(str(tmp_path), THROUGHPUTS["cpu"])
+    assert str(e.value) == (f"{tmp_path} has no finished encode, LLM or train stage to measure throughput from (its encode "
+                            "stage finished without encoding a text itself: every unit was kept from an earlier run, so it timed nothing)")

@@ -89,7 +89,9 @@ def calibrate(run_dir: str, base: Throughput) -> Throughput:
         changes["train_pairs_per_s"] = float(pps)
         used.append(f"train {pps:g} pairs/s")
     if not changes:
-        raise ValueError(f"{run_dir} has no finished encode, LLM or train stage to measure throughput from")
+        why = (" (its encode stage finished without encoding a text itself: every unit was kept from an earlier run, "
+               "so it timed nothing)" if enc and not enc.get("counts", {}).get("texts_per_s") else "")
+        raise ValueError(f"{run_dir} has no finished encode, LLM or train stage to measure throughput from{why}")
     return replace(base, **changes, device=f"setup of {run.root_uri}",
                    source=f"MEASURED by the run {run.root_uri} ({'; '.join(used)}); the rest from the {base.device} preset")
 
