@@ -103,7 +103,7 @@ def format_plan(p: dict) -> str:
         for r in ctx:
             lines.append(f"           {r['stage']:<13} mean ~{r['prompt_tokens_mean']:,} tokens, longest ~{r['prompt_tokens_longest']:,} "
                          f"(+{r['reply_tokens']:,} reply): {r['verdict']}")
-        if "measured" in p:
+        if "measured" in p and p["measured"]["stages"]:  # a calibrating run with no LLM stage done measured no prompts
             lines.append(f"           measured in {p['measured']['run']}: " + "; ".join(
                 f"{k} {v['prompts_clipped']:,} of {v['prompts_checked']:,} prompts clipped, {v['texts_dropped']:,} texts dropped, "
                 f"{v['chars_cut']:,} characters cut" for k, v in p["measured"]["stages"].items()))
