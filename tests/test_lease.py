@@ -164,6 +164,7 @@ def test_a_run_displaced_by_break_lease_exits_3_saying_so(tmp_path, command):
     """The displaced `cqg-ray run` or stage command says who took its directory and what to do (exit 3), not "run the
     same command again to resume" at once, which would take the directory back from the run that now writes it."""
     run = tmp_path / "run"
+    corpus = ROOT / "tests" / "fixtures" / "corpus_400.jsonl"  # prepare's corpus is listed before the lease
     code = textwrap.dedent(f"""
         import sys, time
         import ray
@@ -176,7 +177,7 @@ def test_a_run_displaced_by_break_lease_exits_3_saying_so(tmp_path, command):
 
         ray.cluster_resources, ray.nodes = dict, list  # no Ray started: the stages stand in
         pipeline.init_ray, pipeline.run_one, pipeline.run_pipeline = (lambda cfg: None), working, working
-        sys.exit(main([{command!r}, '--run-dir', {str(run)!r}]))
+        sys.exit(main([{command!r}, '--run-dir', {str(run)!r}, '--set', 'corpus.paths=[{corpus}]']))
     """)
     env = {**os.environ, "CQG_RAY_LEASE_TTL_S": "1.2"}  # a heartbeat every 0.2 s
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
