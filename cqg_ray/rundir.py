@@ -6,6 +6,7 @@ A run lives under one root, a local path or any URI that pyarrow understands (``
     <root>/config.yaml                   the last config used
     <root>/<stage>/...                   a stage's outputs (Parquet, JSON, PNG)
     <root>/<stage>/_manifest.json        written last, only when the stage finished
+    <root>/<stage>/_attempts.json        the seconds of its attempts that ended unfinished, until it finishes
     <root>/llm/ledger/<stage>/...        every LLM call (see cqg_ray.llm.ledger)
 
 The stages and what each reads are in ``cqg_ray.stages``. A stage is *done* when its manifest exists and both
@@ -18,6 +19,7 @@ stage whose rerun is refused (a ValueError: a config value, a corpus path) befor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -39,6 +41,7 @@ from cqg_ray import stages
 log = logging.getLogger("cqg_ray")
 
 MANIFEST = "_manifest.json"
+ATTEMPTS = "_attempts.json"  # in a stage's folder: the seconds of its attempts that ended without finishing (a kill -9: none)
 
 
 class ArtifactError(RuntimeError):
@@ -200,7 +203,7 @@ class RunDir:
         """Every file below a folder but manifests, as {relative path: (size, mtime in ns)}: whether anything was written."""
         sel = pafs.FileSelector(self.path(*parts), allow_not_found=True, recursive=True)
         return {i.path: (i.size, i.mtime_ns) for i in self.fs.get_file_info(sel)
-                if i.type == pafs.FileType.File and os.path.basename(i.path) != MANIFEST}
+                if i.type == pafs.FileType.File and os.path.basename(i.path) not in (MANIFEST, ATTEMPTS)}
 
     def remove_partial(self, *parts: str) -> None:
         """Delete the temp files of writes (``write_bytes``) that a kill interrupted, directly inside a folder."""
@@ -392,6 +395,16 @@ def hash_sections(*sections: Any) -> str:
     return _hash(*[s.model_dump(mode="json") if hasattr(s, "model_dump") else s for s in sections])
 
 
+def _attempts(run: RunDir, stage: str, config_hash: str) -> list[float]:
+    """The seconds of the stage's earlier attempts at this config that ended without finishing ([] where none, or the
+    note is unreadable)."""
+    try:
+        note = run.read_json(f"{stage}/{ATTEMPTS}") if run.exists(stage, ATTEMPTS) else {}
+        return [float(x) for x in note["seconds"]] if isinstance(note, dict) and note.get("config_hash") == config_hash else []
+    except (ArtifactError, KeyError, TypeError, ValueError):
+        return []
+
+
 def run_stage(
     run: RunDir,
     stage: str,
@@ -419,12 +432,19 @@ def run_stage(
     run.makedirs(stage)
     ctx = StageContext(run, stage)
     t0 = time.time()
+    earlier = _attempts(run, stage, config_hash)
     try:
         fn(ctx)
-    except ValueError:  # a refusal of the config or the input (ConfigError, CorpusError, DataError)
-        if before[0] is not None and run.files(stage) == before[1]:
-            run.write_json(f"{stage}/{MANIFEST}", before[0])
+    except BaseException as e:
+        if isinstance(e, ValueError) and before[0] is not None and run.files(stage) == before[1]:  # a refusal (ConfigError,
+            run.write_json(f"{stage}/{MANIFEST}", before[0])  # CorpusError, DataError) before anything was written
+        else:  # interrupted or failed: its time counts in the stage's when it finishes
+            with contextlib.suppress(Exception):  # a note only: never in the way of the error itself
+                run.write_json(f"{stage}/{ATTEMPTS}", {"config_hash": config_hash, "seconds": [*earlier, round(time.time() - t0, 3)]})
         raise
-    m = run.write_manifest(stage, config_hash, deps, ctx.counts, time.time() - t0, ctx.extra or None)
+    extra = {**(ctx.extra or {}), **({"earlier_attempts_s": earlier} if earlier else {})}
+    m = run.write_manifest(stage, config_hash, deps, ctx.counts, time.time() - t0, extra or None)
+    if run.exists(stage, ATTEMPTS):
+        run.rm(stage, ATTEMPTS)
     log.info("%s: finished in %.1fs %s", stage, m["seconds"], ctx.counts)
     return m

@@ -8,8 +8,8 @@ from cqg_ray.rundir import ArtifactError, RunDir, StageMismatch, StageState, red
 
 
 def status_table(run: RunDir, config_hashes: dict[str, str] | None = None) -> list[dict]:
-    """One row per stage: state, reason, counts, seconds. With ``config_hashes`` (stage -> hash of the current
-    config) a stage whose config changed is stale."""
+    """One row per stage: state, reason, counts, seconds (with its attempts' that ended unfinished) and attempts. With
+    ``config_hashes`` (stage -> hash of the current config) a stage whose config changed is stale."""
     rows = []
     for s in stages.STAGES:
         st = run.state(s.name, (config_hashes or {}).get(s.name), s.reads)
@@ -19,7 +19,10 @@ def status_table(run: RunDir, config_hashes: dict[str, str] | None = None) -> li
             except ArtifactError as e:  # StageMismatch, or a Parquet file that no longer reads
                 st = StageState(s.name, "changed", "; ".join(e.problems) if isinstance(e, StageMismatch) else str(e), st.manifest)
         m = st.manifest or {}
-        rows.append({"stage": s.name, "state": st.state, "reason": st.reason, "counts": m.get("counts", {}), "seconds": m.get("seconds")})
+        earlier = m.get("earlier_attempts_s") or []  # attempts interrupted or failed before the one that finished
+        seconds = None if m.get("seconds") is None else m["seconds"] + sum(earlier)
+        rows.append({"stage": s.name, "state": st.state, "reason": st.reason, "counts": m.get("counts", {}), "seconds": seconds,
+                     "attempts": 1 + len(earlier)})
     return rows
 
 
@@ -29,6 +32,7 @@ def format_status(run: RunDir, config_hashes: dict[str, str] | None = None, live
     rows, cells = status_table(run, config_hashes), []
     for r in rows:
         counts = ", ".join(f"{k}={v}" for k, v in list(r["counts"].items())[:6]) + (f"  ({r['reason']})" if r["state"] in ("stale", "changed") else "")
+        counts += f"  (seconds over {r['attempts']} runs)" if r["attempts"] > 1 else ""
         if live is not None and live[0] == r["stage"] and r["state"] != "done":
             r["state"], counts = live[1], live[2]
         cells.append((r["stage"], r["state"], f"{r['seconds']:.1f}" if r["seconds"] is not None else "-", counts))

@@ -1,3 +1,5 @@
+import time
+
 import pyarrow as pa
 import pytest
 
@@ -60,6 +62,37 @@ def test_a_finished_stage_refused_before_it_writes_keeps_its_manifest(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_stage(run, "prepare", "h2", interrupted)
     assert run.manifest("prepare") is None
+
+
+def test_a_stage_finished_after_interruptions_counts_every_attempts_seconds(tmp_path):
+    """A stage interrupted and resumed showed only its last attempt's seconds (the demo's questions: 426.9 where the
+    stage had run longer); the attempts that end unfinished are noted in its folder (_attempts.json, for this config)
+    and the manifest and the status count them. A kill -9 leaves no note: that attempt is not counted."""
+    run = RunDir(str(tmp_path / "r"))
+
+    def slow_then(outcome):
+        def fn(ctx):
+            time.sleep(0.05)
+            if outcome is not None:
+                raise outcome
+            ctx.run.write_json(f"{ctx.stage}/out.json", {"v": 1})
+        return fn
+
+    for outcome in (KeyboardInterrupt(), RuntimeError("an actor died")):
+        with pytest.raises(type(outcome)):
+            run_stage(run, "prepare", "h", slow_then(outcome))
+    note = run.read_json("prepare/_attempts.json")
+    assert note["config_hash"] == "h" and len(note["seconds"]) == 2 and all(s >= 0.05 for s in note["seconds"])
+    m = run_stage(run, "prepare", "h", slow_then(None))
+    assert m["earlier_attempts_s"] == note["seconds"] and not run.exists("prepare", "_attempts.json")
+    row = status_table(run, {"prepare": "h"})[0]
+    assert (row["attempts"], row["seconds"]) == (3, pytest.approx(m["seconds"] + sum(note["seconds"])))
+    assert format_status(run, {"prepare": "h"}).splitlines()[2].split() == ["prepare", "done", f"{row['seconds']:.1f}", "(seconds", "over", "3", "runs)"]
+    with pytest.raises(KeyboardInterrupt):  # an attempt at another config: its own count
+        run_stage(run, "prepare", "h2", slow_then(KeyboardInterrupt()))
+    assert "earlier_attempts_s" not in run_stage(run, "prepare", "h3", slow_then(None))
+    (tmp_path / "r" / "prepare" / "_attempts.json").write_text("{torn")  # an unreadable note: nothing counted, the stage runs
+    assert "earlier_attempts_s" not in run_stage(run, "prepare", "h4", slow_then(None))
 
 
 def test_skip_when_done(tmp_path):
