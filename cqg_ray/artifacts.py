@@ -376,12 +376,25 @@ def embed_output_files(out: str) -> list[str]:
     return [run.path(n) for n in run.ls(suffix=".parquet") if n.startswith("emb-")]
 
 
+def read_unit(run: RunDir, path: str) -> pa.Table:
+    """One unit file of an embed output, its pages' checksums checked (embed writes them); ArtifactError naming the
+    file and how to write it again where it does not read (a byte changed in a page read back as other values)."""
+    try:
+        return pq.read_table(path, filesystem=run.fs, page_checksum_verification=True)
+    except (OSError, pa.ArrowException) as e:
+        raise ArtifactError(f"{run.root_uri}/{os.path.basename(path)} is damaged ({str(e).splitlines()[0][:200]}): {EMBED_REPAIR}") from None
+
+
+EMBED_REPAIR = ("delete that file and the folder's _manifest.json, then run the same `cqg-ray embed ...` command: it writes "
+                "the missing units again and keeps the others (--force redoes them all)")
+
+
 def read_embed_output(out: str) -> tuple[np.ndarray, np.ndarray, dict]:
     """(doc_ids, embeddings, manifest) of a whole output folder, in file order: packed uint8 bits, float16
     probabilities, or a ``scipy.sparse.csr_array`` of values (output sparse)."""
     run = RunDir(out)
     files = embed_output_files(out)
-    tables = [pq.read_table(f, filesystem=run.fs) for f in files]
+    tables = [read_unit(run, f) for f in files]
     meta = run.read_json(EMBED_MANIFEST)
     if meta["output"] == "sparse":
         ids = [t.column("doc_id").to_numpy(zero_copy_only=False) for t in tables]

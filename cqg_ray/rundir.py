@@ -57,8 +57,9 @@ class StageMismatch(ArtifactError):
 
 
 def redo_hint(stage: str) -> str:
-    if not stage:  # the output folder of `cqg-ray embed`
-        return "redo it: the same `cqg-ray embed ...` command with --force"
+    if not stage:  # the output folder of `cqg-ray embed`: its units are written one by one, so only those are redone
+        return ("redo the changed units: delete the folder's _manifest.json (and any unit file that does not belong), then "
+                "run the same `cqg-ray embed ...` command: it writes the missing units again and keeps the others (--force redoes them all)")
     command = getattr(stages.find(stage), "command", stage)
     return f"redo it: `cqg-ray run --force {command}` (or `cqg-ray {command} --force`)"
 

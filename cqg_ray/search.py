@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from cqg_ray.encoder import BLANK, blank
 from cqg_ray.explain import reliability_note
 from cqg_ray.artifacts import (HEADS_FILES, EMBED_MANIFEST, embed_manifest, embed_output_files, embed_output_texts, embedding_matrix,
-                               model_fingerprint, read_embed_output)
+                               model_fingerprint, read_embed_output, read_unit)
 from cqg_ray.mbqa.budget import Budget, active_mask
 from cqg_ray.ranking import top_k
 from cqg_ray.rundir import ArtifactError, RunDir
@@ -256,7 +255,7 @@ def file_chunks(out: str, budget: Budget | None = None, mean: np.ndarray | None 
 
     def gen():
         for f in files:
-            t = pq.read_table(f, filesystem=run.fs)
+            t = read_unit(run, f)
             yield t.column("doc_id").to_numpy(zero_copy_only=False), _packed_from(embedding_matrix(t.column("embedding")), meta, budget, mean)
 
     return meta, gen()

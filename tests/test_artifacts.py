@@ -169,3 +169,29 @@ def test_file_on_path_names_the_file_that_stands_where_a_folder_would_go(tmp_pat
     assert file_on_path("notes.txt/a/") == "notes.txt"
     assert file_on_path("./d/../notes.txt/a") == "notes.txt"
     assert file_on_path("new/folder") is None
+
+
+def test_a_unit_file_changed_in_a_page_is_refused_with_how_to_write_it_again(tmp_path):
+    """A byte flipped inside an embed unit's page (its size unchanged) was read as other values without a word, or as
+    pyarrow's 'Wrapping ... failed' traceback in doc_id; embed writes page checksums, which the readers now check."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cqg_ray.artifacts import read_unit
+    from cqg_ray.rundir import ArtifactError, RunDir
+
+    path = tmp_path / "emb-part-000000-000000000.parquet"
+    table = pa.table({"doc_id": [f"d{i}" for i in range(500)], "embedding": pa.array(list(np.random.default_rng(0).random((500, 4))))})
+    pq.write_table(table, path, write_page_checksum=True)
+    run = RunDir(str(tmp_path))
+    assert read_unit(run, str(path)).equals(table)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside a data page: the footer and the magic bytes are at the ends
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError) as e:
+        read_unit(run, str(path))
+    said = str(e.value)
+    assert said.startswith(f"{tmp_path}/emb-part-000000-000000000.parquet is damaged (") and "CRC" in said
+    assert said.endswith("delete that file and the folder's _manifest.json, then run the same `cqg-ray embed ...` command: it "
+                         "writes the missing units again and keeps the others (--force redoes them all)")

@@ -361,7 +361,9 @@ def test_embed_output_changed_behind_its_manifest(tmp_path):
     run.write_table("emb-part-000000-000000000.parquet", pa.table({"doc_id": ["a"]}))
     run.write_manifest("", "h", [], {}, 1.0)
     run.write_table("emb-part-000001-000000000.parquet", pa.table({"doc_id": ["b"]}))
-    with pytest.raises(StageMismatch, match=r"redo it: the same `cqg-ray embed \.\.\.` command with --force$"):
+    with pytest.raises(StageMismatch, match=r"redo the changed units: delete the folder's _manifest.json \(and any unit file that "
+                                            r"does not belong\), then run the same `cqg-ray embed \.\.\.` command: it writes the "
+                                            r"missing units again and keeps the others \(--force redoes them all\)$"):
         RunDir(str(tmp_path / "out")).verify("")
 
 
