@@ -382,6 +382,11 @@ def run_from_args(args) -> dict:
     if "://" not in args.out and (above := file_on_path(args.out)) is not None:  # OUT, or a file on its path (notes.txt/emb)
         where = "is a file" if above == os.path.normpath(args.out) else f"is below the file {above}"
         raise ConfigError(f"OUT {args.out} {where}: give a folder to write the embeddings to")
+    inside = [c for c in args.corpus if "://" not in c and "://" not in args.out and not any(ch in c for ch in "*?[")
+              and os.path.isdir(c) and os.path.commonpath([os.path.abspath(c), os.path.abspath(args.out)]) == os.path.abspath(c)]
+    if inside:  # its units and snapshot would be read as corpus by the next run (a rerun failed, a resume could not)
+        raise ConfigError(f"OUT {args.out} is inside the corpus folder {inside[0]}: its files would be read as corpus next time; "
+                          "give an OUT outside it")
     if RunDir(args.out).exists("config.json"):  # embed's lease, manifest and units would lie among the model's files
         raise ConfigError(f"OUT {args.out} is a model folder (config.json): give a folder of its own to write the embeddings to")
     if cfg.k is not None and cfg.tau is not None:

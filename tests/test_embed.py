@@ -246,6 +246,14 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     assert main(["embed", toy_model, str(corpus_file), str(corpus_file)]) == 2
     assert f"OUT {corpus_file} is a file" in capsys.readouterr().err
     assert main(["embed", toy_model, str(corpus_file), str(corpus_file / "emb")]) == 2  # a file on its path: said before the lease
+    assert f"error: OUT {corpus_file / 'emb'} is below the file {corpus_file}" in capsys.readouterr().err
+    (tmp_path / "corp").mkdir()
+    (tmp_path / "corp" / "a.jsonl").write_text('{"text": "a text"}\n')
+    assert main(["embed", toy_model, str(tmp_path / "corp"), str(tmp_path / "corp" / "emb")]) == 2  # a rerun read its own units
+    assert capsys.readouterr().err == (f"error: OUT {tmp_path / 'corp' / 'emb'} is inside the corpus folder {tmp_path / 'corp'}: its "
+                                       "files would be read as corpus next time; give an OUT outside it\n")
+    assert not (tmp_path / "corp" / "emb").exists()
+    assert main(["embed", toy_model, str(corpus_file), str(corpus_file / "emb")]) == 2
     assert f"error: OUT {corpus_file / 'emb'} is below the file {corpus_file}: give a folder to write the embeddings to\n" in capsys.readouterr().err
     blank = tmp_path / "blank.jsonl"
     blank.write_text('{"text": ""}\n{"text": "   "}\n')
