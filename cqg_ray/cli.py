@@ -348,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # only the commands that resume (resumes=True: run, the stages, embed, demo) say so
         print("interrupted: run the same command again to resume" if getattr(args, "resumes", False) else "interrupted", file=sys.stderr)
         return 130
+    except SystemExit as e:  # SIGTERM unwound a command (unwinds_on_sigterm): exit 143, saying so as Ctrl-C does
+        if e.code == 143:
+            print("stopped: run the same command again to resume" if getattr(args, "resumes", False) else "stopped", file=sys.stderr)
+        raise
 
 
 if __name__ == "__main__":

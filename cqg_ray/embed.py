@@ -417,4 +417,7 @@ def add_commands(sub) -> None:
                                    "ray job submit --working-dir . -- python -m cqg_ray.cli embed MODEL CORPUS OUT "
                                    "(MODEL, CORPUS and OUT reachable from every node: shared disk or s3://, gs://).")
     add_arguments(p)
-    p.set_defaults(func=lambda args: 0 if run_from_args(args) else 1, resumes=True)
+    from cqg_ray.cli import unwinds_on_sigterm
+
+    # SIGTERM (`kill`, `ray job stop`) unwinds as Ctrl-C does: the lease given back, exit 143; Ray's handler dumped a stack
+    p.set_defaults(func=unwinds_on_sigterm(lambda args: 0 if run_from_args(args) else 1), resumes=True)

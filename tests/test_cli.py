@@ -107,7 +107,7 @@ def test_a_missing_local_model_path_is_a_config_error_before_the_lease_and_ray(t
     assert sorted(p.name for p in run.iterdir()) == ["prepare"]  # no lease, no config.yaml
 
 
-def test_a_stage_command_stopped_by_sigterm_unwinds_and_gives_back_its_lease(tmp_path, monkeypatch):
+def test_a_stage_command_stopped_by_sigterm_unwinds_and_gives_back_its_lease(tmp_path, monkeypatch, capsys):
     """`ray job stop` sends SIGTERM: a stage command unwinds (exit 143) as `run` does, so ledgers flush and the lease goes."""
     import cqg_ray.pipeline as pipeline
     from cqg_ray.lease import take_lease
@@ -126,6 +126,7 @@ def test_a_stage_command_stopped_by_sigterm_unwinds_and_gives_back_its_lease(tmp
     with pytest.raises(SystemExit) as e:
         main(["prepare", "--run-dir", str(tmp_path / "r"), "--set", f"corpus.paths=[{Path(__file__).parent / 'fixtures' / 'corpus_400.jsonl'}]"])
     assert e.value.code == 143 and seen == ["prepare"] and signal.getsignal(signal.SIGTERM) is before
+    assert capsys.readouterr().err.endswith("stopped: run the same command again to resume\n")  # as Ctrl-C's line
     with take_lease(str(tmp_path / "r"), "cqg-ray prepare"):  # given back: a second writer takes it
         pass
 
@@ -321,3 +322,20 @@ def test_the_stage_commands_help_says_what_they_read_write_and_exit_with(capsys)
     assert build_parser().parse_args(["status", "x", "--log-level", "debug"]).log_level == "DEBUG"
     assert build_parser().parse_args(["--log-level", "error", "status", "x"]).log_level == "ERROR"  # before it, as before
     assert build_parser().parse_args(["status", "x"]).log_level is None
+
+
+def test_embed_stopped_by_sigterm_unwinds_as_the_stage_commands_do(tmp_path, monkeypatch, capsys):
+    """`kill` of `cqg-ray embed` printed Ray's stack dump ("*** SIGTERM received ... PC: @ ...") and exited 15; it now
+    unwinds as Ctrl-C does (exit 143, a line saying to run it again, the handler put back)."""
+    import cqg_ray.embed
+
+    def stopped(args):
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # the installed handler, called as the signal calls it
+        raise AssertionError("SIGTERM did not unwind embed")
+
+    monkeypatch.setattr(cqg_ray.embed, "run_from_args", stopped)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as e:
+        main(["embed", "cqg-minilm-ref", "corpus.jsonl", str(tmp_path / "out")])
+    assert e.value.code == 143 and signal.getsignal(signal.SIGTERM) is before
+    assert capsys.readouterr().err == "stopped: run the same command again to resume\n"
