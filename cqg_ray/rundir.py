@@ -14,8 +14,7 @@ its config hash and the fingerprints of the stages it read match; *stale* when t
 changed (so a config change re-runs the stage and, through the fingerprints, everything downstream); *missing*
 otherwise.
 A stage killed midway has no manifest, so it runs again (expensive stages resume inside, shard by shard); a finished
-stage whose rerun is refused (a ValueError: a config value, a corpus path) before it writes anything keeps its manifest.
-"""
+stage whose rerun a ValueError refuses (a config value, a corpus path) before it writes anything keeps its manifest."""
 
 from __future__ import annotations
 
@@ -397,8 +396,7 @@ def hash_sections(*sections: Any) -> str:
 
 
 def _attempts(run: RunDir, stage: str, config_hash: str) -> list[float]:
-    """The seconds of the stage's earlier attempts at this config that ended without finishing ([] where none, or the
-    note is unreadable)."""
+    """The seconds of the stage's earlier unfinished attempts at this config ([]: none, or an unreadable note)."""
     try:
         note = run.read_json(f"{stage}/{ATTEMPTS}") if run.exists(stage, ATTEMPTS) else {}
         return [float(x) for x in note["seconds"]] if isinstance(note, dict) and note.get("config_hash") == config_hash else []

@@ -364,9 +364,11 @@ def run_units(units: list[dict], actor_cls, constructor_kwargs: dict, pool: tupl
         ds = ds.map_batches(
             relaying(actor_cls),
             fn_constructor_kwargs={**constructor_kwargs, "progress_queue": view.queue},
-            # one unit in flight per actor: a unit queued behind a busy actor's makes the pool grow (at Ray's default of 4
-            # the first actor took both units of a 20k corpus and ran them one after the other on one core)
-            compute=ray.data.ActorPoolStrategy(min_size=pool[0], max_size=pool[1], max_tasks_in_flight_per_actor=1),
+            # a pool of fixed size: one unit in flight per actor, so each actor starts its own (at Ray Data's default of 4
+            # the first actor ready took both units of a 20k corpus, the other idle); a pool that grows keeps the default,
+            # whose queued units are what its autoscaler grows on (at 1 the pool never grew: tests/test_units.py)
+            compute=ray.data.ActorPoolStrategy(min_size=pool[0], max_size=pool[1],
+                                               **({"max_tasks_in_flight_per_actor": 1} if pool[0] == pool[1] else {})),
             batch_size=1,
             num_gpus=gpus or None,
             num_cpus=0 if gpus else threads,

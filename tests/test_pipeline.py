@@ -38,7 +38,10 @@ def test_rays_default_token_auth_line_is_not_shown_and_its_other_lines_are(monke
     from cqg_ray.pipeline import quiet_default_auth
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    import ray
+
     monkeypatch.setattr(cqg_ray.pipeline, "start_local_ray", lambda init, **kwargs: None)  # Ray itself is not started
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a process where no earlier test started it
     cqg_ray.pipeline.init_ray(RayConfig())
     assert quiet_default_auth in logging.getLogger(setup.__name__).filters
     # Ray Data's warnings that the bars init_ray turns off are off: not shown
