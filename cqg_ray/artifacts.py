@@ -362,6 +362,11 @@ def file_on_path(path: str) -> str | None:
 def embed_manifest(out: str) -> dict:
     """The manifest of a finished `cqg-ray embed` output folder; ArtifactError saying whether it is unfinished or none."""
     run = RunDir(out)
+    if not run.exists():
+        raise ArtifactError(f"{out}: no such folder; give the OUT folder `cqg-ray embed MODEL CORPUS OUT` wrote")
+    if run.exists("config.json") and not run.exists(EMBED_SETTINGS):  # the model given twice, or in the output's place
+        raise ArtifactError(f"{out} is a model folder (config.json), not an embed output; give the OUT folder "
+                            "`cqg-ray embed MODEL CORPUS OUT` wrote")
     if not run.exists(EMBED_MANIFEST):
         what = "unfinished" if run.exists(EMBED_SETTINGS) else "not a cqg-ray embed output"
         raise ArtifactError(f"{out}: {what} (no {EMBED_MANIFEST}); run `cqg-ray embed MODEL CORPUS {out}` (again) first")

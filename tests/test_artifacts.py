@@ -138,6 +138,9 @@ def test_texts_by_id_reads_file_by_file(tmp_path):
 def test_embed_output_readers(tmp_path):
     out = str(tmp_path / "emb")
     run = RunDir(out)
+    with pytest.raises(ArtifactError, match="no such folder; give the OUT folder"):
+        embed_output_files(out)
+    run.makedirs()
     with pytest.raises(ArtifactError, match="not a cqg-ray embed output"):
         embed_output_files(out)
     run.write_json("_settings.json", {})

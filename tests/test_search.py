@@ -157,6 +157,11 @@ def test_search_says_an_unfinished_embed_output_is_one(tmp_path, capsys):
     model = build_toy_model(str(tmp_path / "model"))
     capsys.readouterr()  # what building it logged
     out = tmp_path / "emb"
+    assert main(["search", model, str(out), "a query"]) == 2  # it read "not a cqg-ray embed output"
+    assert capsys.readouterr().err == f"error: {out}: no such folder; give the OUT folder `cqg-ray embed MODEL CORPUS OUT` wrote\n"
+    assert main(["search", model, model, "a query"]) == 2  # it suggested `cqg-ray embed MODEL CORPUS <the model folder>`
+    assert capsys.readouterr().err == (f"error: {model} is a model folder (config.json), not an embed output; give the OUT folder "
+                                       "`cqg-ray embed MODEL CORPUS OUT` wrote\n")
     out.mkdir()
     assert main(["search", model, str(out), "a query"]) == 2
     assert capsys.readouterr().err == (f"error: {out}: not a cqg-ray embed output (no _manifest.json); run `cqg-ray embed MODEL CORPUS "
