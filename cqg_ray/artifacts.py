@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from cqg_ray.rundir import ArtifactError, RunDir
+from cqg_ray.rundir import EMBED_RERUN, ArtifactError, RunDir
 
 # ----------------------------------------------------------------------------------------- pure helpers
 
@@ -390,8 +390,7 @@ def read_unit(run: RunDir, path: str) -> pa.Table:
         raise ArtifactError(f"{run.root_uri}/{os.path.basename(path)} is damaged ({str(e).splitlines()[0][:200]}): {EMBED_REPAIR}") from None
 
 
-EMBED_REPAIR = ("delete that file and the folder's _manifest.json, then run the same `cqg-ray embed ...` command: it writes "
-                "the missing units again and keeps the others (--force redoes them all)")
+EMBED_REPAIR = f"delete that file and the folder's _manifest.json, {EMBED_RERUN}"
 
 
 def read_embed_output(out: str) -> tuple[np.ndarray, np.ndarray, dict]:

@@ -40,6 +40,8 @@ from cqg_ray import stages
 log = logging.getLogger("cqg_ray")
 
 MANIFEST = "_manifest.json"
+EMBED_RERUN = ("then run the same `cqg-ray embed ...` command: it writes the missing units again and keeps the others "
+               "(--force redoes them all)")  # how an embed output's missing or damaged units are written again
 ATTEMPTS = "_attempts.json"  # in a stage's folder: the seconds of its attempts that ended without finishing (a kill -9: none)
 
 
@@ -57,8 +59,7 @@ class StageMismatch(ArtifactError):
 
 def redo_hint(stage: str) -> str:
     if not stage:  # the output folder of `cqg-ray embed`: its units are written one by one, so only those are redone
-        return ("redo the changed units: delete the folder's _manifest.json (and any unit file that does not belong), then "
-                "run the same `cqg-ray embed ...` command: it writes the missing units again and keeps the others (--force redoes them all)")
+        return f"redo the changed units: delete the folder's _manifest.json (and any unit file that does not belong), {EMBED_RERUN}"
     command = getattr(stages.find(stage), "command", stage)
     return f"redo it: `cqg-ray run --force {command}` (or `cqg-ray {command} --force`)"
 
@@ -426,7 +427,7 @@ def run_stage(
         run.require(d)
     if st.state == "stale":
         log.info("%s: stale (%s), running again", stage, st.reason)
-    before = (run.manifest(stage), run.files(stage))  # a finished stage refused before it wrote anything keeps its manifest
+    before = (st.manifest, run.files(stage) if st.manifest else None)  # a finished stage refused before it wrote anything keeps its manifest
     run.invalidate(stage)
     run.makedirs(stage)
     ctx = StageContext(run, stage)
