@@ -21,7 +21,7 @@ from cqg_ray import stages
 from cqg_ray.config import ConfigError, PipelineConfig, check_model_paths, load_config, override_value
 from cqg_ray.corpus import CorpusError
 from cqg_ray.lease import LEASE, LeaseHeld, LeaseLost, lease_lost, take_lease
-from cqg_ray.log import setup_logging
+from cqg_ray.log import LEVELS, setup_logging
 from cqg_ray.rundir import ArtifactError, RunDir
 
 # Modules that add their own commands (each has add_commands(subparsers)).
@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Interpretable text embeddings (CQG-MBQA) on Ray. Stages write to a run directory and skip what is done.",
         epilog="Typical use: cqg-ray run --config demo ; cqg-ray status runs/demo",
     )
-    p.add_argument("--log-level", default=None, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    p.add_argument("--log-level", default=None, type=str.upper, choices=LEVELS,
                    help="how much to log: DEBUG, INFO (default), WARNING or ERROR")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module in COMMAND_MODULES:
         importlib.import_module(module).add_commands(sub)
     for command in sub.choices.values():  # after the command too (`status DIR --log-level DEBUG`), as before it
-        command.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        command.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=LEVELS,
                              help="how much to log (as before the command)")
     return p
 

@@ -692,8 +692,7 @@ def dump_config(cfg: PipelineConfig) -> str:
 
 
 def config_keys(section: BaseModel, prefix: str = "") -> list[tuple[str, Any, str]]:
-    """Every key of a config, in file order: (dotted key, its value in ``section``, its description, else its
-    section's first docstring line)."""
+    """Every key of a config, in file order: (dotted key, its value in ``section``, its description or "")."""
     out = []
     for name, field in type(section).model_fields.items():
         value = getattr(section, name)

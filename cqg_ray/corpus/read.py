@@ -278,7 +278,7 @@ def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
                 matched = sorted(i.path for i in infos if i.type == pafs.FileType.File and not os.path.basename(i.path).startswith((".", "_")))
             else:
                 matched = [path]
-        listed = len(matched) > 1 or matched != [path]  # found in a folder or by a glob, not named
+        listed = matched != [path]  # found in a folder or by a glob, not named
         for m in matched:
             base = os.path.basename(m)
             if fmt == "auto" and listed and not known_format(m):
