@@ -57,6 +57,7 @@ from cqg_ray.artifacts import (EMBED_CORPUS, EMBED_FORMAT, EMBED_MANIFEST, EMBED
 from cqg_ray.config import BACKEND_HELP, TOKENIZE_STAGE_HELP, ConfigError, CorpusConfig, EmbedConfig, EncoderBackend, RayConfig, format_errors
 from cqg_ray.lease import take_lease
 from cqg_ray.pools import declared
+from cqg_ray.token_limit import token_limit_counts, token_limit_note
 from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, pool_threads, run_units, split_units, tokenize_stage
 from cqg_ray.rundir import ArtifactError, RunDir, hash_sections, resolve
 
@@ -149,7 +150,7 @@ class EmbedUnits(UnitActor):
         return "packed" if self.output == "bits" else self.output
 
     def _write(self, name: str, doc_ids: pa.Array, emb) -> None:
-        self.run.write_table(name, embed_output_table(doc_ids, emb, self.output, self.model.m, self.budget.to_dict(), self.model.tau))
+        self.run.write_table(name, self.with_token_counts(embed_output_table(doc_ids, emb, self.output, self.model.m, self.budget.to_dict(), self.model.tau)))
 
 
 def _clear(run: RunDir) -> None:
@@ -278,11 +279,14 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     if bad:
         raise ArtifactError(f"{out}: unit files with the wrong number of rows: {bad[:5]}; rerun with --force")
     rows = sum(written.values())
+    limit = token_limit_counts(run.fs, [run.path(u["name"]) for u in units])
+    if note := token_limit_note("embed", limit):
+        log.info(note)
     counts = {"files": len(files), "rows": rows, "units": len(units), "units_resumed": len(units) - len(todo_units),
               "embedded_now": rows_now, "nodes_used": len(nodes), "actors": pool[1] if todo_units else 0, "tokenize_stage": bool(tokenize),
               "threads_per_actor": 0 if gpus or not todo_units else threads,
               "snapshot_bytes": sum(run.fs.get_file_info(p).size for p, _ in shards), "unit_bytes_read": bytes_read,
-              "wall_s": round(wall, 2), "unit_seconds": round(unit_s, 2),
+              "wall_s": round(wall, 2), "unit_seconds": round(unit_s, 2), **limit,
               **{f"dropped_{k}": v for k, v in dropped.items() if k != "utf8_replaced"},
               **({"replaced_invalid_utf8": dropped["utf8_replaced"]} if "utf8_replaced" in dropped else {})}
     return run.write_manifest(ROOT, config_hash, [], counts, time.time() - t_start, extra={

@@ -28,6 +28,7 @@ from cqg_ray.artifacts import corpus_shards, embeddings_table
 from cqg_ray.config import ConfigError, EncodeConfig, PipelineConfig, RayConfig
 from cqg_ray.pools import declared
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
+from cqg_ray.token_limit import token_limit_counts, token_limit_note
 from cqg_ray.units import UnitActor, actor_pool_size, limit_cpu_threads, pending_units, pool_threads, run_units, split_units, tokenize_stage
 
 log = logging.getLogger("cqg_ray")
@@ -81,7 +82,7 @@ class EncodeUnits(UnitActor):
     def _write(self, name: str, doc_ids: pa.Array, parts: list) -> None:
         emb = np.concatenate(parts) if parts else self.model.encode([], batch_size=self.batch_size)
         emb = emb.astype(np.float16 if self.cfg.dtype == "float16" else np.float32, copy=False)
-        self.run.write_table(f"{self.stage}/{name}", embeddings_table(doc_ids, emb))
+        self.run.write_table(f"{self.stage}/{name}", self.with_token_counts(embeddings_table(doc_ids, emb)))
 
 
 def run_encode(cfg: PipelineConfig, ctx: StageContext) -> None:
@@ -138,11 +139,14 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
                               .column("doc_id").to_pylist())
     run.check_documents(ctx.stage, digest, "prepare")  # every prepared document embedded once, no other
     ctx.extra["documents_digest"] = digest
+    limit = token_limit_counts(run.fs, [run.path(ctx.stage, f) for f in files])
+    if note := token_limit_note("encode", limit):
+        log.info(note)
     ctx.counts.update({"documents": total, "dim": dim, "units": len(units), "units_resumed": len(units) - len(todo),
                        "encoded_now": rows_done, "nodes_used": len(nodes), "texts_per_s": round(rows_done / wall, 1) if rows_done else None,
                        "wall_s": round(wall, 2), "unit_seconds": round(unit_s, 2),
                        "corpus_bytes": sum(run.fs.get_file_info(p).size for p, _ in shards), "unit_bytes_read": bytes_read,
-                       "tokenize_stage": bool(tokenize), "threads_per_actor": 0 if gpus else threads})
+                       "tokenize_stage": bool(tokenize), "threads_per_actor": 0 if gpus else threads, **limit})
     ctx.extra["model"] = cfg.model
     from cqg_ray.encoder import resolve_backend
 

@@ -36,7 +36,6 @@ import logging
 import os
 import shutil
 import threading
-import unicodedata
 
 import numpy as np
 
@@ -141,6 +140,8 @@ class Encoder:
         self._keys = None  # the inputs the torch model reads
         self._threads = getattr(runner, "threads", None) or _torch_threads()  # an exported runner's CPU threads
         self.dim = int(dim) if dim is not None else _dim(st_model)
+        self.texts_counted = 0  # texts `encode_tokens` ran (the library's own loop, `st.encode`, counts none)
+        self.texts_at_limit = 0  # of those, texts whose tokens filled max_seq_length: words past it were not read
 
     @property
     def max_seq_length(self) -> int:
@@ -227,6 +228,7 @@ class Encoder:
         if self._run is not None:  # no torch import on this path unless a tensor is asked for
             out = np.zeros((n, self.dim), dtype=np.float32)
             for idx, inputs in batches:
+                self._count_limit(inputs)
                 out[idx] = self._run({k: np.asarray(v, dtype=np.int64) for k, v in inputs.items()})
             out = normalise(out) if normalize else out
             if tensor:
@@ -240,6 +242,7 @@ class Encoder:
         out = None
         with torch.inference_mode():
             for idx, inputs in batches:
+                self._count_limit(inputs)
                 features = {k: torch.as_tensor(v).to(dev, torch.long, non_blocking=True) for k, v in inputs.items() if k in keys}
                 emb = self.st(features)["sentence_embedding"]
                 if out is None:
@@ -248,6 +251,14 @@ class Encoder:
         out = torch.zeros((n, self.dim), device=dev) if out is None else out.float()
         out = unit_rows(out) if normalize else out
         return out if tensor else out.cpu().numpy()
+
+    def _count_limit(self, inputs: dict) -> None:
+        """Count a mini-batch's texts, and those whose tokens reach max_seq_length (padded to the longest, a row fills
+        the limit when its mask is set in the limit's last column)."""
+        mask = np.asarray(inputs["attention_mask"])
+        self.texts_counted += len(mask)
+        if mask.ndim == 2 and mask.shape[1] >= self.max_seq_length:
+            self.texts_at_limit += int(np.count_nonzero(mask[:, self.max_seq_length - 1]))
 
     def _ahead_tokenizer(self) -> TextTokenizer | None:
         """The torch model's tokenizer alone (`TextTokenizer`, checked to give sentence-transformers' tokens; one that
@@ -324,43 +335,6 @@ def batch_plan(texts: list[str], batch_size: int, st_order: bool) -> list[np.nda
 def length_order(texts: list[str]) -> np.ndarray:
     """Indices of ``texts``, longest first (stable): the order the encoder batches in, so a batch pads little."""
     return np.argsort([-len(t) for t in texts], kind="stable")
-
-
-def unicode_error(text: str, name: str) -> str | None:
-    """Why ``text`` (called ``name`` in the message) is not valid Unicode, or None when it is: a str may hold an unpaired
-    surrogate (JSON's "\\ud800" escape gives one), which has no UTF-8 form, so no tokenizer or Arrow string takes it."""
-    if text.isascii():
-        return None
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return f"{name} is not valid Unicode (an unpaired surrogate at character {e.start})"
-    return None
-
-
-def text_list(texts) -> list[str]:
-    """``encode``'s texts as a list: any ordered sequence or iterable of str (a list, tuple, numpy array, pandas Series,
-    generator); TypeError for one text, bytes, a set or a dict (no order), or an item that is not a str."""
-    if isinstance(texts, (str, bytes)):
-        raise TypeError(f"encode takes a list of texts, got one {type(texts).__name__}; wrap a single text in a list")
-    if isinstance(texts, (set, frozenset, dict)):
-        raise TypeError(f"encode takes an ordered sequence of texts (a list), got a {type(texts).__name__}: its rows would follow no order")
-    texts = list(texts)
-    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
-    if bad is not None:
-        missing = " (a missing value: NaN or None)" if texts[bad] is None or (isinstance(texts[bad], float) and texts[bad] != texts[bad]) else ""
-        raise TypeError(f"texts[{bad}] must be a str, got {type(texts[bad]).__name__}{missing}")
-    return texts
-
-
-BLANK = "empty, or only whitespace and characters no encoder reads"  # what `blank` means, for messages
-
-
-def blank(text: str) -> bool:
-    """Whether a text holds nothing to read: empty, or only whitespace, control and format characters (NUL, zero-width
-    spaces and joiners, a BOM, soft hyphens: what a tokenizer drops) and U+FFFD, the mark of undecodable bytes. Such a
-    text answers no to every question. Stops at the first other character: a normal text costs a character or two."""
-    return all(c.isspace() or c == "\ufffd" or unicodedata.category(c) in ("Cc", "Cf") for c in text)
 
 
 def default_batch_size(device: str) -> int:

@@ -33,7 +33,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from cqg_ray.encoder import BLANK, blank
+from cqg_ray.texts import BLANK, blank
 from cqg_ray.explain import reliability_note
 from cqg_ray.artifacts import (HEADS_FILES, EMBED_MANIFEST, embed_manifest, embed_output_files, embed_output_texts, embedding_matrix,
                                model_fingerprint, read_embed_output, read_unit)

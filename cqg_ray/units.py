@@ -29,6 +29,7 @@ from cqg_ray import progress
 from cqg_ray.config import EmbedConfig, EncodeConfig
 from cqg_ray.pools import node_cpus, pool_range
 from cqg_ray.rundir import RunDir
+from cqg_ray.token_limit import unit_metadata
 
 log = logging.getLogger("cqg_ray")
 
@@ -161,7 +162,8 @@ def read_unit(fs, path: str, start: int, stop: int, columns: tuple[str, ...] = (
 class UnitActor:
     """Base of the Ray Data actors `run_units` drives: reads each unit's rows from its shard (`read_unit`: only the
     row groups that hold them; each shard's footer once per actor), hands them to `write_unit`, and reports rows,
-    bytes read, seconds and node per unit. Subclasses set `self.run` and define `write_unit`."""
+    bytes read, seconds and node per unit. Subclasses set `self.run` and define `write_unit`; those that encode set
+    `self.token_encoder` (their `Encoder`) and write each unit's table through `with_token_counts`."""
 
     run: RunDir
     FOOTERS = 16  # shards whose metadata an actor keeps (units come in shard order)
@@ -182,6 +184,10 @@ class UnitActor:
         """`write_unit` of a unit tokenized by the CPU stage (`TokenizeUnits`): chunks as `unpack_tokens` gives them."""
         raise NotImplementedError
 
+    def with_token_counts(self, table: pa.Table) -> pa.Table:
+        """``table`` with this unit's token-limit counts (`token_limit.unit_metadata`) in its schema metadata."""
+        return table.replace_schema_metadata({**(table.schema.metadata or {}), **unit_metadata(self.token_encoder, self._counts_before)})
+
     def __call__(self, batch: dict) -> dict:
         import ray
 
@@ -190,6 +196,8 @@ class UnitActor:
         for i, (shard, start, stop, name) in enumerate(zip(batch["shard"], batch["start"], batch["stop"], batch["name"])):
             t0 = time.time()
             before = progress.snapshot()["texts"]
+            enc = getattr(self, "token_encoder", None)  # the model actors' encoder (`with_token_counts`)
+            self._counts_before = (enc.texts_counted, enc.texts_at_limit) if enc is not None else (0, 0)
             if "tokens" in batch:  # read and tokenized by the CPU stage before this one
                 doc_ids, chunks, digest = unpack_tokens(batch["tokens"][i])
                 self._check_tokenizer(digest)

@@ -344,6 +344,8 @@ def test_the_tokenizing_stage_gives_the_same_embeddings(ray_local, toy_model, co
                      "--tokenize-stage", mode]) == 0
         summary = json.loads(capsys.readouterr().out)
         assert summary["counts"]["tokenize_stage"] == (mode == "on") and summary["counts"]["units"] == 3
+        assert {k: summary["counts"][k] for k in ("texts_counted", "texts_at_token_limit", "token_limit")} == {
+            "texts_counted": 400, "texts_at_token_limit": 0, "token_limit": 256}  # counted by the model's actor either way
         got[mode] = read_embed_output(out)
     (ids_a, a, _), (ids_b, b, _) = got["off"], got["on"]
     assert ids_a.tolist() == ids_b.tolist() and len(ids_a) == 400

@@ -8,9 +8,13 @@ from cqg_ray.cluster import cluster
 from cqg_ray.config import ClusterConfig, CorpusConfig, EncodeConfig
 from cqg_ray.corpus import prepare
 from cqg_ray.encode import encode
+from cqg_ray.encoder import load_encoder
 from cqg_ray.pools import declared
 from cqg_ray.units import actor_pool_size, actor_threads, pool_threads, split_units
 from cqg_ray.rundir import RunDir, run_stage
+
+NAME = "bundled:all-MiniLM-L6-v2"
+LIMIT_COUNTS = ("texts_counted", "texts_at_token_limit", "token_limit", "texts_not_counted")
 
 
 def test_split_units():
@@ -65,6 +69,8 @@ def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file, monkeypatch
     p = read_progress(run)
     assert (p["stage"], p["done"], p["total"], p["final"]) == ("encode", 240, 240, True)  # counted in the actors
     assert m["counts"]["dim"] == 384
+    # the texts the encoder read only in part, counted per unit file: none of these short texts fills 256 tokens
+    assert {k: m["counts"][k] for k in LIMIT_COUNTS} == {"texts_counted": 240, "texts_at_token_limit": 0, "token_limit": 256, "texts_not_counted": 0}
     ids, x = load_embeddings(run)
     assert ids.tolist() == load_corpus(run, ["doc_id"]).column("doc_id").to_pylist()
     assert np.allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-5)
@@ -80,6 +86,7 @@ def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file, monkeypatch
     # six units on two CPUs: a thread an actor; the one unit left: one actor with both CPUs (actor_threads)
     assert (m["counts"]["threads_per_actor"], m2["counts"]["threads_per_actor"]) == (1, 2)
     assert m2["counts"]["units_resumed"] == len(files) - 1
+    assert (m2["counts"]["texts_counted"], m2["counts"]["texts_at_token_limit"]) == (240, 0)  # the resumed units' counts too
     ids2, x2 = load_embeddings(run)
     assert ids2.tolist() == ids.tolist()
     assert np.allclose(x, x2, atol=1e-5)
@@ -103,6 +110,10 @@ def test_encode_resume_and_cluster(ray_local, tmp_path, corpus_file, monkeypatch
     assert (m4["counts"]["units_resumed"], m4["counts"]["encoded_now"]) == (0, 240)
     assert run.read_json("encode/_units.json") == {"model": "bundled:all-MiniLM-L6-v2", "dtype": "float32", "max_seq_length": 16}
     assert not np.allclose(load_embeddings(run)[1], x, atol=1e-3)
+    texts = load_corpus(run, ["text"]).column("text").to_pylist()  # their lengths in tokens, untruncated, by the model's own tokenizer
+    lengths = [len(t) for t in load_encoder(NAME, backend="torch-float32", device="cpu").st.tokenizer(texts)["input_ids"]]
+    assert 0 < sum(n >= 16 for n in lengths) < 240
+    assert (m4["counts"]["texts_counted"], m4["counts"]["texts_at_token_limit"], m4["counts"]["token_limit"]) == (240, sum(n >= 16 for n in lengths), 16)
 
     # a unit file damaged behind the manifest: --force (the fix `cqg-ray status` names) encodes that unit again
     files = run.ls("encode", suffix=".parquet")
@@ -124,13 +135,15 @@ def test_the_tokenizing_stage_writes_the_same_files_and_resumes(ray_local, tmp_p
     shutil.copytree(tmp_path / "off" / "prepare", tmp_path / "on" / "prepare")  # the same shards (their names hold a uuid)
     for mode in ("off", "on"):
         run = runs[mode] = RunDir(str(tmp_path / mode))
-        e = EncodeConfig(batch_size=16, tokenize_stage=mode)
+        e = EncodeConfig(batch_size=16, tokenize_stage=mode, max_seq_length=16)  # a limit some texts fill
         manifests[mode] = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, unit_rows=50, progress=False))
     assert [manifests[m]["counts"]["tokenize_stage"] for m in ("off", "on")] == [False, True]
     assert manifests["on"]["counts"]["documents"] == 240 and manifests["on"]["counts"]["unit_bytes_read"] > 0
     for mode in ("off", "on"):  # the actors' time inside units is part of the pass's wall time, for each of at most 2 actors (2 CPUs)
         c = manifests[mode]["counts"]
         assert 0 < c["unit_seconds"] <= c["wall_s"] * 2
+    on, off = ({k: manifests[m]["counts"][k] for k in LIMIT_COUNTS} for m in ("on", "off"))  # counted where the model runs
+    assert on == off and off["texts_counted"] == 240 and 0 < off["texts_at_token_limit"] < 240 and off["token_limit"] == 16
     files = runs["off"].ls("encode", suffix=".parquet")
     assert runs["on"].ls("encode", suffix=".parquet") == files and len(files) == 6
 
@@ -142,7 +155,7 @@ def test_the_tokenizing_stage_writes_the_same_files_and_resumes(ray_local, tmp_p
                                           np.stack(b.column("embedding").to_numpy(zero_copy_only=False)))
 
     same()
-    run, e = runs["on"], EncodeConfig(batch_size=16, tokenize_stage="on")
+    run, e = runs["on"], EncodeConfig(batch_size=16, tokenize_stage="on", max_seq_length=16)
     run.rm("encode", files[2])
     run.invalidate("encode")
     m = run_stage(run, "encode", e.config_hash(), lambda ctx: encode(e, ctx, unit_rows=50, progress=False))

@@ -388,6 +388,24 @@ def test_a_tokenizer_that_does_not_run_alone_leaves_the_library_loop(monkeypatch
     out = enc.encode_tensor(TEXTS, batch_size=2, normalize=False)
     assert calls == [1] and enc._ahead == (enc.st.max_seq_length, None)
     assert torch.equal(out, real(TEXTS, batch_size=2, convert_to_tensor=True, normalize_embeddings=False))
+    assert (enc.texts_counted, enc.texts_at_limit) == (0, 0)  # the library's loop: its tokens are not seen, nothing counted
+
+
+@pytest.mark.parametrize("backend", ["torch-float32", "openvino"])
+def test_the_encoder_counts_the_texts_that_fill_its_token_limit(backend, tmp_path_factory, monkeypatch):
+    """A text fills max_seq_length when its tokens with [CLS] and [SEP] reach it: 254 words do (256 tokens), 253 do not,
+    600 are cut; counted per text the model runs, whatever the mini-batches, and at a new limit."""
+    if backend not in installed_backends():
+        pytest.skip(f"{backend} needs the fast-encoder extra")
+    monkeypatch.setenv("CQG_RAY_CACHE", str(tmp_path_factory.getbasetemp() / "shared-cache"))
+    enc = load_encoder(NAME, backend=backend, device="cpu")
+    texts = ["word " * 600, "a b", "word " * 254, "word " * 253, ""]
+    assert [len(x) for x in enc.tokenize(texts[2:4])["input_ids"]] == [256, 256]  # padded to the longest: 256 and 255 tokens
+    enc.encode(texts, batch_size=2)
+    assert (enc.texts_counted, enc.texts_at_limit) == (5, 2)
+    enc.max_seq_length = 3  # "a b": [CLS] a b [SEP] is 4 tokens; "" is 2
+    enc.encode(texts, batch_size=5)
+    assert (enc.texts_counted, enc.texts_at_limit) == (10, 6)
 
 
 def test_tokenized_ahead_yields_in_order_with_the_tokenizing_on_its_thread():
@@ -454,7 +472,7 @@ def test_texts_tokenized_in_another_process_give_encode_bit_for_bit(backend, tmp
 
 
 def test_blank_is_a_text_with_nothing_an_encoder_reads():
-    from cqg_ray.encoder import blank
+    from cqg_ray.texts import blank
 
     texts = ["", " \n\t", "\u200b", "\ufeff\x00", "\ufffd", "\u00ad\u200d", "a", " \u200bx", "\U0001f600", "\ue000", "\u3000!"]
     assert [blank(t) for t in texts] == [True] * 6 + [False] * 5

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from cqg_ray.encoder import blank
+from cqg_ray.texts import blank
 
 
 def text_hash(text: str) -> str:
@@ -56,7 +56,7 @@ def sample_cut(keys_in_bin: np.ndarray, limit: int, below: int) -> float:
 
 
 def clean_text(text: Any, min_chars: int = 1, max_chars: int | None = None) -> str | None:
-    """Strip; None if blank (`encoder.blank`), too short or not a string; truncate to max_chars."""
+    """Strip; None if blank (`texts.blank`), too short or not a string; truncate to max_chars."""
     if not isinstance(text, str):
         return None
     text = text.replace("\x00", "").strip()

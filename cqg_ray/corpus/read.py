@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from cqg_ray.config import CorpusConfig
 from cqg_ray.corpus.clean import clean_text, text_hash
-from cqg_ray.encoder import unicode_error
+from cqg_ray.texts import unicode_error
 from cqg_ray.rundir import resolve
 
 log = logging.getLogger("cqg_ray")

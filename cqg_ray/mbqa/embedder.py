@@ -39,7 +39,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from cqg_ray.encoder import BLANK, batch_plan, blank, length_order, text_list, unicode_error, unit_rows
+from cqg_ray.encoder import batch_plan, length_order, unit_rows
+from cqg_ray.texts import BLANK, blank, text_list, unicode_error
 from cqg_ray.explain import Explanation, explanation
 from cqg_ray.mbqa.budget import Budget, apply_budget
 from cqg_ray.mbqa.budget_torch import join_parts, output_part, zero_rows
@@ -323,7 +324,7 @@ class InterpretableEmbedder:
         encoder batches them by `batch_size`); their embeddings stay on the device, the heads and the budget run there
         too, and only the output leaves it (device memory bounded by a chunk, not by the number of texts).
         progress: texts encoded, a bar or a log line every 25 s (None = when > chunk_size texts).
-        A blank text (`encoder.blank`: empty, or only whitespace and invisible characters) answers no to every question:
+        A blank text (`texts.blank`: empty, or only whitespace and invisible characters) answers no to every question:
         its row is zeros (probabilities too).
         binary / packed: the old flags (deprecated): binary=False is output="probs", packed=True is output="packed".
         """

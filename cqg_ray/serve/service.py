@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cqg_ray.config import ServeConfig
-from cqg_ray.encoder import BLANK, blank, unicode_error
+from cqg_ray.texts import BLANK, blank, unicode_error
 from cqg_ray.mbqa.embedder import InterpretableEmbedder
 from cqg_ray.serve.protocol import (
     ApiError,
