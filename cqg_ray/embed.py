@@ -113,6 +113,11 @@ def _snapshot_file(row: dict, cfg_json: str, out_uri: str, unit_rows: int) -> di
     return {"part": row["part"], "rows": table.num_rows}
 
 
+PROGRESS_TEXTS = 256  # a CPU actor's texts between two advances of the progress counter (`InterpretableEmbedder.encode`'s
+# chunk, which leaves the embeddings as they are; its default of 4,096, kept on GPUs, was minutes of no progress for long
+# documents on 2 cores)
+
+
 class EmbedUnits(UnitActor):
     """Ray Data actor: the model loaded once; embeds whole units and writes their files."""
 
@@ -120,9 +125,10 @@ class EmbedUnits(UnitActor):
                  backend: str = "auto"):
         limit_cpu_threads(threads)
         from cqg_ray.encoder import default_batch_size
-        from cqg_ray.mbqa.embedder import InterpretableEmbedder
+        from cqg_ray.mbqa.embedder import CHUNK_SIZE, InterpretableEmbedder
 
         self.model = InterpretableEmbedder.load(model_path, backend=backend)
+        self.chunk_size = PROGRESS_TEXTS if self.model.device == "cpu" else CHUNK_SIZE
         from cqg_ray.mbqa.budget import Budget
 
         self.budget = Budget.from_dict(budget)
@@ -139,7 +145,8 @@ class EmbedUnits(UnitActor):
 
     def write_unit(self, name: str, doc_ids: pa.Array, texts: list[str]) -> None:
         budget = None if self._kind == "probs" else self.budget  # probabilities are unbudgeted (the files record the budget)
-        emb = self.model.encode(texts, output=self._kind, budget=budget, batch_size=self.batch_size, progress=False)
+        emb = self.model.encode(texts, output=self._kind, budget=budget, batch_size=self.batch_size, progress=False,
+                                chunk_size=self.chunk_size)
         self._write(name, doc_ids, emb)
 
     def write_tokens(self, name: str, doc_ids: pa.Array, chunks: list) -> None:

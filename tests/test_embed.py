@@ -288,6 +288,23 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     assert snapshot_texts(out2)[1] == ["jello world", "second line"]
 
 
+def test_an_embed_unit_advances_the_progress_counter_every_few_hundred_texts(toy_model, model, tmp_path, monkeypatch):
+    """A unit's texts are counted as they are embedded, PROGRESS_TEXTS at a time, not once per 4,096 (minutes on 2 cores
+    for long documents); the unit's file is what one call over all its texts gives."""
+    from cqg_ray.embed import PROGRESS_TEXTS, EmbedUnits
+
+    counted = []
+    monkeypatch.setattr("cqg_ray.mbqa.embedder.add_progress", lambda **k: counted.append(k["texts"]))
+    actor = EmbedUnits(toy_model, str(tmp_path / "out"), "sparse", {"rule": "tau", "tau": 0.5, "value": "one"}, 64, 2)
+    texts = [f"text number {i} " * (i % 9 + 1) for i in range(600)]
+    actor._counts_before = (0, 0)
+    actor.write_unit("emb-a.parquet", pa.array([str(i) for i in range(600)], pa.string()), texts)
+    assert PROGRESS_TEXTS == 256 and counted == [256, 256, 88]
+    got = actor.run.read_table("emb-a.parquet")
+    want = model.encode(texts, output="sparse", budget=actor.budget, batch_size=64, progress=False)
+    assert got.column("indices").to_pylist() == [want[[i]].indices.tolist() for i in range(600)]
+
+
 def test_embed_help_gives_the_defaults(capsys):
     from cqg_ray.cli import main
 
