@@ -49,7 +49,7 @@ def main() -> None:
 
     model = InterpretableEmbedder.load(a.model)
     if a.stats:
-        from cqg_ray.evaluate.data import load_texts, sample_indices
+        from cqg_ray.textfiles import load_texts, sample_indices
         from cqg_ray.mbqa.cli import mean_probabilities
 
         texts = load_texts(a.stats).texts

@@ -29,13 +29,11 @@ from cqg_ray.evaluate.data import (
     DataError,
     RetrievalData,
     StsData,
-    TextsData,
     default_data_root,
     default_datasets,
     load_beir,
     load_clustering,
     load_sts,
-    load_texts,
 )
 from cqg_ray.evaluate.methods import Method, embed_texts
 from cqg_ray.evaluate.metrics import (
@@ -50,6 +48,7 @@ from cqg_ray.evaluate.metrics import (
 )
 from cqg_ray.evaluate.models import budgeted
 from cqg_ray.evaluate.sweeps import StsProbs
+from cqg_ray.textfiles import TextsData, load_texts
 
 TASKS = ("sts", "retrieval", "clustering")
 DOC_BATCH = 16384  # texts of a retrieval corpus or clustering set embedded and scored at a time

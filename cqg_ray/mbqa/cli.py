@@ -26,7 +26,7 @@ def mean_probabilities(model, texts: list[str]) -> np.ndarray:
 
 def cmd_budget(args) -> int:
     from cqg_ray.config import check_seed
-    from cqg_ray.evaluate.data import DataError, load_texts, sample_indices
+    from cqg_ray.textfiles import DataError, load_texts, sample_indices
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
     from cqg_ray.mbqa.folder import is_shipped_name, resolve_model
 

@@ -13,9 +13,8 @@ from cqg_ray.evaluate.data import (
     load_beir,
     load_clustering,
     load_sts,
-    load_texts,
-    sample_indices,
 )
+from cqg_ray.textfiles import load_texts, sample_indices
 
 
 def test_dataset_names():

@@ -33,7 +33,7 @@ def test_budget_sets_the_rule_measures_the_means_and_refuses_centred_values_with
     assert main(["budget", path, "--stats", str(CORPUS), "--n", "50", "--value", "centred", "--rank", "centred"]) == 0
     model = InterpretableEmbedder.load(path, encoder=encoder)
     texts = [json.loads(line)["text"] for line in CORPUS.read_text().splitlines()]
-    from cqg_ray.evaluate.data import sample_indices
+    from cqg_ray.textfiles import sample_indices
 
     want = model.encode([texts[i] for i in sample_indices(len(texts), 50, 0)], output="probs").mean(axis=0)
     np.testing.assert_allclose(model.mean, want, rtol=1e-4, atol=1e-6)
