@@ -66,10 +66,14 @@ def test_repeated_id_from_shard_summaries():
 
 
 @pytest.mark.ray
-def test_repeated_id_rows_reads_every_file(ray_local, tmp_path):
-    """Where the shards' summaries cannot tell (unsorted files): a Ray Data groupby over every id, then two of its rows."""
+@pytest.mark.parametrize("one_task", [True, False])
+def test_repeated_id_rows_reads_every_file(ray_local, tmp_path, monkeypatch, one_task):
+    """Where the shards' summaries cannot tell (unsorted files): every id is read, by one task (files up to
+    ONE_TASK_BYTES in all) or a Ray Data groupby, then two of its rows."""
     from cqg_ray.corpus.stage import repeated_id_rows
 
+    if not one_task:
+        monkeypatch.setattr("cqg_ray.corpus.stage.ONE_TASK_BYTES", 0)
     run = RunDir(str(tmp_path))
 
     def table(ids, source):
@@ -81,6 +85,18 @@ def test_repeated_id_rows_reads_every_file(ray_local, tmp_path):
     run.write_table("c.parquet", table(["f", "d"], "c.jsonl"))
     assert repeated_id_rows(run.fs, [run.path(n) for n in ("a.parquet", "b.parquet", "c.parquet")]) == [
         {"doc_id": "d", "source": "b.jsonl", "line": 2}, {"doc_id": "d", "source": "c.jsonl", "line": 2}]
+
+
+def test_first_repeated_rows_finds_the_first_repeated_id_in_file_order(tmp_path):
+    from cqg_ray.corpus.stage import first_repeated_rows
+
+    run = RunDir(str(tmp_path))
+    run.write_table("a.parquet", pa.table({"doc_id": ["q", "z", "y", "z", "z"], "source": ["a.jsonl"] * 5, "line": [1, 2, 3, 4, 5]}))
+    run.write_table("b.parquet", pa.table({"doc_id": ["y", "q"], "source": ["b.jsonl"] * 2, "line": [1, 2]}))
+    paths = [run.path("a.parquet"), run.path("b.parquet")]
+    assert first_repeated_rows(run.fs, paths) == [{"doc_id": "q", "source": "a.jsonl", "line": 1}, {"doc_id": "q", "source": "b.jsonl", "line": 2}]
+    assert first_repeated_rows(run.fs, paths[:1]) == [{"doc_id": "z", "source": "a.jsonl", "line": 2}, {"doc_id": "z", "source": "a.jsonl", "line": 4}]
+    assert first_repeated_rows(run.fs, paths[1:]) == [] and first_repeated_rows(run.fs, []) == []
 
 
 def test_read_parts_gives_each_file_in_blocks_with_the_dedup_bucket(tmp_path):

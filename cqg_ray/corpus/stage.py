@@ -167,6 +167,21 @@ def rows_of_id(fs, paths: list[str], doc_id: str, n: int = 2) -> list[dict]:
     return sorted(rows.take(n), key=lambda r: (r["source"], r["line"]))
 
 
+def first_repeated_rows(fs, paths: list[str]) -> list[dict]:
+    """`repeated_id_rows` in one process: the first two rows (doc_id, source, line) in file order of the first id that
+    the files hold more than once; [] when every id is unique."""
+    if not paths:
+        return []
+    t = pa.concat_tables([pq.read_table(p, columns=["doc_id", "source", "line"], filesystem=fs) for p in paths])
+    ids = t.column("doc_id")
+    counts = pc.value_counts(ids)  # in order of first appearance
+    twice = counts.filter(pc.greater(counts.field("counts"), 1))
+    if not len(twice):
+        return []
+    rows = t.filter(pc.equal(ids, twice[0]["values"])).slice(0, 2).to_pylist()
+    return sorted(rows, key=lambda r: (r["source"], r["line"]))
+
+
 def row_places(rows: list[dict]) -> str:
     """Rows named by file:line, for an error ("a.jsonl:1 and a.jsonl:3")."""
     return " and ".join(f"{r['source']}:{r['line']}" for r in rows)
@@ -174,10 +189,13 @@ def row_places(rows: list[dict]) -> str:
 
 def repeated_id_rows(fs, paths: list[str]) -> list[dict]:
     """Two rows (doc_id, source, line) of an id that the corpus files ``paths`` hold more than once; [] when every id
-    is unique. A Ray Data groupby: the driver holds no ids."""
+    is unique. Files of ONE_TASK_BYTES in all are read by one task (`first_repeated_rows`: a Ray Data groupby cost ~15
+    s on 2 cores even for two rows), larger ones by a Ray Data groupby; the driver holds no ids."""
     import ray
     from ray.data.expressions import col
 
+    if sum(fs.get_file_info(p).size for p in paths) <= ONE_TASK_BYTES:
+        return ray.get(ray.remote(first_repeated_rows).options(num_cpus=1).remote(fs, paths))
     ids = ray.data.read_parquet(paths, filesystem=fs).select_columns(["doc_id"])
     twice = ids.groupby("doc_id").count().filter(expr=col("count()") > 1).take(1)
     return rows_of_id(fs, paths, twice[0]["doc_id"]) if twice else []
