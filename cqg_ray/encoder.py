@@ -255,6 +255,8 @@ class Encoder:
     def _count_limit(self, inputs: dict) -> None:
         """Count a mini-batch's texts, and those whose tokens reach max_seq_length (padded to the longest, a row fills
         the limit when its mask is set in the limit's last column)."""
+        if "attention_mask" not in inputs:  # inputs without a mask (none of sentence-transformers' BERT-like models): not counted
+            return
         mask = np.asarray(inputs["attention_mask"])
         self.texts_counted += len(mask)
         if mask.ndim == 2 and mask.shape[1] >= self.max_seq_length:
