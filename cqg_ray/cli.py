@@ -94,8 +94,21 @@ def resolve_config(args) -> PipelineConfig:
     return load_config(path, overrides)
 
 
+_SIGTERM_CAME: list[int] = []  # the SIGTERMs the running command was stopped by (unwinds_on_sigterm empties it)
+
+
 def _on_sigterm(signum, frame):  # `ray job stop` sends SIGTERM: unwind so that ledgers flush what they hold
+    _SIGTERM_CAME.append(signum)
     raise SystemExit(143)
+
+
+def stop_code(e: BaseException) -> int:
+    """The exit status of a command that ``e`` stopped: 143 once SIGTERM came (where it lands while ``ray.get`` waits,
+    Ray turns the handler's SystemExit(143) into SystemExit(1), the status of a failed stage), else SystemExit's own
+    code, else 130 (Ctrl-C)."""
+    if _SIGTERM_CAME:
+        return 143
+    return e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
 
 
 def unwinds_on_sigterm(command):
@@ -103,9 +116,14 @@ def unwinds_on_sigterm(command):
 
     @functools.wraps(command)
     def run(args) -> int:
+        _SIGTERM_CAME.clear()
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             return command(args)
+        except SystemExit as e:
+            if _SIGTERM_CAME and e.code != 143:  # SystemExit(1) out of ray.get
+                raise SystemExit(143) from None
+            raise
         finally:
             signal.signal(signal.SIGTERM, previous)
 
@@ -196,7 +214,7 @@ def _run_held(args, cfg: PipelineConfig, run: RunDir, until: str | None, force: 
     except (KeyboardInterrupt, SystemExit) as e:
         if lease_lost(run.root_uri):  # another run took the directory (--break-lease): take_lease says so, main() exits 3
             raise
-        code = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
+        code = stop_code(e)
         print(f"stopped after {time.time() - t0:.0f}s: run (or submit) the same command again to resume", file=sys.stderr)
         _print_status(run)
         return code

@@ -131,6 +131,43 @@ def test_a_stage_command_stopped_by_sigterm_unwinds_and_gives_back_its_lease(tmp
         pass
 
 
+def sigterm_in_ray_get(*args, **kwargs):
+    """SIGTERM while the main thread waits in ``ray.get``: Ray runs the handler there and raises its SystemExit(143) on
+    as a SystemExit(1) (``check_signals``: any code but 0 is an "unexpected system exit")."""
+    try:
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # the installed handler, called as the signal calls it
+    except SystemExit:
+        raise SystemExit(1) from None
+    raise AssertionError("SIGTERM did not unwind")
+
+
+def test_sigterm_that_lands_in_ray_get_still_exits_143(tmp_path, monkeypatch, capsys):
+    """A SIGTERM that came while a stage waited in ``ray.get`` (the model stage's training task, a cluster task) exited
+    1, the status of a failed stage, where it stopped the run: it exits 143 as every other SIGTERM does, `run` and the
+    stage commands alike."""
+    import ray
+
+    import cqg_ray.pipeline as pipeline
+
+    corpus = Path(__file__).parent / "fixtures" / "corpus_400.jsonl"
+    monkeypatch.setattr(pipeline, "init_ray", lambda cfg: None)
+    monkeypatch.setattr(pipeline, "run_pipeline", sigterm_in_ray_get)
+    monkeypatch.setattr(pipeline, "run_one", sigterm_in_ray_get)
+    monkeypatch.setattr(ray, "cluster_resources", dict)
+    monkeypatch.setattr(ray, "nodes", list)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["run", "--run-dir", str(tmp_path / "r"), "--set", f"corpus.paths=[{corpus}]"]) == 143
+    assert "stopped after 0s: run (or submit) the same command again to resume" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", "--run-dir", str(tmp_path / "s"), "--set", f"corpus.paths=[{corpus}]"])
+    assert e.value.code == 143 and signal.getsignal(signal.SIGTERM) is before
+    assert capsys.readouterr().err == "stopped: run the same command again to resume\n"
+    monkeypatch.setattr(pipeline, "run_one", lambda *a, **kw: sys.exit(1))  # a stage's own SystemExit(1), no SIGTERM: as before
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", "--run-dir", str(tmp_path / "s"), "--set", f"corpus.paths=[{corpus}]"])
+    assert e.value.code == 1 and capsys.readouterr().err == ""
+
+
 def test_run_until_and_force_take_commands_or_names(capsys):
     p = build_parser()
     assert p.parse_args(["run"]).force is None
