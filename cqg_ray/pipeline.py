@@ -6,6 +6,7 @@ same ``run_one``; a stage only knows its inputs through the run directory.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -53,14 +54,20 @@ def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
     sigterm = signal.getsignal(signal.SIGTERM)  # a command's own (cli.unwinds_on_sigterm), where it set one
     if quiet:
         logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(quiet_default_auth)
-    if cfg.address:
-        ray.init(address=cfg.address, **kwargs)
-    elif os.environ.get("RAY_ADDRESS"):  # RAY_ADDRESS still decides
-        ray.init(address=None, num_cpus=cfg.num_cpus, **kwargs)
-    else:  # a new local Ray ("local": not a cluster that `ray start` left its address file for)
-        start_local_ray(ray.init, address="local", num_cpus=cfg.num_cpus, **kwargs)
-    if callable(sigterm) and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, sigterm)  # in place of Ray's, which dumps a stack and aborts the process (exit 134)
+    try:
+        if cfg.address:
+            ray.init(address=cfg.address, **kwargs)
+        elif os.environ.get("RAY_ADDRESS"):  # RAY_ADDRESS still decides
+            ray.init(address=None, num_cpus=cfg.num_cpus, **kwargs)
+        else:  # a new local Ray ("local": not a cluster that `ray start` left its address file for)
+            start_local_ray(ray.init, address="local", num_cpus=cfg.num_cpus, **kwargs)
+    except SystemExit as e:  # SIGTERM while Ray started: ray.init's own handler exits 15 without a word
+        if callable(sigterm) and e.code == signal.SIGTERM:
+            sigterm(signal.SIGTERM, None)  # the command's: it unwinds as it does once Ray runs
+        raise
+    finally:
+        if callable(sigterm) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)  # in place of Ray's, which dumps a stack and aborts the process (exit 134)
     import ray.data
 
     if quiet:  # Ray Data's per-dataset progress log lines; our own bars and logs say what is happening
@@ -121,21 +128,31 @@ RAY_START_TRIES = 3  # Ray gives a new node's raylet 30 s (fixed) to register: a
 
 def start_local_ray(init, tries: int = RAY_START_TRIES, **kwargs) -> None:
     """``init(**kwargs)``, started again where Ray's own start timed out ("timed out during startup"), after stopping
-    the processes the failed start left (this process's children started since); any other error is raised."""
-    import psutil  # Ray's own dependency
-
+    the processes the failed start left; any other error is raised. A start stopped by SIGTERM (SystemExit) stops what
+    it left too: Ray's own clean-up leaves the raylet's agents running for good where they were still starting."""
     for attempt in range(1, tries + 1):
         began = time.time() - 1  # create_time is rounded
         try:
             return init(**kwargs)
+        except SystemExit:
+            stop_children_since(began)
+            raise
         except Exception as e:  # Ray raises a bare Exception for it
             if "timed out during startup" not in str(e) or attempt == tries:
                 raise
             log.warning("Ray's local start timed out (%s); starting it again (%d of %d)", e, attempt + 1, tries)
-            left = [p for p in psutil.Process().children(recursive=True) if p.create_time() >= began]
-            for p in left:
-                p.kill()
-            psutil.wait_procs(left, timeout=30)
+            stop_children_since(began)
+
+
+def stop_children_since(began: float) -> None:
+    """Kill this process's children (and theirs) started since ``began`` (epoch seconds), and wait for them."""
+    import psutil  # Ray's own dependency
+
+    left = [p for p in psutil.Process().children(recursive=True) if p.create_time() >= began]
+    for p in left:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(left, timeout=30)
 
 
 def ray_address(cli_address: str | None, config_address: str | None) -> str | None:

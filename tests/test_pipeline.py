@@ -234,6 +234,42 @@ def test_init_ray_keeps_a_commands_own_sigterm_handler_over_rays(monkeypatch):
         signal.signal(signal.SIGTERM, before)
 
 
+def test_sigterm_while_ray_starts_goes_to_the_commands_own_handler(monkeypatch):
+    """ray.init puts in a SIGTERM handler of its own first (``sys.exit(15)``): a SIGTERM in the seconds Ray takes to
+    start ended `cqg-ray run` with exit 15 and not a word. It now goes to the command's own handler (exit 143, a line
+    saying to run it again), which is put back."""
+    import signal
+
+    import ray
+
+    from cqg_ray.config import RayConfig
+    from cqg_ray.pipeline import init_ray
+
+    def rays(signum, frame):
+        raise SystemExit(signum)  # ray.init's: sys.exit(signum)
+
+    def starting(**kw):
+        signal.signal(signal.SIGTERM, rays)
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # the signal, as it lands while Ray starts
+
+    seen = []
+
+    def ours(signum, frame):
+        seen.append(signum)
+        raise SystemExit(143)
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", starting)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        with pytest.raises(SystemExit) as e:
+            init_ray(RayConfig(num_cpus=1))
+        assert e.value.code == 143 and seen == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_an_address_where_no_head_answers_is_said_in_seconds(tmp_path, monkeypatch, capsys):
     """ray.init retries an address where nothing listens for minutes (over 6 here), printing Ray's warnings; init_ray
     says so once nothing has accepted a connection for JOIN_WAIT_S, and `cqg-ray run` exits 2 with that line."""
@@ -314,6 +350,30 @@ def test_a_local_ray_start_that_times_out_is_started_again_and_other_errors_are_
     with pytest.raises(ValueError, match="num_cpus"):
         start_local_ray(init((ValueError("num_cpus"), 1)), address="local")
     assert len(calls) == 1
+
+
+def test_a_local_ray_start_stopped_by_sigterm_stops_what_it_started():
+    """SIGTERM in the seconds Ray starts (ray.init's handler: SystemExit) left the raylet's agents running for good
+    where they were still starting; the processes the start began are stopped before the exit goes on."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from cqg_ray.pipeline import start_local_ray
+
+    started = []
+
+    def init(**kw):
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        raise SystemExit(15)
+
+    try:
+        with pytest.raises(SystemExit):
+            start_local_ray(init, address="local")
+        assert not psutil.pid_exists(started[0].pid)  # killed and reaped
+    finally:
+        started[0].kill()
 
 
 @pytest.mark.ray
