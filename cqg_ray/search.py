@@ -319,16 +319,21 @@ def cmd_search(args) -> int:
     if args.json:
         print(json.dumps({"query": args.query, "budget": budget.name, "query_yes": q_yes, "hits": [h.__dict__ for h in hits]}, indent=2))
         return 0
-    print(f"query: {args.query!r}  ({len(q_yes)} of {model.m} questions active, budget {budget.name})")
+    print(f"query: {clipped(args.query, 200)!r}  ({len(q_yes)} of {model.m} questions active, budget {budget.name})")
     if not q_yes:
         print("the query has no active question: every score is 0")
     for h in hits:
-        text = "" if h.text is None else "  " + (h.text if len(h.text) <= 100 else h.text[:97] + "...")
+        text = "" if h.text is None else "  " + clipped(h.text, 100)
         print(f"{h.rank:>3}. {h.score:.4f}  {h.doc_id}{text}")
         for i, qt, prec, n in zip(h.shared, h.questions, h.precision, h.n_heldout):
             note = reliability_note(prec, n)
             print(f"       yes both  [{i}] {qt}" + (f"  ({note})" if note else ""))
     return 0
+
+
+def clipped(text: str, n: int) -> str:
+    """``text`` as a line shows it: at most n characters, a longer one cut with "..." and its length."""
+    return text if len(text) <= n else f"{text[: n - 3]}... ({len(text):,} characters)"
 
 
 def add_commands(sub) -> None:

@@ -221,3 +221,11 @@ def test_texts_in_memory_are_searched_as_the_docs_show():
     hits = search(model, index, "Someone plays music.", k=2)
     assert [h.doc_id for h in hits] == ["A man is playing a guitar.", "The stock market fell today."]
     assert hits[0].score > hits[1].score > 0 and "Is a musical performance described?" in hits[0].questions
+
+
+def test_a_long_query_or_text_is_clipped_where_a_line_shows_it():
+    from cqg_ray.search import clipped
+
+    assert clipped("a short query", 100) == "a short query"
+    assert clipped("x" * 100, 100) == "x" * 100
+    assert clipped("word " * 26_000, 200) == ("word " * 40)[:197] + "... (130,000 characters)"
