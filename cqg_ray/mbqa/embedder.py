@@ -44,7 +44,7 @@ from cqg_ray.texts import BLANK, blank, text_list, unicode_error
 from cqg_ray.explain import Explanation, explanation
 from cqg_ray.mbqa.budget import Budget, apply_budget
 from cqg_ray.mbqa.budget_torch import join_parts, output_part, zero_rows
-from cqg_ray.mbqa.heads import StackedHeads
+from cqg_ray.mbqa.heads import StackedHeads, sorted_header
 from cqg_ray.mbqa.folder import (STATS, ModelError, check_digest, model_dirs, read_json, read_questions, read_stats, resolve_model,
                                  sha256, shipped_models)
 from cqg_ray.progress import View as progress_view
@@ -175,7 +175,8 @@ class InterpretableEmbedder:
         if self.mean is not None:
             from safetensors.numpy import save
 
-            stats = save({"mean": self.mean}, metadata={"what": "mean probability per question on the training texts", "source": self.stats_source})
+            stats = sorted_header(save({"mean": self.mean}, metadata={"what": "mean probability per question on the training texts",
+                                                                    "source": self.stats_source}))
             run.write_bytes(STATS, stats)
             cfg["stats"], digests[STATS] = STATS, sha256(stats)
         cfg["sha256"] = digests

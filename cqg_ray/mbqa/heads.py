@@ -170,6 +170,17 @@ def safetensors_metadata(data: bytes) -> dict:
     return json.loads(data[8 : 8 + n]).get("__metadata__") or {}
 
 
+def sorted_header(data: bytes) -> bytes:
+    """``data`` (a safetensors file) with its header's keys in sorted order, so equal contents give equal bytes:
+    safetensors writes the metadata of several keys in a hash map's order, new at every save. The header keeps its
+    length (padded with spaces, as safetensors pads it), so the tensors' offsets stay as they are."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8 : 8 + n]), sort_keys=True, separators=(",", ":")).encode()
+    if len(header) > n:  # a header written with spaces between its items: leave it
+        return data
+    return data[:8] + header.ljust(n, b" ") + data[8 + n :]
+
+
 def masked_bce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, pos_weight: float | torch.Tensor) -> torch.Tensor:
     """Weighted binary cross-entropy over the labelled pairs only (the paper's BCEWithLogitsLoss with pos_weight).
 

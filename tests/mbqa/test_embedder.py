@@ -337,6 +337,10 @@ def test_a_budgeted_model_saves_as_version_2_and_every_output_follows_the_budget
     assert (cfg["format_version"], cfg["budget"], cfg["stats"]) == (2, budget.to_dict(), "stats.safetensors")
     loaded = InterpretableEmbedder.load(str(tmp_path), encoder=encoder)
     assert loaded.budget == budget and np.array_equal(loaded.mean, mean)
+    saved_bytes = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    for again in range(3):  # equal contents, equal bytes (safetensors wrote the stats' two metadata keys in any order)
+        model.save(str(tmp_path))
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == saved_bytes
     probs = loaded.encode(TEXTS, output="probs")
     top2 = np.argsort(-probs, axis=1)[:, :2]
     expect = np.zeros_like(probs, dtype=bool)

@@ -137,3 +137,17 @@ def test_probability_sums_come_in_chunks_bounded_by_the_heads_and_equal_one_pass
     # of one probability a text; a text left out or counted twice moves a sum by ~0.5
     assert sums.dtype == np.float64 and np.allclose(sums, whole, rtol=0, atol=len(x) * 2 * np.finfo(np.float32).eps)
     assert heads.mean_probabilities(x) == pytest.approx((whole / 37).astype(np.float32), abs=1e-7)
+
+
+def test_sorted_header_gives_equal_bytes_for_equal_contents():
+    import numpy as np
+    from safetensors.numpy import load, save
+
+    from cqg_ray.mbqa.heads import safetensors_metadata, sorted_header
+
+    tensors, meta = {"mean": np.arange(3, dtype=np.float32), "b": np.ones(2, np.float32)}, {"what": "w", "source": "s", "n": "3"}
+    outs = {sorted_header(save(tensors, metadata=meta)) for _ in range(20)}
+    assert len(outs) == 1
+    (out,) = outs
+    assert safetensors_metadata(out) == meta and {k: v.tolist() for k, v in load(out).items()} == {"mean": [0.0, 1.0, 2.0], "b": [1.0, 1.0]}
+
