@@ -185,8 +185,13 @@ class UnitActor:
         raise NotImplementedError
 
     def with_token_counts(self, table: pa.Table) -> pa.Table:
-        """``table`` with this unit's token-limit counts (`token_limit.unit_metadata`) in its schema metadata."""
-        return table.replace_schema_metadata({**(table.schema.metadata or {}), **unit_metadata(self.token_encoder, self._counts_before)})
+        """``table`` with this unit's token-limit counts (`token_limit.unit_metadata`) in its schema metadata: what the
+        encoder counted since the unit began (`__call__`), or since the last unit's table where `write_unit` is called
+        directly (a bench)."""
+        enc = self.token_encoder
+        before = getattr(self, "_counts_before", (0, 0))
+        self._counts_before = (enc.texts_counted, enc.texts_at_limit)
+        return table.replace_schema_metadata({**(table.schema.metadata or {}), **unit_metadata(enc, before)})
 
     def __call__(self, batch: dict) -> dict:
         import ray

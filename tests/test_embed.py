@@ -297,9 +297,11 @@ def test_an_embed_unit_advances_the_progress_counter_every_few_hundred_texts(toy
     monkeypatch.setattr("cqg_ray.mbqa.embedder.add_progress", lambda **k: counted.append(k["texts"]))
     actor = EmbedUnits(toy_model, str(tmp_path / "out"), "sparse", {"rule": "tau", "tau": 0.5, "value": "one"}, 64, 2)
     texts = [f"text number {i} " * (i % 9 + 1) for i in range(600)]
-    actor._counts_before = (0, 0)
     actor.write_unit("emb-a.parquet", pa.array([str(i) for i in range(600)], pa.string()), texts)
     assert PROGRESS_TEXTS == 256 and counted == [256, 256, 88]
+    actor.write_unit("emb-b.parquet", pa.array(["x", "y"], pa.string()), ["word " * 300, "short"])  # called directly, as a bench does
+    meta = [pq.read_schema(tmp_path / "out" / n).metadata for n in ("emb-a.parquet", "emb-b.parquet")]
+    assert [(m[b"cqg_ray.texts_counted"], m[b"cqg_ray.texts_at_token_limit"]) for m in meta] == [(b"600", b"0"), (b"2", b"1")]
     got = actor.run.read_table("emb-a.parquet")
     want = model.encode(texts, output="sparse", budget=actor.budget, batch_size=64, progress=False)
     assert got.column("indices").to_pylist() == [want[[i]].indices.tolist() for i in range(600)]
