@@ -281,12 +281,13 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     wall = time.time() - t0
 
     # every input row exactly once: the unit files cover the snapshot's rows one for one
-    written = {u["name"]: pq.ParquetFile(run.path(u["name"]), filesystem=run.fs).metadata.num_rows for u in units}
+    footers = {u["name"]: pq.ParquetFile(run.path(u["name"]), filesystem=run.fs).metadata for u in units}
+    written = {name: meta.num_rows for name, meta in footers.items()}
     bad = [n for u in units if written[(n := u["name"])] != u["stop"] - u["start"]]
     if bad:
         raise ArtifactError(f"{out}: unit files with the wrong number of rows: {bad[:5]}; rerun with --force")
     rows = sum(written.values())
-    limit = token_limit_counts(run.fs, [run.path(u["name"]) for u in units])
+    limit = token_limit_counts(footers.values())
     if note := token_limit_note("embed", limit):
         log.info(note)
     counts = {"files": len(files), "rows": rows, "units": len(units), "units_resumed": len(units) - len(todo_units),

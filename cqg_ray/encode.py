@@ -133,13 +133,14 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
                                                      pool, gpus, threads, "encode", progress, run=run, tokenize=tokenize)
     wall = time.time() - t0
     files = run.ls(ctx.stage, suffix=".parquet")
-    total = sum(pq.ParquetFile(run.path(ctx.stage, f), filesystem=run.fs).metadata.num_rows for f in files)
-    dim = pq.ParquetFile(run.path(ctx.stage, files[0]), filesystem=run.fs).schema_arrow.field("embedding").type.list_size
+    footers = [pq.ParquetFile(run.path(ctx.stage, f), filesystem=run.fs).metadata for f in files]
+    total = sum(meta.num_rows for meta in footers)
+    dim = footers[0].schema.to_arrow_schema().field("embedding").type.list_size
     digest = documents_digest(d for f in files for d in pq.read_table(run.path(ctx.stage, f), columns=["doc_id"], filesystem=run.fs)
                               .column("doc_id").to_pylist())
     run.check_documents(ctx.stage, digest, "prepare")  # every prepared document embedded once, no other
     ctx.extra["documents_digest"] = digest
-    limit = token_limit_counts(run.fs, [run.path(ctx.stage, f) for f in files])
+    limit = token_limit_counts(footers)
     if note := token_limit_note("encode", limit):
         log.info(note)
     ctx.counts.update({"documents": total, "dim": dim, "units": len(units), "units_resumed": len(units) - len(todo),

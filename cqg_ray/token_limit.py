@@ -5,8 +5,6 @@ manifests and one log line."""
 
 from __future__ import annotations
 
-import pyarrow.parquet as pq
-
 COUNTED_KEY, AT_LIMIT_KEY, LIMIT_KEY = b"cqg_ray.texts_counted", b"cqg_ray.texts_at_token_limit", b"cqg_ray.token_limit"
 
 
@@ -16,13 +14,13 @@ def unit_metadata(encoder, before: tuple[int, int]) -> dict[bytes, bytes]:
             LIMIT_KEY: str(encoder.max_seq_length).encode()}
 
 
-def token_limit_counts(fs, paths: list[str]) -> dict:
-    """The unit files' counts summed from their footers: texts counted, texts that filled the limit, the limit, and the
-    rows of units written without counts (by an earlier version, or by the library's own encode loop)."""
+def token_limit_counts(footers) -> dict:
+    """The unit files' counts summed from their footers (``pq.FileMetaData``, as the stage read them for their rows):
+    texts counted, texts that filled the limit, the limit, and the rows of units written without counts (by an earlier
+    version, or by the library's own encode loop)."""
     counted = at_limit = uncounted = 0
     limits = set()
-    for p in paths:
-        meta = pq.ParquetFile(p, filesystem=fs).metadata
+    for meta in footers:
         kv = meta.metadata or {}
         n = int(kv.get(COUNTED_KEY, b"0"))
         counted, at_limit, uncounted = counted + n, at_limit + int(kv.get(AT_LIMIT_KEY, b"0")), uncounted + meta.num_rows - n

@@ -16,10 +16,10 @@ def test_units_keep_their_counts_and_the_footers_sum_them(tmp_path):
     pq.write_table(table.replace_schema_metadata({**table.schema.metadata, **meta}), tmp_path / "u1.parquet")
     pq.write_table(pa.table({"doc_id": ["e", "f"]}), tmp_path / "u2.parquet")  # written without counts (an earlier version)
     assert pq.read_schema(tmp_path / "u1.parquet").metadata[b"other"] == b"kept"
-    fs = pa.fs.LocalFileSystem()
-    assert token_limit_counts(fs, [str(tmp_path / "u1.parquet"), str(tmp_path / "u2.parquet")]) == {
+    footers = {n: pq.ParquetFile(tmp_path / n).metadata for n in ("u1.parquet", "u2.parquet")}
+    assert token_limit_counts([footers["u1.parquet"], footers["u2.parquet"]]) == {
         "texts_counted": 4, "texts_at_token_limit": 2, "token_limit": 256, "texts_not_counted": 2}
-    assert token_limit_counts(fs, [str(tmp_path / "u2.parquet")]) == {
+    assert token_limit_counts([footers["u2.parquet"]]) == {
         "texts_counted": 0, "texts_at_token_limit": 0, "token_limit": None, "texts_not_counted": 2}
 
 
