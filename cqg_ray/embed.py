@@ -180,7 +180,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     import ray
 
     from cqg_ray.corpus import CorpusError, list_files, repeated_id_rows, row_places, unwrap_error
-    from cqg_ray.corpus.read import MAX_REPORTED_ERRORS, replaced_utf8_warning
+    from cqg_ray.corpus.read import KEPT_COUNTS, MAX_REPORTED_ERRORS, TSV_QUOTED_NOTE, replaced_utf8_warning
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
     from cqg_ray.mbqa.folder import resolve_model
 
@@ -250,7 +250,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
         problems += tally.get("errors", [])
     for problem in problems[:MAX_REPORTED_ERRORS]:
         log.warning("embed: %s", problem)
-    lost = {k: v for k, v in dropped.items() if k != "utf8_replaced" and v}
+    lost = {k: v for k, v in dropped.items() if k not in KEPT_COUNTS and v}
     if not sum(n for _, n in shards):
         raise CorpusError(f"nothing to embed in {', '.join(corpus_paths)}: no row has a text"
                           + (f" (dropped: {', '.join(f'{k} {v}' for k, v in lost.items())})" if lost else ""))
@@ -258,6 +258,8 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
         log.warning("embed: rows not embedded: %s", ", ".join(f"{k} {v}" for k, v in lost.items()))
     if dropped.get("utf8_replaced"):  # embedded, but maybe not what the file meant (another encoding, binary)
         log.warning(replaced_utf8_warning("embed", dropped["utf8_replaced"]))
+    if dropped.get("tsv_quoted"):
+        log.info("embed: %d %s", dropped["tsv_quoted"], TSV_QUOTED_NOTE)
     if corpus.id_column and (rows := repeated_id_rows(run.fs, [p for p, _ in shards])):  # search and joins need one row an id
         raise CorpusError(f"document id {rows[0]['doc_id']!r} appears more than once ({row_places(rows)}): ids from --id-column "
                           f"{corpus.id_column!r} must be unique")
@@ -295,8 +297,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
               "threads_per_actor": 0 if gpus or not todo_units else threads,
               "snapshot_bytes": sum(run.fs.get_file_info(p).size for p, _ in shards), "unit_bytes_read": bytes_read,
               "wall_s": round(wall, 2), "unit_seconds": round(unit_s, 2), **limit,
-              **{f"dropped_{k}": v for k, v in dropped.items() if k != "utf8_replaced"},
-              **({"replaced_invalid_utf8": dropped["utf8_replaced"]} if "utf8_replaced" in dropped else {})}
+              **{KEPT_COUNTS.get(k, f"dropped_{k}"): v for k, v in dropped.items()}}
     return run.write_manifest(ROOT, config_hash, [], counts, time.time() - t_start, extra={
         "stage": "embed",
         **{k: settings[k] for k in ("format", "m", "output", "budget", "model_fingerprint")},

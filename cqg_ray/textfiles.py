@@ -2,14 +2,18 @@
 paths or any pyarrow/fsspec URI, gzip by its magic bytes, UTF-8, JSONL and TSV, with errors that name the file and line.
 
     load_texts("texts.jsonl.gz").texts     # the text field of each object, blank and repeated texts dropped
+    read_tsv_rows("pairs.tsv")             # (line, fields) of each row: plain tabs as STS's files, or CSV quoting where written so
     sample_indices(n, k, seed)             # a seeded sample that keeps the file order
 """
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +51,41 @@ def read_text_lines(uri: str) -> list[str]:
     except UnicodeDecodeError as e:
         raise DataError(f"{uri} is not UTF-8: {e}") from None
     return text.splitlines()
+
+
+# a field as CSV quoting writes one that holds a quote: wrapped in quotes, each quote inside doubled
+QUOTED_FIELD = re.compile(r'"(?:[^"]|"")*""(?:[^"]|"")*"', re.S)
+
+
+def tsv_quoted(text: str) -> bool:
+    """Whether a TSV's text was written with CSV quoting (pandas' ``to_csv(sep="\\t")``, Python's csv module), so that it
+    is read with quoting rather than as plain tab-separated fields (STS's files, where a ``"`` is text). Yes where, read
+    plainly, a field is wrapped in quotes with a doubled quote inside or rows break (a quoted field that holds a newline
+    or a tab), and read with quoting, the text parses strictly into fewer broken rows. A text without ``"`` is plain."""
+    if '"' not in text:
+        return False
+    plain = [r for r in csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE) if r]
+    broken = sum(len(r) != len(plain[0]) for r in plain[1:])
+    escaped = any(QUOTED_FIELD.fullmatch(f) for r in plain for f in r)
+    if not broken and not escaped:
+        return False
+    try:
+        quoted = [r for r in csv.reader(io.StringIO(text), delimiter="\t", strict=True) if r]
+    except csv.Error:
+        return False
+    broken_quoted = sum(len(r) != len(quoted[0]) for r in quoted[1:])
+    return broken_quoted < broken or (broken_quoted == 0 and escaped)
+
+
+def read_tsv_rows(uri: str) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of each non-blank row of a TSV: plain tab-separated fields, or with CSV quoting where the
+    file was written so (`tsv_quoted`; a row then ends on the line its last field ends)."""
+    lines = read_text_lines(uri)
+    text = "\n".join(lines)
+    if not tsv_quoted(text):
+        return [(i, line.split("\t")) for i, line in enumerate(lines, start=1) if line.strip()]
+    reader = csv.reader(io.StringIO(text), delimiter="\t", strict=True)
+    return [(reader.line_num, row) for row in reader if any(f.strip() for f in row)]
 
 
 def read_jsonl(uri: str) -> list[dict[str, Any]]:
@@ -97,10 +136,10 @@ def load_texts(uri: str, field: str = "text") -> TextsData:
     """Texts of a JSONL(.gz) file (``field`` of each object) or a TSV (a ``text`` column, or STS's ``sentence1`` and
     ``sentence2``: both sentences of every pair); blank texts and repeats are dropped, the file order is kept."""
     if (uri[:-3] if uri.endswith(".gz") else uri).endswith(".tsv"):
-        lines = [ln for ln in read_text_lines(uri) if ln.strip()]
-        if not lines:
+        rows = read_tsv_rows(uri)
+        if not rows:
             raise DataError(f"{uri}: empty file")
-        head = lines[0].split("\t")
+        head = rows[0][1]
         if field in head:
             cols = [head.index(field)]
         elif "sentence1" in head and "sentence2" in head:
@@ -108,8 +147,7 @@ def load_texts(uri: str, field: str = "text") -> TextsData:
         else:
             raise DataError(f"{uri}: a TSV of texts needs a header naming {field!r} (or sentence1 and sentence2); got {head}")
         raw = []
-        for i, line in enumerate(lines[1:], start=2):
-            fields = line.split("\t")
+        for i, fields in rows[1:]:
             if len(fields) <= max(cols):
                 raise DataError(f"{uri}:{i}: expected at least {max(cols) + 1} tab-separated fields, got {len(fields)}")
             raw += [fields[c] for c in cols]

@@ -180,6 +180,15 @@ def test_csv_tsv_txt_parquet():
     assert res.dropped == {"empty": 1}
 
 
+def test_tsv_written_with_quoting():
+    data = b'text\tid\n"He said ""hi"" to me."\ta\n"line one\nline two"\tb\nplain\tc\n"tab\tinside"\td\n'  # pandas' to_csv(sep="\t")
+    res = parse_file(data, "tsv", "f", cfg(id_column="id"))
+    assert res.texts == ['He said "hi" to me.', "line one\nline two", "plain", "tab\tinside"] and res.ids == ["a", "b", "c", "d"]
+    assert res.lines == [2, 4, 5, 6] and res.dropped == {"tsv_quoted": 1} and res.errors == []
+    res = parse_file(b'text\tid\n"Hello," he said.\ta\n', "tsv", "f", cfg(id_column="id"))  # STS's way: a quote is text
+    assert res.texts == ['"Hello," he said.'] and res.dropped == {}
+
+
 def test_max_chars():
     assert parse_file(b'{"text": "abcdefgh"}\n', "jsonl", "f", cfg(max_chars=4)).texts == ["abcd"]
 

@@ -26,11 +26,16 @@ import pyarrow.parquet as pq
 
 from cqg_ray.config import CorpusConfig
 from cqg_ray.corpus.clean import clean_text, text_hash
+from cqg_ray.textfiles import tsv_quoted
 from cqg_ray.texts import unicode_error
 from cqg_ray.rundir import resolve
 
 log = logging.getLogger("cqg_ray")
 MAX_REPORTED_ERRORS = 20
+# what ParseResult.dropped counts that is not a row dropped, and its name in a manifest's counts
+KEPT_COUNTS = {"utf8_replaced": "replaced_invalid_utf8", "tsv_quoted": "tsv_files_read_quoted"}
+TSV_QUOTED_NOTE = ("TSV file(s) read with CSV quoting: written so (a quoted field with its quotes doubled inside, or rows "
+                   "that only quoting makes whole), as pandas' to_csv(sep='\\t') writes")
 SURROGATE = re.compile("[\ud800-\udfff]")  # a code point that a str may hold (JSON's "\ud800" escape) but UTF-8 cannot
 # CSV fields as long as a text may be (the csv module's default limit is 131,072 characters)
 csv.field_size_limit(2**31 - 1)
@@ -211,11 +216,12 @@ def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseRe
         return res
 
     if fmt in ("csv", "tsv"):
-        good = []
-        for i, line in _decode_lines(data, source, cfg.invalid_utf8, res):
-            good.append(line)
-        reader = csv.DictReader(io.StringIO("\n".join(good)), delimiter="\t" if fmt == "tsv" else ",",
-                                quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL)
+        text = "\n".join(line for _, line in _decode_lines(data, source, cfg.invalid_utf8, res))
+        quoted = fmt == "csv" or tsv_quoted(text)
+        if fmt == "tsv" and quoted:
+            res.dropped["tsv_quoted"] += 1  # a file, not a row; counted for the report
+        reader = csv.DictReader(io.StringIO(text), delimiter="\t" if fmt == "tsv" else ",",
+                                quoting=csv.QUOTE_MINIMAL if quoted else csv.QUOTE_NONE)
         if reader.fieldnames is None or cfg.text_column not in reader.fieldnames:
             raise CorpusError(f"{source}: no column {cfg.text_column!r} (columns: {', '.join(reader.fieldnames or [])})")
         if cfg.id_column and cfg.id_column not in reader.fieldnames:

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from cqg_ray.artifacts import add_digests
 from cqg_ray.config import CorpusConfig
 from cqg_ray.corpus.clean import SAMPLE_BINS, cut_bin, dedup_table, key_bins, prepared_shards, sample_cut, sample_keys
-from cqg_ray.corpus.read import MAX_REPORTED_ERRORS, CorpusError, list_files, parse_file, read_bytes, replaced_utf8_warning, rows_table
+from cqg_ray.corpus.read import KEPT_COUNTS, MAX_REPORTED_ERRORS, TSV_QUOTED_NOTE, CorpusError, list_files, parse_file, read_bytes, replaced_utf8_warning, rows_table
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
 
 log = logging.getLogger("cqg_ray")
@@ -263,6 +263,8 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
         log.warning("prepare: %s", e)
     if dropped.get("utf8_replaced"):  # kept, but maybe not what the file meant (another encoding, binary)
         log.warning(replaced_utf8_warning("prepare", dropped["utf8_replaced"]))
+    if dropped.get("tsv_quoted"):
+        log.info("prepare: %d %s", dropped["tsv_quoted"], TSV_QUOTED_NOTE)
     read_rows = sum(t["rows"] for t in tallies)
     parts = [run.path(parts_rel, n) for n in run.ls(parts_rel, suffix=".parquet")]
     for name in run.ls(ctx.stage, suffix=".parquet"):
@@ -292,7 +294,7 @@ def _prepare(cfg: CorpusConfig, ctx: StageContext) -> None:
     run.rm(parts_rel)
     ctx.counts.update({
         "files": len(files), "read_rows": read_rows, "duplicates": n_dups, "sampled_out": n_docs - n_out,
-        "documents": n_out, **{(f"dropped_{k}" if k != "utf8_replaced" else "replaced_invalid_utf8"): v for k, v in dropped.items()},
+        "documents": n_out, **{KEPT_COUNTS.get(k, f"dropped_{k}"): v for k, v in dropped.items()},
     })
     run.write_json(f"{ctx.stage}/stats.json", {**ctx.counts, "errors": errors[:MAX_REPORTED_ERRORS]})
 

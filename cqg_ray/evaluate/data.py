@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from cqg_ray.rundir import resolve
-from cqg_ray.textfiles import DataError, dataset_name, read_jsonl, read_text_lines, sample_indices
+from cqg_ray.textfiles import DataError, dataset_name, read_jsonl, read_text_lines, read_tsv_rows, sample_indices
 
 log = logging.getLogger("cqg_ray")
 
@@ -88,20 +88,19 @@ def _is_number(s: str) -> bool:
 
 def load_sts(uri: str, max_pairs: int | None = None, seed: int = 0, name: str | None = None) -> StsData:
     """Read an STS TSV (header ``sentence1 sentence2 score ...``, or headerless first three columns)."""
-    lines = [ln for ln in read_text_lines(uri) if ln.strip()]
-    if not lines:
+    rows = read_tsv_rows(uri)
+    if not rows:
         raise DataError(f"{uri}: empty STS file")
-    head = lines[0].split("\t")
+    head = rows[0][1]
     if len(head) >= 3 and _is_number(head[2]):
-        cols, body, first = (0, 1, 2), lines, 1
+        cols, body = (0, 1, 2), rows
     else:
         missing = [c for c in ("sentence1", "sentence2", "score") if c not in head]
         if missing:
             raise DataError(f"{uri}: STS header must name sentence1, sentence2, score; missing {missing} in {head}")
-        cols, body, first = (head.index("sentence1"), head.index("sentence2"), head.index("score")), lines[1:], 2
+        cols, body = (head.index("sentence1"), head.index("sentence2"), head.index("score")), rows[1:]
     s1, s2, scores = [], [], []
-    for i, line in enumerate(body, start=first):
-        fields = line.split("\t")
+    for i, fields in body:
         if len(fields) <= max(cols):
             raise DataError(f"{uri}:{i}: expected at least {max(cols) + 1} tab-separated fields, got {len(fields)}")
         try:

@@ -64,6 +64,14 @@ def test_load_sts_quotes_are_text(data_path):
     assert any('"' in s for s in sts12.sentence1 + sts12.sentence2)
 
 
+def test_load_sts_and_texts_written_with_quoting(tmp_path):
+    p = tmp_path / "pairs.tsv"  # pandas' to_csv(sep="\t"): a field with a quote, tab or newline is quoted, its quotes doubled
+    p.write_text('sentence1\tsentence2\tscore\n"He said ""hi""."\tHe greeted me.\t4.0\n"two\nlines"\tone line\t1.5\n')
+    d = load_sts(str(p))
+    assert d.sentence1 == ['He said "hi".', "two\nlines"] and d.sentence2 == ["He greeted me.", "one line"] and list(d.scores) == [4.0, 1.5]
+    assert load_texts(str(p)).texts == ['He said "hi".', "He greeted me.", "two\nlines", "one line"]
+
+
 def test_load_sts_headerless_and_errors(tmp_path):
     p = tmp_path / "pairs.tsv"
     p.write_text("a cat\ta dog\t3.5\nthe sun\tthe moon\t1\n")
