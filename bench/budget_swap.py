@@ -5,8 +5,8 @@
     python bench/budget_swap.py score cqg-minilm-ref RESULTS.json pairs.jsonl --a rank=prob --b rank=lift lift=0.5
 
 ``RESULTS.json`` is what ``cqg-ray evaluate MODEL --tasks faithfulness`` wrote; its judged texts (in order) are the
-texts. Budget A and budget B (KEY=VALUE over the model's own budget, as ``cqg-ray evaluate --budget``) mostly show the
-same (text, question) pairs; their yes precisions differ only through the pairs one shows and the other does not.
+texts. Budget A and budget B (KEY=VALUE over the model's own budget, as ``cqg-ray evaluate --budget``; ``--b-max-mean X``:
+B never shows a question whose mean P(yes) on the training texts is above X) mostly show the same (text, question) pairs; their yes precisions differ only through the pairs one shows and the other does not.
 ``draw`` takes a seeded sample of ``--each`` pairs that only A shows and as many that only B shows, shuffled, each as
 {text, question} alone. ``score`` gives each side's true share by hand and the change of yes precision from A to B:
 (B-only shown x B-only true share - A-only shown x A-only true share) / shown, with its standard error. Last line:
@@ -38,13 +38,15 @@ def judged_texts(results_path: str) -> list[str]:
     return list(dict.fromkeys(j["text"] for j in res["judgements"]))
 
 
-def sides(model_name: str, results_path: str, a: list[str], b: list[str]):
-    """(texts, question texts, A's mask, B's mask, the two budgets) on the results' texts."""
+def sides(model_name: str, results_path: str, a: list[str], b: list[str], b_max_mean: float | None = None):
+    """(texts, question texts, A's mask, B's mask, the two budgets) on the results' texts; with ``b_max_mean``, B leaves
+    out the questions whose training mean is above it."""
     model = InterpretableEmbedder.load(model_name)
     texts = judged_texts(results_path)
     probs = model.encode(texts, output="probs", progress=False)
     ba, bb = parse_budget(a, model.budget) if a else model.budget, parse_budget(b, model.budget)
-    return texts, model.questions, active_mask(probs, ba, model.mean), active_mask(probs, bb, model.mean), (ba, bb)
+    probs_b = probs if b_max_mean is None else np.where(model.mean <= b_max_mean, probs, 0).astype(probs.dtype)
+    return texts, model.questions, active_mask(probs, ba, model.mean), active_mask(probs_b, bb, model.mean), (ba, bb)
 
 
 def draw(only_a: np.ndarray, only_b: np.ndarray, each: int, seed: int) -> list[tuple[int, int, str]]:
@@ -74,13 +76,15 @@ def main() -> None:
     ap.add_argument("pairs", nargs="?", help="score: the answered pairs")
     ap.add_argument("--a", nargs="*", default=[], metavar="KEY=VALUE", help="budget A over the model's own (default: its own)")
     ap.add_argument("--b", nargs="+", required=True, metavar="KEY=VALUE", help="budget B over the model's own")
+    ap.add_argument("--b-max-mean", type=float, metavar="X", help="B never shows a question whose training mean is above X")
     ap.add_argument("--each", type=int, default=30)
     ap.add_argument("--seed", type=int, default=85)
     ap.add_argument("--out", help="draw: where to write the pairs")
     args = ap.parse_args()
-    texts, questions, a, b, (ba, bb) = sides(args.model, args.results, args.a, args.b)
+    texts, questions, a, b, (ba, bb) = sides(args.model, args.results, args.a, args.b, args.b_max_mean)
     only_a, only_b = a & ~b, b & ~a
-    print(f"{len(texts)} texts; A {ba.name}: {int(a.sum())} shown; B {bb.name}: {int(b.sum())} shown; both {int((a & b).sum())}, "
+    b_name = bb.name + (f", no question of mean > {args.b_max_mean:g}" if args.b_max_mean is not None else "")
+    print(f"{len(texts)} texts; A {ba.name}: {int(a.sum())} shown; B {b_name}: {int(b.sum())} shown; both {int((a & b).sum())}, "
           f"A only {int(only_a.sum())}, B only {int(only_b.sum())}")
     if args.command == "draw":
         picks = draw(only_a, only_b, args.each, args.seed)

@@ -34,3 +34,17 @@ def test_change_is_the_difference_of_the_swapped_pairs_over_the_shown():
     assert res["precision_change"] == -0.05 and (res["true_share_a_only"], res["true_share_b_only"]) == (0.5, 0.25)
     se = np.sqrt(0.2**2 * 0.25 / 6 + 0.2**2 * 0.1875 / 4)
     assert res["standard_error"] == pytest.approx(round(float(se), 4))
+
+
+def test_b_max_mean_leaves_the_common_questions_out_of_b(tmp_path):
+    texts = ["A man is playing a guitar.", "Aspirin lowers the risk of heart attack.", "Two dogs run on the beach."]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"faithfulness": {"M": {"STS-B": {"judgements": [{"text": t} for t in texts]}}}}))
+    got, questions, a, b, (ba, bb) = bs.sides("cqg-minilm-ref", str(path), [], ["floor=0.5"], b_max_mean=0.6)
+    same, _, a0, b0, _ = bs.sides("cqg-minilm-ref", str(path), [], ["floor=0.5"])
+    model = bs.InterpretableEmbedder.load("cqg-minilm-ref")
+    common, probs = model.mean > 0.6, model.encode(texts, output="probs", progress=False)
+    assert got == same == texts and len(questions) == len(model.mean) and (ba.floor, bb.floor) == (0.6, 0.5)
+    assert (a == a0).all() and a[:, common].any() and not b[:, common].any()
+    # the slots freed go to the other questions above the floor, up to 12
+    assert b.sum(1).tolist() == np.minimum(12, ((probs > 0.5) & ~common).sum(1)).tolist() and (b0 & ~common <= b).all()
