@@ -83,6 +83,7 @@ class Hit:
     cognitive_load: int               # number of questions both answer yes
     shared: list[int] = field(default_factory=list)           # their indices, surest first (bits: in index order)
     questions: list[str] = field(default_factory=list)        # their texts (filled by `search`)
+    question_ids: list[str] = field(default_factory=list)     # their ids in questions.json, as explain and questions show them
     text: str | None = None
     precision: list[float | None] = field(default_factory=list)  # each shared question's measured precision (None: unmeasured)
     n_heldout: list[int | None] = field(default_factory=list)    # the held-out labels behind it (None: the model stores none)
@@ -91,6 +92,7 @@ class Hit:
         """Fill in the shared questions' texts and their measured reliability from the model's question records."""
         recs = [model.question_records[i] for i in self.shared]
         self.questions = [r["text"] for r in recs]
+        self.question_ids = [str(r.get("id", i)) for r, i in zip(recs, self.shared)]
         self.precision = [r.get("precision") for r in recs]
         self.n_heldout = [r.get("n_heldout") for r in recs]
 
@@ -325,15 +327,17 @@ def cmd_search(args) -> int:
     for h in hits:
         text = "" if h.text is None else "  " + clipped(h.text, 100)
         print(f"{h.rank:>3}. {h.score:.4f}  {h.doc_id}{text}")
-        for i, qt, prec, n in zip(h.shared, h.questions, h.precision, h.n_heldout):
+        for qid, qt, prec, n in zip(h.question_ids, h.questions, h.precision, h.n_heldout):
             note = reliability_note(prec, n)
-            print(f"       yes both  [{i}] {qt}" + (f"  ({note})" if note else ""))
+            print(f"       yes both  [{qid:>4}] {qt}" + (f"  ({note})" if note else ""))
     return 0
 
 
 def clipped(text: str, n: int) -> str:
-    """``text`` as a line shows it: at most n characters, a longer one cut with "..." and its length."""
-    return text if len(text) <= n else f"{text[: n - 3]}... ({len(text):,} characters)"
+    """``text`` as a line shows it: each run of whitespace (newlines, tabs) one space, at most n characters, a longer
+    one cut with "..." and the text's length."""
+    line = " ".join(text.split())
+    return line if len(line) <= n else f"{line[: n - 3]}... ({len(text):,} characters)"
 
 
 def add_commands(sub) -> None:

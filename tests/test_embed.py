@@ -160,8 +160,9 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
             note = "" if recs[i].get("n_heldout") is None else (
                 f"  (labeller precision unmeasured, {recs[i]['n_heldout']} held-out labels)" if recs[i]["precision"] is None
                 else f"  (labeller precision {recs[i]['precision']:.2f}, {recs[i]['n_heldout']} held-out labels)")
-            want.append(f"yes both  [{i}] {recs[i]['text']}{note}")
+            want.append(f"yes both  [{str(recs[i].get('id', i)):>4}] {recs[i]['text']}{note}")  # the id explain shows
     assert listed == want and any("precision 0." in ln for ln in listed)
+    assert printed["hits"][0]["question_ids"] == [str(recs[i].get("id", i)) for i in hits[0].shared]
 
     # what search refuses, each with one line and exit 2: another model with the same m, no hits asked for, a unit file
     # gone since the output finished (it searched the rest silently before)

@@ -229,3 +229,4 @@ def test_a_long_query_or_text_is_clipped_where_a_line_shows_it():
     assert clipped("a short query", 100) == "a short query"
     assert clipped("x" * 100, 100) == "x" * 100
     assert clipped("word " * 26_000, 200) == ("word " * 40)[:197] + "... (130,000 characters)"
+    assert clipped("Line one\nLine two\t and  three\n", 100) == "Line one Line two and three"  # one hit, one line
