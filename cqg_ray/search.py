@@ -1,10 +1,11 @@
 """Search over embedded corpora: rank documents against a query by the model's own similarity.
 
 Two indexes, by what `cqg-ray embed` wrote:
-- ``SparseIndex`` (``--output sparse``): the budgeted value vectors, held as an inverted index (a
-  ``scipy.sparse.csc_array``: per question, the documents where it is active and their values). A query touches
-  only the postings of its own active questions: score = sum over them of q_i * x_i, divided by both norms (cosine).
-- ``BinaryIndex`` (``--output bits``, or probabilities under a budget): packed 0/1 vectors, scored by popcounts.
+- ``SparseIndex`` (``--output sparse``, or probabilities under a budget): the budgeted value vectors, held as an
+  inverted index (a ``scipy.sparse.csc_array``: per question, the documents where it is active and their values). A
+  query touches only the postings of its own active questions: score = sum over them of q_i * x_i, divided by both
+  norms (cosine).
+- ``BinaryIndex`` (``--output bits``): packed 0/1 vectors, scored by popcounts.
 
 For 0/1 answer vectors x, y (the m yes/no answers, packed 8 to a byte with `np.packbits`):
 
@@ -37,7 +38,7 @@ from cqg_ray.texts import BLANK, blank
 from cqg_ray.explain import reliability_note
 from cqg_ray.artifacts import (HEADS_FILES, EMBED_MANIFEST, embed_manifest, embed_output_files, embed_output_texts, embedding_matrix,
                                model_fingerprint, read_embed_output, read_unit)
-from cqg_ray.mbqa.budget import Budget, active_mask
+from cqg_ray.mbqa.budget import Budget, sparse_budget
 from cqg_ray.ranking import top_k
 from cqg_ray.rundir import ArtifactError, RunDir
 
@@ -128,12 +129,6 @@ def stored_budget(meta: dict) -> Budget:
     return Budget.from_dict(meta["budget"]) if "budget" in meta else Budget(rule="tau", tau=float(meta["tau"]))
 
 
-def _packed_from(matrix: np.ndarray, meta: dict, budget: Budget | None, mean: np.ndarray | None = None) -> np.ndarray:
-    """Packed bits of an embeddings matrix: as stored, or the active questions of probabilities under ``budget``
-    (default: the one they were written with; ``mean``: the model's, for a budget that ranks by p - mean)."""
-    if meta["output"] == "bits":
-        return np.asarray(matrix, np.uint8)
-    return np.packbits(active_mask(np.asarray(matrix, np.float32), budget or stored_budget(meta), mean), axis=1)
 
 
 class BinaryIndex:
@@ -154,14 +149,12 @@ class BinaryIndex:
         return len(self.doc_ids)
 
     @classmethod
-    def load(cls, out: str, budget: Budget | None = None, mean: np.ndarray | None = None) -> "BinaryIndex":
-        """The output folder of `cqg-ray embed` (bits, or probabilities under ``budget``, default theirs; ``mean``:
-        the model's, for a budget that ranks by p - mean)."""
+    def load(cls, out: str) -> "BinaryIndex":
+        """The output folder of `cqg-ray embed --output bits`."""
         ids, matrix, meta = read_embed_output(out)
-        if meta["output"] == "sparse":
-            raise ArtifactError(f"{out} holds sparse embeddings: load it with SparseIndex (or load_index)")
-        b = budget if budget is not None and meta["output"] == "probs" else stored_budget(meta)
-        return cls(ids, _packed_from(matrix, meta, b, mean), meta["m"], b, out)
+        if meta["output"] != "bits":
+            raise ArtifactError(f"{out} holds {meta['output']} embeddings, not bits: load it with SparseIndex (or load_index)")
+        return cls(ids, np.asarray(matrix, np.uint8), meta["m"], stored_budget(meta), out)
 
     def search(self, query_packed: np.ndarray, k: int = 10, chunk_rows: int = 65_536) -> list[Hit]:
         """Exact top-k by binary cosine, scored chunk_rows documents at a time."""
@@ -218,10 +211,15 @@ class SparseIndex:
         return len(self.doc_ids)
 
     @classmethod
-    def load(cls, out: str) -> "SparseIndex":
+    def load(cls, out: str, budget: Budget | None = None, mean: np.ndarray | None = None) -> "SparseIndex":
+        """The output folder of `cqg-ray embed --output sparse`, or of ``--output probs`` as value vectors under
+        ``budget`` (default: the one they were written with; ``mean``: the model's, for a budget that needs it)."""
         ids, X, meta = read_embed_output(out)
-        if meta["output"] != "sparse":
-            raise ArtifactError(f"{out} holds {meta['output']} embeddings, not sparse ones: load it with BinaryIndex (or load_index)")
+        if meta["output"] == "bits":
+            raise ArtifactError(f"{out} holds bits, not value vectors: load it with BinaryIndex (or load_index)")
+        if meta["output"] == "probs":
+            budget = budget or stored_budget(meta)
+            return cls(ids, sparse_budget(np.asarray(X, np.float32), budget, mean), meta["m"], budget, out)
         return cls(ids, X, meta["m"], stored_budget(meta), out)
 
     def search(self, query: np.ndarray, k: int = 10) -> list[Hit]:
@@ -242,23 +240,39 @@ class SparseIndex:
 
 
 def load_index(out: str, budget: Budget | None = None, mean: np.ndarray | None = None) -> "SparseIndex | BinaryIndex":
-    """The index of an embed output folder: sparse outputs as a ``SparseIndex``, bits / probabilities as a
-    ``BinaryIndex`` (probabilities under ``budget``, default the one they were written with)."""
+    """The index of an embed output folder: bits as a ``BinaryIndex``, sparse outputs and probabilities (as value
+    vectors under ``budget``, default the one they were written with) as a ``SparseIndex``."""
     meta = embed_manifest(out)
-    return SparseIndex.load(out) if meta["output"] == "sparse" else BinaryIndex.load(out, budget, mean)
+    return BinaryIndex.load(out) if meta["output"] == "bits" else SparseIndex.load(out, budget, mean)
 
 
-def file_chunks(out: str, budget: Budget | None = None, mean: np.ndarray | None = None) -> tuple[dict, Iterator[tuple[np.ndarray, np.ndarray]]]:
-    """(meta, a stream of (doc_ids, packed) per unit file) of a bits / probs embed output folder: search without
-    loading it all (probabilities under ``budget``, default the one they were written with)."""
+def search_value_chunks(query: np.ndarray, chunks: Iterable[tuple[np.ndarray, object]], m: int, k: int = 10) -> list[Hit]:
+    """Exact top-k by cosine of the value vectors over a stream of (doc_ids, value rows) chunks, as ``SparseIndex``
+    scores them; ties to the earlier document; memory: one chunk plus k hits."""
+    best: list[Hit] = []
+    for ids, values in chunks:
+        if len(ids):  # a stable sort with the hits so far first: on ties earlier chunks win
+            best = sorted(best + SparseIndex(ids, values, m).search(query, k), key=lambda h: -h.score)[:k]
+    for rank, h in enumerate(best, start=1):
+        h.rank = rank
+    return best
+
+
+def file_chunks(out: str, budget: Budget | None = None, mean: np.ndarray | None = None) -> tuple[dict, Iterator[tuple[np.ndarray, object]]]:
+    """(meta, a stream of (doc_ids, rows) per unit file) of a bits / probs embed output folder, to search without
+    loading it all: bits packed as stored, probabilities as their value vectors under ``budget`` (default the one
+    they were written with; a ``scipy.sparse.csr_array``)."""
     run = RunDir(out)
     files = embed_output_files(out)
     meta = run.read_json(EMBED_MANIFEST)
+    b = budget or stored_budget(meta)
 
     def gen():
         for f in files:
             t = read_unit(run, f)
-            yield t.column("doc_id").to_numpy(zero_copy_only=False), _packed_from(embedding_matrix(t.column("embedding")), meta, budget, mean)
+            matrix = embedding_matrix(t.column("embedding"))
+            rows = np.asarray(matrix, np.uint8) if meta["output"] == "bits" else sparse_budget(np.asarray(matrix, np.float32), b, mean)
+            yield t.column("doc_id").to_numpy(zero_copy_only=False), rows
 
     return meta, gen()
 
@@ -309,6 +323,11 @@ def cmd_search(args) -> int:
         q = model.encode([args.query], output="sparse", budget=budget, progress=False).toarray()[0]
         hits = index.search(q, args.k)
         q_yes = np.flatnonzero(q).tolist()
+    elif meta["output"] == "probs":  # the value vectors under the budget, one unit file at a time
+        q = model.encode([args.query], output="sparse", budget=budget, progress=False).toarray()[0]
+        _, chunks = file_chunks(args.embeddings, budget, model.mean)
+        hits = search_value_chunks(q, chunks, model.m, args.k)
+        q_yes = np.flatnonzero(q).tolist()
     else:
         q = model.encode([args.query], output="packed", budget=budget, progress=False)[0]
         _, chunks = file_chunks(args.embeddings, budget, model.mean)
@@ -342,9 +361,10 @@ def clipped(text: str, n: int) -> str:
 
 def add_commands(sub) -> None:
     p = sub.add_parser("search", help="rank embedded documents against a query (cosine) with the shared active questions",
-                       description="Exact top-k search over the output of `cqg-ray embed`: sparse outputs by the cosine of the "
-                                   "budgeted value vectors over an inverted index, bits by binary cosine (popcounts); each hit "
-                                   "lists the questions active for both it and the query.")
+                       description="Exact top-k search over the output of `cqg-ray embed` by the model's own similarity: sparse "
+                                   "outputs by the cosine of the budgeted value vectors over an inverted index, probabilities by "
+                                   "the same cosine under the budget they were written with (or --tau), one unit file at a time, "
+                                   "bits by binary cosine (popcounts); each hit lists the questions active for both it and the query.")
     p.add_argument("model", help="model folder or shipped model name (the one that embedded the corpus)")
     p.add_argument("embeddings", help="output folder of `cqg-ray embed`")
     p.add_argument("query", help="query text")

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -179,16 +180,44 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
     assert "does not match its manifest" in capsys.readouterr().err
 
 
-def test_embed_probs_with_id_column(ray_local, toy_model, model, tmp_path):
+def test_embed_probs_with_id_column(ray_local, toy_model, tmp_path, capsys):
+    from cqg_ray.cli import main
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder
+
+    valued = str(tmp_path / "valued")  # the toy model valuing its answers by p, so that value and binary cosines differ
+    shutil.copytree(toy_model, valued)
+    assert main(["budget", valued, "--value", "prob"]) == 0
+    model = InterpretableEmbedder.load(valued, device="cpu")
+    assert model.budget.value == "prob"
     csv = tmp_path / "docs.csv"
     csv.write_text("key,body\nk1,The doctor prescribed a new medicine.\nk2,The team won the final match.\nk3,A film about a dog.\n")
     out = str(tmp_path / "probs")
-    m = embed(toy_model, [str(csv)], out, EmbedConfig(output="probs"), CorpusConfig(text_column="body", id_column="key"), progress=False)
+    m = embed(valued, [str(csv)], out, EmbedConfig(output="probs"), CorpusConfig(text_column="body", id_column="key"), progress=False)
     assert m["counts"]["rows"] == 3 and m["bytes_per_text"] == 64
     ids, probs, meta = read_embed_output(out)
     assert ids.tolist() == ["k1", "k2", "k3"] and probs.dtype == np.float16 and meta["output"] == "probs"
     want = model.encode(["The doctor prescribed a new medicine.", "The team won the final match.", "A film about a dog."], output="probs", progress=False)
     assert np.allclose(probs.astype(np.float32), want, atol=1e-3)
+
+    # searched by the model's own similarity: the cosine of the value vectors under the output's budget, as the
+    # index of the same probabilities scores it (before, their 0/1 answers by popcounts)
+    from cqg_ray.explain import binary_cosine
+    from cqg_ray.mbqa.budget import apply_budget
+    from cqg_ray.search import SparseIndex, load_index
+
+    query = "a new medicine from the doctor"
+    values = apply_budget(probs.astype(np.float32), model.budget, model.mean)[1]
+    q = model.encode([query], output="sparse", progress=False).toarray()[0]
+    cos = values @ q / np.maximum(np.linalg.norm(values, axis=1) * np.linalg.norm(q), 1e-30)
+    index = load_index(out, mean=model.mean)
+    assert isinstance(index, SparseIndex) and index.budget == model.budget
+    capsys.readouterr()
+    assert main(["search", valued, out, query, "-k", "3", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    assert [h["doc_id"] for h in hits] == [ids[i] for i in sorted(range(3), key=lambda i: (-cos[i], i))]
+    assert [h["score"] for h in hits] == pytest.approx(sorted(cos, reverse=True), abs=1e-6)
+    assert sorted(cos) != pytest.approx(sorted(binary_cosine(q > 0, v > 0) for v in values), abs=1e-3)
+    assert [h["doc_id"] for h in hits] == [h.doc_id for h in index.search(q, 3)]
 
 
 @contextlib.contextmanager

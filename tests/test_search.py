@@ -7,7 +7,8 @@ import pytest
 
 from cqg_ray.embed import embed_output_table
 from cqg_ray.explain import binary_cosine
-from cqg_ray.search import BinaryIndex, SparseIndex, cosine_scores, popcounts, search_chunks, shared_questions, to_words
+from cqg_ray.search import (BinaryIndex, SparseIndex, cosine_scores, popcounts, search_chunks, search_value_chunks, shared_questions,
+                             to_words)
 
 
 def cosine_of_bits(a, b) -> float:
@@ -83,6 +84,19 @@ def test_shared_questions():
     a = np.array([1, 1, 0, 1, 0, 0, 0, 0, 1], np.uint8)
     b = np.array([1, 0, 0, 1, 1, 0, 0, 0, 1], np.uint8)
     assert shared_questions(np.packbits(a), np.packbits(b), 9) == [0, 3, 8]
+
+
+def test_value_chunks_search_equals_the_whole_index_ties_to_the_earlier_document():
+    rng = np.random.default_rng(5)
+    X = ((rng.random((50, 12)) > 0.6) * rng.choice([0.5, 1.0], (50, 12))).astype(np.float32)
+    X[30] = X[41] = X[3]  # ties, in other chunks
+    ids = np.array([f"d{i}" for i in range(50)], dtype=object)
+    whole = SparseIndex(ids, X, 12).search(X[3], 7)
+    assert [h.doc_id for h in whole[:3]] == ["d3", "d30", "d41"] and whole[0].score == pytest.approx(1.0)
+    for rows in (1, 7, 16, 50):
+        got = search_value_chunks(X[3], ((ids[i : i + rows], X[i : i + rows]) for i in range(0, 50, rows)), 12, 7)
+        assert [(h.rank, h.doc_id, h.score, h.shared) for h in got] == [(h.rank, h.doc_id, h.score, h.shared) for h in whole]
+    assert search_value_chunks(X[3], iter([]), 12, 7) == []
 
 
 def test_index_rejects_bad_shapes():
