@@ -122,8 +122,9 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
 
     The run's model is loaded (checked) and every file made before anything is written; the new folder is written
     beside ``out`` and swapped in at the end, so a model it replaces stays whole until then (an export killed during
-    the swap is put right by the next one: ``recover_interrupted``). Files of ``out`` that export does not write
-    (``evaluation/``) are kept."""
+    the swap is put right by the next one: ``recover_interrupted``). Files of ``out`` that export does not write are
+    kept, but for ``evaluation/`` where the new model has other questions or heads (it measured the replaced one).
+    A folder ``out`` that holds files but no model is refused (an embed output, anything else)."""
     import shutil
     import uuid
 
@@ -148,6 +149,9 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
         raise ArtifactError(f"{out} is the run directory or a folder that holds it: export to a folder outside the run")
     if os.path.exists(os.path.join(out, "config.json")) and not overwrite:
         raise ArtifactError(f"{out} already holds a model (config.json); pass --overwrite to replace it")
+    if os.path.isdir(out) and not os.path.exists(os.path.join(out, "config.json")) and (held := sorted(os.listdir(out))):
+        raise ArtifactError(f"{out} holds other files than a model ({', '.join(held[:4])}{', ...' if len(held) > 4 else ''}): "
+                            "export to a new or empty folder, or over a model folder with --overwrite")
     try:
         InterpretableEmbedder.load(run.uri("model"), device="cpu", load_encoder=False)
     except ArtifactError as e:  # ModelError too
@@ -178,9 +182,13 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
         os.makedirs(parent, exist_ok=True)
     except OSError as e:
         raise ArtifactError(f"cannot make {parent}: {e.strerror or e}: give a folder path to export the model to") from None
+    left = set(made) | set(MODEL_FILES)
+    if os.path.isdir(os.path.join(out, "evaluation")) and not same_heads(out, made):
+        left.add("evaluation")
+        log.info("%s/evaluation/ measured the model being replaced (other questions or heads): left out", out)
     try:
-        if os.path.isdir(out):  # what export does not write stays (an evaluation/ folder)
-            shutil.copytree(out, part, ignore=lambda d, names: [n for n in names if d == out and (n in made or n in MODEL_FILES)])
+        if os.path.isdir(out):  # what export does not write stays
+            shutil.copytree(out, part, ignore=lambda d, names: [n for n in names if d == out and n in left])
         os.makedirs(part, exist_ok=True)
         for f, data in made.items():  # config.json last (MODEL_FILES' order, then the build files): a folder with it is whole
             if f != "config.json":
@@ -202,6 +210,20 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
     return build
 
 
+def same_heads(folder: str, made: dict[str, bytes]) -> bool:
+    """Whether the model in ``folder`` has the questions and heads of the files ``made`` (name -> bytes)."""
+    from cqg_ray.artifacts import HEADS_FILES
+
+    for name in HEADS_FILES:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            return False
+        with open(path, "rb") as f:
+            if f.read() != made.get(name):
+                return False
+    return True
+
+
 def cmd_export(args) -> int:
     build = export_model(args.run_dir, args.out, args.name, args.overwrite)
     print(f"exported {args.run_dir}/model -> {args.out} ({build['total_seconds'] / 60:.1f} min of stages, {build['llm_requests']:,} LLM requests); "
@@ -215,5 +237,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", help="run directory with a trained model (local path or URI)")
     p.add_argument("out", help="local folder to write, e.g. models/my-model (not a URI: copy the folder there afterwards)")
     p.add_argument("--name", help="the model's name in its README (default: the folder name)")
-    p.add_argument("--overwrite", action="store_true", help="replace a model already in OUT")
+    p.add_argument("--overwrite", action="store_true", help="replace a model already in OUT (its evaluation/ stays only where the new model has its questions and heads)")
     p.set_defaults(func=cmd_export)

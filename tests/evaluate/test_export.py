@@ -222,3 +222,39 @@ def test_export_to_a_uri_is_refused_and_makes_no_local_folder(tmp_path, toy_enco
         assert main(["export", str(run), out]) == 2
         assert capsys.readouterr().err == f"error: {out}: export writes a local folder; give a local path, and copy the folder to {out} afterwards\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_export_over_another_model_leaves_its_evaluation_out_and_a_folder_of_other_files_is_refused(trained_model, tmp_path, toy_encoder,
+                                                                                                      capsys, caplog):
+    """The replaced model's evaluation/ stayed beside a model with other questions and heads; a folder that held no model
+    (an embed output) took the model's files beside its own."""
+    import shutil
+
+    from tests.conftest import toy_run
+
+    run, toy = tmp_path / "run", tmp_path / "toy"
+    shutil.copytree(trained_model.parent, run, ignore=shutil.ignore_patterns("_train"))
+    toy_run(toy, toy_encoder)
+    out = tmp_path / "shipped"
+    assert main(["export", str(run), str(out)]) == 0
+    (out / "evaluation").mkdir()
+    (out / "evaluation" / "report.md").write_text("measured the first model")
+    (out / "NOTES.md").write_text("mine")
+    assert main(["export", str(run), str(out), "--overwrite"]) == 0  # the same heads again: what measured them stays
+    assert (out / "evaluation" / "report.md").read_text() == "measured the first model"
+    assert main(["export", str(toy), str(out), "--overwrite"]) == 0
+    assert not (out / "evaluation").exists() and (out / "NOTES.md").read_text() == "mine"
+    assert (out / "heads.safetensors").read_bytes() == (toy / "model" / "heads.safetensors").read_bytes()
+    assert f"{out}/evaluation/ measured the model being replaced (other questions or heads): left out" in caplog.text
+    # a folder of other files (here an embed output's) is refused and left as it was; an empty one is taken
+    emb = tmp_path / "emb"
+    emb.mkdir()
+    (emb / "_manifest.json").write_text("{}")
+    (emb / "emb-part-000000-000000000.parquet").write_bytes(b"PAR1")
+    capsys.readouterr()
+    assert main(["export", str(run), str(emb)]) == 2
+    assert capsys.readouterr().err == (f"error: {emb} holds other files than a model (_manifest.json, emb-part-000000-000000000.parquet): "
+                                       "export to a new or empty folder, or over a model folder with --overwrite\n")
+    assert sorted(p.name for p in emb.iterdir()) == ["_manifest.json", "emb-part-000000-000000000.parquet"]
+    (tmp_path / "empty").mkdir()
+    assert main(["export", str(run), str(tmp_path / "empty")]) == 0
