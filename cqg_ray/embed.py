@@ -169,10 +169,12 @@ def _clear(run: RunDir) -> None:
 
 
 def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig | None = None,
-          corpus: CorpusConfig | None = None, force: bool = False, progress: bool = True, cluster: RayConfig | None = None) -> dict:
+          corpus: CorpusConfig | None = None, force: bool = False, progress: bool = True, cluster: RayConfig | None = None,
+          files: list[tuple[str, str]] | None = None) -> dict:
     """Embed every row of the corpus files with the model; returns the manifest (also written to OUT/_manifest.json).
 
     `corpus` chooses the readers' options (format, text/id columns, ...); its paths, dedup, limit are ignored.
+    ``files``: `list_files` of the corpus paths where the caller listed them already.
     Needs Ray (started locally if nobody did). OUT and the model must be reachable from every node. The actor pool
     starts with the actors that fit the cluster now and grows to those that fit ``cluster.max_cpus`` /
     ``cluster.max_gpus`` (`units.actor_pool_size`; default: what is there).
@@ -194,7 +196,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
 
         init_ray(RayConfig())
     t_start = time.time()
-    files = list_files(corpus.paths, corpus.format)
+    files = files if files is not None else list_files(corpus.paths, corpus.format)
     run = RunDir(out)
     stats = [_file_stat(u) for u, _ in files]
     settings = {
@@ -409,6 +411,12 @@ def run_from_args(args) -> dict:
     m = InterpretableEmbedder.load(args.model, load_encoder=False, device="cpu").m  # a missing model or a --k over m: before the lease and Ray
     if cfg.k is not None and cfg.k > m:
         raise ConfigError(f"--k must be from 1 to m={m} (the model's questions), got {cfg.k}")
+    from cqg_ray.corpus import list_files
+
+    files = list_files(list(args.corpus), corpus.format)  # a path not found, a folder or glob with no file: CorpusError, before OUT is made
+    if corpus.id_column and (txt := [u for u, f in files if f == "txt"]):
+        raise ConfigError(f"{txt[0]}: a .txt file holds one text a line and no ids: drop --id-column ({corpus.id_column!r}), "
+                          "or give the ids in a jsonl, csv or parquet file")
     with take_lease(args.out, "cqg-ray embed", args.break_lease):  # one writer per OUT (LeaseHeld: exit 3)
         if RunDir(args.out).exists("config.yaml"):  # under its lease: a live run's directory is said to be in use (exit 3)
             raise ConfigError(f"OUT {args.out} is a pipeline run directory (config.yaml): give a folder of its own to write the "
@@ -416,7 +424,7 @@ def run_from_args(args) -> dict:
         cluster = RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus, max_cpus=args.max_cpus, max_gpus=args.max_gpus)
         init_ray(cluster)
         m = embed(args.model, args.corpus, args.out, cfg, corpus, force=args.force,
-                  progress=os.environ.get("CQG_RAY_PROGRESS", "1") != "0", cluster=cluster)
+                  progress=os.environ.get("CQG_RAY_PROGRESS", "1") != "0", cluster=cluster, files=files)
     print(json.dumps({k: m.get(k) for k in ("format", "m", "output", "budget", "bytes_per_text", "file_bytes_per_text", "counts",
                                             "texts_per_s", "seconds")}, indent=2))
     return m

@@ -417,3 +417,19 @@ def test_a_folder_leaves_out_its_files_of_no_corpus_format_and_says_so(tmp_path,
         list_files([str(tmp_path / "data")], "auto")
     with pytest.raises(CorpusError, match="cannot tell the format"):
         list_files([str(tmp_path / "data" / "README.md")], "auto")
+
+
+def test_a_folders_hidden_and_underscore_files_of_a_corpus_format_are_left_out_and_said(tmp_path, caplog):
+    """_train.jsonl in a corpus folder was left out without a word (files named .* or _* are hidden or metadata files,
+    as _SUCCESS); named as a path of its own, it is read."""
+    import logging
+
+    (tmp_path / "data").mkdir()
+    for name in ("a.jsonl", "_train.jsonl", ".cache.jsonl", "_SUCCESS"):
+        (tmp_path / "data" / name).write_text('{"text": "x"}\n')
+    with caplog.at_level(logging.WARNING, logger="cqg_ray"):
+        assert list_files([str(tmp_path / "data")], "auto") == [(str(tmp_path / "data" / "a.jsonl"), "jsonl")]
+    assert [r.getMessage() for r in caplog.records] == [
+        "corpus: 2 file(s) named .* or _* in a folder left out as hidden or metadata files (.cache.jsonl, _train.jsonl): rename "
+        "them, or name them as paths, to read them"]
+    assert list_files([str(tmp_path / "data" / "_train.jsonl")], "auto") == [(str(tmp_path / "data" / "_train.jsonl"), "jsonl")]

@@ -285,6 +285,15 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     assert not (tmp_path / "corp" / "emb").exists()
     assert main(["embed", toy_model, str(corpus_file), str(corpus_file / "emb")]) == 2
     assert f"error: OUT {corpus_file / 'emb'} is below the file {corpus_file}: give a folder to write the embeddings to\n" in capsys.readouterr().err
+    # a corpus path not found, or ids asked of a .txt file: one line before OUT is made (they came after Ray started,
+    # ~8 s, and left OUT with its lease file; the .txt one named corpus.id_column, not the flag given)
+    assert main(["embed", toy_model, str(tmp_path / "nope.jsonl"), str(tmp_path / "nope-out")]) == 2
+    assert capsys.readouterr().err == f"error: corpus path not found: {tmp_path / 'nope.jsonl'}\n"
+    (tmp_path / "lines.txt").write_text("a line\nanother line\n")
+    assert main(["embed", toy_model, str(tmp_path / "lines.txt"), str(tmp_path / "txt-out"), "--id-column", "id"]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'lines.txt'}: a .txt file holds one text a line and no ids: drop "
+                                       "--id-column ('id'), or give the ids in a jsonl, csv or parquet file\n")
+    assert not (tmp_path / "nope-out").exists() and not (tmp_path / "txt-out").exists()
     blank = tmp_path / "blank.jsonl"
     blank.write_text('{"text": ""}\n{"text": "   "}\n')
     assert main(["embed", toy_model, str(blank), str(tmp_path / "blank-out")]) == 2

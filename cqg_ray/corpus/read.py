@@ -265,6 +265,7 @@ def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
         raise CorpusError("corpus.paths is empty: give at least one file or folder")
     out: list[tuple[str, str]] = []
     skipped: list[str] = []  # files of a folder or glob that are no corpus format (a README.md, a LICENSE): left out, said
+    hidden: list[str] = []  # a folder's files named .* or _* (hidden, or metadata as _SUCCESS): left out, said where of a corpus format
     for p in paths:
         fs, path = resolve(p)
         prefix = p.split("://")[0] + "://" if "://" in p else ""
@@ -280,8 +281,9 @@ def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
                 where = "" if "://" in p or os.path.isabs(p) else f" (a relative path, read from {os.getcwd()}, where the command runs)"
                 raise CorpusError(f"corpus path not found: {p}{where}")
             if info.type == pafs.FileType.Directory:
-                infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
-                matched = sorted(i.path for i in infos if i.type == pafs.FileType.File and not os.path.basename(i.path).startswith((".", "_")))
+                files = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if i.type == pafs.FileType.File)
+                matched = [f for f in files if not os.path.basename(f).startswith((".", "_"))]
+                hidden += [f for f in files if os.path.basename(f).startswith((".", "_")) and (fmt != "auto" or known_format(f))]
             else:
                 matched = [path]
         listed = matched != [path]  # found in a folder or by a glob, not named
@@ -300,6 +302,10 @@ def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
         log.warning("corpus: %d file(s) of no corpus format left out (%s%s): name them .jsonl/.parquet/.csv/.tsv/.txt to read "
                     "them, or set corpus.format", len(skipped), ", ".join(os.path.basename(m) for m in skipped[:3]),
                     ", ..." if len(skipped) > 3 else "")
+    if hidden:
+        log.warning("corpus: %d file(s) named .* or _* in a folder left out as hidden or metadata files (%s%s): rename them, or "
+                    "name them as paths, to read them", len(hidden), ", ".join(os.path.basename(m) for m in hidden[:3]),
+                    ", ..." if len(hidden) > 3 else "")
     if not out:
         raise CorpusError(f"no corpus files found under {', '.join(paths)}"
                           + (f" ({len(skipped)} file(s) of no corpus format: {', '.join(os.path.basename(m) for m in skipped[:3])})" if skipped else ""))
