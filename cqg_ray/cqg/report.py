@@ -60,7 +60,7 @@ def write_report(run: RunDir, stage: str, cfg, candidates: pa.Table, texts: dict
                   "| prompts | checked | clipped | texts dropped | characters cut | longest prompt counted (tokens) |", "|---|---:|---:|---:|---:|---:|"]
         for step in ("generation", "probe"):
             lines.append(f"| {step} | {counts[f'{step}_prompts_checked']} | {counts[f'{step}_prompts_clipped']} | {counts[f'{step}_texts_dropped']} | "
-                         f"{counts[f'{step}_chars_cut']} | {counts[f'{step}_longest_prompt_tokens']} |")
+                         f"{counts[f'{step}_chars_cut']} | {counts[f'{step}_longest_prompt_tokens'] or '- (none needed counting)'} |")
     lines += ["", "## LLM usage", "", "| step | requests | prompt tokens | completion tokens | failures | retries |", "|---|---:|---:|---:|---:|---:|"]
     for step, s in llm.items():
         lines.append(f"| {step} | {s.get('requests', '')} | {s.get('prompt_tokens', '')} | {s.get('completion_tokens', '')} | "

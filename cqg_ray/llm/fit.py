@@ -207,11 +207,13 @@ def hf_budget(tokenizer_name: str, context: int, engine: str) -> PromptBudget:
     return PromptBudget(context, count, f"{engine}, tokenizer {tokenizer_name}", overhead=template_overhead(count))
 
 
-def fit_report(counts: dict) -> dict[str, int]:
-    """Fitter counts (one fitter's, or several summed) under the names a stage's manifest uses (``<stage>_prompts_clipped``, ...)."""
+def fit_report(counts: dict) -> dict[str, int | None]:
+    """Fitter counts (one fitter's, or several summed) under the names a stage's manifest uses (``<stage>_prompts_clipped``, ...).
+    ``longest_prompt_tokens``: the longest prompt that needed counting; None where the byte bound showed every prompt
+    to fit without counting its tokens."""
     return {"prompts_checked": counts.get("checked", 0), "prompts_clipped": counts.get("clipped", 0),
             "texts_dropped": counts.get("texts_dropped", 0), "chars_cut": counts.get("chars_cut", 0),
-            "longest_prompt_tokens": counts.get("max_tokens_before", 0)}
+            "longest_prompt_tokens": counts.get("max_tokens_before") or None}
 
 
 def budget_summary(budget: PromptBudget | None) -> dict[str, Any]:

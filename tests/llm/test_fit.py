@@ -39,6 +39,10 @@ def test_a_prompt_that_fits_is_returned_untouched():
     # over the byte bound (~5.7k bytes against 3,696 tokens left), so it was counted exactly: 1,420 fake tokens
     assert f.report() == {"prompts_checked": 1, "prompts_clipped": 0, "texts_dropped": 0, "chars_cut": 0, "longest_prompt_tokens": b.count(req)}
     assert b.count(req) == 1420
+    # under the byte bound: checked, not tokenized, so no longest prompt is known (it was written as 0 tokens)
+    f = PromptFitter(b, "cqg-generate")
+    f.contrast(pos[:2], neg[:2], cqg_build(), "cluster 8")
+    assert f.report() == {"prompts_checked": 1, "prompts_clipped": 0, "texts_dropped": 0, "chars_cut": 0, "longest_prompt_tokens": None}
 
 
 def test_an_over_long_cqg_prompt_is_clipped_to_the_longest_common_length_that_fits():
