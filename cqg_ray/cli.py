@@ -284,7 +284,7 @@ def cmd_status(args) -> int:
     if what is not None:  # a model folder too, though `cqg-ray evaluate` gave it an evaluation/ folder
         print(f"error: {args.run_dir} is not a cqg-ray run directory ({what})", file=sys.stderr)
         return 2
-    print(run_status(run))
+    print(run_status(run, every=args.all))
     lease = current(args.run_dir)
     if lease is not None:
         reason = stale_reason(lease)
@@ -330,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(its lease). Exit status: 0, or 2 when the path is not a run directory.")
     st.add_argument("run_dir", nargs="?", help="the run directory (run_dir of the config), a local path or URI")
     st.add_argument("--run-dir", dest="run_dir_flag", metavar="DIR", help="the same, as the other commands take it")
+    st.add_argument("--all", action="store_true", help="every count of each stage's manifest, not its first six (the "
+                                                       "stage's headline counts, then the others)")
     st.set_defaults(func=cmd_status)
 
     c = sub.add_parser("config", help="print the config a run would use (--keys: every key, its value and what it means)",

@@ -231,13 +231,14 @@ def saved_config(run: RunDir) -> PipelineConfig | None:
         return None
 
 
-def run_status(run: RunDir, live: bool = True) -> str:
+def run_status(run: RunDir, live: bool = True, every: bool = False) -> str:
     """The table `cqg-ray status` prints: each stage done / stale / missing, judged against the run's saved config;
     the stage a live run is in shows as running (interrupted once its lease is stale), with its last progress line.
-    ``live=False``: no such row (the run printing its own table as it stops still holds the lease)."""
+    ``live=False``: no such row (the run printing its own table as it stops still holds the lease); ``every``: every
+    count of each stage, not its headline ones."""
     cfg = saved_config(run)  # None: judge by manifests and inputs alone
     hashes = {s.name: stage_hash(cfg, s.name) for s in stages.STAGES} if cfg is not None else None
-    return format_status(run, hashes, live_stage(run) if live else None)
+    return format_status(run, hashes, live_stage(run) if live else None, every)
 
 
 def live_stage(run: RunDir) -> tuple[str, str, str] | None:

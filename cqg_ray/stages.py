@@ -28,6 +28,7 @@ class Stage:
     help: str
     unhashed: tuple[str, ...] = ()  # dotted paths inside `hashed` sections left out of the hash (never change the output, or hashed by a part)
     models: Callable[[Any], dict[str, str | None]] = lambda cfg: {}  # the model settings it loads in the driver's reach: {dotted path: value}
+    headline: tuple[str, ...] = ()  # the counts `cqg-ray status` shows first (then the others in the manifest's order)
 
     def load_function(self) -> Callable[[Any, Any], None]:
         """The stage function, imported now."""
@@ -85,14 +86,16 @@ STAGES: tuple[Stage, ...] = (
           "faiss k-means, assignments and centroid neighbours (cluster.*: k)"),
     Stage("questions", "cqg", ("cluster", "prepare", "encode"), ("cqg", "llm.identity", "encode.model", "llm.answer_mode"),
           "cqg_ray.cqg.stage:run_cqg", "",
-          "contrastive question generation, probing, selection, dedup (cqg.*: n_p n_h n_e p_p p_h p_e t theta)", models=question_models),
+          "contrastive question generation, probing, selection, dedup (cqg.*: n_p n_h n_e p_p p_h p_e t theta)", models=question_models,
+          headline=("questions", "clusters", "generated", "probed")),
     Stage("labels", "label", ("questions", "cluster", "prepare"), ("label", "llm.identity", "llm.answer_mode"),
           "cqg_ray.mbqa.label:run_labels", "",
           "LLM answers for MBQA training: one (text, question) a prompt, P(yes) read without decoding, or the paper's 20 a prompt (llm.answer_mode; label.*)",
-          models=label_models),
+          models=label_models, headline=("pairs_labelled", "questions", "texts", "yes_rate", "prompts_failed")),
     Stage("model", "train", ("labels", "encode", "questions"), ("train",), "cqg_ray.mbqa.stage:run_train", "",
           "train the MBQA heads (one Ray task, or Ray Train for several workers: train.trainer) and save the model folder (train.*: alpha tau)",
-          unhashed=("train.trainer",)),  # one Ray task or Ray Train's one worker: the same heads to the bit (tested)
+          unhashed=("train.trainer",),  # one Ray task or Ray Train's one worker: the same heads to the bit (tested)
+          headline=("questions", "questions_dropped", "pairs", "heldout_accuracy")),
     Stage("evaluation", "evaluate-run", ("model",),
           ("evaluate", *(f"evaluate.faithfulness.{llm}.{part}" for llm in ("judge", "labeller") for part in ("identity", "answer_mode"))),
           "cqg_ray.evaluate.stage:run_evaluation", "",

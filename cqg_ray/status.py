@@ -1,5 +1,5 @@
 """The table `cqg-ray status` prints: each stage's state (done, stale, missing, changed; running or interrupted for the
-stage a run is in), its seconds and first counts, read from the run directory's manifests."""
+stage a run is in), its seconds and its headline counts (or all of them), read from the run directory's manifests."""
 
 from __future__ import annotations
 
@@ -26,12 +26,26 @@ def status_table(run: RunDir, config_hashes: dict[str, str] | None = None) -> li
     return rows
 
 
-def format_status(run: RunDir, config_hashes: dict[str, str] | None = None, live: tuple[str, str, str] | None = None) -> str:
-    """The table `cqg-ray status` prints: one line per stage (state, seconds, the first counts, why stale). ``live``:
-    (stage, "running" or "interrupted", its progress) for the stage a run is in, shown in place of missing or stale."""
+SHOWN_COUNTS = 6  # counts a stage's line shows: its headline ones first (`stages.Stage.headline`), then the others in order
+
+
+def shown_counts(stage: str, counts: dict, every: bool = False) -> list[tuple[str, object]]:
+    """The (name, value) counts a stage's status line shows: its headline counts first, then the rest in the manifest's
+    order, SHOWN_COUNTS of them (``every``: all)."""
+    first = [k for k in stages.get(stage).headline if k in counts]
+    order = first + [k for k in counts if k not in first]
+    return [(k, counts[k]) for k in (order if every else order[:SHOWN_COUNTS])]
+
+
+def format_status(run: RunDir, config_hashes: dict[str, str] | None = None, live: tuple[str, str, str] | None = None,
+                  every: bool = False) -> str:
+    """The table `cqg-ray status` prints: one line per stage (state, seconds, its headline counts or ``every`` count,
+    why stale). ``live``: (stage, "running" or "interrupted", its progress) for the stage a run is in, shown in place of
+    missing or stale."""
     rows, cells = status_table(run, config_hashes), []
     for r in rows:
-        counts = ", ".join(f"{k}={v}" for k, v in list(r["counts"].items())[:6]) + (f"  ({r['reason']})" if r["state"] in ("stale", "changed") else "")
+        counts = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown_counts(r["stage"], r["counts"], every))
+        counts += f"  ({r['reason']})" if r["state"] in ("stale", "changed") else ""
         counts += f"  (seconds over {r['attempts']} runs)" if r["attempts"] > 1 else ""
         if live is not None and live[0] == r["stage"] and r["state"] != "done":
             r["state"], counts = live[1], live[2]
