@@ -308,14 +308,17 @@ def test_demo_config_plan():
     assert math.isclose(p["throughput"]["llm_completion_tokens_per_s"], THROUGHPUTS["cpu"].llm_completion_tokens_per_s)
 
 
-def fake_run(tmp_path, ledgers: dict, encode_tps=None, train_pps=None):
+def fake_run(tmp_path, ledgers: dict, encode_tps=None, train_pps=None, cached: dict | None = None):
+    """A run directory with the given ledger totals {stage: (prompt, completion, wall_s)}; ``cached``: {stage: [the prompt
+    tokens a prefix cache served in each run]}."""
     from cqg_ray.rundir import RunDir
 
     run = RunDir(str(tmp_path / "run"))
     if encode_tps is not None:
         run.write_manifest("encode", "h", [], {"documents": 10, "texts_per_s": encode_tps}, 1.0)
     for stage, (p, c, wall) in ledgers.items():
-        run.write_json(f"llm/ledger/{stage}/_stats.json", {"totals": {"prompt_tokens": p, "completion_tokens": c, "wall_s": wall}, "runs": []})
+        runs = [{"cached_prompt_tokens": n} for n in (cached or {}).get(stage, [])]
+        run.write_json(f"llm/ledger/{stage}/_stats.json", {"totals": {"prompt_tokens": p, "completion_tokens": c, "wall_s": wall}, "runs": runs})
     if train_pps is not None:
         run.write_manifest("model", "h", [], {"pairs": 10}, 1.0, {"final_metrics": {"pairs_per_s": train_pps}})
     return run.root_uri
@@ -330,6 +333,17 @@ def test_calibrate_solves_prompt_and_output_rates(tmp_path):
     assert tp.llm_prompt_tokens_per_s == pytest.approx(100) and tp.llm_completion_tokens_per_s == pytest.approx(10)
     assert tp.encoder_texts_per_s == 500 and tp.train_pairs_per_s == 1234
     assert "MEASURED" in tp.source
+
+
+def test_calibrate_counts_the_prompt_tokens_read_not_those_a_prefix_cache_served(tmp_path):
+    # single-pass labels: 10,000 prompt tokens in the ledger, 8,000 of them served by the prefix tree (read once for
+    # many prompts), so 2,000 read at 100 tok/s + 100 output at 10 tok/s = 30 s. Counting all 10,000 made the rate 5x
+    # what the engine reads, and the plan (which counts tokens read once) 5x too short
+    from cqg_ray.plan import calibrate
+
+    root = fake_run(tmp_path, {"cqg-generate": (1000, 500, 60.0), "labels": (10_000, 100, 30.0)}, cached={"labels": [5_000, 3_000]})
+    tp = calibrate(root, THROUGHPUTS["cpu"])
+    assert tp.llm_prompt_tokens_per_s == pytest.approx(100) and tp.llm_completion_tokens_per_s == pytest.approx(10)
 
 
 def test_calibrate_with_one_llm_stage_uses_one_rate(tmp_path, capsys):
@@ -540,3 +554,28 @@ def test_calibrate_says_why_a_resumed_encode_gives_no_rate(tmp_path):
         calibrate(str(tmp_path), THROUGHPUTS["cpu"])
     assert str(e.value) == (f"{tmp_path} has no finished encode, LLM or train stage to measure throughput from (its encode "
                             "stage finished without encoding a text itself: every unit was kept from an earlier run, so it timed nothing)")
+
+
+def test_the_cpu_presets_rates_say_when_the_config_runs_other_models(capsys):
+    # the reference config (the 1.5B writes, probes and labels) was planned at the 0.5B's rates, labelled MEASURED:
+    # 4.7 hours against the ~21 its own engines take
+    assert main(["plan", "--config", "reference", "--json"]) == 0
+    source = json.loads(capsys.readouterr().out)["throughput"]["source"]
+    assert source.endswith("; NOT measured on this config's bundled:qwen2.5-coder-1.5b: --measure times its engines here (about a "
+                           "minute), --calibrate RUN_DIR takes a pilot run's")
+    assert main(["plan", "--docs", "10k", "-k", "100", "--set", "llm.backend=llamacpp", "--json"]) == 0  # the 0.5B throughout
+    assert "NOT measured" not in json.loads(capsys.readouterr().out)["throughput"]["source"]
+    assert main(["plan", "--docs", "10k", "-k", "100", "--set", "llm.backend=llamacpp", "--set", "label.model=bundled:smollm2-135m",
+                 "--json"]) == 0
+    assert "NOT measured on this config's bundled:smollm2-135m:" in json.loads(capsys.readouterr().out)["throughput"]["source"]
+
+
+def test_generation_prompts_that_the_guard_clips_are_planned_at_the_context():
+    # the default config's generation prompt (~5.8k tokens) is clipped to the 4,096-token context minus its 400-token
+    # reply; the table charged all 5.8k a prompt while the same plan said every prompt would be clipped
+    p = capacity_plan(config_from_dict({}), docs=100_000)
+    gen = stage(p, "cqg-generate")
+    assert next(r for r in p["context"] if r["stage"] == "cqg-generate")["verdict"].startswith("every prompt clipped")
+    assert gen["prompt_tokens"] == gen["llm_requests"] * (4096 - 400)
+    wide = capacity_plan(config_from_dict({"llm": {"llamacpp": {"n_ctx": 16384}}}), docs=100_000)  # it fits: as counted
+    assert stage(wide, "cqg-generate")["prompt_tokens"] > gen["prompt_tokens"] * 1.5

@@ -10,7 +10,8 @@ from cqg_ray.plan.format import human
 from cqg_ray.plan.memory import llm_model, memory_plan
 from cqg_ray.plan.packing import label_packing_estimate, simulate_label_packing
 from cqg_ray.plan.throughput import THROUGHPUTS, Throughput
-from cqg_ray.plan.tokens import Workload, answer_prompt_tokens, clipped_text_tokens, context_check, generation_prompt_tokens, single_pass_tokens
+from cqg_ray.plan.tokens import (Workload, answer_prompt_tokens, clipped_text_tokens, context_check, engine_context, generation_prompt_tokens,
+                               single_pass_tokens)
 
 # The paper's selected -> deduplicated question counts (Appendix D): 4 questions x 5,000 clusters = 20,000 selected.
 PAPER_DEDUP_SURVIVAL = {"cqg": 9_614 / 20_000, "qaemb": 10_654 / 20_000}
@@ -65,6 +66,9 @@ def capacity_plan(
         raise ValueError(f"filter_survival must be in (0, 1], got {w.filter_survival}")
     k_gen = min(k, c.max_clusters) if c.max_clusters else k
     gen_tokens, gen_texts = generation_prompt_tokens(cfg, w)
+    context = engine_context(cfg)[0]
+    if context is not None:  # a prompt over the context is clipped to fit it (context_check says so): it reads no more
+        gen_tokens = min(gen_tokens, max(1, context - cfg.llm.max_tokens_generate))
     ppc = c.prompts_per_cluster if c.method == "cqg" else 1
     gen_requests = k_gen * ppc
     candidates_per_cluster = ppc * qpc * w.parse_rate

@@ -135,6 +135,9 @@ def cmd_plan(args) -> int:
             changes[name] = getattr(args, name)
     if changes:
         tp = replace(tp, **changes, source=tp.source + "; overridden on the command line: " + ", ".join(changes))
+    if tp is THROUGHPUTS["cpu"] and cfg.llm.backend == "llamacpp" and (others := preset_strangers(cfg)):
+        tp = replace(tp, source=tp.source + f"; NOT measured on this config's {', '.join(others)}: --measure times its engines "
+                                            "here (about a minute), --calibrate RUN_DIR takes a pilot run's")
     shares = measured_survival(args.calibrate) if args.calibrate else {}
     for name in ("parse_rate", "filter_survival"):
         if getattr(args, name) is not None:
@@ -153,6 +156,13 @@ def cmd_plan(args) -> int:
         p["measured"] = measured_clipping(args.calibrate)
     print(json.dumps(p, indent=2) if args.json else format_plan(p))
     return 0
+
+
+def preset_strangers(cfg) -> list[str]:
+    """The embedded models a config writes, probes or labels with that the cpu preset's rates were not measured on
+    (they are the bundled 0.5B's on llama.cpp)."""
+    models = {cfg.cqg.writer_model or cfg.llm.llamacpp.model, cfg.llm.llamacpp.model, cfg.label.model or cfg.llm.llamacpp.model}
+    return sorted(m for m in models if m != "bundled:qwen2.5-coder-0.5b")
 
 
 def measured_survival(run_dir: str) -> dict:

@@ -52,7 +52,8 @@ def calibrate(run_dir: str, base: Throughput) -> Throughput:
     """Throughputs measured by a finished (small) run on the hardware you will use, in place of the preset's.
 
     Encoder: the encode manifest's texts/s. LLM: each ledger stage's totals give wall_s = P / R_prompt + C / R_output
-    (P, C: its prompt and output tokens); generation (long outputs) and probing/labelling (short outputs) make the
+    (P, C: its prompt tokens read, those a prefix cache served left out as the plan counts them, and its output
+    tokens); generation (long outputs) and probing/labelling (short outputs) make the
     system solvable by least squares; with one stage, or a non-positive solution, one rate (P + C) / wall is used for
     both. Training: the final epoch's pairs/s. Rates describe the calibration run's whole setup (all its GPUs or
     actors): plan with --gpus relative to it."""
@@ -70,9 +71,12 @@ def calibrate(run_dir: str, base: Throughput) -> Throughput:
     rows = []
     for stage in LLM_LEDGER_STAGES:
         if run.exists("llm", "ledger", stage, "_stats.json"):
-            t = run.read_json(f"llm/ledger/{stage}/_stats.json").get("totals", {})
-            if t.get("wall_s", 0) > 0 and t.get("prompt_tokens", 0) + t.get("completion_tokens", 0) > 0:
-                rows.append((float(t["prompt_tokens"]), float(t["completion_tokens"]), float(t["wall_s"]), stage))
+            stats = run.read_json(f"llm/ledger/{stage}/_stats.json")
+            t = stats.get("totals", {})
+            cached = sum(r.get("cached_prompt_tokens") or 0 for r in stats.get("runs", []))  # read once for many prompts
+            read = t.get("prompt_tokens", 0) - cached
+            if t.get("wall_s", 0) > 0 and read + t.get("completion_tokens", 0) > 0:
+                rows.append((float(read), float(t["completion_tokens"]), float(t["wall_s"]), stage))
     if rows:
         A = np.array([[r[0], r[1]] for r in rows])
         wall = np.array([r[2] for r in rows])
