@@ -135,7 +135,11 @@ class TextsData:
 def load_texts(uri: str, field: str = "text") -> TextsData:
     """Texts of a JSONL(.gz) file (``field`` of each object) or a TSV (a ``text`` column, or STS's ``sentence1`` and
     ``sentence2``: both sentences of every pair); blank texts and repeats are dropped, the file order is kept."""
-    if (uri[:-3] if uri.endswith(".gz") else uri).endswith(".tsv"):
+    name = (uri[:-3] if uri.endswith(".gz") else uri).lower()
+    if name.endswith((".csv", ".txt", ".parquet")):  # read as JSON Lines, the first line was "broken JSON"
+        raise DataError(f"{uri}: a file of texts here is JSONL (a {field!r} field a line, .jsonl or .json, optionally .gz) or "
+                        f"a TSV (.tsv); not .{name.rsplit('.', 1)[1]}")
+    if name.endswith(".tsv"):
         rows = read_tsv_rows(uri)
         if not rows:
             raise DataError(f"{uri}: empty file")

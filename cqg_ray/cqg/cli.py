@@ -60,6 +60,11 @@ def cmd_questions(args) -> int:
     if args.quality:
         import json
 
+        listing = [flag for flag, on in (("--search", args.search), ("--cluster", args.cluster is not None), ("--all", args.all),
+                                         ("--limit", args.limit != 50)) if on]
+        if listing:  # they choose which questions to list; the report measures them all
+            raise ConfigError(f"questions: --quality measures every question; {', '.join(listing)} choose the ones to list: "
+                              "give one or the other")
         from cqg_ray.cqg.quality import format_quality
 
         q = quality_report(args.run_dir, args.corpus)

@@ -138,6 +138,11 @@ def cmd_evaluate(args) -> int:
     from cqg_ray.evaluate.report import evaluate_model
 
     cfg = config_from_args(args)
+    given = [flag for flag, value in (("--texts", args.texts), ("--n", args.n), ("--per-text", args.per_text), ("--pairs", args.pairs),
+                                      ("--sweep", args.sweep), ("--judge", args.judge)) if value is not None]
+    if given and "faithfulness" not in cfg.tasks:  # they were accepted and did nothing
+        raise ConfigError(f"{', '.join(given)} set the faithfulness task's texts and judge: add faithfulness to --tasks "
+                          f"(now {' '.join(cfg.tasks)})")
     if args.max_queries is not None and args.max_queries < 1:  # 0 scored no query (n/a), a negative one was a traceback
         raise ConfigError(f"--max-queries must be at least 1, got {args.max_queries}")
     check_seed(args.seed)

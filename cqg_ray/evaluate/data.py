@@ -88,6 +88,8 @@ def _is_number(s: str) -> bool:
 
 def load_sts(uri: str, max_pairs: int | None = None, seed: int = 0, name: str | None = None) -> StsData:
     """Read an STS TSV (header ``sentence1 sentence2 score ...``, or headerless first three columns)."""
+    if (uri[:-3] if uri.endswith(".gz") else uri).lower().endswith(".csv"):  # read by tabs, its header was one field
+        raise DataError(f"{uri}: STS pairs are read from a TSV (sentence1, sentence2 and score separated by tabs), not a CSV")
     rows = read_tsv_rows(uri)
     if not rows:
         raise DataError(f"{uri}: empty STS file")

@@ -141,6 +141,10 @@ def test_a_models_questions_are_listed_and_searched_as_a_runs_are(capsys):
     assert "error: questions: no run directory or model at cqg-minilm-reff (shipped models: cqg-minilm-ref" in capsys.readouterr().err
     assert main(["questions", "cqg-minilm-reff", "--quality"]) == 2  # the quality measures too
     assert "error: questions: no run directory or model at cqg-minilm-reff (shipped models: cqg-minilm-ref" in capsys.readouterr().err
+    # the listing's choices with --quality were accepted and ignored (the report covered all 238 questions)
+    assert main(["questions", "cqg-minilm-ref", "--quality", "-q", "music", "-n", "5"]) == 2
+    assert capsys.readouterr().err == ("error: questions: --quality measures every question; --search, --limit choose the ones to "
+                                       "list: give one or the other\n")
 
 
 def test_questions_of_a_file_or_an_embed_output_say_what_it_is(tmp_path, capsys):

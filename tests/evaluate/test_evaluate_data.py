@@ -72,6 +72,20 @@ def test_load_sts_and_texts_written_with_quoting(tmp_path):
     assert load_texts(str(p)).texts == ['He said "hi".', "He greeted me.", "two\nlines", "one line"]
 
 
+def test_an_sts_csv_or_texts_in_another_format_are_named_as_such(tmp_path):
+    """An STS CSV was read by tabs (its header one field: 'sentence1,sentence2,score'); a CSV or .txt of texts was read as
+    JSON Lines ("broken JSON line")."""
+    (tmp_path / "pairs.csv").write_text("sentence1,sentence2,score\na,b,1\n")
+    with pytest.raises(DataError, match=r"pairs.csv: STS pairs are read from a TSV \(sentence1, sentence2 and score separated by "
+                                        r"tabs\), not a CSV$"):
+        load_sts(str(tmp_path / "pairs.csv"))
+    for name in ("texts.csv", "texts.txt", "texts.txt.gz"):
+        (tmp_path / name).write_text("text\na\n")
+        with pytest.raises(DataError, match=rf"{name}: a file of texts here is JSONL \(a 'text' field a line, .jsonl or .json, "
+                                            rf"optionally .gz\) or a TSV \(.tsv\); not .(csv|txt)$"):
+            load_texts(str(tmp_path / name))
+
+
 def test_load_sts_headerless_and_errors(tmp_path):
     p = tmp_path / "pairs.tsv"
     p.write_text("a cat\ta dog\t3.5\nthe sun\tthe moon\t1\n")

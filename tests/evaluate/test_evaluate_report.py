@@ -189,6 +189,9 @@ def test_sweeps_outside_their_range_stop_before_any_work(tmp_path, capsys):
         assert main(["evaluate", str(tmp_path / "no-model"), flag, value]) == 2, (flag, value)
         assert capsys.readouterr().err.strip().splitlines()[-2:] == ["error: invalid configuration in the evaluate options:", "  " + says]
     toy = build_toy_model(str(tmp_path / "toy"))  # 32 questions
+    assert main(["evaluate", toy, "--tasks", "sts", "--n", "5", "--judge", "x", "--out", str(tmp_path / "ev")]) == 2  # ignored before
+    assert capsys.readouterr().err.strip().splitlines()[-1] == ("error: --n, --judge set the faithfulness task's texts and judge: add "
+                                                                "faithfulness to --tasks (now sts)")
     assert main(["evaluate", toy, "--m-sweep", "40", "64", "--out", str(tmp_path / "ev")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "error: --m-sweep: no m in [40, 64] is at most the model's 32 questions"
     assert not (tmp_path / "ev").exists()
