@@ -129,8 +129,6 @@ def stored_budget(meta: dict) -> Budget:
     return Budget.from_dict(meta["budget"]) if "budget" in meta else Budget(rule="tau", tau=float(meta["tau"]))
 
 
-
-
 class BinaryIndex:
     """Packed answer vectors of a corpus in memory (m/8 bytes a document), searched exactly by popcounts."""
 
