@@ -267,7 +267,11 @@ def _export_onnx(st, out: str) -> None:
 # OpenVINO's CPU settings. No thread pinning: OpenVINO pins each process's threads to the first cores, so two
 # single-thread processes on one machine (Ray actors, Serve replicas) shared one core: 108 + 106 texts/s pinned,
 # 226 + 216 unpinned, while one 2-thread process runs the same either way (393 / 391; AMD EPYC Zen 4, 2 cores).
-OPENVINO_CPU_CONFIG = {"PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False}
+# The runtime cache (compiled kernels per input shape, 5,000 shapes by default) held a long-lived process's memory
+# growing with every new (batch, length) pair: a Serve replica went from 0.9 to 3.2 GB over ~7,000 requests. 256 shapes
+# keep it bounded at the same speed (+0.24 GB against +1.27 GB over 1,600 calls of many shapes; `python
+# bench/encoder_shapes.py`, docs/performance.md).
+OPENVINO_CPU_CONFIG = {"PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False, "CPU_RUNTIME_CACHE_CAPACITY": 256}
 
 
 def openvino_config(threads: int) -> dict:
