@@ -220,7 +220,7 @@ KEY = [Depends(require_key)]
 router = APIRouter(responses={code: {"model": ErrorResponse} for code in (400, 401, 413, 415, 422, 431)})
 
 
-@router.get("/healthz")
+@router.api_route("/healthz", methods=["GET", "HEAD"])  # HEAD: uptime probes that ask without a body
 def healthz(svc: Service) -> Health:
     return svc.health()
 

@@ -175,7 +175,7 @@ class EmbeddingsRequest(BaseModel):
 
     input: str | list[str]
     model: str
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64"] | None = "float"  # null (a client sending every field): float
     dimensions: int | None = None
     user: str | None = None
 

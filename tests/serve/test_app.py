@@ -62,6 +62,8 @@ def test_key_guards_every_route_but_health_and_page(secure_api, api):
         assert secure_api.request(method, path, json=body, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
         assert api.request(method, path, json=body).status_code == 200  # no key configured: nothing to send
     assert secure_api.get("/healthz").status_code == 200
+    head = secure_api.head("/healthz")  # uptime probes ask with HEAD (a 405 before)
+    assert head.status_code == 200 and head.content == b""
     assert secure_api.get("/ui").status_code == 200
     # the schema is behind the key; the browsable docs pages, which fetch it without the key, are off
     assert error_of(secure_api.get("/openapi.json"), 401)["code"] == "missing_token"

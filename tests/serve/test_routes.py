@@ -142,6 +142,8 @@ def test_openai_route_raw(client, model):
     tokens = sum(len(x) for x in AutoTokenizer.from_pretrained(resolve_encoder_path(model.encoder.name))([A, B])["input_ids"])
     assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
 
+    explicit = client.post("/v1/embeddings", json={"model": "cqg-mbqa", "input": A, "encoding_format": None, "dimensions": None}).json()
+    assert explicit["data"][0]["embedding"] == body["data"][0]["embedding"]  # every field sent, nulls included: the floats
     b64 = client.post("/v1/embeddings", json={"model": "cqg-mbqa", "input": A, "encoding_format": "base64"}).json()
     decoded = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), dtype="<f4")
     assert np.array_equal(decoded, vecs[0])

@@ -20,6 +20,8 @@ def error_of(fn, *args):
 def test_openai_request_schema():
     r = EmbeddingsRequest.model_validate({"input": "a", "model": "m", "some_future_field": 1})  # unknown fields ignored
     assert (r.input, r.encoding_format, r.dimensions) == ("a", "float", None)
+    r = EmbeddingsRequest.model_validate({"input": "a", "model": "m", "encoding_format": None, "dimensions": None, "user": None})
+    assert r.encoding_format is None  # an explicit null, as OpenAI's clients may send it: the float vectors (a 422 before)
     with pytest.raises(ValueError, match="token ids"):
         EmbeddingsRequest.model_validate({"input": [5, 6], "model": "m"})
 
