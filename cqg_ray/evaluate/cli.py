@@ -35,7 +35,8 @@ def add_commands(sub) -> None:
     g.add_argument("--texts", nargs="+", metavar="FILE", help="texts to judge: JSONL(.gz) with a text field, or TSV (a text column, "
                    "or STS sentence1/sentence2); default STS-B test under the data root")
     g.add_argument("--n", type=int, help="texts sampled (seeded; default 100)")
-    g.add_argument("--per-text", type=int, help="at most this many active questions per text, sampled at random, and as many inactive (default 5)")
+    g.add_argument("--per-text", type=int, help="at most this many questions per text from each of its three pools, sampled at random: shown, "
+                   "answered no, and above the threshold but left out by the budget's cap (default 5)")
     g.add_argument("--pairs", type=int, help="explained pairs shown with the judge's verdicts (default 5)")
     g.add_argument("--sweep", type=int, metavar="N", help="also estimate each budget's yes precision (top-k by p and by p - mean, several k "
                    "and floors) from N judged questions a text, and name the most faithful one with enough active questions")

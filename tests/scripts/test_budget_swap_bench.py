@@ -48,3 +48,26 @@ def test_b_max_mean_leaves_the_common_questions_out_of_b(tmp_path):
     assert (a == a0).all() and a[:, common].any() and not b[:, common].any()
     # the slots freed go to the other questions above the floor, up to 12
     assert b.sum(1).tolist() == np.minimum(12, ((probs > 0.5) & ~common).sum(1)).tolist() and (b0 & ~common <= b).all()
+
+
+def test_score_finds_each_pairs_side_here_and_leaves_out_one_on_neither(tmp_path, monkeypatch, capsys):
+    """score re-drew the sample and refused the file when a probability at the edge moved one pair on another CPU."""
+    texts = [f"{t} number {i}." for i in range(4) for t in ("A man is playing a guitar", "Two dogs run on the beach")]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"faithfulness": {"M": {"STS-B": {"judgements": [{"text": t} for t in texts]}}}}))
+    got, questions, a, b, _ = bs.sides("cqg-minilm-ref", str(path), [], ["floor=0.5"], b_max_mean=0.6)
+    pairs = [(r, q, "a") for r, q in zip(*np.nonzero(a & ~b))][:6] + [(r, q, "b") for r, q in zip(*np.nonzero(b & ~a))][:6]
+    assert len(pairs) == 12
+    both = next(zip(*np.nonzero(a & b)))  # on neither swapped side here, as a pair that moved would be
+    hand = [{"text": got[r], "question": questions[q], "answer": s == "a"} for r, q, s in pairs[:12]]
+    hand.append({"text": got[both[0]], "question": questions[both[1]], "answer": True})
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(h) + "\n" for h in hand))
+    argv = ["budget_swap.py", "score", "cqg-minilm-ref", str(path), str(tmp_path / "pairs.jsonl"), "--b", "floor=0.5", "--b-max-mean", "0.6"]
+    monkeypatch.setattr("sys.argv", argv)
+    bs.main()
+    out = capsys.readouterr().out
+    assert "note: 1 of 13 answered pairs are on neither side here (a probability at the edge): left out" in out
+    assert "true by hand: A only 6 of 6 (1.000), B only 0 of 6 (0.000)" in out
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(h) + "\n" for h in hand + [hand[12]] * 2))  # a fifth on neither side
+    with pytest.raises(SystemExit, match="3 of 15 pairs are shown by both budgets or neither here"):
+        bs.main()
