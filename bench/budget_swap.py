@@ -5,8 +5,9 @@
     python bench/budget_swap.py score cqg-minilm-ref RESULTS.json pairs.jsonl --a rank=prob --b rank=lift lift=0.5
 
 ``RESULTS.json`` is what ``cqg-ray evaluate MODEL --tasks faithfulness`` wrote; its judged texts (in order) are the
-texts. Budget A and budget B (KEY=VALUE over the model's own budget, as ``cqg-ray evaluate --budget``; ``--b-max-mean X``:
-B never shows a question whose mean P(yes) on the training texts is above X) mostly show the same (text, question) pairs; their yes precisions differ only through the pairs one shows and the other does not.
+texts. Budget A and budget B (KEY=VALUE over the model's own budget, as ``cqg-ray evaluate --budget``; with
+``--b-max-mean X``, B never shows a question whose mean P(yes) on the training texts is above X) mostly show the same
+(text, question) pairs; their yes precisions differ only through the pairs one shows and the other does not.
 ``draw`` takes a seeded sample of ``--each`` pairs that only A shows and as many that only B shows, shuffled, each as
 {text, question} alone. ``score`` finds each answered pair's side as this machine computes the budgets (a pair whose
 probability sits at the edge may fall on neither side on another CPU: it is left out and said), and gives each side's

@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _common import corpus_sample  # noqa: E402
+from _common import corpus_sample
 
 CHILD = r"""
 import json, random, sys, time

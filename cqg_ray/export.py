@@ -237,5 +237,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", help="run directory with a trained model (local path or URI)")
     p.add_argument("out", help="local folder to write, e.g. models/my-model (not a URI: copy the folder there afterwards)")
     p.add_argument("--name", help="the model's name in its README (default: the folder name)")
-    p.add_argument("--overwrite", action="store_true", help="replace a model already in OUT (its evaluation/ stays only where the new model has its questions and heads)")
+    p.add_argument("--overwrite", action="store_true", help="replace a model already in OUT (its evaluation/ stays only where the new "
+                                                           "model has its questions and heads)")
     p.set_defaults(func=cmd_export)

@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 from cqg_ray.artifacts import add_digests
 from cqg_ray.config import CorpusConfig
 from cqg_ray.corpus.clean import SAMPLE_BINS, cut_bin, dedup_table, key_bins, prepared_shards, sample_cut, sample_keys
-from cqg_ray.corpus.read import KEPT_COUNTS, MAX_REPORTED_ERRORS, TSV_QUOTED_NOTE, CorpusError, list_files, parse_file, read_bytes, replaced_utf8_warning, rows_table
+from cqg_ray.corpus.read import (KEPT_COUNTS, MAX_REPORTED_ERRORS, TSV_QUOTED_NOTE, CorpusError, list_files, parse_file, read_bytes,
+                                 replaced_utf8_warning, rows_table)
 from cqg_ray.rundir import RunDir, StageContext, documents_digest
 
 log = logging.getLogger("cqg_ray")
