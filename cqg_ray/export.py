@@ -130,7 +130,7 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
 
     import yaml
 
-    from cqg_ray.artifacts import file_on_path, not_a_run, run_config_text
+    from cqg_ray.artifacts import HEADS_FILES, file_on_path, model_fingerprint, not_a_run, run_config_text
     from cqg_ray.mbqa.embedder import InterpretableEmbedder
 
     run = RunDir(run_dir)
@@ -183,7 +183,9 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
     except OSError as e:
         raise ArtifactError(f"cannot make {parent}: {e.strerror or e}: give a folder path to export the model to") from None
     left = set(made) | set(MODEL_FILES)
-    if os.path.isdir(os.path.join(out, "evaluation")) and not same_heads(out, made):
+    if os.path.isdir(os.path.join(out, "evaluation")) and not (
+            all(os.path.isfile(os.path.join(out, f)) for f in HEADS_FILES)
+            and model_fingerprint(out, HEADS_FILES) == model_fingerprint(run.uri("model"), HEADS_FILES)):
         left.add("evaluation")
         log.info("%s/evaluation/ measured the model being replaced (other questions or heads): left out", out)
     try:
@@ -208,20 +210,6 @@ def export_model(run_dir: str, out: str, name: str | None = None, overwrite: boo
         shutil.rmtree(part, ignore_errors=True)
     shutil.rmtree(old, ignore_errors=True)  # only once the new folder is in place
     return build
-
-
-def same_heads(folder: str, made: dict[str, bytes]) -> bool:
-    """Whether the model in ``folder`` has the questions and heads of the files ``made`` (name -> bytes)."""
-    from cqg_ray.artifacts import HEADS_FILES
-
-    for name in HEADS_FILES:
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path):
-            return False
-        with open(path, "rb") as f:
-            if f.read() != made.get(name):
-                return False
-    return True
 
 
 def cmd_export(args) -> int:

@@ -316,21 +316,15 @@ def cmd_search(args) -> int:
         raise ArtifactError(f"{args.embeddings} holds {meta['output']} made under {stored_budget(meta).name}; --tau applies to "
                             "probability embeddings only")
     budget = Budget(rule="tau", tau=args.tau) if args.tau is not None else stored_budget(meta)
-    if meta["output"] == "sparse":
-        index = SparseIndex.load(args.embeddings)
-        q = model.encode([args.query], output="sparse", budget=budget, progress=False).toarray()[0]
-        hits = index.search(q, args.k)
-        q_yes = np.flatnonzero(q).tolist()
-    elif meta["output"] == "probs":  # the value vectors under the budget, one unit file at a time
-        q = model.encode([args.query], output="sparse", budget=budget, progress=False).toarray()[0]
-        _, chunks = file_chunks(args.embeddings, budget, model.mean)
-        hits = search_value_chunks(q, chunks, model.m, args.k)
-        q_yes = np.flatnonzero(q).tolist()
-    else:
+    if meta["output"] == "bits":
         q = model.encode([args.query], output="packed", budget=budget, progress=False)[0]
-        _, chunks = file_chunks(args.embeddings, budget, model.mean)
-        hits = search_chunks(q, chunks, model.m, args.k)
+        hits = search_chunks(q, file_chunks(args.embeddings)[1], model.m, args.k)
         q_yes = np.flatnonzero(np.unpackbits(q, count=model.m)).tolist()
+    else:  # value vectors: sparse ones as stored, probabilities under the budget one unit file at a time
+        q = model.encode([args.query], output="sparse", budget=budget, progress=False).toarray()[0]
+        hits = (SparseIndex.load(args.embeddings).search(q, args.k) if meta["output"] == "sparse"
+                else search_value_chunks(q, file_chunks(args.embeddings, budget, model.mean)[1], model.m, args.k))
+        q_yes = np.flatnonzero(q).tolist()
     texts = embed_output_texts(args.embeddings, [h.doc_id for h in hits])
     for h in hits:
         h.name_questions(model)

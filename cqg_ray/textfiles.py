@@ -64,17 +64,26 @@ def tsv_quoted(text: str) -> bool:
     or a tab), and read with quoting, the text parses strictly into fewer broken rows. A text without ``"`` is plain."""
     if '"' not in text:
         return False
-    plain = [r for r in csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE) if r]
-    broken = sum(len(r) != len(plain[0]) for r in plain[1:])
-    escaped = any(QUOTED_FIELD.fullmatch(f) for r in plain for f in r)
+    broken, escaped = _row_shape(csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE), escapes=True)
     if not broken and not escaped:
         return False
     try:
-        quoted = [r for r in csv.reader(io.StringIO(text), delimiter="\t", strict=True) if r]
+        broken_quoted, _ = _row_shape(csv.reader(io.StringIO(text), delimiter="\t", strict=True))
     except csv.Error:
         return False
-    broken_quoted = sum(len(r) != len(quoted[0]) for r in quoted[1:])
     return broken_quoted < broken or (broken_quoted == 0 and escaped)
+
+
+def _row_shape(rows, escapes: bool = False) -> tuple[int, bool]:
+    """(the rows whose field count differs from the first non-empty row's, and with ``escapes`` whether a field reads
+    as QUOTED_FIELD), counted as the rows stream: no row is held, as the whole file's would be."""
+    width, broken, escaped = None, 0, False
+    for row in rows:
+        if row:
+            width = len(row) if width is None else width
+            broken += len(row) != width
+            escaped = escaped or (escapes and any(QUOTED_FIELD.fullmatch(f) for f in row))
+    return broken, escaped
 
 
 def read_tsv_rows(uri: str) -> list[tuple[int, list[str]]]:
