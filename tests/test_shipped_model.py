@@ -59,6 +59,25 @@ def test_the_shipped_config_names_the_llm_that_labelled_it():
         "score_engine": "torch-float32"}
 
 
+def test_the_shipped_weights_carry_their_checksums_and_a_changed_byte_is_refused(tmp_path):
+    """The model users load first is checked like any saved one: config.json records the sha256 of both weights files,
+    and a copy with one byte of the heads changed in place (same length, still parses) fails to load, naming the file."""
+    import hashlib
+    import shutil
+
+    from cqg_ray.mbqa.embedder import InterpretableEmbedder, ModelError
+
+    cfg = json.loads((FOLDER / "config.json").read_text())
+    assert cfg["sha256"] == {n: hashlib.sha256((FOLDER / n).read_bytes()).hexdigest() for n in ("heads.safetensors", "stats.safetensors")}
+    copy = tmp_path / NAME
+    shutil.copytree(FOLDER, copy, ignore=shutil.ignore_patterns("evaluation"))
+    raw = bytearray((copy / "heads.safetensors").read_bytes())
+    raw[-3] ^= 0x01  # a float's low bits, deep in the last tensor
+    (copy / "heads.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(ModelError, match=r"heads\.safetensors is damaged or was changed after the model was saved"):
+        InterpretableEmbedder.load(str(copy))
+
+
 def test_questions_config_and_heads_agree():
     cfg = json.loads((FOLDER / "config.json").read_text())
     qs = json.loads((FOLDER / "questions.json").read_text())
