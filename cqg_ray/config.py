@@ -337,6 +337,10 @@ class TrainConfig(Section):
                                 "(question-major steps: every step updates every head on its own texts)")
     soft_labels: bool = Field(False, description="fit the heads to the LLM's P(yes) (single-pass answers) instead of its 0/1 answers; "
                               "held-out fidelity is still measured against the 0/1 answers")
+    question_prior: bool = Field(False, description="each head learns a correction to its question's own text: logit + alpha * "
+                                 "cos(text, question) + beta, the question embedded by the run's encoder and alpha, beta one "
+                                 "logistic fit on the training pairs, fixed while the heads train and folded into two more hidden "
+                                 "units (hidden + 2; not in the paper: docs/mbqa.md#the-question-prior)")
     pos_weight: float | Literal["auto"] = Field("auto", description="BCE pos_weight; auto = #no / #yes over the training labels")
     holdout: float = Field(0.1, ge=0, lt=1, description="fraction of labelled documents held out (never trained on): the select "
                            "part of them calibrates the heads and decides which questions leave, the report part gives the figures")

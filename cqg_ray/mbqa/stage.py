@@ -103,7 +103,8 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
     log.info("train: %d questions, %d labelled pairs over %d texts (d=%d, %d held out: %d select, %d report), %d worker(s), %d epochs, "
              "through Ray Data", m, n_pairs, len(ids), d, len(held), len(held) - len(report_ids), len(report_ids),
              cfg.train.num_workers, cfg.train.epochs)
-    result = fit_heads(training_rows(texts), d, m, cfg.train, storage_path=storage, name=name, run=ctx.run)
+    result = fit_heads(training_rows(texts), d, m, cfg.train, storage_path=storage, name=name, run=ctx.run,
+                       q_vectors=question_vectors(cfg, qt.column("text").to_pylist()) if cfg.train.question_prior else None)
     stats = dataset_stats(texts, result.heads, cfg.train.tau)  # one more pass: counts, mean P(yes), held-out pairs
     if stats["texts"] != len(ids) or stats["train_pairs"] + stats["held_pairs"] != n_pairs:
         raise ArtifactError(f"{run.uri('encode')}: {stats['texts']:,} of the {len(ids):,} labelled texts have one embedding "
@@ -122,6 +123,8 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
                        "select_docs": len(held) - len(report_ids), "report_docs": len(report_ids),
                        "train_pairs": stats["train_pairs"], "heldout_pairs": stats["held_pairs"],
                        "pos_weight": result.pos_weight, "epochs": result.epochs}
+    if cfg.train.question_prior:
+        report["question_prior"] = {"alpha": round(result.metrics["prior_alpha"], 4), "beta": round(result.metrics["prior_beta"], 4)}
     report["reliability"] = rel.report
     n_labels, n_yes = stats["labels"], stats["yes"]
     records = [{"id": str(r["question_id"]), "text": r["text"], "cluster": int(r["cluster"]),
@@ -150,6 +153,14 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
                        "heldout_accuracy": report.get("accuracy") if isinstance(report, dict) else None})
     ctx.extra["final_metrics"] = result.metrics
     ctx.extra["wall_s"] = round(time.time() - t0, 1)
+
+
+def question_vectors(cfg: PipelineConfig, texts: list[str]) -> np.ndarray:
+    """The questions' texts embedded by the run's encoder (the question prior's q_i: `mbqa.prior`)."""
+    from cqg_ray.encoder import load_encoder
+
+    log.info("train: embedding the %d questions for the question prior (%s)", len(texts), cfg.encode.model)
+    return np.asarray(load_encoder(cfg.encode.model, backend=cfg.encode.backend).encode(texts, batch_size=128), dtype=np.float32)
 
 
 def labelled_by(cfg: PipelineConfig) -> dict:

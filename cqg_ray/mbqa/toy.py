@@ -97,9 +97,10 @@ def build_toy_model(path: str, questions: list[str] | None = None, encoder: str 
     return path
 
 
-def make_problem(n_docs=400, d=16, m=6, per_question=150, seed=0):
+def make_problem(n_docs=400, d=16, m=6, per_question=150, seed=0, with_directions=False):
     """Unit embeddings; question i is 'yes' when the projection on a random direction exceeds a threshold
-    (25% yes over the corpus); each question is labelled on `per_question` random texts. Returns (embeddings, dense int8 labels)."""
+    (25% yes over the corpus); each question is labelled on `per_question` random texts. Returns (embeddings, dense int8
+    labels), and with ``with_directions`` the questions' directions (m, d) too (a question prior that knows the truth's axis)."""
     rng = np.random.default_rng(seed)
     emb = rng.standard_normal((n_docs, d)).astype(np.float32)
     emb /= np.linalg.norm(emb, axis=1, keepdims=True)
@@ -111,4 +112,4 @@ def make_problem(n_docs=400, d=16, m=6, per_question=150, seed=0):
     for q in range(m):
         docs = rng.choice(n_docs, per_question, replace=False)
         labels[docs, q] = truth[docs, q]
-    return emb, labels
+    return (emb, labels, directions.astype(np.float32)) if with_directions else (emb, labels)

@@ -35,6 +35,7 @@ from cqg_ray.mbqa.checkpoint import (CHECKPOINT, checkpoints, latest_checkpoint,
 from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.mbqa.loop import make_optimizer, run_epochs, steps_per_epoch
 from cqg_ray.mbqa.pairs import LabelPairs, split_holdout
+from cqg_ray.mbqa.prior import PriorHeads, fit_prior, fold_prior, pair_cosines, unit_rows
 from cqg_ray.mbqa.train_data import arrays_dataset, shard_arrays, worker_cpus
 from cqg_ray.rundir import RunDir, resolve
 
@@ -62,6 +63,14 @@ def train_worker(config: dict, shard: dict, resume, report, rank: int = 0, world
         log.info("train: %d pairs over %d workers (this one %d texts, %d pairs), pos_weight=%.4f, %d steps/epoch, %d epochs",
                  pairs, world, shard["texts"], len(shard["label"]), pos_weight, n_steps, cfg.epochs)
 
+    prior = {}
+    if config.get("prior") is not None:  # the question prior: fixed while the heads train (`mbqa.prior`)
+        cos = pair_cosines(shard["emb"], shard["row"], shard["question"], config["prior"])
+        alpha, beta = fit_prior(cos, shard["answer"], all_reduce=lambda t: reduce(t))
+        prior = {"prior_alpha": alpha, "prior_beta": beta}
+        if rank == 0:
+            log.info("train: question prior P(yes) = sigma(%.3f * cos(text, question) %+.3f), fitted on the %d training pairs", alpha, beta, pairs)
+
     torch.manual_seed(cfg.seed)
     heads = StackedHeads(config["d"], config["m"], cfg.hidden).to(device)
     opt = make_optimizer(heads, cfg)
@@ -72,11 +81,11 @@ def train_worker(config: dict, shard: dict, resume, report, rank: int = 0, world
         config["progress"].put({"epoch": start_epoch})  # the bar starts where the run does, 0 or a resumed epoch
     if start_epoch >= cfg.epochs:  # a finished run started again: nothing left to train
         again = (heads, opt, start_epoch) if config.get("resume_from") else None
-        report({"epoch": start_epoch, "start_epoch": start_epoch, "pos_weight": pos_weight}, again)
+        report({"epoch": start_epoch, "start_epoch": start_epoch, "pos_weight": pos_weight, **prior}, again)
         return
 
     def on_epoch_end(epoch: int, metrics: dict) -> None:
-        metrics.update(pos_weight=pos_weight, shard_pairs=len(shard["label"]))  # shard_pairs: rank 0's (the one reported)
+        metrics.update(pos_weight=pos_weight, shard_pairs=len(shard["label"]), **prior)  # shard_pairs: rank 0's (the one reported)
         if rank == 0:
             log.info("train: epoch %d/%d loss %.4f pairs %d %.0f pairs/s %.1fs", metrics["epoch"], cfg.epochs,
                      metrics["loss"], metrics["pairs"], metrics["pairs_per_s"], metrics["seconds"])
@@ -87,8 +96,11 @@ def train_worker(config: dict, shard: dict, resume, report, rank: int = 0, world
         # no report between checkpoints: each ray.train.report is a barrier with the controller (about 2 s on
         # this Ray), which made small runs (milliseconds an epoch) spend nearly all their time reporting
 
+    model = wrap(heads) if wrap else heads
+    if prior:
+        model = PriorHeads(model, config["prior"], prior["prior_alpha"], prior["prior_beta"]).to(device)
     run_epochs(heads, opt, shard, n_steps, cfg, pos_weight, start_epoch, on_epoch_end,
-               model=wrap(heads) if wrap else heads, device=device, rank=rank, all_reduce=all_reduce)
+               model=model, device=device, rank=rank, all_reduce=all_reduce)
 
 
 def _train_loop_per_worker(config: dict) -> None:
@@ -298,7 +310,7 @@ def drop_checkpoints_train_forgot(folder: str, before: list[str]) -> None:
             run.rm(name)
 
 
-def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: str, run=None) -> TrainResult:
+def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: str, run=None, q_vectors=None) -> TrainResult:
     """Train m stacked heads on a Ray Dataset of labelled texts (`train_data.TEXT_COLUMNS`).
 
     Every row given is trained on (filter the held-out texts out first). ``train.trainer`` (`trainer_kind`): Ray
@@ -307,7 +319,8 @@ def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: 
     group to start: ~30 s less per run on 2 cores). Either asks for ``cpus_per_worker`` CPUs a worker, fewer when that
     would leave Ray Data less than ``train.data_cpus`` of the cluster. A run with the same storage_path and name resumes
     from its last checkpoint; a worker that dies is restarted from it (`cfg.max_failures` times). ``run``: the run
-    directory whose ``_progress.json`` follows the epochs.
+    directory whose ``_progress.json`` follows the epochs. ``q_vectors`` (m, d): the questions' embeddings, for the
+    question prior (`mbqa.prior`): the heads train beside it and come back with it folded in (hidden + 2 units).
     """
     import ray
 
@@ -316,7 +329,8 @@ def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: 
         log.info("train: %d worker(s) at %.2f CPUs each (train.cpus_per_worker %.2f), keeping %.2f CPUs for Ray Data",
                  cfg.num_workers, cpus, cfg.cpus_per_worker, cfg.data_cpus)
     bar = EpochBar(cfg.epochs, run)
-    config = {"cfg": cfg.model_dump(mode="json"), "d": int(d), "m": int(m), "cpus": cpus, "progress": bar.queue}
+    config = {"cfg": cfg.model_dump(mode="json"), "d": int(d), "m": int(m), "cpus": cpus, "progress": bar.queue,
+              "prior": None if q_vectors is None else unit_rows(q_vectors)}
     folder = f"{storage_path.rstrip('/')}/{name}"
     if trainer_kind(cfg) == "task":
         ordered = texts.copy(texts)  # the block order of a Train split (`TextSplit`)
@@ -331,7 +345,8 @@ def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: 
             if found is None:
                 raise RuntimeError(f"training run {name} in {storage_path} finished without a checkpoint")
             heads, epochs = load_checkpoint(found)
-        return TrainResult(heads, epochs, metrics, float(metrics.get("pos_weight", 1.0)), f"{folder}/{CHECKPOINT}{epochs:06d}")
+        return TrainResult(with_prior(heads, config["prior"], metrics), epochs, metrics, float(metrics.get("pos_weight", 1.0)),
+                           f"{folder}/{CHECKPOINT}{epochs:06d}")
 
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -358,7 +373,17 @@ def fit_heads(texts, d: int, m: int, cfg: TrainConfig, storage_path: str, name: 
     if before:
         drop_checkpoints_train_forgot(folder, before)
     metrics = dict(result.metrics or {})
-    return TrainResult(heads, epochs, metrics, float(metrics.get("pos_weight", 1.0)), result.checkpoint.path)
+    return TrainResult(with_prior(heads, config["prior"], metrics), epochs, metrics, float(metrics.get("pos_weight", 1.0)),
+                       result.checkpoint.path)
+
+
+def with_prior(heads: StackedHeads, q_vectors, metrics: dict) -> StackedHeads:
+    """The trained heads with the question prior the workers fitted (``metrics``) folded in; as they are without one."""
+    if q_vectors is None:
+        return heads
+    if "prior_alpha" not in metrics:
+        raise RuntimeError("train: the workers reported no question prior (prior_alpha, prior_beta) to fold into the heads")
+    return fold_prior(heads, q_vectors, metrics["prior_alpha"], metrics["prior_beta"])
 
 
 def train_heads(
@@ -367,8 +392,10 @@ def train_heads(
     cfg: TrainConfig,
     storage_path: str,
     name: str,
+    q_vectors: np.ndarray | None = None,
 ) -> TrainResult:
-    """Train m stacked heads on the frozen embeddings of the labelled texts with Ray Train (`fit_heads`).
+    """Train m stacked heads on the frozen embeddings of the labelled texts with Ray Train (`fit_heads`; ``q_vectors``:
+    the questions' embeddings for the question prior).
 
     embeddings: (n_docs, d) float (rows indexed by `labels.doc`); labels: `LabelPairs`, or a dense (n_docs, m)
     int8 matrix with -1 for unlabelled. Every labelled pair given is trained on (split the held-out documents off
@@ -389,7 +416,7 @@ def train_heads(
         raise ValueError("duplicate (text, question) pairs in the labels: keep one answer per pair")
     log.info("train: %d pairs, %d questions, %d texts, d=%d, %d workers, %d epochs", len(pairs), pairs.n_questions,
              len(np.unique(pairs.doc)), embeddings.shape[1], cfg.num_workers, cfg.epochs)
-    return fit_heads(arrays_dataset(embeddings, pairs), embeddings.shape[1], pairs.n_questions, cfg, storage_path, name)
+    return fit_heads(arrays_dataset(embeddings, pairs), embeddings.shape[1], pairs.n_questions, cfg, storage_path, name, q_vectors=q_vectors)
 
 
 def train_and_evaluate(
@@ -398,6 +425,7 @@ def train_and_evaluate(
     cfg: TrainConfig,
     storage_path: str,
     name: str,
+    q_vectors: np.ndarray | None = None,
 ) -> tuple[TrainResult, dict]:
     """Hold out `cfg.holdout` of the labelled documents (by document), train on the rest, evaluate on them.
 
@@ -405,7 +433,7 @@ def train_and_evaluate(
     """
     pairs = labels if isinstance(labels, LabelPairs) else LabelPairs.from_dense(labels)
     train, test = split_holdout(pairs, cfg.holdout, cfg.seed)
-    result = train_heads(embeddings, train, cfg, storage_path, name)
+    result = train_heads(embeddings, train, cfg, storage_path, name, q_vectors=q_vectors)
     from cqg_ray.mbqa.report import evaluate_heads  # sklearn: the driver's, kept out of every Train worker's start
 
     report = evaluate_heads(result.heads, embeddings, test, cfg.tau) if len(test) else {}

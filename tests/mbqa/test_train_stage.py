@@ -145,3 +145,41 @@ def test_labelled_by_records_how_the_labels_were_asked_and_the_embedded_engine_s
     served = PipelineConfig(llm={"backend": "openai", "openai": {"model": "Qwen/Qwen2.5-7B-Instruct"}})
     assert labelled_by(served) == {"backend": "openai", "model": "Qwen/Qwen2.5-7B-Instruct", "answer_mode": "single", "prompt": "answer",
                                    "yes_above": 0.5}
+
+
+def test_the_question_prior_is_fitted_over_both_workers_and_folded_into_the_saved_heads(trained_run, tmp_path, corpus_file):
+    """train.question_prior on the same run (two Ray Train workers): alpha and beta are the logistic fit of every
+    training pair's answer on its text-question cosine (the workers' sums all-reduced), as computed here from arrays;
+    the saved heads have hidden + 2 units and load as any model's."""
+    import shutil
+
+    from cqg_ray.config import stage_hash
+    from cqg_ray.mbqa.prior import fit_prior, pair_cosines, unit_rows
+    from cqg_ray.mbqa.stage import question_vectors, run_train
+    from cqg_ray.rundir import RunDir, run_stage
+    from tests.conftest import small_config
+
+    run0, cfg0, _ = trained_run
+    d = tmp_path / "run"
+    shutil.copytree(run0.root, d)
+    cfg = small_config(d, corpus_file, t=3, filters=["copy", "example", "long", "cut_off"],
+                       extra={"train": {"epochs": 20, "holdout": 0.2, "num_workers": 2, "checkpoint_every": 20, "question_prior": True}})
+    run = RunDir(str(d))
+    manifest = run_stage(run, "model", stage_hash(cfg, "model"), lambda ctx: run_train(cfg, ctx))
+    report = json.loads((d / "model" / "eval_report.json").read_text())
+    labels = load_labels(run)
+    doc_ids = labels.column("doc_id").to_numpy(zero_copy_only=False)
+    ids, emb = load_embeddings(run, np.unique(doc_ids))
+    m = manifest["counts"]["questions_generated"]
+    pairs = LabelPairs(np.searchsorted(ids, doc_ids), labels.column("question_id").to_numpy(),
+                       labels.column("answer").to_numpy(zero_copy_only=False).astype(np.int8), m)
+    train, _ = split_holdout(pairs, cfg.train.holdout, cfg.train.seed)
+    from cqg_ray.artifacts import load_questions
+
+    q = unit_rows(question_vectors(cfg, load_questions(run).column("text").to_pylist()))
+    alpha, beta = fit_prior(pair_cosines(emb, train.doc, train.question, q), train.answer)
+    assert report["question_prior"] == {"alpha": pytest.approx(alpha, abs=1e-3), "beta": pytest.approx(beta, abs=1e-3)}
+    assert alpha > 0  # texts nearer a question answer it yes more often (the lexical oracle's answers)
+    model = InterpretableEmbedder.load(str(d / "model"), device="cpu")
+    assert model.heads.hidden == cfg.train.hidden + 2
+    assert manifest["final_metrics"]["prior_alpha"] == pytest.approx(alpha, abs=1e-3)
