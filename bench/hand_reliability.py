@@ -1,6 +1,6 @@
 """Does a question's measured reliability say whether it is true of a text? Against a person's answers.
 
-    python bench/hand_reliability.py cqg-minilm-ref bench/data/hand_pairs_weight_decay.jsonl bench/data/hand_pairs_budget_swap_lift05.jsonl
+    python bench/hand_reliability.py builds/cqg-minilm-ref-20261129 bench/data/hand_pairs_weight_decay.jsonl bench/data/hand_pairs_budget_swap_lift05.jsonl
 
 Hand files: JSONL of {text, question, answer} on the model's own questions (``bench/hand_check.py``,
 ``bench/budget_swap.py``); a pair in two files counts once (the last file's answer). Of the pairs the model could show

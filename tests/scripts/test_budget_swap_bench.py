@@ -1,12 +1,15 @@
 """bench/budget_swap.py: the draw is seeded and balanced, the change of precision is the stratified estimate."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from tests.scripts import load_script
 
 bs = load_script("bench/budget_swap.py", "bench_budget_swap")
+# the model these budgets were measured on (the heads of 2026-11-29, budget top 12 above 0.6): docs/reference-model.md
+MEASURED = str(Path(__file__).resolve().parents[2] / "builds" / "cqg-minilm-ref-20261129")
 
 
 def test_judged_texts_in_order_once(tmp_path):
@@ -40,9 +43,9 @@ def test_b_max_mean_leaves_the_common_questions_out_of_b(tmp_path):
     texts = ["A man is playing a guitar.", "Aspirin lowers the risk of heart attack.", "Two dogs run on the beach."]
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"faithfulness": {"M": {"STS-B": {"judgements": [{"text": t} for t in texts]}}}}))
-    got, questions, a, b, (ba, bb) = bs.sides("cqg-minilm-ref", str(path), [], ["floor=0.5"], b_max_mean=0.6)
-    same, _, a0, b0, _ = bs.sides("cqg-minilm-ref", str(path), [], ["floor=0.5"])
-    model = bs.InterpretableEmbedder.load("cqg-minilm-ref")
+    got, questions, a, b, (ba, bb) = bs.sides(MEASURED, str(path), [], ["floor=0.5"], b_max_mean=0.6)
+    same, _, a0, b0, _ = bs.sides(MEASURED, str(path), [], ["floor=0.5"])
+    model = bs.InterpretableEmbedder.load(MEASURED)
     common, probs = model.mean > 0.6, model.encode(texts, output="probs", progress=False)
     assert got == same == texts and len(questions) == len(model.mean) and (ba.floor, bb.floor) == (0.6, 0.5)
     assert (a == a0).all() and a[:, common].any() and not b[:, common].any()
@@ -55,14 +58,14 @@ def test_score_finds_each_pairs_side_here_and_leaves_out_one_on_neither(tmp_path
     texts = [f"{t} number {i}." for i in range(4) for t in ("A man is playing a guitar", "Two dogs run on the beach")]
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"faithfulness": {"M": {"STS-B": {"judgements": [{"text": t} for t in texts]}}}}))
-    got, questions, a, b, _ = bs.sides("cqg-minilm-ref", str(path), [], ["floor=0.5"], b_max_mean=0.6)
+    got, questions, a, b, _ = bs.sides(MEASURED, str(path), [], ["floor=0.5"], b_max_mean=0.6)
     pairs = [(r, q, "a") for r, q in zip(*np.nonzero(a & ~b))][:6] + [(r, q, "b") for r, q in zip(*np.nonzero(b & ~a))][:6]
     assert len(pairs) == 12
     both = next(zip(*np.nonzero(a & b)))  # on neither swapped side here, as a pair that moved would be
     hand = [{"text": got[r], "question": questions[q], "answer": s == "a"} for r, q, s in pairs[:12]]
     hand.append({"text": got[both[0]], "question": questions[both[1]], "answer": True})
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(h) + "\n" for h in hand))
-    argv = ["budget_swap.py", "score", "cqg-minilm-ref", str(path), str(tmp_path / "pairs.jsonl"), "--b", "floor=0.5", "--b-max-mean", "0.6"]
+    argv = ["budget_swap.py", "score", MEASURED, str(path), str(tmp_path / "pairs.jsonl"), "--b", "floor=0.5", "--b-max-mean", "0.6"]
     monkeypatch.setattr("sys.argv", argv)
     bs.main()
     out = capsys.readouterr().out
