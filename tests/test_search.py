@@ -233,8 +233,11 @@ def test_texts_in_memory_are_searched_as_the_docs_show():
     docs = ["A man is playing a guitar.", "The stock market fell today.", "A dog runs in the park."]
     index = SparseIndex(np.array(docs), model.encode(docs, output="sparse"), model.m)
     hits = search(model, index, "Someone plays music.", k=2)
-    assert [h.doc_id for h in hits] == ["A man is playing a guitar.", "The stock market fell today."]
+    assert [h.doc_id for h in hits] == ["A man is playing a guitar.", "A dog runs in the park."]
     assert hits[0].score > hits[1].score > 0 and "Is a musical performance described?" in hits[0].questions
+    assert hits[1].questions == ["Is a person or animal mentioned?", "Is a person or animal shown in the text?"]
+    last = search(model, index, "Someone plays music.", k=3)[2]  # the shipped model's music query shares nothing with the market
+    assert (last.doc_id, last.score, last.questions) == ("The stock market fell today.", 0.0, [])
 
 
 def test_a_long_query_or_text_is_clipped_where_a_line_shows_it():

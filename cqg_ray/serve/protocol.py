@@ -48,7 +48,7 @@ class Strict(BaseModel):
 
 
 ModelTau = Field(description="the model's own threshold (the paper's tau, config.json), what a request's tau rule replaces; the "
-                            "active questions follow `budget`, which may be another rule (top12>0.6: the 12 surest above 0.6)")
+                            "active questions follow `budget`, which may be another rule (top12>0.5: the 12 surest above 0.5)")
 Tau = Field(None, gt=0, lt=1, allow_inf_nan=False,
             description="the paper's rule for this request: yes when p > tau, tau in (0, 1) (default: the model's budget)")
 K = Field(None, ge=1, description="the budget for this request: at most k active questions per text, 1 <= k <= m (default: the model's budget)")
