@@ -41,13 +41,15 @@ from cqg_ray.demo import DEFAULT_CONFIG
 # judge's and labeller's requests are no lists, so the same requests; 2026-12-07). Evaluation, the last time for an LLM
 # section's new field, when the judge's and labeller's sections were hashed by what decides their answers (identity
 # and answer mode) instead of whole (2026-12-07).
+# Model when train got question_prior (false: the paper's heads, the same weights as before; the demo's true: its heads
+# learn beside their questions' texts; 2026-12-07): the model stage retrains from the labels, asking nothing again.
 DEMO_HASHES = {
     "prepare": "6998b9e43ecb600f",
     "encode": "aa72063655ffa91f",
     "cluster": "2dc43e847309c883",
     "questions": "548a3b8f72f0f082",
     "labels": "4df86b66d5d050f3",
-    "model": "de762e3ea17f1d29",
+    "model": "5534f881d015bbd0",
     "evaluation": "eb73af1ebcab47dd",
 }
 DEFAULT_HASHES = {
@@ -56,7 +58,7 @@ DEFAULT_HASHES = {
     "cluster": "fe2e5115535f60b6",
     "questions": "79845cec2a4834de",
     "labels": "f1b11134e9021234",
-    "model": "b3bab030d5c3377c",
+    "model": "8a7cd894657c65eb",
     "evaluation": "532b8342797e733d",
 }
 
