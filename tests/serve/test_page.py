@@ -100,7 +100,9 @@ def test_question_list_search_and_sort(server, client, browser, model):
     client.post("/embed", json={"texts": [A, B]})  # served yes-rates need texts seen
     browser.goto(server.url + "/ui")
     browser.wait_for("document.body.dataset.ready === '1'")
-    browser.eval("document.getElementById('tab-questions').click()")
+    loads = int(browser.eval("document.body.dataset.questionLoads"))
+    browser.eval("document.getElementById('tab-questions').click()")  # loads the questions again: wait for that load, whose
+    browser.wait_for(f"Number(document.body.dataset.questionLoads) > {loads}")  # answer would overwrite the list set below
     browser.wait_for("document.querySelectorAll('#question-table tbody tr').length === 32")
     texts = browser.eval("[...document.querySelectorAll('#question-table tbody tr')].map(tr => tr.cells[2].textContent)")
     assert texts == model.questions
