@@ -68,6 +68,25 @@ def report_aucs(run_dir: str, model_dir: str) -> dict[int, float]:
     return out
 
 
+def train_on_copy(run_dir: str, copy: Path, config: str | None, sets: list[str], what: str) -> float:
+    """Copy the run's finished stages (`STAGES`) to ``copy`` and run the train stage there (`cqg-ray run --until train`,
+    the run's config or ``config``, each of ``sets`` as --set KEY=VALUE); its seconds. Exits with the stage's error."""
+    for name in STAGES:
+        src = Path(run_dir) / name
+        if src.is_dir():
+            shutil.copytree(src, copy / name)
+        elif src.exists():
+            copy.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, copy / name)
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "cqg_ray.cli", "run", "--config", config or str(copy / "config.yaml"), "-r", str(copy),
+           "--until", "train", *[x for kv in sets for x in ("--set", kv)]]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"train with {what} failed:\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", help="a run directory whose labels stage is done (e.g. runs/reference)")
@@ -80,20 +99,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="head-decay-") as scratch:
         for wd in values:
             copy = Path(scratch) / f"wd{wd:g}"
-            for name in STAGES:
-                src = Path(a.run_dir) / name
-                if src.is_dir():
-                    shutil.copytree(src, copy / name)
-                elif src.exists():
-                    copy.mkdir(parents=True, exist_ok=True)
-                    shutil.copy(src, copy / name)
-            t0 = time.perf_counter()
-            cmd = [sys.executable, "-m", "cqg_ray.cli", "run", "--config", a.config or str(copy / "config.yaml"), "-r", str(copy),
-                   "--until", "train", "--set", f"train.weight_decay={wd}"]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode:
-                sys.exit(f"train with weight_decay {wd} failed:\n{proc.stderr[-3000:]}")
-            wall = time.perf_counter() - t0
+            wall = train_on_copy(a.run_dir, copy, a.config, [f"train.weight_decay={wd}"], f"weight_decay {wd}")
             rel = json.loads((copy / "model" / "eval_report.json").read_text())["reliability"]
             aucs[wd] = report_aucs(str(copy), str(copy / "model"))
             questions = json.loads((copy / "model" / "questions.json").read_text())

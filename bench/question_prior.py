@@ -23,11 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from head_decay import STAGES, report_aucs  # noqa: E402
+from head_decay import report_aucs, train_on_copy  # noqa: E402
 
 
 def hand_pairs(questions: set[str]) -> list[tuple[str, str, bool]]:
@@ -73,21 +70,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="question-prior-") as scratch:
         for prior in (False, True):
             copy = Path(scratch) / f"prior-{str(prior).lower()}"
-            for name in STAGES:
-                src = Path(a.run_dir) / name
-                if src.is_dir():
-                    shutil.copytree(src, copy / name)
-                elif src.exists():
-                    copy.mkdir(parents=True, exist_ok=True)
-                    shutil.copy(src, copy / name)
-            t0 = time.perf_counter()
-            cmd = [sys.executable, "-m", "cqg_ray.cli", "run", "--config", a.config or str(copy / "config.yaml"), "-r", str(copy),
-                   "--until", "train", "--set", f"train.question_prior={str(prior).lower()}",
-                   *[x for kv in a.set for x in ("--set", kv)]]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode:
-                sys.exit(f"train with question_prior {prior} failed:\n{proc.stderr[-3000:]}")
-            wall = time.perf_counter() - t0
+            wall = train_on_copy(a.run_dir, copy, a.config, [f"train.question_prior={str(prior).lower()}", *a.set], f"question_prior {prior}")
             report = json.loads((copy / "model" / "eval_report.json").read_text())
             aucs[prior] = report_aucs(str(copy), str(copy / "model"))
             questions = json.loads((copy / "model" / "questions.json").read_text())
