@@ -27,6 +27,11 @@ class DataError(ValueError):
     """A file of texts or evaluation data that cannot be read: missing file, wrong columns, broken line (with its location)."""
 
 
+def plain_name(uri: str) -> str:
+    """The file's name without a trailing ``.gz``, in lower case: the suffix that says what it holds."""
+    return (uri[:-3] if uri.endswith(".gz") else uri).lower()
+
+
 def read_bytes(uri: str) -> bytes:
     """Bytes of a local path or any pyarrow/fsspec URI; gzip content (by its magic bytes) is decompressed."""
     fs, path = resolve(uri)
@@ -144,7 +149,7 @@ class TextsData:
 def load_texts(uri: str, field: str = "text") -> TextsData:
     """Texts of a JSONL(.gz) file (``field`` of each object) or a TSV (a ``text`` column, or STS's ``sentence1`` and
     ``sentence2``: both sentences of every pair); blank texts and repeats are dropped, the file order is kept."""
-    name = (uri[:-3] if uri.endswith(".gz") else uri).lower()
+    name = plain_name(uri)
     if name.endswith((".csv", ".txt", ".parquet")):  # read as JSON Lines, the first line was "broken JSON"
         raise DataError(f"{uri}: a file of texts here is JSONL (a {field!r} field a line, .jsonl or .json, optionally .gz) or "
                         f"a TSV (.tsv); not .{name.rsplit('.', 1)[1]}")

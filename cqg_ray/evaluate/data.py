@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from cqg_ray.rundir import resolve
-from cqg_ray.textfiles import DataError, dataset_name, read_jsonl, read_text_lines, read_tsv_rows, sample_indices
+from cqg_ray.textfiles import DataError, dataset_name, plain_name, read_jsonl, read_text_lines, read_tsv_rows, sample_indices
 
 log = logging.getLogger("cqg_ray")
 
@@ -88,7 +88,7 @@ def _is_number(s: str) -> bool:
 
 def load_sts(uri: str, max_pairs: int | None = None, seed: int = 0, name: str | None = None) -> StsData:
     """Read an STS TSV (header ``sentence1 sentence2 score ...``, or headerless first three columns)."""
-    if (uri[:-3] if uri.endswith(".gz") else uri).lower().endswith(".csv"):  # read by tabs, its header was one field
+    if plain_name(uri).endswith(".csv"):  # read by tabs, its header was one field
         raise DataError(f"{uri}: STS pairs are read from a TSV (sentence1, sentence2 and score separated by tabs), not a CSV")
     rows = read_tsv_rows(uri)
     if not rows:
