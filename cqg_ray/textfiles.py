@@ -28,8 +28,9 @@ class DataError(ValueError):
 
 
 def plain_name(uri: str) -> str:
-    """The file's name without a trailing ``.gz``, in lower case: the suffix that says what it holds."""
-    return (uri[:-3] if uri.endswith(".gz") else uri).lower()
+    """The file's name in lower case without a trailing ``.gz``: the suffix that says what it holds."""
+    name = uri.lower()
+    return name[:-3] if name.endswith(".gz") else name
 
 
 def read_bytes(uri: str) -> bytes:

@@ -33,6 +33,7 @@ def test_clean_text():
 def test_detect_format():
     assert detect_format("a/b.jsonl.gz") == "jsonl"
     assert detect_format("b.TSV") == "tsv"
+    assert detect_format("b.TSV.GZ") == "tsv"
     assert detect_format("b.parquet") == "parquet"
     with pytest.raises(CorpusError, match="cannot tell the format"):
         detect_format("b.xml")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from cqg_ray.textfiles import read_tsv_rows, tsv_quoted
+from cqg_ray.textfiles import plain_name, read_tsv_rows, tsv_quoted
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 ROWS = [["text", "id"], ['He said "hi" to me.', "a"], ["line one\nline two", "b"], ["plain text", "c"], ["tab\tinside", "d"]]
@@ -49,3 +49,8 @@ def test_read_tsv_rows(tmp_path):
     plain = tmp_path / "plain.tsv"
     plain.write_text('text\tid\n"Hello," he said.\ta\n\n  \nb\tc\td\n')
     assert read_tsv_rows(str(plain)) == [(1, ["text", "id"]), (2, ['"Hello," he said.', "a"]), (5, ["b", "c", "d"])]
+
+
+def test_plain_name():
+    assert plain_name("a/B.TSV.GZ") == plain_name("a/b.tsv.gz") == plain_name("a/b.tsv") == "a/b.tsv"
+    assert plain_name("x.gz.jsonl") == "x.gz.jsonl"

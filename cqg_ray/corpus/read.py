@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from cqg_ray.config import CorpusConfig
 from cqg_ray.corpus.clean import clean_text, text_hash
-from cqg_ray.textfiles import tsv_quoted
+from cqg_ray.textfiles import plain_name, tsv_quoted
 from cqg_ray.texts import unicode_error
 from cqg_ray.rundir import resolve
 
@@ -61,9 +61,7 @@ def known_format(path: str) -> bool:
 
 
 def detect_format(path: str) -> str:
-    name = path.lower()
-    if name.endswith(".gz"):
-        name = name[:-3]
+    name = plain_name(path)
     for ext, fmt in ((".jsonl", "jsonl"), (".json", "jsonl"), (".ndjson", "jsonl"), (".parquet", "parquet"),
                      (".csv", "csv"), (".tsv", "tsv"), (".txt", "txt")):
         if name.endswith(ext):

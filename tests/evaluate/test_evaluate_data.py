@@ -235,6 +235,9 @@ def test_load_texts_from_jsonl_tsv_and_sts(tmp_path, data_path):
     tsv = tmp_path / "t.tsv"
     tsv.write_text("id\ttext\n1\talpha\n2\tbeta\n")
     assert load_texts(str(tsv)).texts == ["alpha", "beta"]
+    upper = tmp_path / "T.TSV.GZ"  # a suffix in capitals is read as the corpus reads it (detect_format)
+    upper.write_bytes(gzip.compress(b"id\ttext\n1\tgamma\n"))
+    assert load_texts(str(upper)).texts == ["gamma"]
     sts = load_texts(data_path("sts/STSBenchmark.test.tsv"))
     assert sts.name == "STS-B" and sts.texts[:2] == ["A girl is styling her hair.", "A girl is brushing her hair."]
     assert len(sts) == 2551
