@@ -425,6 +425,32 @@ def test_calibrate_shows_what_the_guard_clipped(tmp_path, capsys):
     assert "cqg-generate 8 of 8 prompts clipped, 3 texts dropped, 9,000 characters cut; cqg-probe 0 of 40 prompts clipped" in out
 
 
+def test_calibrate_measures_the_tokens_of_a_text(tmp_path, capsys):
+    """The prepared texts' mean length over 4 characters a token, in place of the assumed 128 (the demo's sentences are
+    ~24); only the first MEASURED_TEXTS are read; a figure given on the command line wins."""
+    import pyarrow as pa
+
+    import cqg_ray.plan.cli as plan_cli
+    from cqg_ray.rundir import RunDir
+
+    root = fake_run(tmp_path, {"labels": (2000, 100, 30.0)})
+    run = RunDir(root)
+    run.write_table("prepare/part-0.parquet", pa.table({"doc_id": ["a", "b"], "text": ["x" * 40, "é" * 80]}))  # characters, not bytes
+    run.write_table("prepare/part-1.parquet", pa.table({"doc_id": ["c"], "text": ["y" * 400]}))
+    assert main(["plan", "--docs", "10k", "-k", "100", "--calibrate", root, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["prompt_tokens_per_text"] == 128  # no finished prepare stage: assumed
+    run.write_manifest("prepare", "h", [], {"documents": 3}, 1.0)
+    assert main(["plan", "--docs", "10k", "-k", "100", "--calibrate", root, "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["workload"]["prompt_tokens_per_text"] == 520 / 3 / 4 and p["measured"]["texts"] == {"read": 3, "chars": 520, "mean_chars": 173.3}
+    assert main(["plan", "--docs", "10k", "-k", "100", "--calibrate", root]) == 0
+    assert (f"(per text: measured in {root}, 173.3 characters a text on average over 3 prepared texts, at 4 a token, unless "
+            "--prompt-tokens-per-text gave it)") in capsys.readouterr().out
+    assert plan_cli.measured_texts(root, limit=2) == {"read": 2, "chars": 120, "mean_chars": 60.0}
+    assert main(["plan", "--docs", "10k", "-k", "100", "--calibrate", root, "--prompt-tokens-per-text", "50", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["prompt_tokens_per_text"] == 50
+
+
 def memory_row(p, stage, process):
     return next(r for r in p["memory"] if r["stage"] == stage and r["process"] == process)
 

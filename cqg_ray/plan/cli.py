@@ -88,8 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "reading and writing for generation, the answerer's reading for probes and labels): measured in "
                         "~20-80 s with the models' loads, or reused from an earlier measurement on this machine (the demo's); sizes a CPU build "
                         "such as --config reference --preset cpu on the machine that runs it")
-    p.add_argument("--prompt-tokens-per-text", type=_above_zero(float), default=Workload.prompt_tokens_per_text,
-                   help="mean tokens of a corpus text (default 128)")
+    p.add_argument("--prompt-tokens-per-text", type=_above_zero(float),
+                   help=f"mean tokens of a corpus text (default {Workload.prompt_tokens_per_text:g}, or measured by --calibrate: the "
+                        f"mean length of its prepared texts at {Workload.chars_per_token:g} characters a token)")
     p.add_argument("--question-tokens", type=_above_zero(float), default=Workload.question_tokens, help="tokens per question (default 15)")
     p.add_argument("--answer-tokens", type=_above_zero(float), default=Workload.answer_tokens, help="tokens per answer line (default 4)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs working in parallel (wall hours = device hours / gpus)")
@@ -139,11 +140,13 @@ def cmd_plan(args) -> int:
         tp = replace(tp, source=tp.source + f"; NOT measured on this config's {', '.join(others)}: --measure times its engines "
                                             "here (about a minute), --calibrate RUN_DIR takes a pilot run's")
     shares = measured_survival(args.calibrate) if args.calibrate else {}
-    for name in ("parse_rate", "filter_survival"):
+    texts = measured_texts(args.calibrate) if args.calibrate else {}
+    if texts:
+        shares["prompt_tokens_per_text"] = texts["chars"] / texts["read"] / Workload.chars_per_token
+    for name in ("parse_rate", "filter_survival", "prompt_tokens_per_text"):
         if getattr(args, name) is not None:
             shares[name] = getattr(args, name)
-    w = Workload(prompt_tokens_per_text=args.prompt_tokens_per_text, question_tokens=args.question_tokens,
-                 answer_tokens=args.answer_tokens, **shares)
+    w = Workload(question_tokens=args.question_tokens, answer_tokens=args.answer_tokens, **shares)
     try:
         p = capacity_plan(cfg, docs=args.docs, clusters=args.clusters, questions_per_cluster=args.questions_per_cluster,
                  dedup_survival=args.dedup_survival, workload=w, throughput=tp, gpus=args.gpus, cpus=args.cpus or (2 if args.preset == "cpu" else 16),
@@ -154,6 +157,8 @@ def cmd_plan(args) -> int:
         return 2
     if args.calibrate:
         p["measured"] = measured_clipping(args.calibrate)
+        if texts:
+            p["measured"]["texts"] = texts
     print(json.dumps(p, indent=2) if args.json else format_plan(p))
     return 0
 
@@ -184,6 +189,31 @@ def measured_survival(run_dir: str) -> dict:
     if c.filters and counts["parsed"] > dropped:
         out["filter_survival"] = (counts["parsed"] - dropped) / counts["parsed"]
     return out
+
+
+MEASURED_TEXTS = 200_000  # the prepared texts read for their mean length (the first shards': enough for a mean)
+
+
+def measured_texts(run_dir: str, limit: int = MEASURED_TEXTS) -> dict:
+    """How many of a finished prepare stage's texts were read (its first ``limit``), their characters and mean length;
+    {} without one."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from cqg_ray.rundir import RunDir
+
+    run = RunDir(run_dir)
+    if not run.manifest("prepare"):
+        return {}
+    chars = read = 0
+    for name in run.ls("prepare", suffix=".parquet"):
+        with run.fs.open_input_file(run.path("prepare", name)) as f:
+            for batch in pq.ParquetFile(f).iter_batches(columns=["text"], batch_size=65_536):
+                chars += pc.sum(pc.utf8_length(batch.column(0))).as_py() or 0
+                read += batch.num_rows
+                if read >= limit:
+                    return {"read": read, "chars": chars, "mean_chars": round(chars / read, 1)}
+    return {"read": read, "chars": chars, "mean_chars": round(chars / read, 1)} if read else {}
 
 
 def measured_clipping(run_dir: str) -> dict:

@@ -113,7 +113,10 @@ def format_plan(p: dict) -> str:
         + (f"; the writer {tp['writer_prompt_tokens_per_s']:,.0f} prompt tok/s + {tp['writer_completion_tokens_per_s']:,.1f} output tok/s"
            if tp.get("writer_prompt_tokens_per_s") else ""),
         f"  ({tp['source']})",
-        f"tokens: {p['workload']['prompt_tokens_per_text']:g} per text (clipped at max_text_chars), "
+        f"tokens: {p['workload']['prompt_tokens_per_text']:.4g} per text (clipped at max_text_chars), "
         f"{p['workload']['question_tokens']:g} per question, {p['workload']['answer_tokens']:g} per answer (assumptions)",
     ]
+    if texts := p.get("measured", {}).get("texts"):
+        lines.append(f"  (per text: measured in {p['measured']['run']}, {texts['mean_chars']:g} characters a text on average over "
+                     f"{texts['read']:,} prepared texts, at {p['workload']['chars_per_token']:g} a token, unless --prompt-tokens-per-text gave it)")
     return "\n".join(lines)
