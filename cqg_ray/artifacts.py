@@ -6,6 +6,7 @@ Run directory (each reader first checks that the writing stage finished, naming 
     encode/     embedding_files, embedding_batches, load_doc_ids, load_embeddings    doc_id, embedding (fixed_size_list<float>[d])
     cluster/    Clusters.load (labels, neighbours, sizes aligned to sorted doc ids), ClusterIndex (members per cluster)
     questions/  load_questions                            question_id, text, cluster, quality, ... best quality first
+                load_question_embeddings                  question_id, embedding: the questions by the run's encoder
     labels/     load_labels                               doc_id, question_id, answer, p_yes, source
     model/      model_path                                the folder that ``InterpretableEmbedder.load`` reads
 
@@ -281,6 +282,35 @@ def load_questions(run: RunDir) -> pa.Table:
     """The selected questions, by question_id (0..m-1, best quality first)."""
     run.require("questions")
     return read_with(run, "questions/questions.parquet", ("question_id", "text")).sort_by("question_id")
+
+
+QUESTION_EMBEDDINGS = "questions/embeddings.parquet"
+
+
+def question_embeddings_table(emb: np.ndarray, encoder: str, backend: str) -> pa.Table:
+    """question_id (int32, 0..m-1) + embedding (fixed_size_list<float32>[d]), the encoder that made them in the schema's
+    metadata."""
+    emb = np.ascontiguousarray(emb, dtype=np.float32)
+    values = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])
+    t = pa.table({"question_id": pa.array(np.arange(len(emb)), pa.int32()), "embedding": values})
+    return t.replace_schema_metadata({"encoder": encoder, "backend": backend})
+
+
+def load_question_embeddings(run: RunDir, encoder: str, backend: str, m: int) -> np.ndarray | None:
+    """The (m, d) float32 embeddings the questions stage made of its m selected questions, by question_id; None where it
+    made none (a run of an earlier version), or made them with another encoder or backend than the one named."""
+    if not run.exists(QUESTION_EMBEDDINGS):
+        return None
+    t = read_with(run, QUESTION_EMBEDDINGS, ("question_id", "embedding"))
+    meta = t.schema.metadata or {}
+    if (meta.get(b"encoder", b"").decode(), meta.get(b"backend", b"").decode()) != (encoder, backend):
+        return None
+    ids = t.column("question_id").to_numpy()
+    if not np.array_equal(np.sort(ids), np.arange(m)):
+        raise ArtifactError(f"{run.uri(QUESTION_EMBEDDINGS)} holds question ids {ids.min() if len(ids) else '-'}..{ids.max() if len(ids) else '-'} "
+                            f"({len(ids)} rows) where questions.parquet has 0..{m - 1}; redo it: `cqg-ray run --force questions`")
+    emb = embedding_matrix(t.column("embedding")).astype(np.float32, copy=False)
+    return emb[np.argsort(ids)]
 
 
 def load_labels(run: RunDir) -> pa.Table:

@@ -20,9 +20,11 @@ from cqg_ray.artifacts import (
     load_doc_ids,
     load_embeddings,
     load_labels,
+    load_question_embeddings,
     load_questions,
     load_texts,
     model_path,
+    question_embeddings_table,
     read_embed_output,
     texts_by_id,
 )
@@ -118,6 +120,22 @@ def test_another_table_in_a_stages_place_is_named(run):
     run.write_table("questions/questions.parquet", pa.table({"doc_id": ["x", "y"]}))  # same rows, other columns
     with pytest.raises(ArtifactError, match=r"questions.parquet lacks the column\(s\) question_id, text \(it has doc_id\)"):
         load_questions(run)
+
+
+def test_question_embeddings_are_read_for_their_encoder_only(run):
+    """The questions stage's embeddings, by question_id; None for a run without them or made by another encoder or
+    backend (the caller embeds the questions itself)."""
+    emb = np.arange(6, dtype=np.float64).reshape(2, 3)
+    assert load_question_embeddings(run, "enc", "torch", 2) is None  # a run of an earlier version
+    t = question_embeddings_table(emb, "enc", "torch")
+    assert t.column("question_id").to_pylist() == [0, 1] and t.schema.field("embedding").type == pa.list_(pa.float32(), 3)
+    run.write_table("questions/embeddings.parquet", t.take([1, 0]))  # read back in question_id order
+    back = load_question_embeddings(run, "enc", "torch", 2)
+    assert back.dtype == np.float32 and back.tolist() == emb.tolist()
+    assert load_question_embeddings(run, "other", "torch", 2) is None
+    assert load_question_embeddings(run, "enc", "onnx", 2) is None
+    with pytest.raises(ArtifactError, match=r"holds question ids 0..1 \(2 rows\) where questions.parquet has 0..2; redo it: `cqg-ray run --force questions`"):
+        load_question_embeddings(run, "enc", "torch", 3)
 
 
 def test_cluster_outside_the_neighbour_table_is_an_error(run):

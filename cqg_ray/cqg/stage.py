@@ -9,6 +9,7 @@ Reads prepare/ (texts), cluster/ (assignments, neighbours); writes under questio
     generate/, probe/      the plans the workers read (probe/candidates.parquet: the candidates' texts)
     candidates.parquet     every parsed question with its probe counts, quality (Eq. 1), top_t / kept flags
     questions.parquet      the selected questions (question_id 0..m-1, best quality first)
+    embeddings.parquet     question_id, embedding: the selected questions by the run's encoder (dedup's; the question prior's)
     report.md, quality_hist.png, stats.json
 
 The LLM work streams (``cqg_ray.cqg.jobs`` on ``cqg_ray.llm.stream``): the generation prompts and the probe texts are
@@ -31,7 +32,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from cqg_ray.artifacts import Clusters, load_texts
+from cqg_ray.artifacts import QUESTION_EMBEDDINGS, Clusters, load_texts, question_embeddings_table
 from cqg_ray.config import PipelineConfig, check_corpus_size, llm_with_model
 from cqg_ray.cqg.jobs import ROLES
 from cqg_ray.cqg.sampling import Sample, generation_samples, probe_samples, qaemb_articles
@@ -236,6 +237,7 @@ def run_cqg(cfg: PipelineConfig, ctx: StageContext, backend=None, progress: bool
     sel = sel.add_column(0, "question_id", pa.array(np.arange(len(kept)), pa.int32()))
     sel = sel.append_column("method", pa.array([c.method] * len(kept), pa.string()))
     run.write_table(f"{ctx.stage}/questions.parquet", sel)
+    run.write_table(QUESTION_EMBEDDINGS, question_embeddings_table(emb[kept], cfg.encode.model, cfg.encode.backend))
 
     gfit, pfit = fit_report(gdone["count"].get("fit", {})), fit_report(pdone["count"].get("fit", {}))
     for step, fit in (("generation", gfit), ("probe", pfit)):

@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from cqg_ray.artifacts import embedding_files, load_questions
+from cqg_ray.artifacts import embedding_files, load_question_embeddings, load_questions
 from cqg_ray.config import PipelineConfig, labeller_llm, llm_model_name, stage_hash
-from cqg_ray.rundir import ArtifactError, StageContext, hash_sections, reads
+from cqg_ray.rundir import ArtifactError, RunDir, StageContext, hash_sections, reads
 
 log = logging.getLogger("cqg_ray")
 
@@ -104,7 +104,7 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
              "through Ray Data", m, n_pairs, len(ids), d, len(held), len(held) - len(report_ids), len(report_ids),
              cfg.train.num_workers, cfg.train.epochs)
     result = fit_heads(training_rows(texts), d, m, cfg.train, storage_path=storage, name=name, run=ctx.run,
-                       q_vectors=question_vectors(cfg, qt.column("text").to_pylist()) if cfg.train.question_prior else None)
+                       q_vectors=question_vectors(cfg, run, qt.column("text").to_pylist()) if cfg.train.question_prior else None)
     stats = dataset_stats(texts, result.heads, cfg.train.tau)  # one more pass: counts, mean P(yes), held-out pairs
     if stats["texts"] != len(ids) or stats["train_pairs"] + stats["held_pairs"] != n_pairs:
         raise ArtifactError(f"{run.uri('encode')}: {stats['texts']:,} of the {len(ids):,} labelled texts have one embedding "
@@ -155,10 +155,14 @@ def run_train(cfg: PipelineConfig, ctx: StageContext) -> None:
     ctx.extra["wall_s"] = round(time.time() - t0, 1)
 
 
-def question_vectors(cfg: PipelineConfig, texts: list[str]) -> np.ndarray:
-    """The questions' texts embedded by the run's encoder (the question prior's q_i: `mbqa.prior`)."""
+def question_vectors(cfg: PipelineConfig, run: RunDir, texts: list[str]) -> np.ndarray:
+    """The questions' texts embedded by the run's encoder (the question prior's q_i: `mbqa.prior`): those the questions
+    stage saved, else embedded here (a run from before it saved them)."""
     from cqg_ray.encoder import load_encoder
 
+    saved = load_question_embeddings(run, cfg.encode.model, cfg.encode.backend, len(texts))
+    if saved is not None:
+        return saved
     log.info("train: embedding the %d questions for the question prior (%s)", len(texts), cfg.encode.model)
     return np.asarray(load_encoder(cfg.encode.model, backend=cfg.encode.backend).encode(texts, batch_size=128), dtype=np.float32)
 

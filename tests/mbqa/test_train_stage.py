@@ -176,7 +176,12 @@ def test_the_question_prior_is_fitted_over_both_workers_and_folded_into_the_save
     train, _ = split_holdout(pairs, cfg.train.holdout, cfg.train.seed)
     from cqg_ray.artifacts import load_questions
 
-    q = unit_rows(question_vectors(cfg, load_questions(run).column("text").to_pylist()))
+    texts = load_questions(run).column("text").to_pylist()
+    saved = question_vectors(cfg, run, texts)  # the questions stage's (dedup's) embeddings, read back
+    (d / "questions" / "embeddings.parquet").unlink()
+    encoded = question_vectors(cfg, run, texts)  # a run from before they were saved: embedded here
+    np.testing.assert_allclose(saved, encoded, atol=1e-5)
+    q = unit_rows(saved)
     alpha, beta = fit_prior(pair_cosines(emb, train.doc, train.question, q), train.answer)
     assert report["question_prior"] == {"alpha": pytest.approx(alpha, abs=1e-3), "beta": pytest.approx(beta, abs=1e-3)}
     assert alpha > 0  # texts nearer a question answer it yes more often (the lexical oracle's answers)
