@@ -15,7 +15,7 @@ def _is_model(target: str) -> bool:
 def quality_report(target: str, corpus: list[str] | None = None) -> dict:
     """The question-quality measures of a run's selected questions or a model's questions, against the corpus it read
     (a model: its run_config.yaml's corpus.paths; a run: its prepared corpus) or the given corpus files."""
-    from cqg_ray.artifacts import load_corpus, load_questions
+    from cqg_ray.artifacts import load_corpus, load_question_embeddings, load_questions
     from cqg_ray.config import config_from_dict
     from cqg_ray.cqg.quality import corpus_texts, model_quality, question_quality
     from cqg_ray.encoder import load_encoder
@@ -28,7 +28,9 @@ def quality_report(target: str, corpus: list[str] | None = None) -> dict:
     questions = load_questions(run).column("text").to_pylist()
     cfg = saved_config(run) or config_from_dict({})
     texts = corpus_texts(corpus) if corpus else load_corpus(run, ["text"]).column("text").to_pylist()
-    emb = load_encoder(cfg.encode.model).encode(questions, batch_size=128)
+    emb = load_question_embeddings(run, cfg.encode.model, cfg.encode.backend, len(questions))
+    if emb is None:  # a run from before the questions stage saved them
+        emb = load_encoder(cfg.encode.model, backend=cfg.encode.backend).encode(questions, batch_size=128)
     return question_quality(questions, texts, emb, cfg.cqg.theta_value)
 
 

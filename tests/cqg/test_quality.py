@@ -82,6 +82,32 @@ def test_a_runs_model_folder_is_measured_against_the_runs_prepared_corpus(tmp_pa
         quality_report(str(tmp_path / "run" / "model"), [str(tmp_path / "empty.jsonl")])  # a copy rate over no texts is not 0
 
 
+def test_a_runs_questions_are_measured_on_the_embeddings_the_stage_saved(tmp_path, toy_encoder):
+    """`cqg-ray questions RUN --quality` reads the questions stage's embeddings (here two of three made identical, so
+    the near-duplicate share shows which were read); without the file it embeds the questions itself."""
+    import numpy as np
+    import pyarrow as pa
+
+    from cqg_ray.artifacts import question_embeddings_table
+    from cqg_ray.cqg.cli import quality_report
+    from cqg_ray.rundir import RunDir
+    from tests.conftest import TOY_QUESTIONS, toy_run
+
+    cfg = toy_run(tmp_path / "run", toy_encoder)
+    run = RunDir(str(tmp_path / "run"))
+    questions = TOY_QUESTIONS[1:]
+    run.write_table("questions/questions.parquet", pa.table({"question_id": pa.array(range(3), pa.int32()), "text": questions}))
+    emb = np.eye(3, dtype=np.float32)
+    emb[2] = emb[1]
+    run.write_table("questions/embeddings.parquet", question_embeddings_table(emb, cfg.encode.model, cfg.encode.backend))
+    run.write_manifest("questions", "h", [], {}, 0.0)
+    q = quality_report(str(tmp_path / "run"))
+    assert q["questions"] == 3 and q["near_duplicate_share"] == round(2 / 3, 4)
+    (tmp_path / "run" / "questions" / "embeddings.parquet").unlink()
+    run.write_manifest("questions", "h", [], {}, 0.0)  # a questions stage of an earlier version
+    assert quality_report(str(tmp_path / "run"))["near_duplicate_share"] == 0.0  # the toy questions, embedded: none alike
+
+
 def test_a_runs_model_folder_without_a_prepared_corpus_reads_the_files_its_config_names(tmp_path, toy_encoder):
     """No finished prepare stage: the corpus files of the run's config.yaml, read with its corpus settings (here a
     JSONL whose texts are in a "sentence" field); a model folder in no run and without run_config.yaml: no copy rate."""
