@@ -7,10 +7,10 @@ import torch
 from cqg_ray.config import TrainConfig
 from cqg_ray.mbqa.heads import StackedHeads
 from cqg_ray.mbqa.label_plan import holdout_docs
-from cqg_ray.mbqa.loop import make_optimizer, make_shards, run_epochs, steps_per_epoch
 from cqg_ray.mbqa.pairs import LabelPairs
 from cqg_ray.mbqa.prior import PriorHeads, fit_prior, fold_prior, pair_cosines, unit_rows
 from cqg_ray.mbqa.toy import make_problem
+from tests.mbqa.conftest import train_locally
 
 
 def test_fit_prior_is_the_logistic_regression_of_the_answers_on_the_cosines():
@@ -70,18 +70,7 @@ def held_out_auc(with_prior: bool, per_question: int) -> float:
     held = np.isin(pairs.doc, holdout_docs(pairs.doc, 0.5, seed=0))
     train = pairs.select(~held)
     cfg = TrainConfig(epochs=40, lr=1e-2, weight_decay=0.03)
-    shard = make_shards(train, 1, cfg.seed)[0]
-    shard["emb"] = emb[shard.pop("docs")]
-    torch.manual_seed(cfg.seed)
-    heads = StackedHeads(emb.shape[1], pairs.n_questions, cfg.hidden)
-    model = heads
-    if with_prior:
-        alpha, beta = fit_prior(pair_cosines(shard["emb"], shard["row"], shard["question"], directions), shard["answer"])
-        model = PriorHeads(heads, directions, alpha, beta)
-    run_epochs(heads, make_optimizer(heads, cfg), shard, steps_per_epoch([shard], pairs.n_questions, cfg.pairs_per_head), cfg,
-               train.auto_pos_weight(), 0, lambda e, mt: None, model=model)
-    if with_prior:
-        heads = fold_prior(heads, directions, alpha, beta)
+    heads, _, _ = train_locally(emb, train, cfg, directions=directions if with_prior else None)
     test = pairs.select(held)
     with torch.no_grad():
         logit = heads.forward_pairs(torch.from_numpy(emb[test.doc]), torch.from_numpy(test.question.astype(np.int64))).numpy()

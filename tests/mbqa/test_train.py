@@ -9,10 +9,11 @@ import torch
 from cqg_ray.config import TrainConfig
 from cqg_ray.mbqa.checkpoint import load_checkpoint, save_checkpoint
 from cqg_ray.mbqa.heads import StackedHeads
-from cqg_ray.mbqa.loop import epoch_layout, make_optimizer, make_shards, run_epochs, steps_per_epoch
+from cqg_ray.mbqa.loop import epoch_layout, make_optimizer, make_shards, steps_per_epoch
 from cqg_ray.mbqa.pairs import LabelPairs, split_holdout
 from cqg_ray.mbqa.label_plan import holdout_docs
 from cqg_ray.mbqa.report import evaluate_heads, predict_pairs
+from tests.mbqa.conftest import train_locally
 
 
 def test_label_pairs_dense_round_trip():
@@ -52,22 +53,6 @@ def test_epoch_layout_covers_each_pair_once_with_at_most_k_per_head():
     again = epoch_layout(question, 2, seed=0, epoch=0, rank=0)
     other = epoch_layout(question, 2, seed=0, epoch=1, rank=0)
     assert np.array_equal(order, again[0]) and not np.array_equal(order, other[0])
-
-
-def local_shard(emb, pairs, cfg):
-    shard = make_shards(pairs, 1, cfg.seed)[0]
-    shard["emb"] = emb[shard.pop("docs")]
-    return shard, steps_per_epoch([shard], pairs.n_questions, cfg.pairs_per_head)
-
-
-def train_locally(emb, pairs, cfg, heads=None, opt=None, start_epoch=0):
-    torch.manual_seed(cfg.seed)
-    heads = heads or StackedHeads(emb.shape[1], pairs.n_questions, cfg.hidden)
-    opt = opt or make_optimizer(heads, cfg)
-    shard, n_steps = local_shard(emb, pairs, cfg)
-    history = []
-    run_epochs(heads, opt, shard, n_steps, cfg, pairs.auto_pos_weight(), start_epoch, lambda e, mt: history.append(mt))
-    return heads, opt, history
 
 
 def test_training_learns_the_synthetic_questions(problem):
