@@ -507,8 +507,14 @@ def test_prompts_per_cluster_the_writer_and_the_filters_size_the_questions():
     assert (c["generation_prompts"], c["prompts_per_cluster"], c["candidates"], c["writer"]) == (400, 2, 4000, "bundled:qwen2.5-coder-1.5b")
     assert p["stages"][2]["llm_requests"] == 400 and "2 prompt(s) per cluster" in p["stages"][2]["what"]
     assert (c["filter_survival"], c["eligible"], c["selected_top_t"]) == (1.0, 4000, 1000)
-    c = capacity_plan(cfg, workload=replace(Workload(), filter_survival=0.1))["counts"]  # 2 of a cluster's 20 pass
-    assert (c["eligible"], c["selected_top_t"], c["questions"]) == (400, 400, round(400 * 9_614 / 20_000))
+    c = capacity_plan(cfg, workload=replace(Workload(), filter_survival=0.1))["counts"]  # 2 of a cluster's 20 pass, on average
+    top_t = sum(min(5, x) * math.comb(20, x) * 0.1**x * 0.9 ** (20 - x) for x in range(21))  # E[min(t, Binomial(20, 0.1))]
+    assert (c["eligible"], c["selected_top_t"], c["questions"]) == (400, round(200 * top_t), round(round(200 * top_t) * 9_614 / 20_000))
+    assert 395 < c["selected_top_t"] < 400  # a cluster with 6 or more passing keeps 5
+    # survivals the docs quote (0.065-0.5): the questions grow with the survival, never to 0 (a floor of the mean once
+    # made 0.065-0.09 plan m = 0 and 0.1 the same m as 0.15)
+    tops = [capacity_plan(cfg, workload=replace(Workload(), filter_survival=f))["counts"]["selected_top_t"] for f in (0.03, 0.065, 0.1, 0.15, 0.5)]
+    assert tops == sorted(tops) and len(set(tops)) == 5 and tops[0] > 0
     no_filters = load_config("reference", ["cqg.filters=[]"])
     assert capacity_plan(no_filters, workload=replace(Workload(), filter_survival=0.1))["counts"]["selected_top_t"] == 1000
     with pytest.raises(ValueError, match="filter_survival"):
@@ -516,7 +522,8 @@ def test_prompts_per_cluster_the_writer_and_the_filters_size_the_questions():
 
 
 def test_calibrate_reads_the_parse_rate_and_the_filter_survival(tmp_path, capsys):
-    """8 prompts asked 10 questions each: 60 parsed (0.75), 3 copies and 27 denied by their cluster: half survive."""
+    """8 prompts asked 10 questions each: 60 parsed (0.75), 3 copies, 27 denied by their cluster and 5 by the opening cap
+    of the selection: 25 of 60 survive."""
     from cqg_ray.rundir import RunDir
 
     root = fake_run(tmp_path, {"labels": (2000, 100, 30.0)})
@@ -526,7 +533,7 @@ def test_calibrate_reads_the_parse_rate_and_the_filter_survival(tmp_path, capsys
     run.write_bytes("config.yaml", b"cqg:\n  questions_per_prompt: 10\n")
     assert main(["plan", "--docs", "10k", "-k", "100", "--calibrate", root, "--json"]) == 0
     w = json.loads(capsys.readouterr().out)["workload"]
-    assert (w["parse_rate"], w["filter_survival"]) == (0.75, 0.5)
+    assert (w["parse_rate"], w["filter_survival"]) == (0.75, 25 / 60)
     assert main(["plan", "--docs", "10k", "-k", "100", "--calibrate", root, "--filter-survival", "0.3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["workload"]["filter_survival"] == 0.3  # a figure given wins
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
+import numpy as np
+
 from cqg_ray.config import PipelineConfig
 from cqg_ray.plan.format import human
 from cqg_ray.plan.memory import llm_model, memory_plan
@@ -22,6 +24,20 @@ ENCODER_DIMS = {"WhereIsAI/UAE-Large-V1": 1024, "bundled:all-MiniLM-L6-v2": 384,
 # faiss k-means, bench/cluster.py on this 2-core machine: k=500, 100k x 384, 20 iterations in 3.2 s
 # = 2 * 1e5 * 500 * 384 * 20 flop / 3.2 s / 2 cores.
 KMEANS_FLOPS_PER_CORE = 2 * 100_000 * 500 * 384 * 20 / 3.2 / 2
+
+
+def expected_top_t(t: int, parsed: float, survival: float) -> float:
+    """Questions a cluster keeps at top t: E[min(t, X)], X ~ Binomial(n, survival) the parsed questions no filter
+    dropped, n the parsed questions a cluster (a fraction of one: between the two whole numbers around it)."""
+    from scipy.stats import binom
+
+    def at(n: int) -> float:
+        x = np.arange(n + 1)
+        return float(np.minimum(x, t) @ binom.pmf(x, n, survival)) if n > 0 else 0.0
+
+    lo = math.floor(parsed + 1e-9)
+    frac = max(0.0, parsed - lo)
+    return (1 - frac) * at(lo) + (frac * at(lo + 1) if frac > 1e-9 else 0.0)
 
 
 def capacity_plan(
@@ -81,8 +97,9 @@ def capacity_plan(
     probe_pairs = k_gen * probe_texts * candidates_per_cluster
     probe_q_per_prompt = candidates_per_cluster / chunks if chunks else 0
     probe_tokens = probe_prompts * answer_prompt_tokens(probe_q_per_prompt, clipped_text_tokens(w, c.max_text_chars), w)
-    per_cluster = int(min(c.t, math.floor(eligible_per_cluster + 1e-9)))
-    selected = k_gen * per_cluster
+    top_t = expected_top_t(c.t, candidates_per_cluster, filter_survival)
+    per_cluster = max(1, round(top_t)) if top_t > 0 else 0  # the label plan's questions a cluster (a whole number)
+    selected = int(round(k_gen * top_t))
     m = int(round(selected * survival))
 
     # --- labelling

@@ -171,8 +171,8 @@ def preset_strangers(cfg) -> list[str]:
 
 
 def measured_survival(run_dir: str) -> dict:
-    """The parse rate (questions parsed / asked) and the filter survival (parsed questions no filter dropped before
-    top-t / parsed) a finished questions stage measured; {} without one."""
+    """The parse rate (questions parsed / asked) and the filter survival (parsed questions no filter dropped, the
+    opening cap of the selection included / parsed) a finished questions stage measured; {} without one."""
     import yaml
 
     from cqg_ray.config import config_from_dict
@@ -184,7 +184,7 @@ def measured_survival(run_dir: str) -> dict:
         return {}
     c = config_from_dict(yaml.safe_load(run.read_bytes("config.yaml")) or {}, f"{run_dir}/config.yaml").cqg
     asked = counts["generation_prompts"] * c.questions_per_prompt
-    dropped = sum(int(counts.get(f"dropped_{f}", 0)) for f in ("copy", "example", "long", "cut_off", "own_cluster"))
+    dropped = sum(int(counts.get(f"dropped_{f}", 0)) for f in ("copy", "example", "long", "cut_off", "own_cluster", "opening"))
     out = {"parse_rate": min(1.0, counts["parsed"] / asked)} if asked else {}
     if c.filters and counts["parsed"] > dropped:
         out["filter_survival"] = (counts["parsed"] - dropped) / counts["parsed"]

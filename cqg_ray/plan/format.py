@@ -64,7 +64,8 @@ def format_plan(p: dict) -> str:
     lines += [
         "",
         f"k-means runs on the CPU: {hours(p['stages'][1]['cpu_core_hours'])} core-hours (from our faiss benchmark's flop rate)",
-        f"questions: {c['clusters_generated']:,} clusters x {c['prompts_per_cluster']} prompt(s) x {i['questions_per_cluster']} = "
+        f"questions: {c['clusters_generated']:,} clusters x {c['prompts_per_cluster']} prompt(s) x {i['questions_per_cluster']}"
+        + (f" x {p['workload']['parse_rate']:.3g} parsed" if p["workload"]["parse_rate"] != 1 else "") + " = "
         f"{c['candidates']:,} candidates -> filters ({c['filter_survival']:.4g} kept) {c['eligible']:,} -> top t: "
         f"{c['selected_top_t']:,} -> after dedup ({c['dedup_survival']:.4f} kept): m = {c['questions']:,}",
         f"labelling: m x {c['texts_per_question']:,} texts = {c['label_pairs']:,} (text, question) pairs; at full packing "
@@ -95,7 +96,8 @@ def format_plan(p: dict) -> str:
                      f"{c['label_prompts_simulated']:,} prompts over {c['label_texts_simulated']:,} texts")
     if "usd" in t:
         lines.append(f"LLM API cost at {i['usd_per_m_tokens'][0]:g} / {i['usd_per_m_tokens'][1]:g} USD per million prompt / output tokens: "
-                     f"{t['usd']:,.2f} USD for all LLM stages; the labelling at full packing alone {c['label_usd_full_packing']:,.2f} USD")
+                     f"{t['usd']:,.2f} USD for all LLM stages; the labelling packed as the paper counts it ({c['label_questions_per_prompt_max']} "
+                     f"questions a prompt) would cost {c['label_usd_full_packing']:,.2f} USD in place of this config's")
     ctx = p.get("context") or []
     if ctx:
         lines.append(f"prompt length against the engine's context ({ctx[0]['source']}: "
