@@ -356,7 +356,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="default bits. sparse: the active questions' indices (uint16) and values (float16), about 4 bytes each; bits: the "
                         "active questions packed (m/8 bytes a text); probs: float16 probabilities (2m bytes a text)")
     p.add_argument("--k", type=int, default=None, help="at most k active questions per text (default: the model's budget)")
-    p.add_argument("--tau", type=float, default=None, help="the paper's rule instead: active when p > tau")
+    p.add_argument("--tau", type=float, default=None, help="the tau rule instead of the model's budget: active when p > tau, "
+                                                           "valued as the budget values its answers (0/1, the paper's, for value one)")
     p.add_argument("--format", default="auto", choices=["auto", "jsonl", "parquet", "csv", "tsv", "txt", "medi2"],
                    help="corpus format (default auto: from each file's extension)")
     p.add_argument("--text-column", default="text", help="column or JSON field holding the text (default text)")

@@ -315,7 +315,9 @@ def cmd_search(args) -> int:
     if args.tau is not None and meta["output"] != "probs":
         raise ArtifactError(f"{args.embeddings} holds {meta['output']} made under {stored_budget(meta).name}; --tau applies to "
                             "probability embeddings only")
-    budget = Budget(rule="tau", tau=args.tau) if args.tau is not None else stored_budget(meta)
+    budget = stored_budget(meta)
+    if args.tau is not None:  # the tau rule valued as the stored budget values its answers, as explain --tau and encode(threshold=)
+        budget = Budget(rule="tau", tau=args.tau, value=budget.value)
     if meta["output"] == "bits":
         q = model.encode([args.query], output="packed", budget=budget, progress=False)[0]
         hits = search_chunks(q, file_chunks(args.embeddings)[1], model.m, args.k)
@@ -361,7 +363,8 @@ def add_commands(sub) -> None:
     p.add_argument("embeddings", help="output folder of `cqg-ray embed`")
     p.add_argument("query", help="query text")
     p.add_argument("-k", type=int, default=10, help="hits to show (default 10)")
-    p.add_argument("--tau", type=float, default=None, help="probability embeddings only: the paper's rule at this tau instead of "
-                                                           "the budget they were written with")
+    p.add_argument("--tau", type=float, default=None, help="probability embeddings only: the tau rule (yes when p > tau) instead "
+                                                           "of the budget they were written with, its answers valued as that "
+                                                           "budget values them (0/1, the paper's vectors, for value one)")
     p.add_argument("--json", action="store_true", help="JSON output")
     p.set_defaults(func=cmd_search)

@@ -219,6 +219,19 @@ def test_embed_probs_with_id_column(ray_local, toy_model, tmp_path, capsys):
     assert sorted(cos) != pytest.approx(sorted(binary_cosine(q > 0, v > 0) for v in values), abs=1e-3)
     assert [h["doc_id"] for h in hits] == [h.doc_id for h in index.search(q, 3)]
 
+    # --tau: the tau rule, its answers valued as the stored budget values them (p here), as explain --tau and
+    # encode(threshold=) value them; it had scored 0/1 answers, so search and explain gave one pair two cosines
+    from cqg_ray.mbqa.budget import Budget
+
+    tau_rule = Budget(rule="tau", tau=0.3, value="prob")
+    values = apply_budget(probs.astype(np.float32), tau_rule, model.mean)[1]
+    q = model.encode([query], output="sparse", threshold=0.3, progress=False).toarray()[0]
+    cos = values @ q / np.maximum(np.linalg.norm(values, axis=1) * np.linalg.norm(q), 1e-30)
+    assert main(["search", valued, out, query, "-k", "3", "--tau", "0.3", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    assert [h["score"] for h in hits] == pytest.approx(sorted(cos, reverse=True), abs=1e-6)
+    assert sorted(cos) != pytest.approx(sorted(binary_cosine(q > 0, v > 0) for v in values), abs=1e-3)
+
 
 @contextlib.contextmanager
 def ray_data_abort_notes():

@@ -122,7 +122,8 @@ def add_commands(sub) -> None:
     e.add_argument("text_a")
     e.add_argument("text_b")
     e.add_argument("--k", type=int, help="at most k active questions per text (default: the model's budget)")
-    e.add_argument("--tau", type=float, help="the paper's rule instead: yes when p > tau, tau in (0, 1)")
+    e.add_argument("--tau", type=float, help="the tau rule instead of the budget: yes when p > tau, tau in (0, 1), valued as "
+                                             "the model's budget values its answers (0/1, the paper's vectors, for value one)")
     e.add_argument("--rows", type=int, default=8, help="questions shown per list (default 8; --json shows all)")
     e.add_argument("--json", action="store_true", help="print the explanation as JSON (the fields of POST /explain but m)")
     e.set_defaults(func=cmd_explain)
