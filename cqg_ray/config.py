@@ -582,6 +582,15 @@ def local_path(value: str | None) -> str | None:
     return os.path.expanduser(value)
 
 
+def check_gguf_models(settings: dict[str, str]) -> None:
+    """ConfigError naming each embedded-LLM setting (name -> value) that names no bundled model and no GGUF file or
+    hub file: said before any work, not when the engine loads it."""
+    from cqg_ray.llm.engines.bundled import model_problem
+
+    if problems := [f"{key}: {p}" for key, value in settings.items() if (p := model_problem(value))]:
+        raise ConfigError("; ".join(problems))
+
+
 def check_model_paths(cfg: PipelineConfig, stage_names: list[str] | tuple[str, ...]) -> None:
     """ConfigError naming each model setting that these stages load (``stages.Stage.models``) and that names a local
     path where nothing is, or (a local Ray) a hub id that can load neither from the cache nor from the hub
@@ -592,6 +601,7 @@ def check_model_paths(cfg: PipelineConfig, stage_names: list[str] | tuple[str, .
     if missing:
         raise ConfigError(f"no such file or folder: {'; '.join(missing)} (a local path; give one that exists, or a hub or "
                           "bundled: name)")
+    check_gguf_models({key: value for key, value in settings.items() if value and key != "encode.model" and not key.endswith(".openai.tokenizer")})
     if not (cfg.ray.address or os.environ.get("RAY_ADDRESS")):  # on a cluster the actors load it, on machines of their own
         from cqg_ray.hub import HUB_KEYS, hub_problem
 

@@ -190,7 +190,7 @@ def test_a_missing_local_model_path_is_refused_for_the_stages_that_load_it(tmp_p
     monkeypatch.chdir(tmp_path)
     (tmp_path / "enc").mkdir()
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    here = load_config(None, ["encode.model=./enc", f"llm.llamacpp.model={tmp_path / 'm.gguf'}", "cqg.writer_model=sentence/name"])
+    here = load_config(None, ["encode.model=./enc", f"llm.llamacpp.model={tmp_path / 'm.gguf'}", "cqg.writer_model=owner/repo:w.gguf"])
     import cqg_ray.hub
 
     monkeypatch.setattr(cqg_ray.hub, "cached", lambda repo: True)  # hub names: in the cache here (cqg_ray.hub, its own test)
@@ -208,6 +208,12 @@ def test_a_missing_local_model_path_is_refused_for_the_stages_that_load_it(tmp_p
         with pytest.raises(ConfigError, match=f"^no such file or folder: {re.escape(said)} \\(a local path"):
             check_model_paths(llm, names)
     check_model_paths(llm.model_copy(update={"llm": llm.llm.model_copy(update={"backend": "fake"})}), list(stages.NAMES))
+    # an embedded LLM that names no bundled model, GGUF file or hub file: said here, not when its engine loads it
+    for value, said in [("bundled:nosuch", "unknown bundled model 'nosuch'; bundled models: bundled:qwen2.5-coder-0.5b"),
+                        ("no.gguf", "GGUF model not found: no.gguf (a path, a hub owner/repo:file.gguf, or one of: bundled:")]:
+        with pytest.raises(ConfigError, match=f"^label.model: {re.escape(said)}"):
+            check_model_paths(load_config(None, [f"label.model={value}"]), ["labels"])
+    check_model_paths(load_config(None, ["label.model=bundled:qwen2.5-coder-1.5b"]), ["labels"])
     tok = load_config(None, ["llm.backend=openai", "llm.openai.tokenizer=./no-tokenizer", "llm.openai.model=/srv/models/on-the-server"])
     with pytest.raises(ConfigError, match=r"^no such file or folder: llm.openai.tokenizer=./no-tokenizer \(a local path"):
         check_model_paths(tok, ["labels"])

@@ -157,6 +157,8 @@ def test_measure_takes_the_rates_of_this_machines_engines(monkeypatch, capsys):
     assert "the writer 40 prompt tok/s + 4.0 output tok/s" in capsys.readouterr().out
     assert main(["plan", "--set", "llm.backend=openai", "--measure"]) == 2
     assert "--measure measures the embedded engines" in capsys.readouterr().err and len(asked) == 2
+    assert main(["plan", "--set", "cqg.writer_model=bundled:nosuch", "--measure"]) == 2  # said before the engines load
+    assert capsys.readouterr().err.startswith("error: cqg.writer_model: unknown bundled model 'nosuch'") and len(asked) == 2
 
 
 def test_packing_own_cluster_only_matches_make_plan():

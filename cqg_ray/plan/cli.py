@@ -122,9 +122,13 @@ def cmd_plan(args) -> int:
         if cfg.llm.backend != "llamacpp":
             print(f"error: --measure measures the embedded engines (llm.backend llamacpp), not {cfg.llm.backend}", file=sys.stderr)
             return 2
+        from cqg_ray.config import check_gguf_models
         from cqg_ray.cqg.stage import writer_llm
         from cqg_ray.llm.rates import machine_rates
         from cqg_ray.plan.throughput import measured
+
+        check_gguf_models({key: value for key, value in (("llm.llamacpp.model", cfg.llm.llamacpp.model),  # before the engines load
+                                                         ("cqg.writer_model", cfg.cqg.writer_model)) if value})
 
         rates, source = machine_rates(writer_llm(cfg), cfg.llm, say=lambda line: print(f"plan: {line}", file=sys.stderr, flush=True))
         tp = measured(rates, tp, source)

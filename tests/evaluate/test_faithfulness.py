@@ -320,6 +320,24 @@ def test_a_failing_judge_is_a_clear_error(toy, tmp_path):
         faithfulness(toy, TEXTS, cfg, str(tmp_path), backend=broken, progress=False)
 
 
+def test_a_judge_that_cannot_load_is_said_before_any_text_is_encoded(tmp_path, capsys, monkeypatch):
+    """--judge naming no bundled model and no GGUF file: one line (exit 2) before the model loads, where it was a
+    traceback from the engine once every text was encoded; the labeller the links ask is checked too."""
+    import cqg_ray.evaluate.models as models
+    from cqg_ray.cli import main
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded before the judge was checked"))
+    texts = tmp_path / "t.jsonl"
+    texts.write_text(json.dumps({"text": "hello world"}) + "\n")
+    for judge, said in [("/nonexistent/model.gguf", "GGUF model not found: /nonexistent/model.gguf (a path, a hub"),
+                        ("bundled:nosuch", "unknown bundled model 'nosuch'")]:
+        assert main(["evaluate", "cqg-minilm-ref", "--tasks", "faithfulness", "--texts", str(texts), "--judge", judge]) == 2
+        assert capsys.readouterr().err.startswith(f"error: evaluate.faithfulness.judge.llamacpp.model: {said}")
+    assert main(["evaluate", "cqg-minilm-ref", "--tasks", "faithfulness", "--texts", str(texts),
+                 "--set", "evaluate.faithfulness.labeller.llamacpp.model=bundled:nosuch"]) == 2
+    assert capsys.readouterr().err.startswith("error: evaluate.faithfulness.labeller.llamacpp.model: unknown bundled model")
+
+
 def test_evaluate_with_the_faithfulness_task_writes_figures_quality_and_the_judge(toy, tmp_path, capsys):
     from cqg_ray.evaluate.report import evaluate_model
 

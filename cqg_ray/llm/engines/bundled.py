@@ -179,20 +179,26 @@ def hub_model(spec: str) -> Path:
     return Path([hf_hub_download(repo, f) for f in files][0])
 
 
-def resolve_model(name_or_path: str, cache_dir: str | None = None) -> Path:
-    """A local GGUF file for ``bundled:<name>``, a path (checked to exist) or a hub ``owner/repo:file.gguf``."""
+def model_problem(name_or_path: str) -> str | None:
+    """What ``resolve_model`` would refuse in ``name_or_path``, said without assembling or downloading anything (an
+    unknown bundled name, a path where no file is); None where it would try."""
     if name_or_path.startswith("bundled:"):
         name = name_or_path.split(":", 1)[1]
-        if name not in MODELS:
-            raise BundledModelError(f"unknown bundled model {name!r}; bundled models: {', '.join('bundled:' + n for n in MODELS)}")
-        return assemble(MODELS[name], cache_dir)
+        return None if name in MODELS else f"unknown bundled model {name!r}; bundled models: {', '.join('bundled:' + n for n in MODELS)}"
+    if Path(os.path.expanduser(name_or_path)).is_file() or HUB_FILE.match(name_or_path):
+        return None
+    return (f"GGUF model not found: {name_or_path} (a path, a hub owner/repo:file.gguf, or one of: "
+            f"{', '.join('bundled:' + n for n in MODELS)})")
+
+
+def resolve_model(name_or_path: str, cache_dir: str | None = None) -> Path:
+    """A local GGUF file for ``bundled:<name>``, a path (checked to exist) or a hub ``owner/repo:file.gguf``."""
+    if problem := model_problem(name_or_path):
+        raise (BundledModelError if name_or_path.startswith("bundled:") else FileNotFoundError)(problem)
+    if name_or_path.startswith("bundled:"):
+        return assemble(MODELS[name_or_path.split(":", 1)[1]], cache_dir)
     path = Path(os.path.expanduser(name_or_path))
-    if path.is_file():
-        return path
-    if HUB_FILE.match(name_or_path):
-        return hub_model(name_or_path)
-    raise FileNotFoundError(f"GGUF model not found: {name_or_path} (a path, a hub owner/repo:file.gguf, or one of: "
-                            f"{', '.join('bundled:' + n for n in MODELS)})")
+    return path if path.is_file() else hub_model(name_or_path)
 
 
 @contextlib.contextmanager
