@@ -34,7 +34,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from cqg_ray.texts import BLANK, blank
+from cqg_ray.texts import BLANK, blank, unicode_error
 from cqg_ray.explain import reliability_note
 from cqg_ray.artifacts import (HEADS_FILES, EMBED_MANIFEST, embed_manifest, embed_output_files, embed_output_texts, embedding_matrix,
                                model_fingerprint, read_embed_output, read_unit)
@@ -302,6 +302,8 @@ def cmd_search(args) -> int:
         raise ConfigError(f"search: -k must be at least 1 (hits to show), got {args.k}")
     if args.tau is not None and not 0 < args.tau < 1:
         raise ConfigError(f"search: --tau must lie in (0, 1), got {args.tau}")
+    if problem := unicode_error(args.query, "the query"):  # bytes the shell gave that are not UTF-8
+        raise ConfigError(f"search: {problem}")
     if blank(args.query):
         raise ConfigError(f"search: the query is {BLANK}: it answers no question, so nothing is like it")
     meta = embed_manifest(args.embeddings)  # before the model loads: a wrong folder is said at once
