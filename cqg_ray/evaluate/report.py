@@ -405,7 +405,8 @@ def write_report(results: dict, out_dir: str) -> None:
     for name, sw in results["sweeps"].items():
         if "budget" in sw:
             dense = next((v for n, v in results["scores"].get("sts", {}).items() if results["methods"][n]["kind"] == "dense"), None)
-            dense_avg = float(np.mean([x for x in dense.values() if x is not None])) if dense else None
+            dense_scores = [x for x in (dense or {}).values() if x is not None]  # none where every STS set had one pair
+            dense_avg = float(np.mean(dense_scores)) if dense_scores else None
             own = results["scores"].get("sts", {}).get(name)
             load = results["scores"].get("cognitive_load", {}).get(name)
             finite = own and load and all(v is not None for v in [*own.values(), *load.values()])  # a NaN Spearman is null

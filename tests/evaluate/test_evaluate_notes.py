@@ -49,6 +49,19 @@ def test_an_undefined_sts_spearman_says_why_in_the_table_the_report_and_the_json
     assert "| Flat | n/a (one pair) | n/a (all gold scores equal) | n/a (all model scores equal) | n/a |" in report
 
 
+def test_a_budget_sweep_over_sets_of_one_pair_draws_its_frontier_without_a_dense_line(toy, tmp_path):
+    """Every STS set n/a (one pair): the frontier has no dense average to draw, and numpy's "Mean of empty slice"
+    warnings no longer precede the table."""
+    import warnings
+
+    cfg = EvaluateConfig(tasks=["sts"], sts=[write_sts(tmp_path / "one.tsv", [("A man plays.", "A man plays a guitar.", 4)])])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        results = evaluate_model({"toy": toy}, cfg, str(tmp_path / "ev"), print_table=False)
+    assert "budget" in results["sweeps"]["toy"] and results["scores"]["sts"]["toy"] == {"one": None}
+    assert (tmp_path / "ev" / "frontier_toy.png").stat().st_size > 0
+
+
 def write_beir(folder, qrels: str):
     """corpus d1 ("alpha"), d2 ("beta"), n ("noise"); queries q1 ("alpha"), q2 ("beta"); qrels/test.tsv as given."""
     (folder / "qrels").mkdir(parents=True)
