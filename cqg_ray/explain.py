@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from cqg_ray.texts import clipped
+
 
 def binary_cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine of two 0/1 vectors: |a AND b| / sqrt(|a| |b|), 0 when either is all zeros."""
@@ -106,7 +108,7 @@ def reliability_note(precision: float | None, n_heldout: int | None) -> str:
 
 def format_explanation(ex: Explanation, text_a: str | None = None, text_b: str | None = None, max_rows: int = 8) -> str:
     """An explanation as plain lines: both texts (where given), cosine and load, then the shared and differing questions."""
-    lines = [f"Text A: {text_a}", f"Text B: {text_b}"] if text_a is not None and text_b is not None else []
+    lines = [f"Text A: {clipped(text_a, 200)}", f"Text B: {clipped(text_b, 200)}"] if text_a is not None and text_b is not None else []
     lines += [f"cosine similarity ({ex.budget}): {ex.cosine:.3f}   cognitive load (questions both answer yes): {ex.cognitive_load}"]
     for label, items in (("both yes", ex.shared_yes), ("only A yes", ex.only_a), ("only B yes", ex.only_b)):
         if items:

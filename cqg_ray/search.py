@@ -34,7 +34,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from cqg_ray.texts import BLANK, blank, unicode_error
+from cqg_ray.texts import BLANK, blank, clipped, unicode_error
 from cqg_ray.explain import reliability_note
 from cqg_ray.artifacts import (HEADS_FILES, EMBED_MANIFEST, embed_manifest, embed_output_files, embed_output_texts, embedding_matrix,
                                model_fingerprint, read_embed_output, read_unit)
@@ -346,13 +346,6 @@ def cmd_search(args) -> int:
             note = reliability_note(prec, n)
             print(f"       yes both  [{qid:>4}] {qt}" + (f"  ({note})" if note else ""))
     return 0
-
-
-def clipped(text: str, n: int) -> str:
-    """``text`` as a line shows it: each run of whitespace (newlines, tabs) one space, at most n characters, a longer
-    one cut with "..." and the text's length."""
-    line = " ".join(text.split())
-    return line if len(line) <= n else f"{line[: n - 3]}... ({len(text):,} characters)"
 
 
 def add_commands(sub) -> None:

@@ -41,3 +41,10 @@ def blank(text: str) -> bool:
     spaces and joiners, a BOM, soft hyphens: what a tokenizer drops) and U+FFFD, the mark of undecodable bytes. Such a
     text answers no to every question. Stops at the first other character: a normal text costs a character or two."""
     return all(c.isspace() or c == "\ufffd" or unicodedata.category(c) in ("Cc", "Cf") for c in text)
+
+
+def clipped(text: str, n: int) -> str:
+    """``text`` as a line shows it: each run of whitespace (newlines, tabs) one space, at most n characters, a longer
+    one cut with "..." and the text's length."""
+    line = " ".join(text.split())
+    return line if len(line) <= n else f"{line[: n - 3]}... ({len(text):,} characters)"

@@ -12,6 +12,7 @@ folder's config.json in place, so a shipped model named by its name is left alon
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 
@@ -112,6 +113,10 @@ def cmd_explain(args) -> int:
     except ValueError as e:  # an empty text, a text that is not valid Unicode
         raise ConfigError(f"explain: {e}") from None
     print(json.dumps(ex.to_dict(), indent=2) if args.json else format_explanation(ex, args.text_a, args.text_b, args.rows))
+    enc = model.encoder
+    if cut := [name for name, text in (("A", args.text_a), ("B", args.text_b)) if enc.count_tokens([text]) >= enc.max_seq_length]:
+        n = enc.max_seq_length
+        print(f"note: text {' and '.join(cut)} filled the encoder's {n} tokens: words past its {n}th token were not read", file=sys.stderr)
     return 0
 
 

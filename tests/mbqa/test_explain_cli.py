@@ -29,6 +29,19 @@ def test_explain_prints_the_models_explanation(toy, capsys):
     assert got["cosine"] == pytest.approx(want["cosine"], abs=1e-6)
 
 
+def test_a_long_text_is_echoed_clipped_and_said_to_fill_the_encoder(toy, capsys):
+    """A text past the encoder's tokens: its echo is one line of 200 characters with its length, and a note says which
+    text the encoder read only in part (a 96,000-character text was echoed whole, with no word of it)."""
+    long = "The patient took aspirin for the headache. " * 300
+    assert main(["explain", toy, long, B]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == f"Text A: {long[:197]}... ({len(long):,} characters)" and out.splitlines()[1] == f"Text B: {B}"
+    limit = InterpretableEmbedder.load(toy, device="cpu").encoder.max_seq_length
+    assert err.endswith(f"note: text A filled the encoder's {limit} tokens: words past its {limit}th token were not read\n")
+    assert main(["explain", toy, A, B]) == 0
+    assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+
+
 @pytest.mark.parametrize("args,says", [
     (["", B], "explain: text_a is empty, or only whitespace and characters no encoder reads: there is nothing to explain"),
     (["a", "b", "--k", "0"], "explain: --k must be an integer from 1 to m=32, got 0"),
