@@ -593,16 +593,20 @@ def test_calibrate_says_why_a_resumed_encode_gives_no_rate(tmp_path):
 
 def test_the_cpu_presets_rates_say_when_the_config_runs_other_models(capsys):
     # the reference config (the 1.5B writes, probes and labels) was planned at the 0.5B's rates, labelled MEASURED:
-    # 4.7 hours against the ~21 its own engines take
-    assert main(["plan", "--config", "reference", "--json"]) == 0
+    # 4.7 hours against the ~21 its own engines take. So were the torch engines, which `auto` picks on most CPUs
+    on_llamacpp = ["--set", "llm.llamacpp.score_engine=llamacpp", "--set", "llm.llamacpp.generate_engine=llamacpp"]
+    assert main(["plan", "--config", "reference", "--json", *on_llamacpp]) == 0
     source = json.loads(capsys.readouterr().out)["throughput"]["source"]
     assert source.endswith("; NOT measured on this config's bundled:qwen2.5-coder-1.5b: --measure times its engines here (about a "
                            "minute), --calibrate RUN_DIR takes a pilot run's")
-    assert main(["plan", "--docs", "10k", "-k", "100", "--set", "llm.backend=llamacpp", "--json"]) == 0  # the 0.5B throughout
+    assert main(["plan", "--docs", "10k", "-k", "100", "--set", "llm.backend=llamacpp", "--json", *on_llamacpp]) == 0  # the 0.5B throughout
     assert "NOT measured" not in json.loads(capsys.readouterr().out)["throughput"]["source"]
     assert main(["plan", "--docs", "10k", "-k", "100", "--set", "llm.backend=llamacpp", "--set", "label.model=bundled:smollm2-135m",
-                 "--json"]) == 0
+                 "--json", *on_llamacpp]) == 0
     assert "NOT measured on this config's bundled:smollm2-135m:" in json.loads(capsys.readouterr().out)["throughput"]["source"]
+    assert main(["plan", "--docs", "10k", "-k", "100", "--set", "llm.backend=llamacpp", "--set", "llm.llamacpp.score_engine=torch-float32",
+                 "--set", "llm.llamacpp.generate_engine=llamacpp", "--json"]) == 0  # the memory table says torch scores: so does this
+    assert "NOT measured on this config's torch-float32 engine (scoring):" in json.loads(capsys.readouterr().out)["throughput"]["source"]
 
 
 def test_generation_prompts_that_the_guard_clips_are_planned_at_the_context():

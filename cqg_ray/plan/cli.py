@@ -168,10 +168,14 @@ def cmd_plan(args) -> int:
 
 
 def preset_strangers(cfg) -> list[str]:
-    """The embedded models a config writes, probes or labels with that the cpu preset's rates were not measured on
-    (they are the bundled 0.5B's on llama.cpp)."""
+    """The embedded models a config writes, probes or labels with, and the engines (as resolved on this CPU) that do the
+    work, that the cpu preset's rates were not measured on (they are the bundled 0.5B's on llama.cpp)."""
+    from cqg_ray.llm.base import resolve_engine
+
     models = {cfg.cqg.writer_model or cfg.llm.llamacpp.model, cfg.llm.llamacpp.model, cfg.label.model or cfg.llm.llamacpp.model}
-    return sorted(m for m in models if m != "bundled:qwen2.5-coder-0.5b")
+    engines = {work: resolve_engine(getattr(cfg.llm.llamacpp, f"{work}_engine"), work=work) for work in ("score", "generate")}
+    return (sorted(m for m in models if m != "bundled:qwen2.5-coder-0.5b")
+            + [f"{engine} engine ({'scoring' if work == 'score' else 'generating'})" for work, engine in engines.items() if engine != "llamacpp"])
 
 
 def measured_survival(run_dir: str) -> dict:
