@@ -233,6 +233,8 @@ def faithfulness(model: Any, texts: list[str], cfg: FaithfulnessConfig, out_dir:
     labelled_by = getattr(model, "labelled_by", None)  # a model folder trained before the record has none
     cfg = with_links_labeller(cfg, labelled_by)
     rows = sample_texts(len(texts), cfg.n, seed)
+    if len(rows) < cfg.n:  # every text the files hold, fewer than asked
+        log.info("faithfulness: judging all %d texts, fewer than n=%d (the files' texts, blank ones and repeats left out)", len(rows), cfg.n)
     sample = [texts[i] for i in rows]
     probs = np.asarray(model.encode(sample, output="probs", progress=False), dtype=np.float32)
     act, values = model.apply(probs)

@@ -2,6 +2,7 @@
 whose answers are known, so that the figures come out exactly."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -313,6 +314,17 @@ def test_faithfulness_samples_at_most_per_text_and_resumes_without_asking_again(
         {k: res[k] for k in ("faithfulness_yes_precision", "faithfulness_inactive_yes_rate")}
 
 
+def test_fewer_texts_than_n_are_all_judged_and_said(toy, tmp_path, caplog):
+    judge_cfg, backend = scripted_judge(set(toy.questions[::2]))
+    lab_cfg, labeller = scripted_labeller(set())
+    cfg = FaithfulnessConfig(n=len(TEXTS) + 5, per_text=1, pairs=0, judge=judge_cfg, labeller=lab_cfg)
+    with caplog.at_level(logging.INFO, logger="cqg_ray"):
+        res = faithfulness(toy, TEXTS, cfg, str(tmp_path / "ledger"), backend=backend, progress=False, labeller=labeller)
+    assert res["texts"] == len(TEXTS)
+    assert (f"faithfulness: judging all {len(TEXTS)} texts, fewer than n={len(TEXTS) + 5} (the files' texts, blank ones and "
+            "repeats left out)") in [r.getMessage() for r in caplog.records]
+
+
 def test_a_failing_judge_is_a_clear_error(toy, tmp_path):
     cfg = FaithfulnessConfig(n=2, per_text=1, pairs=0, judge=JudgeLLMConfig(backend="fake", max_attempts=1))
     broken = FakeBackend(cfg.judge, reply=lambda req: Completion("", error="server said 500"))
@@ -320,20 +332,20 @@ def test_a_failing_judge_is_a_clear_error(toy, tmp_path):
         faithfulness(toy, TEXTS, cfg, str(tmp_path), backend=broken, progress=False)
 
 
-def test_a_judge_that_cannot_load_is_said_before_any_text_is_encoded(tmp_path, capsys, monkeypatch):
-    """--judge naming no bundled model and no GGUF file: one line (exit 2) before the model loads, where it was a
-    traceback from the engine once every text was encoded; the labeller the links ask is checked too."""
-    import cqg_ray.evaluate.models as models
+def test_a_judge_that_cannot_load_is_said_before_any_text_is_encoded(tmp_path, capsys):
+    """--judge naming no bundled model and no GGUF file: one line (exit 2) before the model loads (a model folder that
+    is not there is not what it says), where it was a traceback from the engine once every text was encoded; the
+    labeller the links ask is checked too."""
     from cqg_ray.cli import main
 
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded before the judge was checked"))
     texts = tmp_path / "t.jsonl"
     texts.write_text(json.dumps({"text": "hello world"}) + "\n")
+    nowhere = str(tmp_path / "no-model")
     for judge, said in [("/nonexistent/model.gguf", "GGUF model not found: /nonexistent/model.gguf (a path, a hub"),
                         ("bundled:nosuch", "unknown bundled model 'nosuch'")]:
-        assert main(["evaluate", "cqg-minilm-ref", "--tasks", "faithfulness", "--texts", str(texts), "--judge", judge]) == 2
+        assert main(["evaluate", nowhere, "--tasks", "faithfulness", "--texts", str(texts), "--judge", judge]) == 2
         assert capsys.readouterr().err.startswith(f"error: evaluate.faithfulness.judge.llamacpp.model: {said}")
-    assert main(["evaluate", "cqg-minilm-ref", "--tasks", "faithfulness", "--texts", str(texts),
+    assert main(["evaluate", nowhere, "--tasks", "faithfulness", "--texts", str(texts),
                  "--set", "evaluate.faithfulness.labeller.llamacpp.model=bundled:nosuch"]) == 2
     assert capsys.readouterr().err.startswith("error: evaluate.faithfulness.labeller.llamacpp.model: unknown bundled model")
 
