@@ -163,6 +163,9 @@ def cmd_evaluate(args) -> int:
             usable_ms(cfg.m_sweep, m)
         except ValueError as e:
             raise ConfigError(f"--m-sweep: {e}") from None
+    if args.active_k and m is not None and (over := sorted({k for k in args.active_k if k > m})):
+        raise ConfigError(f"--active-k {' '.join(map(str, over))}: the model has m={m} questions, so k above it shows what k={m} "
+                          "shows; give k from 1 to m")
     if args.budget:
         primary.budget = parse_budget(args.budget, primary.budget)
     models = {args.name or model_name(primary): primary}

@@ -194,6 +194,9 @@ def test_sweeps_outside_their_range_stop_before_any_work(tmp_path, capsys):
                                                                 "faithfulness to --tasks (now sts)")
     assert main(["evaluate", toy, "--m-sweep", "40", "64", "--out", str(tmp_path / "ev")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "error: --m-sweep: no m in [40, 64] is at most the model's 32 questions"
+    assert main(["evaluate", toy, "--active-k", "8", "64", "40", "--out", str(tmp_path / "ev")]) == 2  # rows that repeated k = m
+    assert capsys.readouterr().err.strip().splitlines()[-1] == ("error: --active-k 40 64: the model has m=32 questions, so k above it "
+                                                                "shows what k=32 shows; give k from 1 to m")
     assert not (tmp_path / "ev").exists()
 
 
