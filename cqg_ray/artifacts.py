@@ -397,6 +397,9 @@ def embed_manifest(out: str) -> dict:
     if run.exists("config.json") and not run.exists(EMBED_SETTINGS):  # the model given twice, or in the output's place
         raise ArtifactError(f"{out} is a model folder (config.json), not an embed output; give the OUT folder "
                             "`cqg-ray embed MODEL CORPUS OUT` wrote")
+    if run.exists("config.yaml") and not run.exists(EMBED_SETTINGS):  # a pipeline's run directory: embed refuses to write there
+        raise ArtifactError(f"{out} is a pipeline run directory (config.yaml), not an embed output; embed a corpus into a folder "
+                            "of its own (`cqg-ray embed MODEL CORPUS OUT`) and give that OUT")
     if not run.exists(EMBED_MANIFEST):
         what = "unfinished" if run.exists(EMBED_SETTINGS) else "not a cqg-ray embed output"
         raise ArtifactError(f"{out}: {what} (no {EMBED_MANIFEST}); run `cqg-ray embed MODEL CORPUS {out}` (again) first")

@@ -184,6 +184,12 @@ def test_search_says_an_unfinished_embed_output_is_one(tmp_path, capsys):
     assert main(["search", model, str(out), "a query"]) == 2
     assert capsys.readouterr().err == (f"error: {out}: unfinished (no _manifest.json); run `cqg-ray embed MODEL CORPUS {out}` (again) "
                                        "first\n")
+    run_dir = tmp_path / "run"  # a pipeline's run directory, which embed refuses as OUT: not suggested as one
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("run_dir: run\n")
+    assert main(["search", model, str(run_dir), "a query"]) == 2
+    assert capsys.readouterr().err == (f"error: {run_dir} is a pipeline run directory (config.yaml), not an embed output; embed a "
+                                       "corpus into a folder of its own (`cqg-ray embed MODEL CORPUS OUT`) and give that OUT\n")
     # a query of bytes that are not UTF-8 (the shell's $'caf\xe9', a lone surrogate in argv): said as explain says it
     assert main(["search", model, str(out), "caf\udce9"]) == 2
     assert capsys.readouterr().err == "error: search: the query is not valid Unicode (an unpaired surrogate at character 3)\n"
