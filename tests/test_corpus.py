@@ -167,6 +167,16 @@ def test_csv_rows_that_do_not_fit_the_header_and_texts_that_are_not_strings_are_
     assert res.errors == ["g:1: 'text' is not a string (a JSON or Arrow int); row rejected", "g:3: 'text' is not a string (a JSON or Arrow list); row rejected"]
 
 
+def test_a_quote_never_closed_is_an_error_not_the_rest_of_the_file_in_one_row():
+    """One stray opening quote made every later line one row's text, without a word (17 of 20 rows, in an audit)."""
+    stray = b'id,text\n1,one\n2,"broken quote starts here\n3,three\n4,four\n'
+    with pytest.raises(CorpusError, match=r'^f.csv:3: a quoted field of this row is never closed, so lines 3-5 \(the rest of the '
+                                          r'file\) read as one row; close the quote, or double a quote inside a quoted field \(""\)$'):
+        parse_file(stray, "csv", "f.csv", cfg(id_column="id"))
+    closed = parse_file(b'id,text\n1,"two\nlines"\n2,"a ""quoted"" word"\n3,"open at the end\n', "csv", "f", cfg(id_column="id"))
+    assert closed.texts == ["two\nlines", 'a "quoted" word', "open at the end"]  # the last: nothing after it to swallow
+
+
 def test_csv_tsv_txt_parquet():
     assert parse_file(b'text,id\n"a, quoted",7\nb,8\n', "csv", "f", cfg(id_column="id")).ids == ["7", "8"]
     assert parse_file(b'text,id\n"a, quoted",7\n', "csv", "f", cfg()).texts == ["a, quoted"]

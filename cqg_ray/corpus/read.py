@@ -218,15 +218,18 @@ def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseRe
         quoted = fmt == "csv" or tsv_quoted(text)
         if fmt == "tsv" and quoted:
             res.dropped["tsv_quoted"] += 1  # a file, not a row; counted for the report
-        reader = csv.DictReader(io.StringIO(text), delimiter="\t" if fmt == "tsv" else ",",
+        delimiter = "\t" if fmt == "tsv" else ","
+        reader = csv.DictReader(io.StringIO(text), delimiter=delimiter,
                                 quoting=csv.QUOTE_MINIMAL if quoted else csv.QUOTE_NONE)
         if reader.fieldnames is None or cfg.text_column not in reader.fieldnames:
             raise CorpusError(f"{source}: no column {cfg.text_column!r} (columns: {', '.join(reader.fieldnames or [])})")
         if cfg.id_column and cfg.id_column not in reader.fieldnames:
             raise CorpusError(f"{source}: no id column {cfg.id_column!r} (columns: {', '.join(reader.fieldnames)})")
         width = len(reader.fieldnames)
+        start = last_start = reader.line_num + 1  # the line each row starts on, and the last row's
         try:
             for row in reader:
+                last_start, start = start, reader.line_num + 1
                 if None in row or None in row.values():  # more fields than the header (restkey None), or fewer (restval None)
                     n = width + len(row.get(None) or []) - sum(v is None for k, v in row.items() if k is not None)
                     res.error("ragged", f"{source}:{reader.line_num}: {n} field(s) where the header has {width}; row rejected")
@@ -234,9 +237,25 @@ def parse_file(data: bytes, fmt: str, source: str, cfg: CorpusConfig) -> ParseRe
                 add(row.get(cfg.text_column), row.get(cfg.id_column) if cfg.id_column else None, reader.line_num)
         except csv.Error as e:
             raise CorpusError(f"{source}:{reader.line_num}: not readable as {fmt.upper()} ({e})") from None
+        if quoted and reader.line_num > last_start and quote_left_open(text, last_start, delimiter):
+            raise CorpusError(f"{source}:{last_start}: a quoted field of this row is never closed, so lines {last_start}-"
+                              f"{reader.line_num} (the rest of the file) read as one row; close the quote, or double a quote "
+                              'inside a quoted field ("")')
         return res
 
     raise CorpusError(f"unknown corpus format {fmt!r}")
+
+
+def quote_left_open(text: str, line: int, delimiter: str) -> bool:
+    """Whether the rows of ``text`` from ``line`` (1-based) on end inside a quoted field: the lenient csv reader then
+    reads every later line into that field, without a word."""
+    tail = io.StringIO("\n".join(text.split("\n")[line - 1:]))
+    try:
+        for _ in csv.reader(tail, delimiter=delimiter, strict=True):
+            pass
+    except csv.Error as e:
+        return "unexpected end of data" in str(e)
+    return False
 
 
 def rows_table(res: ParseResult, source: str, dedup: bool) -> pa.Table:
