@@ -418,11 +418,18 @@ def run_from_args(args) -> dict:
     if corpus.id_column and (txt := [u for u, f in files if f == "txt"]):
         raise ConfigError(f"{txt[0]}: a .txt file holds one text a line and no ids: drop --id-column ({corpus.id_column!r}), "
                           "or give the ids in a jsonl, csv or parquet file")
+    out_abs = os.path.abspath(args.out)
+    if "://" not in args.out and (taken := [u for u, _ in files if "://" not in u and os.path.commonpath([os.path.abspath(u), out_abs]) == out_abs]):
+        raise ConfigError(f"the corpus paths match {taken[0]}, a file inside OUT {args.out} (an earlier run's output): its files "
+                          "would be read as corpus; give an OUT outside what the corpus paths match")
+    try:  # a bad --num-cpus, --max-cpus or --max-gpus: said before OUT and its lease are made
+        cluster = RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus, max_cpus=args.max_cpus, max_gpus=args.max_gpus)
+    except ValidationError as err:
+        raise ConfigError(format_errors(err, "the Ray options")) from None
     with take_lease(args.out, "cqg-ray embed", args.break_lease):  # one writer per OUT (LeaseHeld: exit 3)
         if RunDir(args.out).exists("config.yaml"):  # under its lease: a live run's directory is said to be in use (exit 3)
             raise ConfigError(f"OUT {args.out} is a pipeline run directory (config.yaml): give a folder of its own to write the "
                               "embeddings to")
-        cluster = RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus, max_cpus=args.max_cpus, max_gpus=args.max_gpus)
         init_ray(cluster)
         m = embed(args.model, args.corpus, args.out, cfg, corpus, force=args.force,
                   progress=os.environ.get("CQG_RAY_PROGRESS", "1") != "0", cluster=cluster, files=files)

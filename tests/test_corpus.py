@@ -251,6 +251,24 @@ def test_list_files_errors(tmp_path):
         list_files([str(tmp_path / "a.jsonl"), str(tmp_path / "aa*.jsonl")], "auto")
 
 
+def test_globs_match_as_the_shell_does(tmp_path, caplog):
+    """``*`` stays in one folder (it took sub/n.jsonl too: a backup folder's copy was embedded twice), ``**/`` reaches
+    below; files named .* or _* are left out, as a folder's are (an embed OUT's _corpus parts were read as corpus)."""
+    for name in ("a.jsonl", "b.jsonl", "c.txt", "_meta.jsonl", "sub/n.jsonl", "sub/deeper/m.jsonl", "sub/_corpus/p.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    names = lambda pattern: [u[len(str(tmp_path)) + 1:] for u, _ in list_files([str(tmp_path / pattern)], "auto")]  # noqa: E731
+    assert names("*.jsonl") == ["a.jsonl", "b.jsonl"]
+    assert names("**/*.jsonl") == ["a.jsonl", "b.jsonl", "sub/deeper/m.jsonl", "sub/n.jsonl"]
+    assert names("sub/*/*.jsonl") == ["sub/deeper/m.jsonl"]
+    assert names("[ab].jsonl") == names("?.jsonl") == ["a.jsonl", "b.jsonl"]
+    assert names("[!a].*") == ["b.jsonl", "c.txt"]
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith("corpus: 1 file(s) named .* or _* (or in such a folder) in a folder or glob left out as hidden or "
+                              "metadata files (_meta.jsonl)")
+    assert "(_meta.jsonl, p.jsonl)" in said[1]
+
+
 # ------------------------------------------------------------------------------------------- Ray stage
 
 
@@ -441,6 +459,6 @@ def test_a_folders_hidden_and_underscore_files_of_a_corpus_format_are_left_out_a
     with caplog.at_level(logging.WARNING, logger="cqg_ray"):
         assert list_files([str(tmp_path / "data")], "auto") == [(str(tmp_path / "data" / "a.jsonl"), "jsonl")]
     assert [r.getMessage() for r in caplog.records] == [
-        "corpus: 2 file(s) named .* or _* in a folder left out as hidden or metadata files (.cache.jsonl, _train.jsonl): rename "
+        "corpus: 2 file(s) named .* or _* (or in such a folder) in a folder or glob left out as hidden or metadata files (.cache.jsonl, _train.jsonl): rename "
         "them, or name them as paths, to read them"]
     assert list_files([str(tmp_path / "data" / "_train.jsonl")], "auto") == [(str(tmp_path / "data" / "_train.jsonl"), "jsonl")]

@@ -296,6 +296,19 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     assert capsys.readouterr().err == (f"error: OUT {tmp_path / 'corp' / 'emb'} is inside the corpus folder {tmp_path / 'corp'}: its "
                                        "files would be read as corpus next time; give an OUT outside it\n")
     assert not (tmp_path / "corp" / "emb").exists()
+    # a glob that takes an earlier output's files (a rerun read them as corpus, and --force then deleted the output)
+    (tmp_path / "corp" / "out").mkdir()
+    (tmp_path / "corp" / "out" / "emb-part-000000-000000000.jsonl").write_text('{"text": "an output"}\n')
+    assert main(["embed", toy_model, str(tmp_path / "corp" / "**" / "*.jsonl"), str(tmp_path / "corp" / "out"), "--force"]) == 2
+    assert capsys.readouterr().err == (f"error: the corpus paths match {tmp_path / 'corp' / 'out' / 'emb-part-000000-000000000.jsonl'}, "
+                                       f"a file inside OUT {tmp_path / 'corp' / 'out'} (an earlier run's output): its files would be "
+                                       "read as corpus; give an OUT outside what the corpus paths match\n")
+    assert (tmp_path / "corp" / "out" / "emb-part-000000-000000000.jsonl").exists()  # --force deleted nothing
+    for flag in ("--num-cpus", "--max-cpus", "--max-gpus"):  # were pydantic tracebacks, after OUT and its lease were made
+        assert main(["embed", toy_model, str(corpus_file), str(tmp_path / "ray-out"), flag, "-1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: invalid configuration in the Ray options:") and "Traceback" not in err, err
+    assert not (tmp_path / "ray-out").exists()
     assert main(["embed", toy_model, str(corpus_file), str(corpus_file / "emb")]) == 2
     assert f"error: OUT {corpus_file / 'emb'} is below the file {corpus_file}: give a folder to write the embeddings to\n" in capsys.readouterr().err
     # a corpus path not found, or ids asked of a .txt file: one line before OUT is made (they came after Ray started,

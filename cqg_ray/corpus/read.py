@@ -7,7 +7,6 @@ instructions stripped).
 from __future__ import annotations
 
 import csv
-import fnmatch
 import gzip
 import hashlib
 import io
@@ -276,8 +275,41 @@ def rows_table(res: ParseResult, source: str, dedup: bool) -> pa.Table:
     })
 
 
+def hidden_below(folder: str, path: str) -> bool:
+    """Whether ``path`` (a file found under ``folder``) is named .* or _*, or lies in a folder so named below ``folder``
+    (hidden, or metadata as Spark's _SUCCESS and _temporary/, or an embed output's _corpus/)."""
+    return any(part.startswith((".", "_")) for part in path[len(folder.rstrip("/")) + 1:].split("/"))
+
+
+def glob_pattern(path: str) -> re.Pattern:
+    """A glob as the shell reads it: ``*``, ``?`` and ``[...]`` within one folder's names, ``**/`` any folders below."""
+    out, i = [], 0
+    while i < len(path):
+        if path.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif path.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif path[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif path[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif path[i] == "[" and (end := path.find("]", i + 2)) != -1:
+            body = path[i + 1:end]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(path[i]))
+            i += 1
+    return re.compile("".join(out))
+
+
 def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
-    """Expand files, folders and globs to a list of (uri, format): each path's files sorted, a file once."""
+    """Expand files, folders and globs (``glob_pattern``) to a list of (uri, format): each path's files sorted, a file once;
+    a folder's or glob's files named .* or _* (or in a folder so named below it) left out."""
     if not paths:
         raise CorpusError("corpus.paths is empty: give at least one file or folder")
     out: list[tuple[str, str]] = []
@@ -288,8 +320,11 @@ def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
         prefix = p.split("://")[0] + "://" if "://" in p else ""
         if any(c in path for c in "*?["):
             base = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0] or "/"
-            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-            matched = sorted(i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path))
+            infos = fs.get_file_info(pafs.FileSelector(base, recursive="/" in path[len(base) + 1:], allow_not_found=True))
+            pattern = glob_pattern(path)
+            files = sorted(i.path for i in infos if i.type == pafs.FileType.File and pattern.fullmatch(i.path))
+            matched = [f for f in files if not hidden_below(base, f)]
+            hidden += [f for f in files if hidden_below(base, f) and (fmt != "auto" or known_format(f))]
             if not matched and len(paths) > 1:  # a typo in one of several paths is not left out silently
                 raise CorpusError(f"corpus glob {p} matches no file")
         else:
@@ -299,8 +334,8 @@ def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
                 raise CorpusError(f"corpus path not found: {p}{where}")
             if info.type == pafs.FileType.Directory:
                 files = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if i.type == pafs.FileType.File)
-                matched = [f for f in files if not os.path.basename(f).startswith((".", "_"))]
-                hidden += [f for f in files if os.path.basename(f).startswith((".", "_")) and (fmt != "auto" or known_format(f))]
+                matched = [f for f in files if not hidden_below(path, f)]
+                hidden += [f for f in files if hidden_below(path, f) and (fmt != "auto" or known_format(f))]
             else:
                 matched = [path]
         listed = matched != [path]  # found in a folder or by a glob, not named
@@ -320,7 +355,7 @@ def list_files(paths: list[str], fmt: str) -> list[tuple[str, str]]:
                     "them, or set corpus.format", len(skipped), ", ".join(os.path.basename(m) for m in skipped[:3]),
                     ", ..." if len(skipped) > 3 else "")
     if hidden:
-        log.warning("corpus: %d file(s) named .* or _* in a folder left out as hidden or metadata files (%s%s): rename them, or "
+        log.warning("corpus: %d file(s) named .* or _* (or in such a folder) in a folder or glob left out as hidden or metadata files (%s%s): rename them, or "
                     "name them as paths, to read them", len(hidden), ", ".join(os.path.basename(m) for m in hidden[:3]),
                     ", ..." if len(hidden) > 3 else "")
     if not out:
