@@ -391,7 +391,8 @@ def run_from_args(args) -> dict:
                           num_gpus_per_actor=args.gpus_per_actor, unit_rows=args.unit_rows, torch_threads=args.threads,
                           backend=args.backend, tokenize_stage=args.tokenize_stage, tokenize_actors=args.tokenize_actors)
         corpus = CorpusConfig(format=args.format, text_column=args.text_column, id_column=args.id_column)
-    except ValidationError as err:
+        cluster = RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus, max_cpus=args.max_cpus, max_gpus=args.max_gpus)
+    except ValidationError as err:  # a bad option (--num-cpus -1 too): said before OUT and its lease are made
         raise ConfigError(format_errors(err, "the embed options")) from None
     from cqg_ray.artifacts import file_on_path
 
@@ -422,10 +423,6 @@ def run_from_args(args) -> dict:
     if "://" not in args.out and (taken := [u for u, _ in files if "://" not in u and os.path.commonpath([os.path.abspath(u), out_abs]) == out_abs]):
         raise ConfigError(f"the corpus paths match {taken[0]}, a file inside OUT {args.out} (an earlier run's output): its files "
                           "would be read as corpus; give an OUT outside what the corpus paths match")
-    try:  # a bad --num-cpus, --max-cpus or --max-gpus: said before OUT and its lease are made
-        cluster = RayConfig(address=ray_address(args.address, None), num_cpus=args.num_cpus, max_cpus=args.max_cpus, max_gpus=args.max_gpus)
-    except ValidationError as err:
-        raise ConfigError(format_errors(err, "the Ray options")) from None
     with take_lease(args.out, "cqg-ray embed", args.break_lease):  # one writer per OUT (LeaseHeld: exit 3)
         if RunDir(args.out).exists("config.yaml"):  # under its lease: a live run's directory is said to be in use (exit 3)
             raise ConfigError(f"OUT {args.out} is a pipeline run directory (config.yaml): give a folder of its own to write the "

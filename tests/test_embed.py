@@ -307,7 +307,7 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     for flag in ("--num-cpus", "--max-cpus", "--max-gpus"):  # were pydantic tracebacks, after OUT and its lease were made
         assert main(["embed", toy_model, str(corpus_file), str(tmp_path / "ray-out"), flag, "-1"]) == 2
         err = capsys.readouterr().err
-        assert err.startswith("error: invalid configuration in the Ray options:") and "Traceback" not in err, err
+        assert err.startswith("error: invalid configuration in the embed options:") and "Traceback" not in err, err
     assert not (tmp_path / "ray-out").exists()
     assert main(["embed", toy_model, str(corpus_file), str(corpus_file / "emb")]) == 2
     assert f"error: OUT {corpus_file / 'emb'} is below the file {corpus_file}: give a folder to write the embeddings to\n" in capsys.readouterr().err
