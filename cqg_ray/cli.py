@@ -25,7 +25,7 @@ from cqg_ray.log import LEVELS, setup_logging
 from cqg_ray.rundir import ArtifactError, RunDir
 
 # Modules that add their own commands (each has add_commands(subparsers)).
-COMMAND_MODULES = ("cqg_ray.cqg.cli", "cqg_ray.serve.cli", "cqg_ray.evaluate.cli", "cqg_ray.plan", "cqg_ray.embed",
+COMMAND_MODULES = ("cqg_ray.cqg.cli", "cqg_ray.serve.cli", "cqg_ray.evaluate.cli", "cqg_ray.plan", "cqg_ray.embed_cli",
                    "cqg_ray.search", "cqg_ray.export", "cqg_ray.demo", "cqg_ray.mbqa.cli")
 
 # What --until and --force accept: a stage's command or its name.

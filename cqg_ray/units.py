@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cqg_ray import progress
-from cqg_ray.config import EmbedConfig, EncodeConfig
+from cqg_ray.config import ConfigError, EmbedConfig, EncodeConfig
 from cqg_ray.pools import node_cpus, pool_range
 from cqg_ray.rundir import RunDir
 from cqg_ray.token_limit import unit_metadata
@@ -312,6 +312,10 @@ def actor_pool_size(cfg: EncodeConfig | EmbedConfig, now: dict, most: dict | Non
     least one)."""
     most = now if most is None else most
     per = cfg.num_gpus_per_actor if cfg.num_gpus_per_actor is not None else (1.0 if float(most.get("GPU", 0)) >= 1 else 0.0)
+    if per > float(most.get("GPU", 0)):  # its actors would wait for a GPU that never comes
+        raise ConfigError(f"num_gpus_per_actor {per:g}: the cluster has {float(now.get('GPU', 0)):g} GPU(s) and may grow to "
+                          f"{float(most.get('GPU', 0)):g}; set it to 0 (--gpus-per-actor 0) for CPU actors, or declare the GPUs "
+                          "it will get (--max-gpus, ray.max_gpus)")
     need = {"GPU": per} if per > 0 else {"CPU": float(cfg.torch_threads)}
     lo = pool_range(need, now, fixed=cfg.num_actors, work=units)[1]
     hi = pool_range(need, now, most, fixed=cfg.num_actors, work=units)[1]

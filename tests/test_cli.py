@@ -365,13 +365,13 @@ def test_the_stage_commands_help_says_what_they_read_write_and_exit_with(capsys)
 def test_embed_stopped_by_sigterm_unwinds_as_the_stage_commands_do(tmp_path, monkeypatch, capsys):
     """`kill` of `cqg-ray embed` printed Ray's stack dump ("*** SIGTERM received ... PC: @ ...") and exited 15; it now
     unwinds as Ctrl-C does (exit 143, a line saying to run it again, the handler put back)."""
-    import cqg_ray.embed
+    import cqg_ray.embed_cli
 
     def stopped(args):
         signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # the installed handler, called as the signal calls it
         raise AssertionError("SIGTERM did not unwind embed")
 
-    monkeypatch.setattr(cqg_ray.embed, "run_from_args", stopped)
+    monkeypatch.setattr(cqg_ray.embed_cli, "run_from_args", stopped)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as e:
         main(["embed", "cqg-minilm-ref", "corpus.jsonl", str(tmp_path / "out")])

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cqg_ray.config import CorpusConfig, EmbedConfig
+from cqg_ray.config import ConfigError, CorpusConfig, EmbedConfig
 from cqg_ray.artifacts import EMBED_CORPUS, read_embed_output
 from cqg_ray.artifacts import model_fingerprint
 from cqg_ray.embed import _relative_names, actor_pool_size, embed
@@ -60,6 +60,11 @@ def test_actor_pool_size():
     assert actor_pool_size(EmbedConfig(), {"CPU": 16, "GPU": 4}) == ((4, 4), 1.0)
     assert actor_pool_size(EmbedConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == ((3, 3), 0.5)
     assert actor_pool_size(EmbedConfig(), {"CPU": 16, "GPU": 4}, {"CPU": 16, "GPU": 16}) == ((4, 16), 1.0)  # declared: grows
+    # a GPU an actor on a cluster that has none and declares none: said before any work (paper.yaml's
+    # embed section on a CPU machine)
+    with pytest.raises(ConfigError, match=r"^num_gpus_per_actor 1: the cluster has 0 GPU\(s\) and may grow to 0; set it to 0 "):
+        actor_pool_size(EmbedConfig(num_gpus_per_actor=1), {"CPU": 2})
+    assert actor_pool_size(EmbedConfig(num_gpus_per_actor=1), {"CPU": 2}, {"CPU": 2, "GPU": 2}) == ((1, 2), 1.0)  # GPUs to come
 
 
 def test_relative_names():
@@ -263,6 +268,18 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     assert main(["embed", toy_model, str(corpus_file), out, "--unit-rows", "200", "--tau", "0.4"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["counts"]["rows"] == 400 and summary["budget"] == {"rule": "tau", "tau": 0.4, "value": "one"} and summary["counts"]["units"] == 2
+    # the embed section of --config gives the defaults (it was listed by `config --keys` and read by nothing); --set and
+    # the flags given win, --k in place of the section's tau
+    conf = tmp_path / "embed.yaml"
+    conf.write_text("embed:\n  output: sparse\n  unit_rows: 100\n  tau: 0.3\n")
+    assert main(["embed", toy_model, str(corpus_file), str(tmp_path / "conf"), "--config", str(conf), "--set", "unit_rows=400"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["output"], summary["budget"]["rule"], summary["budget"]["tau"], summary["counts"]["units"]) == ("sparse", "tau", 0.3, 1)
+    assert main(["embed", toy_model, str(corpus_file), str(tmp_path / "conf2"), "-c", str(conf), "--k", "3", "--output", "bits"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["output"], summary["budget"]["rule"], summary["budget"]["k"], summary["counts"]["units"]) == ("bits", "top_k", 3, 4)
+    assert main(["embed", toy_model, str(corpus_file), str(tmp_path / "conf3"), "--set", "batch_size"]) == 2
+    assert capsys.readouterr().err == "error: --set batch_size: give KEY=VALUE, a key of the embed section, e.g. --set batch_size=256\n"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"body": "no text field"}\n')
     with ray_data_abort_notes() as (logged, shown):
