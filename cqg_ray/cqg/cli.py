@@ -57,8 +57,11 @@ def cmd_questions(args) -> int:
     if not _is_model(args.run_dir):
         from cqg_ray.artifacts import not_a_run
 
-        if what := not_a_run(RunDir(args.run_dir)):  # a file, an embed output: not "stage 'questions' has not finished"
-            raise ConfigError(f"questions: {args.run_dir} is not a run directory or a model ({what})")
+        run = RunDir(args.run_dir)
+        if what := not_a_run(run) or (None if run.exists("config.yaml") or run.exists("questions") else "no config.yaml, no questions stage"):
+            raise ConfigError(f"questions: {args.run_dir} is not a run directory or a model ({what})")  # not "stage 'questions' has not finished"
+    if args.corpus and not args.quality:
+        raise ConfigError("questions: --corpus is the corpus --quality measures the copy rate against: add --quality")
     if args.quality:
         import json
 

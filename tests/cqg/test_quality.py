@@ -140,6 +140,7 @@ def test_questions_json_of_the_wrong_shape_is_named(tmp_path):
 def test_questions_limit_below_one_is_refused(tmp_path, capsys):
     from cqg_ray.cli import main
 
+    (tmp_path / "config.yaml").write_text("run_dir: run\n")  # a run directory
     assert main(["questions", str(tmp_path), "-n", "-1"]) == 2
     assert capsys.readouterr().err == "error: questions: --limit/-n must be at least 1, got -1\n"
 
@@ -172,6 +173,8 @@ def test_a_models_questions_are_listed_and_searched_as_a_runs_are(capsys):
     assert main(["questions", "cqg-minilm-ref", "--quality", "-q", "music", "-n", "5"]) == 2
     assert capsys.readouterr().err == ("error: questions: --quality measures every question; --search, --limit choose the ones to "
                                        "list: give one or the other\n")
+    assert main(["questions", "cqg-minilm-ref", "--corpus", "x.jsonl"]) == 2  # was ignored without --quality
+    assert capsys.readouterr().err == "error: questions: --corpus is the corpus --quality measures the copy rate against: add --quality\n"
 
 
 def test_questions_of_a_file_or_an_embed_output_say_what_it_is(tmp_path, capsys):
@@ -182,7 +185,9 @@ def test_questions_of_a_file_or_an_embed_output_say_what_it_is(tmp_path, capsys)
     (tmp_path / "pairs.tsv").write_text("a\tb\t1\n")
     (tmp_path / "emb").mkdir()
     (tmp_path / "emb" / EMBED_SETTINGS).write_text("{}")
-    for name, what in (("pairs.tsv", "a file"), ("emb", f"an output of cqg-ray embed ({EMBED_SETTINGS})")):
+    (tmp_path / "plain").mkdir()  # a corpus folder, say: it was "stage 'questions' has not finished in plain"
+    for name, what in (("pairs.tsv", "a file"), ("emb", f"an output of cqg-ray embed ({EMBED_SETTINGS})"),
+                       ("plain", "no config.yaml, no questions stage")):
         for extra in ([], ["--quality"]):
             assert main(["questions", str(tmp_path / name), *extra]) == 2, (name, extra)
             assert capsys.readouterr().err == f"error: questions: {tmp_path / name} is not a run directory or a model ({what})\n"
