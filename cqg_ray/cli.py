@@ -252,6 +252,9 @@ def cmd_config(args) -> int:
     from cqg_ray.config import config_keys, dump_config
 
     cfg = resolve_config(args)
+    if args.config is None and (run_dir := named_run_dir(args)) and not RunDir(run_dir).exists("config.yaml"):  # a mistyped run dir
+        print(f"config: {run_dir} holds no config.yaml (no run there yet): {'--set over ' if args.set else ''}the defaults, as a new "
+              "run there would start", file=sys.stderr)
     if args.keys is None:
         print(dump_config(cfg), end="")
         return 0

@@ -346,6 +346,15 @@ def test_config_prints_the_config_a_run_would_use_and_every_key(tmp_path, capsys
     assert main(["config", "--keys"]) == 0 and len(capsys.readouterr().out.splitlines()) > 250
     assert main(["config", "--keys", "nope"]) == 2
     assert capsys.readouterr().err.startswith("error: config --keys nope: no such key or section (sections: run_dir, seed, ray,")
+    # a run directory with no config.yaml (a mistyped one): the defaults, said to be them, where they looked like its config
+    assert main(["config", "-r", str(tmp_path / "typo")]) == 0
+    out, err = capsys.readouterr()
+    assert err == f"config: {tmp_path / 'typo'} holds no config.yaml (no run there yet): the defaults, as a new run there would start\n"
+    (tmp_path / "typo.yaml").write_text(out)
+    assert load_config(str(tmp_path / "typo.yaml")) == load_config(None, [f"run_dir={tmp_path / 'typo'}"])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text((tmp_path / "printed.yaml").read_text())
+    assert main(["config", "-r", str(tmp_path / "run")]) == 0 and capsys.readouterr().err == ""
 
 
 def test_the_stage_commands_help_says_what_they_read_write_and_exit_with(capsys):
