@@ -212,7 +212,7 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
             log.info("embed: %s holds no embeddings yet, only a snapshot made with other settings (%s): starting again", out, ", ".join(changed))
             _clear(run)
         elif changed:
-            why = " (an input file was added, removed or changed since)" if "files" in changed else ""
+            why = " (an input file was added, removed or changed since, or the paths were given in another order)" if "files" in changed else ""
             raise ArtifactError(f"{out} holds embeddings made with other settings ({', '.join(changed)} differ{why}): "
                                 "use another OUT folder or --force to start again")
     config_hash = hash_sections(settings)
@@ -334,7 +334,8 @@ def _file_stat(uri: str) -> dict:
 
 
 def _relative_names(uris: list[str]) -> list[str]:
-    """File names relative to the inputs' common folder (used in the document ids, so ids survive a move)."""
+    """File names relative to the inputs' common folder (used in the document ids, so ids survive a move of that folder;
+    adding a file from another folder moves the common folder, and so every name and id)."""
     if len(uris) == 1:
         return [os.path.basename(uris[0])]
     common = os.path.commonpath([u.split("://", 1)[-1] for u in uris])
