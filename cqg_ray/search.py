@@ -339,12 +339,15 @@ def cmd_search(args) -> int:
     print(f"query: {clipped(args.query, 200)!r}  ({len(q_yes)} of {model.m} questions active, budget {budget.name})")
     if not q_yes:
         print("the query has no active question: every score is 0")
-    for h in hits:
+    sharing = [h for h in hits if h.score > 0] if q_yes else hits  # a hit of score 0 shares no active question with the query
+    for h in sharing:
         text = "" if h.text is None else "  " + clipped(h.text, 100)
         print(f"{h.rank:>3}. {h.score:.4f}  {h.doc_id}{text}")
         for qid, qt, prec, n in zip(h.question_ids, h.questions, h.precision, h.n_heldout):
             note = reliability_note(prec, n)
             print(f"       yes both  [{qid:>4}] {qt}" + (f"  ({note})" if note else ""))
+    if len(sharing) < len(hits):
+        print(f"no other document shares an active question with the query ({len(hits) - len(sharing)} of the top {args.k} score 0)")
     return 0
 
 

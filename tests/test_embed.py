@@ -169,6 +169,13 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
             want.append(f"yes both  [{str(recs[i].get('id', i)):>4}] {recs[i]['text']}{note}")  # the id explain shows
     assert listed == want and any("precision 0." in ln for ln in listed)
     assert printed["hits"][0]["question_ids"] == [str(recs[i].get("id", i)) for i in hits[0].shared]
+    # asked for every document: those that share no active question with the query (score 0) are not listed as hits
+    scores = [binary_cosine(q, b) for b in bits]
+    assert 0 < sum(s > 0 for s in scores) < 405  # else this checks nothing
+    assert main(["search", toy_model, out, query, "-k", "405"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert len([ln for ln in shown if ln[:5].strip().rstrip(".").isdigit()]) == sum(s > 0 for s in scores)
+    assert shown[-1] == f"no other document shares an active question with the query ({sum(s == 0 for s in scores)} of the top 405 score 0)"
 
     # what search refuses, each with one line and exit 2: another model with the same m, no hits asked for, a unit file
     # gone since the output finished (it searched the rest silently before)
