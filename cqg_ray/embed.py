@@ -10,7 +10,7 @@ Two resumable Ray Data passes write everything under OUT:
                                            actor pool (the model loaded once per actor, a GPU per actor when the
                                            cluster has GPUs) reads a unit's row group (doc_id and text only, the
                                            part's footer once per actor), embeds it and writes its file atomically
-    OUT/_settings.json                  what the files depend on (model fingerprint, output, budget, inputs)
+    OUT/_settings.json                  what the files depend on (model fingerprint, output, budget, encoder backend, inputs)
     OUT/_manifest.json                  written last, by `RunDir.write_manifest` (OUT is a run directory whose one
                                            stage folder is OUT itself): config hash of the settings, counts, timings,
                                            versions, format, m, output, budget, bytes per text
@@ -34,7 +34,7 @@ and text chunks once and each part's footer once per actor that reads it (the so
 
 A killed run resumes: finished snapshot parts and unit files are skipped, half-written files never count (they are
 written to a temporary name and renamed). A rerun of a finished OUT with the same settings is skipped (its manifest
-matches, as for a pipeline stage). A rerun with another model, output, budget or other input files refuses to mix
+matches, as for a pipeline stage). A rerun with another model, output, budget, encoder backend or other input files refuses to mix
 results (use a new OUT or `--force`).
 """
 
@@ -198,7 +198,8 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     stats = [_file_stat(u) for u, _ in files]
     settings = {
         "format": EMBED_FORMAT, "model_fingerprint": model_fingerprint(model_path), "m": head.m, "output": cfg.output, "budget": budget.to_dict(),
-        "unit_rows": cfg.unit_rows, "readers": corpus.model_dump(mode="json", exclude={"paths", "dedup", "limit", "sample_seed", "rows_per_shard"}),
+        "backend": cfg.backend, "unit_rows": cfg.unit_rows,
+        "readers": corpus.model_dump(mode="json", exclude={"paths", "dedup", "limit", "sample_seed", "rows_per_shard"}),
         "files": [{"uri": u, "format": f, **stat} for (u, f), stat in zip(files, stats)],
     }
     if force:
@@ -207,6 +208,8 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
         before = run.read_json(EMBED_SETTINGS)
         if before.get("files") and "mtime_ns" not in before["files"][0]:  # written before the times were recorded
             settings["files"] = [{k: v for k, v in f.items() if k != "mtime_ns"} for f in settings["files"]]
+        if "backend" not in before:  # written before the encoder backend was recorded (a resume could mix backends)
+            del settings["backend"]
         changed = sorted(k for k in settings if before.get(k) != settings[k]) if before != settings else []
         if changed and not any(n.startswith("emb-") for n in run.ls(suffix=".parquet")):  # nothing embedded yet: nothing to lose
             log.info("embed: %s holds no embeddings yet, only a snapshot made with other settings (%s): starting again", out, ", ".join(changed))

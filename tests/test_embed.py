@@ -130,6 +130,9 @@ def test_embed_bits_resume_guard_and_search(ray_local, toy_model, model, mixed_c
     assert ids2.tolist() == ids.tolist() and np.array_equal(packed2, packed)
     assert embed(toy_model, [str(mixed_corpus)], out, cfg, progress=False) == m2  # finished with these settings: skipped
     assert not [n for n in os.listdir(out) if ".tmp-" in n]
+    assert RunDir(out).read_json("_settings.json")["backend"] == "auto"  # another backend would mix its units with these
+    with pytest.raises(ArtifactError, match=r"other settings \(backend differ\)"):
+        embed(toy_model, [str(mixed_corpus)], out, cfg.model_copy(update={"backend": "onnx-int8"}), progress=False)
 
     # other settings are refused, --force starts again
     with pytest.raises(ArtifactError, match="budget, output differ"):
