@@ -98,12 +98,25 @@ def cmd_questions(args) -> int:
 
         print(json.dumps(rows[: args.limit], default=str, indent=1))
         return 0
-    print(f"{len(rows)} question(s)" + (f" (showing {args.limit})" if len(rows) > args.limit else ""))
+    what = "candidate(s): candidate id, cluster, quality, what became of it" if args.all else "question(s)"
+    print(f"{len(rows)} {what}" + (f" (showing {args.limit})" if len(rows) > args.limit else ""))
     for r in rows[: args.limit]:
         qv, cluster = r.get("quality"), "" if r.get("cluster") is None else r["cluster"]
-        print(f"{r['question_id']:>6}  c{cluster:<5} q={qv:+.2f}  {r['text']}" if qv == qv and qv is not None
-              else f"{r['question_id']:>6}  c{cluster:<5} q=  n/a  {r['text']}")
+        fate = f"[{candidate_fate(r)}] " if args.all else ""
+        print(f"{r['question_id']:>6}  c{cluster:<5} q={qv:+.2f}  {fate}{r['text']}" if qv == qv and qv is not None
+              else f"{r['question_id']:>6}  c{cluster:<5} q=  n/a  {fate}{r['text']}")
     return 0
+
+
+def candidate_fate(row: dict) -> str:
+    """What selection made of a candidate question (a row of candidates.parquet): kept, the filter that dropped it, a
+    duplicate of a better one, or not among its cluster's top t."""
+    if row.get("kept"):
+        return "kept"
+    if row.get("filtered"):
+        return f"filter {row['filtered']}"
+    dup = row.get("duplicate_of")
+    return f"duplicate of {dup}" if dup is not None and dup >= 0 else "below top t"
 
 
 def add_commands(sub) -> None:

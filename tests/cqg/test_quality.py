@@ -108,6 +108,34 @@ def test_a_runs_questions_are_measured_on_the_embeddings_the_stage_saved(tmp_pat
     assert quality_report(str(tmp_path / "run"))["near_duplicate_share"] == 0.0  # the toy questions, embedded: none alike
 
 
+def test_all_candidates_are_listed_with_what_became_of_each(tmp_path, capsys):
+    """`questions RUN --all`: its first column is the candidate id (not a question id), and each row says whether it was
+    kept, which filter dropped it, which better one it duplicated, or that its cluster's top t left it out."""
+    import pyarrow as pa
+
+    from cqg_ray.cli import main
+    from cqg_ray.rundir import RunDir
+
+    run = RunDir(str(tmp_path / "run"))
+    run.write_bytes("config.yaml", b"run_dir: run\n")
+    run.write_table("questions/questions.parquet", pa.table({"question_id": pa.array([0], pa.int32()), "text": ["Kept?"],
+                                                             "cluster": pa.array([0], pa.int32()), "quality": [0.5]}))
+    run.write_table("questions/candidates.parquet", pa.table({
+        "candidate_id": [0, 1, 2, 3], "cluster": pa.array([0, 0, 0, 1], pa.int32()), "quality": [0.5, 0.4, float("nan"), 0.1],
+        "text": ["Kept?", "Kept again?", "Copied?", "Low?"], "kept": [True, False, False, False],
+        "filtered": ["", "", "copy", ""], "duplicate_of": [-1, 0, -1, -1]}))
+    run.write_manifest("questions", "h", [], {}, 0.0)
+    assert main(["questions", str(tmp_path / "run"), "--all"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "4 candidate(s): candidate id, cluster, quality, what became of it",
+        "     0  c0     q=+0.50  [kept] Kept?",
+        "     1  c0     q=+0.40  [duplicate of 0] Kept again?",
+        "     2  c0     q=  n/a  [filter copy] Copied?",
+        "     3  c1     q=+0.10  [below top t] Low?"]
+    assert main(["questions", str(tmp_path / "run")]) == 0
+    assert capsys.readouterr().out.splitlines() == ["1 question(s)", "     0  c0     q=+0.50  Kept?"]
+
+
 def test_a_runs_model_folder_without_a_prepared_corpus_reads_the_files_its_config_names(tmp_path, toy_encoder):
     """No finished prepare stage: the corpus files of the run's config.yaml, read with its corpus settings (here a
     JSONL whose texts are in a "sentence" field); a model folder in no run and without run_config.yaml: no copy rate."""
