@@ -110,6 +110,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     import ray
 
     from cqg_ray.encoder import resolve_encoder_path
+    from cqg_ray.pipeline import ray_address
 
     try:
         resolve_encoder_path(cfg.model)  # an unknown or missing bundled encoder: said once here, not by every actor's death
@@ -122,7 +123,8 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     todo = pending_units(run, ctx.stage, units)  # a unit file damaged behind the manifest is encoded again, not resumed
     cluster = cluster or RayConfig()
     now = ray.cluster_resources()
-    pool, gpus = actor_pool_size(cfg, now, declared(now, cluster.max_cpus, cluster.max_gpus), units=len(todo))
+    pool, gpus = actor_pool_size(cfg, now, declared(now, cluster.max_cpus, cluster.max_gpus), units=len(todo),
+                                 local=ray_address(None, cluster.address) is None)
     t0 = time.time()
     tokenize, pool = tokenize_stage(cfg, cfg.model, gpus, pool, run.root_uri, cfg.max_seq_length) if todo else (None, pool)
     threads = pool_threads(cfg.torch_threads, pool, gpus, tokenize, len(todo))

@@ -300,7 +300,7 @@ class TokenizeUnits(UnitActor):
 
 
 def actor_pool_size(cfg: EncodeConfig | EmbedConfig, now: dict, most: dict | None = None,
-                    units: int | None = None) -> tuple[tuple[int, int], float]:
+                    units: int | None = None, local: bool = False) -> tuple[tuple[int, int], float]:
     """((min, max) actors, GPUs per actor) from the config and the cluster (pure); the encode stage and batch embedding
     both size their pools with it (num_actors, num_gpus_per_actor, torch_threads).
 
@@ -309,13 +309,13 @@ def actor_pool_size(cfg: EncodeConfig | EmbedConfig, now: dict, most: dict | Non
     that fit now and grows to those that fit ``most``, so a fixed cluster keeps a fixed pool. GPU actors (one GPU
     each unless num_gpus_per_actor says otherwise) when the cluster has or may get a GPU, else CPU actors of
     torch_threads CPUs; a configured num_actors fixes both ends. With ``units``, at most one actor per unit (at
-    least one)."""
+    least one). ``local``: a Ray this process started, where no autoscaler brings the GPUs an actor asks for and
+    none declared: a ConfigError, where its actors would wait for ever."""
     most = now if most is None else most
     per = cfg.num_gpus_per_actor if cfg.num_gpus_per_actor is not None else (1.0 if float(most.get("GPU", 0)) >= 1 else 0.0)
-    if per > float(most.get("GPU", 0)):  # its actors would wait for a GPU that never comes
-        raise ConfigError(f"num_gpus_per_actor {per:g}: the cluster has {float(now.get('GPU', 0)):g} GPU(s) and may grow to "
-                          f"{float(most.get('GPU', 0)):g}; set it to 0 (--gpus-per-actor 0) for CPU actors, or declare the GPUs "
-                          "it will get (--max-gpus, ray.max_gpus)")
+    if local and per > float(most.get("GPU", 0)):  # its actors would wait for a GPU that never comes
+        raise ConfigError(f"num_gpus_per_actor {per:g}: the local Ray has {float(now.get('GPU', 0)):g} GPU(s) and may grow to "
+                          f"{float(most.get('GPU', 0)):g}; set it to 0 (--gpus-per-actor 0) for CPU actors")
     need = {"GPU": per} if per > 0 else {"CPU": float(cfg.torch_threads)}
     lo = pool_range(need, now, fixed=cfg.num_actors, work=units)[1]
     hi = pool_range(need, now, most, fixed=cfg.num_actors, work=units)[1]

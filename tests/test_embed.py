@@ -60,11 +60,12 @@ def test_actor_pool_size():
     assert actor_pool_size(EmbedConfig(), {"CPU": 16, "GPU": 4}) == ((4, 4), 1.0)
     assert actor_pool_size(EmbedConfig(num_actors=3, num_gpus_per_actor=0.5), {"GPU": 4}) == ((3, 3), 0.5)
     assert actor_pool_size(EmbedConfig(), {"CPU": 16, "GPU": 4}, {"CPU": 16, "GPU": 16}) == ((4, 16), 1.0)  # declared: grows
-    # a GPU an actor on a cluster that has none and declares none: said before any work (paper.yaml's
-    # embed section on a CPU machine)
-    with pytest.raises(ConfigError, match=r"^num_gpus_per_actor 1: the cluster has 0 GPU\(s\) and may grow to 0; set it to 0 "):
-        actor_pool_size(EmbedConfig(num_gpus_per_actor=1), {"CPU": 2})
-    assert actor_pool_size(EmbedConfig(num_gpus_per_actor=1), {"CPU": 2}, {"CPU": 2, "GPU": 2}) == ((1, 2), 1.0)  # GPUs to come
+    # a GPU an actor on a local Ray that has none and declares none: said before any work (paper.yaml's embed section on
+    # a CPU machine); a cluster's autoscaler may bring one, and declared GPUs are to come
+    with pytest.raises(ConfigError, match=r"^num_gpus_per_actor 1: the local Ray has 0 GPU\(s\) and may grow to 0; set it to 0 "):
+        actor_pool_size(EmbedConfig(num_gpus_per_actor=1), {"CPU": 2}, local=True)
+    assert actor_pool_size(EmbedConfig(num_gpus_per_actor=1), {"CPU": 2}) == ((1, 1), 1.0)
+    assert actor_pool_size(EmbedConfig(num_gpus_per_actor=1), {"CPU": 2}, {"CPU": 2, "GPU": 2}, local=True) == ((1, 2), 1.0)
 
 
 def test_relative_names():
@@ -288,6 +289,8 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     assert main(["embed", toy_model, str(corpus_file), str(tmp_path / "conf2"), "-c", str(conf), "--k", "3", "--output", "bits"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["output"], summary["budget"]["rule"], summary["budget"]["k"], summary["counts"]["units"]) == ("bits", "top_k", 3, 4)
+    assert main(["embed", toy_model, str(corpus_file), str(tmp_path / "gpu"), "--gpus-per-actor", "1"]) == 2  # a local Ray, no GPU
+    assert "error: num_gpus_per_actor 1: the local Ray has 0 GPU(s) and may grow to 0; set it to 0" in capsys.readouterr().err
     assert main(["embed", toy_model, str(corpus_file), str(tmp_path / "conf3"), "--set", "batch_size"]) == 2
     assert capsys.readouterr().err == "error: --set batch_size: give KEY=VALUE, a key of the embed section, e.g. --set batch_size=256\n"
     bad = tmp_path / "bad.jsonl"
