@@ -271,10 +271,10 @@ def embed(model_path: str, corpus_paths: list[str], out: str, cfg: EmbedConfig |
     todo_units = pending_units(run, ROOT, units)
     cluster = cluster or RayConfig()
     now = ray.cluster_resources()
-    from cqg_ray.pipeline import ray_address
+    from cqg_ray.pipeline import started_ray
 
     pool, gpus = actor_pool_size(cfg, now, declared(now, cluster.max_cpus, cluster.max_gpus), units=len(todo_units),
-                                 local=ray_address(None, cluster.address) is None)
+                                 local=started_ray())
     log.info("embed: %d rows in %d file(s), %d units (%d done before), m=%d, output=%s, budget %s, %d-%d actor(s) x %s GPU",
              sum(n for _, n in shards), len(files), len(units), len(units) - len(todo_units), head.m, cfg.output, budget.name, *pool, gpus)
     tokenize, pool = tokenize_stage(cfg, head.encoder_name, gpus, pool, run.root_uri) if todo_units else (None, pool)

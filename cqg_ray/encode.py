@@ -110,7 +110,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     import ray
 
     from cqg_ray.encoder import resolve_encoder_path
-    from cqg_ray.pipeline import ray_address
+    from cqg_ray.pipeline import started_ray
 
     try:
         resolve_encoder_path(cfg.model)  # an unknown or missing bundled encoder: said once here, not by every actor's death
@@ -124,7 +124,7 @@ def encode(cfg: EncodeConfig, ctx: StageContext, unit_rows: int | None = None, p
     cluster = cluster or RayConfig()
     now = ray.cluster_resources()
     pool, gpus = actor_pool_size(cfg, now, declared(now, cluster.max_cpus, cluster.max_gpus), units=len(todo),
-                                 local=ray_address(None, cluster.address) is None)
+                                 local=started_ray())
     t0 = time.time()
     tokenize, pool = tokenize_stage(cfg, cfg.model, gpus, pool, run.root_uri, cfg.max_seq_length) if todo else (None, pool)
     threads = pool_threads(cfg.torch_threads, pool, gpus, tokenize, len(todo))

@@ -38,6 +38,16 @@ def local_ray_env(environ=os.environ) -> None:
         environ.setdefault(key, value)
 
 
+def started_ray() -> bool:
+    """Whether this process started the Ray it is connected to (a local instance, which no autoscaler grows) rather than
+    joined a cluster (`--address`, RAY_ADDRESS, `ray job submit`): Ray's own record, the driver's node being the head
+    it started."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    return bool(ray.is_initialized() and getattr(node, "head", False))
+
+
 def init_ray(cfg: RayConfig, quiet: bool = True) -> None:
     """Start or join Ray once per process."""
     import ray

@@ -309,8 +309,8 @@ def actor_pool_size(cfg: EncodeConfig | EmbedConfig, now: dict, most: dict | Non
     that fit now and grows to those that fit ``most``, so a fixed cluster keeps a fixed pool. GPU actors (one GPU
     each unless num_gpus_per_actor says otherwise) when the cluster has or may get a GPU, else CPU actors of
     torch_threads CPUs; a configured num_actors fixes both ends. With ``units``, at most one actor per unit (at
-    least one). ``local``: a Ray this process started, where no autoscaler brings the GPUs an actor asks for and
-    none declared: a ConfigError, where its actors would wait for ever."""
+    least one). ``local``: a Ray this process started (`pipeline.started_ray`), where no autoscaler brings the
+    GPUs an actor asks for: none there and none declared is a ConfigError, where its actors would wait for ever."""
     most = now if most is None else most
     per = cfg.num_gpus_per_actor if cfg.num_gpus_per_actor is not None else (1.0 if float(most.get("GPU", 0)) >= 1 else 0.0)
     if local and per > float(most.get("GPU", 0)):  # its actors would wait for a GPU that never comes

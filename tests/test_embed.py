@@ -289,6 +289,9 @@ def test_embed_cli_and_bad_corpus(ray_local, toy_model, corpus_file, tmp_path, c
     assert main(["embed", toy_model, str(corpus_file), str(tmp_path / "conf2"), "-c", str(conf), "--k", "3", "--output", "bits"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["output"], summary["budget"]["rule"], summary["budget"]["k"], summary["counts"]["units"]) == ("bits", "top_k", 3, 4)
+    from cqg_ray.pipeline import started_ray
+
+    assert started_ray()  # the session's Ray, started by this process
     assert main(["embed", toy_model, str(corpus_file), str(tmp_path / "gpu"), "--gpus-per-actor", "1"]) == 2  # a local Ray, no GPU
     assert "error: num_gpus_per_actor 1: the local Ray has 0 GPU(s) and may grow to 0; set it to 0" in capsys.readouterr().err
     assert main(["embed", toy_model, str(corpus_file), str(tmp_path / "conf3"), "--set", "batch_size"]) == 2
@@ -527,6 +530,8 @@ TWO_NODES = textwrap.dedent('''
     model, corpus, out, how = sys.argv[1:5]
     if how == "library":  # the driver itself runs embed() on the cluster
         ray.init(address=cluster.address, log_to_driver=False)
+        from cqg_ray.pipeline import started_ray
+        assert not started_ray()  # joined, not started: a cluster's GPUs may yet come
         ray.data.DataContext.get_current().enable_progress_bars = False
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
         m = embed(model, [corpus], out, EmbedConfig(unit_rows=25, batch_size=32, num_actors=2), progress=False)
