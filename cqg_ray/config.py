@@ -582,12 +582,14 @@ def local_path(value: str | None) -> str | None:
     return os.path.expanduser(value)
 
 
-def check_gguf_models(settings: dict[str, str]) -> None:
-    """ConfigError naming each embedded-LLM setting (name -> value) that names no bundled model and no GGUF file or
-    hub file: said before any work, not when the engine loads it."""
+def check_gguf_models(settings: dict[str, str | None]) -> None:
+    """ConfigError naming each embedded-LLM setting among ``settings`` (name -> value: ``stages.Stage.models``' kind,
+    where encode.model and the *.openai.tokenizer keys name no LLM) that names no bundled model and no GGUF file or hub
+    file: said before any work, not when the engine loads it."""
     from cqg_ray.llm.engines.bundled import model_problem
 
-    if problems := [f"{key}: {p}" for key, value in settings.items() if (p := model_problem(value))]:
+    llms = {key: value for key, value in settings.items() if value and key != "encode.model" and not key.endswith(".openai.tokenizer")}
+    if problems := [f"{key}: {p}" for key, value in llms.items() if (p := model_problem(value))]:
         raise ConfigError("; ".join(problems))
 
 
@@ -601,7 +603,7 @@ def check_model_paths(cfg: PipelineConfig, stage_names: list[str] | tuple[str, .
     if missing:
         raise ConfigError(f"no such file or folder: {'; '.join(missing)} (a local path; give one that exists, or a hub or "
                           "bundled: name)")
-    check_gguf_models({key: value for key, value in settings.items() if value and key != "encode.model" and not key.endswith(".openai.tokenizer")})
+    check_gguf_models(settings)
     if not (cfg.ray.address or os.environ.get("RAY_ADDRESS")):  # on a cluster the actors load it, on machines of their own
         from cqg_ray.hub import HUB_KEYS, hub_problem
 

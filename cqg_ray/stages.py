@@ -63,10 +63,15 @@ def label_models(cfg) -> dict[str, str | None]:
 
 
 def evaluation_models(cfg) -> dict[str, str | None]:
-    """The encoder the model loads, and where faithfulness is asked for, its judge's and (with links) its labeller's
-    GGUF or local tokenizer."""
-    models, faith = encoder_model(cfg), cfg.evaluate.faithfulness
-    if "faithfulness" in cfg.evaluate.tasks:
+    """The encoder the model loads, and the faithfulness task's models (`faithfulness_models`)."""
+    return {**encoder_model(cfg), **faithfulness_models(cfg.evaluate)}
+
+
+def faithfulness_models(evaluate) -> dict[str, str | None]:
+    """Where ``evaluate`` (an EvaluateConfig) asks for faithfulness, its judge's and (with links) its labeller's GGUF or
+    local tokenizer."""
+    models, faith = {}, evaluate.faithfulness
+    if "faithfulness" in evaluate.tasks:
         for name, section in [("judge", faith.judge)] + ([("labeller", faith.labeller)] if faith.links else []):
             key = f"evaluate.faithfulness.{name}"
             if section.backend == "llamacpp":

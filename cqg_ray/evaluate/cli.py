@@ -147,11 +147,9 @@ def cmd_evaluate(args) -> int:
     if args.max_queries is not None and args.max_queries < 1:  # 0 scored no query (n/a), a negative one was a traceback
         raise ConfigError(f"--max-queries must be at least 1, got {args.max_queries}")
     check_seed(args.seed)
-    if "faithfulness" in cfg.tasks:  # a judge or labeller GGUF that cannot load: said before any text is encoded
-        faith = cfg.faithfulness
-        check_gguf_models({f"evaluate.faithfulness.{name}.llamacpp.model": section.llamacpp.model
-                           for name, section in [("judge", faith.judge)] + ([("labeller", faith.labeller)] if faith.links else [])
-                           if section.backend == "llamacpp"})
+    from cqg_ray.stages import faithfulness_models
+
+    check_gguf_models(faithfulness_models(cfg))  # a judge or labeller GGUF that cannot load: said before any text is encoded
     if args.out:  # the default (MODEL/evaluation) is checked once MODEL has loaded
         check_out_folder(args.out)
     primary = load_model(args.model)

@@ -213,14 +213,17 @@ def measured_texts(run_dir: str, limit: int = MEASURED_TEXTS) -> dict:
     run = RunDir(run_dir)
     if not run.manifest("prepare"):
         return {}
+    def batches():
+        for name in run.ls("prepare", suffix=".parquet"):
+            with run.fs.open_input_file(run.path("prepare", name)) as f:
+                yield from pq.ParquetFile(f).iter_batches(columns=["text"], batch_size=65_536)
+
     chars = read = 0
-    for name in run.ls("prepare", suffix=".parquet"):
-        with run.fs.open_input_file(run.path("prepare", name)) as f:
-            for batch in pq.ParquetFile(f).iter_batches(columns=["text"], batch_size=65_536):
-                chars += pc.sum(pc.utf8_length(batch.column(0))).as_py() or 0
-                read += batch.num_rows
-                if read >= limit:
-                    return {"read": read, "chars": chars, "mean_chars": round(chars / read, 1)}
+    for batch in batches():
+        chars += pc.sum(pc.utf8_length(batch.column(0))).as_py() or 0
+        read += batch.num_rows
+        if read >= limit:
+            break
     return {"read": read, "chars": chars, "mean_chars": round(chars / read, 1)} if read else {}
 
 
